@@ -1,0 +1,243 @@
+"""Broker configuration: YAML with Apache RocketMQ's ``broker.conf`` key names.
+
+Precedence, lowest first: defaults (RocketMQ's) < YAML file < ``REPLOG_<key>`` environment
+variables < ``--set key=value`` overrides. Unknown keys and ill-typed values are refused with a
+``ConfigError`` naming the key and, for unknown keys, the closest known one.
+
+Attribute names are the RocketMQ keys themselves (``cfg.mappedFileSizeCommitLog``) so that an
+operator's knowledge, the YAML and the code all use one vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.errors import ConfigError
+
+ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+
+
+@dataclasses.dataclass
+class BrokerConfig:
+    """Every key a broker understands, with RocketMQ's defaults."""
+
+    # identity and role
+    brokerClusterName: str = "DefaultCluster"
+    brokerName: str = "broker-a"
+    brokerId: int = 0
+    brokerRole: str = "ASYNC_MASTER"
+    brokerIP1: str = "127.0.0.1"
+    listenPort: int = 10911
+    haListenPort: int = 0  # 0 means listenPort + 1
+    haMasterAddress: str = ""
+    metricsPort: int = 0  # 0: no Prometheus endpoint
+    # store layout
+    storePathRootDir: str = "~/store"
+    mappedFileSizeCommitLog: int = 1024 * 1024 * 1024
+    mappedFileSizeConsumeQueue: int = 300_000 * 20
+    # flushing
+    flushDiskType: str = "ASYNC_FLUSH"
+    syncFlushTimeout: int = 5000
+    flushIntervalCommitLog: int = 500
+    flushCommitLogLeastPages: int = 4
+    flushCommitLogThoroughInterval: int = 10_000
+    flushIntervalConsumeQueue: int = 1000
+    flushConsumeQueueLeastPages: int = 2
+    flushConsumeQueueThoroughInterval: int = 60_000
+    warmMapedFileEnable: bool = False
+    # messages
+    maxMessageSize: int = 4 * 1024 * 1024
+    maxTopicLength: int = 127
+    putLockWarnMs: int = 1000  # put lock held longer than this -> OS_PAGE_CACHE_BUSY
+    # replication
+    slaveTimeout: int = 3000
+    inSyncReplicas: int = 2
+    haMaxGapNotInSync: int = 256 * 1024 * 1024
+    haTransferBatchSize: int = 32 * 1024
+    haSendHeartbeatInterval: int = 5000
+    haHousekeepingInterval: int = 20_000
+    haWindowBytes: int = 4 * 1024 * 1024
+    # retention
+    fileReservedTime: int = 72
+    deleteWhen: str = "04"
+    diskMaxUsedSpaceRatio: int = 75
+    deleteFileBatchMax: int = 10
+    cleanResourceInterval: int = 10_000
+    # schedule / index / topics
+    messageDelayLevel: str = DEFAULT_DELAY_LEVELS
+    maxHashSlotNum: int = 5_000_000
+    maxIndexNum: int = 20_000_000
+    messageIndexEnable: bool = True
+    autoCreateTopicEnable: bool = True
+    defaultTopicQueueNums: int = 4
+    # request serving
+    longPollingMaxMs: int = 30_000
+    maxInflightRequests: int = 10_000
+    maxFrameBytes: int = 8 * 1024 * 1024
+    maxBatchCount: int = 4096
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def ha_port(self) -> int:
+        return self.haListenPort or self.listenPort + 1
+
+    @property
+    def store_root(self) -> Path:
+        return Path(os.path.expanduser(self.storePathRootDir))
+
+    @property
+    def is_slave(self) -> bool:
+        return self.brokerRole == "SLAVE"
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.flushDiskType == "SYNC_FLUSH"
+
+    @property
+    def client_address(self) -> str:
+        return f"{self.brokerIP1}:{self.listenPort}"
+
+    def validate(self) -> None:
+        """Cross-field checks; raises ConfigError naming the key."""
+        _require(self.brokerRole in ROLES, "brokerRole", f"must be one of {', '.join(ROLES)}")
+        _require(self.flushDiskType in FLUSH_TYPES, "flushDiskType", f"must be one of {FLUSH_TYPES}")
+        if self.brokerRole == "SLAVE":
+            _require(self.brokerId > 0, "brokerId", "a SLAVE needs brokerId > 0")
+        else:
+            _require(self.brokerId == 0, "brokerId", "a master has brokerId 0")
+        _require(self.mappedFileSizeCommitLog >= 4096, "mappedFileSizeCommitLog", "must be >= 4096")
+        _require(
+            self.mappedFileSizeConsumeQueue >= 20 and self.mappedFileSizeConsumeQueue % 20 == 0,
+            "mappedFileSizeConsumeQueue",
+            "must be a positive multiple of 20",
+        )
+        _require(self.maxMessageSize > 0, "maxMessageSize", "must be > 0")
+        _require(self.inSyncReplicas >= 1, "inSyncReplicas", "must be >= 1")
+        _require(0 < self.diskMaxUsedSpaceRatio <= 95, "diskMaxUsedSpaceRatio", "must be in 1..95")
+        _require(self.maxHashSlotNum > 0 and self.maxIndexNum > 1, "maxIndexNum", "must be > 1")
+        for key in ("listenPort", "haListenPort", "metricsPort"):
+            _require(0 <= getattr(self, key) <= 65535, key, "must be a port number")
+        parse_delay_levels(self.messageDelayLevel)
+
+
+def _require(ok: bool, key: str, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key {key!r}: {why}")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(BrokerConfig)}
+KNOWN_KEYS = tuple(_FIELDS)
+
+
+def closest_key(key: str) -> str | None:
+    """The known key nearest to ``key`` (case-insensitive), for error messages."""
+    lowered = {k.lower(): k for k in KNOWN_KEYS}
+    if key.lower() in lowered:
+        return lowered[key.lower()]
+    match = difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=0.5)
+    return lowered[match[0]] if match else None
+
+
+def _coerce(key: str, value: Any, from_text: bool) -> Any:
+    """Convert ``value`` to the field's type; text (env, --set) is parsed, YAML must match."""
+    kind = _FIELDS[key].type
+    if from_text and isinstance(value, str) and kind != "str":
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config key {key!r}: cannot parse {value!r}: {e}") from None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif kind == "str":
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)  # deleteWhen: 04 in YAML is an int
+    raise ConfigError(f"config key {key!r}: expected {kind}, got {type(value).__name__} {value!r}")
+
+
+def _apply(values: dict[str, Any], items: Iterable[tuple[str, Any]], from_text: bool) -> None:
+    for key, value in items:
+        if key not in _FIELDS:
+            hint = closest_key(key)
+            raise ConfigError(
+                f"unknown config key {key!r}" + (f" (did you mean {hint!r}?)" if hint else "")
+            )
+        values[key] = _coerce(key, value, from_text)
+
+
+def parse_overrides(pairs: Iterable[str]) -> list[tuple[str, str]]:
+    """``["k=v", ...]`` from ``--set`` into pairs; a pair without ``=`` is refused."""
+    out = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {pair!r}")
+        out.append((key.strip(), value))
+    return out
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+    **fields: Any,
+) -> BrokerConfig:
+    """Build a validated BrokerConfig from a YAML file, environment and ``--set`` pairs.
+
+    ``fields`` are typed values applied after the file (tests and ``cluster up`` use them).
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"cannot read config file {path}: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of key: value")
+        _apply(values, ((str(k), v) for k, v in raw.items()), from_text=False)
+    _apply(values, fields.items(), from_text=False)
+    env = os.environ if env is None else env
+    env_items = [(k[len("REPLOG_") :], v) for k, v in env.items() if k.startswith("REPLOG_")]
+    _apply(values, env_items, from_text=True)
+    _apply(values, parse_overrides(overrides), from_text=True)
+    cfg = BrokerConfig(**values)
+    cfg.validate()
+    return cfg
+
+
+_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """``"1s 5s 1m"`` -> ``[1000, 5000, 60000]`` (ms); level L is element L-1."""
+    levels = []
+    for word in text.split():
+        unit = word[-1:]
+        number = word[:-1]
+        if unit not in _UNITS_MS or not number.isdigit() or int(number) <= 0:
+            raise ConfigError(f"config key 'messageDelayLevel': bad level {word!r}")
+        levels.append(int(number) * _UNITS_MS[unit])
+    if not levels:
+        raise ConfigError("config key 'messageDelayLevel': no levels")
+    return levels
+
+
+def dump_yaml(cfg: BrokerConfig) -> str:
+    """The config as YAML (what ``cluster up`` writes for each child broker)."""
+    return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)

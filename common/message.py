@@ -1,0 +1,173 @@
+"""Messages as users see them: Message (to send), MessageExt (as stored), properties, msgId.
+
+Properties travel and rest as RocketMQ's string ``name\\x01value\\x02...`` (UTF-8). The msgId is
+RocketMQ's offsetMsgId: store host IPv4 (4 bytes) + store port (int) + CommitLog offset (long),
+upper-case hex, 32 characters.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import socket
+import struct
+from typing import Any
+
+NAME_VALUE_SEP = "\x01"
+PROPERTY_SEP = "\x02"
+
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_WAIT = "WAIT"
+PROPERTY_DELAY = "DELAY"
+PROPERTY_UNIQ_KEY = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QID = "REAL_QID"
+KEY_SEPARATOR = " "
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+
+_MSG_ID = struct.Struct(">4siq")
+assert _MSG_ID.size == 16
+
+
+def encode_properties(props: dict[str, str]) -> bytes:
+    """RocketMQ ``messageProperties2String``: every entry ends with \\x02 (trailing one too)."""
+    if not props:
+        return b""
+    parts = []
+    for name, value in props.items():
+        if value is None:
+            continue
+        parts.append(f"{name}{NAME_VALUE_SEP}{value}{PROPERTY_SEP}")
+    return "".join(parts).encode("utf-8")
+
+
+def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
+    """Inverse of encode_properties; tolerant of a missing trailing separator."""
+    if not raw:
+        return {}
+    text = bytes(raw).decode("utf-8", errors="replace")
+    props: dict[str, str] = {}
+    for item in text.split(PROPERTY_SEP):
+        if not item:
+            continue
+        name, sep, value = item.partition(NAME_VALUE_SEP)
+        if sep:
+            props[name] = value
+    return props
+
+
+def java_hash(text: str) -> int:
+    """Java ``String.hashCode()`` (32-bit signed) over UTF-16 code units; stable across runs."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """ConsumeQueue tagsCode for a TAGS property (0 when absent)."""
+    return java_hash(tags) if tags else 0
+
+
+def host_bytes(ip: str) -> bytes:
+    """IPv4 text to 4 bytes; anything unparsable becomes 0.0.0.0 (v1 records are IPv4)."""
+    try:
+        return socket.inet_aton(ip)
+    except OSError:
+        return b"\x00\x00\x00\x00"
+
+
+def encode_msg_id(store_ip: bytes, store_port: int, phy_offset: int) -> str:
+    return _MSG_ID.pack(store_ip, store_port, phy_offset).hex().upper()
+
+
+def decode_msg_id(msg_id: str) -> tuple[str, int, int]:
+    """msgId -> (store ip, store port, CommitLog offset); ValueError if it is not one."""
+    if len(msg_id) != 32:
+        raise ValueError(f"msgId must be 32 hex characters, got {len(msg_id)}")
+    raw = bytes.fromhex(msg_id)
+    ip, port, phy_offset = _MSG_ID.unpack(raw)
+    return socket.inet_ntoa(ip), port, phy_offset
+
+
+@dataclasses.dataclass
+class Message:
+    """A message to send."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: str | list[str] | None = None
+    properties: dict[str, str] = dataclasses.field(default_factory=dict)
+    flag: int = 0
+    delay_level: int = 0
+
+    def all_properties(self) -> dict[str, str]:
+        props = dict(self.properties)
+        if self.tags:
+            props[PROPERTY_TAGS] = self.tags
+        if self.keys:
+            keys = self.keys if isinstance(self.keys, str) else KEY_SEPARATOR.join(self.keys)
+            props[PROPERTY_KEYS] = keys
+        if self.delay_level > 0:
+            props[PROPERTY_DELAY] = str(self.delay_level)
+        return props
+
+
+@dataclasses.dataclass
+class MessageExt:
+    """A stored message, decoded from its CommitLog record."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    store_size: int
+    body: bytes
+    properties: dict[str, str]
+    flag: int = 0
+    sys_flag: int = 0
+    body_crc: int = 0
+    born_timestamp: int = 0
+    born_host: str = ""
+    store_timestamp: int = 0
+    store_host: str = ""
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    msg_id: str = ""
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get(PROPERTY_KEYS)
+
+    def key_list(self) -> list[str]:
+        keys = self.keys
+        return [k for k in keys.split(KEY_SEPARATOR) if k] if keys else []
+
+    def to_json(self) -> dict[str, Any]:
+        """The contract's JSON shape of a message (section 3)."""
+        try:
+            text: str | None = self.body.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        return {
+            "topic": self.topic,
+            "queueId": self.queue_id,
+            "queueOffset": self.queue_offset,
+            "commitLogOffset": self.commit_log_offset,
+            "msgId": self.msg_id,
+            "bornTimestamp": self.born_timestamp,
+            "storeTimestamp": self.store_timestamp,
+            "tags": self.tags,
+            "keys": self.keys,
+            "properties": self.properties,
+            "body": text,
+            "bodyBase64": base64.b64encode(self.body).decode("ascii"),
+        }
