@@ -151,6 +151,55 @@ def patch(buf: bytearray | memoryview, pos: int, queue_offset: int, phy_offset: 
     PATCH_STORE_TS.pack_into(buf, pos + POS_STORE_TIMESTAMP, store_ts)
 
 
+def encode_batch(
+    topic: bytes,
+    bodies: list[bytes],
+    props_list: list[bytes],
+    flags: list[int],
+    queue_id: int,
+    *,
+    born_timestamp: int,
+    born_ip: bytes,
+    born_port: int,
+    store_ip: bytes,
+    store_port: int,
+) -> tuple[bytearray, list[int]]:
+    """Many records of one queue in one buffer, and each record's position in it."""
+    topic_len = len(topic)
+    sizes = [FIXED_BYTES + len(b) + topic_len + len(p) for b, p in zip(bodies, props_list, strict=True)]
+    out = bytearray(sum(sizes))
+    positions = []
+    pos = 0
+    pack = HEADER.pack_into
+    crc32 = zlib.crc32
+    topic_part = bytes([topic_len]) + topic
+    for body, props, flag, size in zip(bodies, props_list, flags, sizes, strict=True):
+        positions.append(pos)
+        pack(out, pos, size, MAGIC_V1, crc32(body) & 0x7FFFFFFF, queue_id, flag, 0, 0, 0,
+             born_timestamp, born_ip, born_port, 0, store_ip, store_port, 0, 0, len(body))
+        p = pos + HEADER.size
+        out[p : p + len(body)] = body
+        p += len(body)
+        out[p : p + 1 + topic_len] = topic_part
+        p += 1 + topic_len
+        out[p : p + 2] = len(props).to_bytes(2, "big")
+        out[p + 2 : p + 2 + len(props)] = props
+        pos += size
+    return out, positions
+
+
+def patch_batch(buf: bytearray, positions: list[int] | tuple[int, ...], first_queue_offset: int,
+                phy_offset: int, store_ts: int) -> None:
+    """patch() for every record of a batch: dense queue offsets, physical offsets by position."""
+    pack_q = PATCH_QOFF.pack_into
+    pack_ts = PATCH_STORE_TS.pack_into
+    queue_offset = first_queue_offset
+    for pos in positions:
+        pack_q(buf, pos + POS_QUEUE_OFFSET, queue_offset, phy_offset + pos)
+        pack_ts(buf, pos + POS_STORE_TIMESTAMP, store_ts)
+        queue_offset += 1
+
+
 def blank(size: int) -> bytes:
     return BLANK.pack(size, BLANK_MAGIC)
 

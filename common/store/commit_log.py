@@ -1,0 +1,445 @@
+"""The CommitLog: every message of every topic, appended in RocketMQ's record layout.
+
+Writes happen under one put lock: records are encoded outside it, then the queue offset, the
+physical offset and the store timestamp are patched in and the bytes copied into the last
+segment. When a record plus 8 bytes no longer fits, a BLANK record pads the segment and the
+record goes to the next one. ``put_batch`` appends many records to one queue in one copy.
+
+A slave never puts: it calls ``append_replicated`` with bytes from its master, at exactly the
+offset they had there, so its log is byte-identical.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.errors import CorruptionError, PutStatus, StoreError
+from common.message import (
+    Message,
+    MessageExt,
+    decode_properties,
+    encode_msg_id,
+    encode_properties,
+    host_bytes,
+)
+from common.store import record
+from common.store.allocate import AllocateService
+from common.store.mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger("replog.store")
+
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_.\-]+$")
+LOCALHOST = b"\x7f\x00\x00\x01"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """A put's outcome. ``phy_offset``/``queue_offset`` are those of the first record."""
+
+    status: PutStatus
+    phy_offset: int = -1
+    wrote_bytes: int = 0
+    queue_id: int = -1
+    queue_offset: int = -1
+    store_timestamp: int = 0
+    count: int = 0
+    record_offsets: tuple[int, ...] = ()
+    store_ip: bytes = LOCALHOST
+    store_port: int = 0
+    remark: str = ""
+
+    @property
+    def end_phy_offset(self) -> int:
+        return self.phy_offset + self.wrote_bytes
+
+    @property
+    def msg_id(self) -> str:
+        return encode_msg_id(self.store_ip, self.store_port, self.phy_offset) if self.ok else ""
+
+    @property
+    def msg_ids(self) -> tuple[str, ...]:
+        if not self.ok:
+            return ()
+        offsets = self.record_offsets or (self.phy_offset,)
+        return tuple(encode_msg_id(self.store_ip, self.store_port, o) for o in offsets)
+
+    @property
+    def ok(self) -> bool:
+        return self.status.stored
+
+
+def refused(status: PutStatus, remark: str) -> PutResult:
+    return PutResult(status=status, remark=remark)
+
+
+@dataclass
+class RecoveryReport:
+    """What recovery did: where it started and ended, and what it cut and why."""
+
+    abnormal: bool
+    start_offset: int = 0
+    end_offset: int = 0
+    records: int = 0
+    cut_reason: str = ""
+    cut_bytes: int = 0
+    segments_removed: list[str] = field(default_factory=list)
+    corrupt_below_flushed: int = -1  # an invalid record below the checkpoint's flushed offset
+
+
+def to_message(raw: bytes | bytearray | memoryview, pos: int = 0) -> MessageExt:
+    """Decode a whole record into a MessageExt (copies body and strings)."""
+    p = record.parse(raw, pos)
+    h = p.header
+    props = decode_properties(p.props)
+    return MessageExt(
+        topic=bytes(p.topic).decode("utf-8", errors="replace"),
+        queue_id=h.queue_id,
+        queue_offset=h.queue_offset,
+        commit_log_offset=h.phy_offset,
+        store_size=h.total_size,
+        body=bytes(p.body),
+        properties=props,
+        flag=h.flag,
+        sys_flag=h.sys_flag,
+        body_crc=h.body_crc,
+        born_timestamp=h.born_timestamp,
+        born_host=f"{record.ip_text(h.born_ip)}:{h.born_port}",
+        store_timestamp=h.store_timestamp,
+        store_host=f"{record.ip_text(h.store_ip)}:{h.store_port}",
+        reconsume_times=h.reconsume_times,
+        prepared_transaction_offset=h.prepared_tx_offset,
+        msg_id=encode_msg_id(h.store_ip, h.store_port, h.phy_offset),
+    )
+
+
+class CommitLog:
+    def __init__(
+        self,
+        root: Path,
+        file_size: int,
+        *,
+        max_message_size: int,
+        store_ip: str = "127.0.0.1",
+        store_port: int = 0,
+        allocate: AllocateService | None = None,
+        put_lock_busy_ms: int = 1000,
+    ):
+        self.file_size = file_size
+        self.max_message_size = max_message_size
+        self.queue = MappedFileQueue(
+            Path(root) / "commitlog", file_size, creator=allocate.get if allocate else None
+        )
+        self.store_ip = host_bytes(store_ip)
+        self.store_port = store_port
+        self.put_lock = threading.Lock()
+        self.topic_queue_table: dict[tuple[str, int], int] = {}
+        self.writeable = True
+        self.not_writeable_reason = ""
+        self.append_listeners: list[Callable[[int], None]] = []
+        self._lock_since = 0.0
+        self._busy_s = put_lock_busy_ms / 1000
+        self.last_store_timestamp = 0
+
+    # ---- offsets ----------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.queue.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.queue.max_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.queue.flushed_where
+
+    # ---- validation ---------------------------------------------------------------------------
+    def _check(self, topic: str, topic_b: bytes, queue_id: int, body_len: int,
+               props_len: int) -> PutResult | None:
+        if not self.writeable:
+            return refused(PutStatus.SERVICE_NOT_AVAILABLE, self.not_writeable_reason or
+                           "store is not writeable")
+        if not topic_b or len(topic_b) > record.MAX_TOPIC_BYTES:
+            return refused(PutStatus.MESSAGE_ILLEGAL,
+                           f"topic must be 1..{record.MAX_TOPIC_BYTES} bytes, got {len(topic_b)}")
+        if not TOPIC_PATTERN.match(topic):
+            return refused(PutStatus.MESSAGE_ILLEGAL,
+                           f"topic {topic!r} has characters outside [%|a-zA-Z0-9_.-]")
+        if queue_id < 0 or queue_id > 0x7FFFFFFF:
+            return refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {queue_id} out of range")
+        if body_len > self.max_message_size:
+            return refused(PutStatus.MESSAGE_ILLEGAL,
+                           f"body of {body_len} bytes exceeds maxMessageSize {self.max_message_size}")
+        if props_len > record.MAX_PROPERTIES_BYTES:
+            return refused(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                           f"properties of {props_len} bytes exceed {record.MAX_PROPERTIES_BYTES}")
+        size = record.record_size(body_len, len(topic_b), props_len)
+        if size > self.max_message_size + record.RECORD_SLACK_BYTES:
+            return refused(PutStatus.MESSAGE_ILLEGAL, f"record of {size} bytes is too large")
+        if size + record.END_FILE_MIN_BLANK > self.file_size:
+            return refused(PutStatus.MESSAGE_ILLEGAL,
+                           f"record of {size} bytes cannot fit in a segment of {self.file_size}")
+        return None
+
+    # ---- puts -----------------------------------------------------------------------------------
+    def put(self, msg: Message, queue_id: int, born_ip: bytes = LOCALHOST, born_port: int = 0,
+            born_timestamp: int = 0) -> PutResult:
+        topic_b = msg.topic.encode("utf-8")
+        props = encode_properties(msg.all_properties())
+        bad = self._check(msg.topic, topic_b, queue_id, len(msg.body), len(props))
+        if bad is not None:
+            return bad
+        rec = record.encode(
+            topic_b, msg.body, props, queue_id, flag=msg.flag,
+            born_timestamp=born_timestamp or now_ms(), born_ip=born_ip, born_port=born_port,
+            store_ip=self.store_ip, store_port=self.store_port,
+        )
+        return self._append(rec, msg.topic, queue_id, (0,))
+
+    def put_batch(self, topic: str, queue_id: int, msgs: list[Message], born_ip: bytes = LOCALHOST,
+                  born_port: int = 0, born_timestamp: int = 0) -> PutResult:
+        if not msgs:
+            return refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
+        topic_b = topic.encode("utf-8")
+        bodies = []
+        props_list = []
+        flags = []
+        for msg in msgs:
+            if msg.topic != topic:
+                return refused(PutStatus.MESSAGE_ILLEGAL, "a batch must hold one topic")
+            props = encode_properties(msg.all_properties())
+            bad = self._check(topic, topic_b, queue_id, len(msg.body), len(props))
+            if bad is not None:
+                return bad
+            bodies.append(msg.body)
+            props_list.append(props)
+            flags.append(msg.flag)
+        buf, positions = record.encode_batch(
+            topic_b, bodies, props_list, flags, queue_id,
+            born_timestamp=born_timestamp or now_ms(), born_ip=born_ip, born_port=born_port,
+            store_ip=self.store_ip, store_port=self.store_port,
+        )
+        if len(buf) + record.END_FILE_MIN_BLANK > self.file_size:
+            return refused(PutStatus.MESSAGE_ILLEGAL,
+                           f"batch of {len(buf)} bytes cannot fit in a segment of {self.file_size}")
+        return self._append(buf, topic, queue_id, positions)
+
+    def _append(self, buf: bytearray, topic: str, queue_id: int,
+                positions: tuple[int, ...] | list[int]) -> PutResult:
+        since = self._lock_since
+        if since and time.monotonic() - since > self._busy_s:
+            return refused(PutStatus.OS_PAGE_CACHE_BUSY, "put lock held too long (disk stalled?)")
+        size = len(buf)
+        count = len(positions)
+        key = (topic, queue_id)
+        with self.put_lock:
+            self._lock_since = time.monotonic()
+            try:
+                mf = self.queue.last_for_write()
+                if size + record.END_FILE_MIN_BLANK > mf.remaining():
+                    mf.fill_to_end(record.blank(mf.remaining()))
+                    mf = self.queue.last_for_write()
+            except (StoreError, OSError) as e:
+                self._lock_since = 0.0
+                log.error("event=create_segment_failed error=%s", e)
+                return refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(e))
+            queue_offset = self.topic_queue_table.get(key, 0)
+            phy = mf.file_from_offset + mf.wrote_position
+            ts = now_ms()
+            if count == 1:
+                record.patch(buf, 0, queue_offset, phy, ts)
+            else:
+                record.patch_batch(buf, positions, queue_offset, phy, ts)
+            mf.append(buf)
+            mf.store_timestamp = ts
+            self.topic_queue_table[key] = queue_offset + count
+            self.last_store_timestamp = ts
+            self._lock_since = 0.0
+        end = phy + size
+        for listener in self.append_listeners:
+            listener(end)
+        offsets = tuple(phy + p for p in positions) if count > 1 else ()
+        return PutResult(PutStatus.PUT_OK, phy, size, queue_id, queue_offset, ts, count, offsets,
+                         self.store_ip, self.store_port)
+
+    # ---- replication ------------------------------------------------------------------------
+    def append_replicated(self, phy_offset: int, data: bytes | memoryview) -> int:
+        """Append bytes a master sent, at exactly ``phy_offset``; returns the new max offset.
+
+        A gap or an overlap with what this log holds is refused with StoreError; nothing is
+        written then. Data may cross segment boundaries and need not end on a record boundary.
+        """
+        with self.put_lock:
+            expected = self.max_offset
+            if not self.queue.files:
+                expected = phy_offset  # an empty slave starts where its master's log starts
+            if phy_offset != expected:
+                kind = "gap" if phy_offset > expected else "overlap"
+                raise StoreError(
+                    f"replicated bytes at {phy_offset} would leave a {kind}: log ends at {expected}"
+                )
+            view = memoryview(data)
+            cursor = phy_offset
+            while view:
+                mf = self.queue.last_for_write(cursor)
+                n = min(len(view), mf.remaining())
+                mf.append(view[:n])
+                view = view[n:]
+                cursor += n
+            new_max = cursor
+        for listener in self.append_listeners:
+            listener(new_max)
+        return new_max
+
+    # ---- reads --------------------------------------------------------------------------------
+    def read(self, phy_offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes from ``phy_offset``, not past the segment end or the log end."""
+        mf = self.queue.find(phy_offset)
+        if mf is None:
+            return b""
+        return mf.read(phy_offset - mf.file_from_offset, size)
+
+    def read_record(self, phy_offset: int, size: int = 0) -> bytes | None:
+        """The whole record at ``phy_offset`` (None if there is none or it is not whole)."""
+        mf = self.queue.find(phy_offset)
+        if mf is None:
+            return None
+        pos = phy_offset - mf.file_from_offset
+        if size <= 0:
+            head = mf.read(pos, 4)
+            if len(head) < 4:
+                return None
+            size = int.from_bytes(head, "big", signed=True)
+            if size < record.FIXED_BYTES or size > mf.wrote_position - pos:
+                return None
+        raw = mf.read(pos, size)
+        return raw if len(raw) == size else None
+
+    def message_at(self, phy_offset: int, verify: bool = True) -> MessageExt | None:
+        raw = self.read_record(phy_offset)
+        if raw is None:
+            return None
+        if verify:
+            result = record.check(raw, 0, len(raw), expect_phy_offset=phy_offset)
+            if result.size <= 0:
+                raise CorruptionError(phy_offset, result.reason)
+        return to_message(raw)
+
+    def iter_records(self, start: int, end: int) -> Iterator[tuple[int, memoryview]]:
+        """Whole records in ``[start, end)``: (phy_offset, view). Skips BLANK padding.
+
+        Stops early at a record that is not yet whole. Views must not outlive the segment.
+        """
+        phy = start
+        while phy < end:
+            mf = self.queue.find(phy)
+            if mf is None:
+                return
+            pos = phy - mf.file_from_offset
+            limit = min(mf.wrote_position, end - mf.file_from_offset)
+            if limit - pos < record.END_FILE_MIN_BLANK:
+                if mf.is_full() and end >= mf.end_offset:
+                    phy = mf.end_offset
+                    continue
+                return
+            buf = mf.buffer
+            total, magic = record.HEAD_PREFIX.unpack_from(buf, pos)
+            if magic == record.BLANK_MAGIC:
+                phy = mf.end_offset
+                continue
+            if magic != record.MAGIC_V1 or total < record.FIXED_BYTES:
+                raise CorruptionError(phy, f"bad record header (magic 0x{magic:08X}, size {total})")
+            if pos + total > limit:
+                return
+            yield phy, buf[pos : pos + total]
+            phy += total
+
+    # ---- flushing -----------------------------------------------------------------------------
+    def flush(self, least_pages: int = 0) -> int:
+        return self.queue.flush(least_pages)
+
+    # ---- recovery -----------------------------------------------------------------------------
+    def load(self) -> None:
+        self.queue.load()
+
+    def recover(self, abnormal: bool, flushed_checkpoint: int = 0) -> RecoveryReport:
+        """Find the end of the valid log, cut everything after it on disk, set positions."""
+        report = RecoveryReport(abnormal=abnormal)
+        files = self.queue.files
+        if not files:
+            return report
+        if abnormal:
+            start_mf = self.queue.find(min(flushed_checkpoint, self.max_offset)) or files[0]
+            index = files.index(start_mf)
+        else:
+            index = max(0, len(files) - 3)
+        phy = files[index].file_from_offset
+        report.start_offset = phy
+        while index < len(files):
+            mf = files[index]
+            pos = phy - mf.file_from_offset
+            view = mf.buffer
+            result = record.check(view, pos, self.file_size, expect_phy_offset=phy)
+            if result.size > 0:
+                report.records += 1
+                mf.store_timestamp = record.PATCH_STORE_TS.unpack_from(
+                    view, pos + record.POS_STORE_TIMESTAMP)[0]
+                phy += result.size
+                if phy == mf.end_offset:
+                    index += 1
+                continue
+            if result.size == 0:
+                phy = mf.end_offset
+                index += 1
+                continue
+            if bytes(view[pos : pos + 8]) != bytes(8):
+                report.cut_reason = result.reason
+            break
+        report.end_offset = phy
+        if abnormal and phy < flushed_checkpoint:
+            report.corrupt_below_flushed = phy
+            log.error("event=corruption_below_flushed offset=%d flushed=%d reason=%s",
+                      phy, flushed_checkpoint, report.cut_reason)
+        self._cut(phy, report)
+        return report
+
+    def _cut(self, end: int, report: RecoveryReport) -> None:
+        files = self.queue.files
+        first = files[0]
+        report.segments_removed = [
+            mf.path.name for mf in files
+            if mf.file_from_offset > end or (mf.file_from_offset == end and mf is not first)
+        ]
+        holder = self.queue.find(end)
+        if holder is not None and (holder.file_from_offset < end or holder is first):
+            pos = end - holder.file_from_offset
+            holder.set_positions(pos)
+            report.cut_bytes += holder.zero_tail_if_dirty(pos)
+        self.queue.truncate_dirty(end)
+        self.queue.flushed_where = end
+        if report.cut_reason or report.cut_bytes or report.segments_removed:
+            log.warning(
+                "event=recovery_cut offset=%d reason=%r zeroed_bytes=%d segments_removed=%s",
+                end, report.cut_reason or "garbage after the last record", report.cut_bytes,
+                ",".join(report.segments_removed) or "-",
+            )
+
+    def truncate(self, phy_offset: int) -> None:
+        """Drop every byte at or after ``phy_offset`` (HA divergence), on disk."""
+        with self.put_lock:
+            self.queue.truncate_dirty(phy_offset)
+
+    def shutdown(self) -> None:
+        self.writeable = False
+        self.flush(0)
+        self.queue.shutdown()

@@ -1,0 +1,206 @@
+"""One fixed-size log segment, mmap'd read-write (RocketMQ ``DefaultMappedFile``).
+
+The file is named by its start offset as 20 decimal digits and always has its full size on
+disk (sparse until written). Positions are relative to the file start:
+
+- ``wrote_position``: bytes appended into the mapping;
+- ``flushed_position``: bytes known to be on disk (msync'd).
+
+There is no transient store pool, so RocketMQ's committed position always equals the wrote
+position (``committed_position`` is kept as an alias for readers of the reference).
+
+A mapped file is never shrunk with ftruncate while mapped (touching a page past EOF raises
+SIGBUS); truncation zeroes the bytes and msyncs them instead, so truncated data is gone on disk.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from pathlib import Path
+
+from common.errors import StoreError
+
+OS_PAGE_SIZE = 4096
+NAME_DIGITS = 20
+
+
+def file_name(start_offset: int) -> str:
+    return f"{start_offset:0{NAME_DIGITS}d}"
+
+
+def parse_file_name(name: str) -> int:
+    """Start offset from a segment name; StoreError unless it is exactly 20 digits."""
+    if len(name) != NAME_DIGITS or not name.isdigit():
+        raise StoreError(f"segment name {name!r} is not a 20-digit offset")
+    return int(name)
+
+
+class MappedFile:
+    """A segment of ``file_size`` bytes starting at log offset ``file_from_offset``."""
+
+    def __init__(self, path: Path, file_size: int, create: bool = True):
+        self.path = Path(path)
+        self.file_size = file_size
+        self.file_from_offset = parse_file_name(self.path.name)
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        fd = os.open(self.path, flags, 0o644)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual == 0 and create:
+                os.ftruncate(fd, file_size)
+            elif actual != file_size:
+                raise StoreError(f"{self.path}: size {actual} != configured {file_size}")
+            self._mm = mmap.mmap(fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._mm)
+        self.wrote_position = 0
+        self.flushed_position = 0
+        self.store_timestamp = 0  # store time of the last record appended (checkpoint)
+        self._flush_lock = threading.Lock()
+        self.available = True
+
+    # ---- positions ------------------------------------------------------------------------
+    @property
+    def committed_position(self) -> int:
+        return self.wrote_position
+
+    @property
+    def end_offset(self) -> int:
+        return self.file_from_offset + self.file_size
+
+    @property
+    def max_offset(self) -> int:
+        return self.file_from_offset + self.wrote_position
+
+    def is_full(self) -> bool:
+        return self.wrote_position == self.file_size
+
+    def remaining(self) -> int:
+        return self.file_size - self.wrote_position
+
+    def set_positions(self, position: int) -> None:
+        """After recovery or truncation: wrote = flushed = position."""
+        self.wrote_position = position
+        self.flushed_position = position
+
+    # ---- writes ---------------------------------------------------------------------------
+    def append(self, data: bytes | bytearray | memoryview) -> int:
+        """Copy ``data`` at the wrote position; returns the position it was written at."""
+        pos = self.wrote_position
+        end = pos + len(data)
+        if end > self.file_size:
+            raise StoreError(f"{self.path}: append of {len(data)} bytes past the end ({pos})")
+        self._view[pos:end] = data
+        self.wrote_position = end
+        return pos
+
+    def fill_to_end(self, marker: bytes) -> None:
+        """Write ``marker`` (the BLANK record) and mark the rest of the segment as used."""
+        self._view[self.wrote_position : self.wrote_position + len(marker)] = marker
+        self.wrote_position = self.file_size
+
+    def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        """Write without moving positions (the caller advances them)."""
+        self._view[pos : pos + len(data)] = data
+
+    @property
+    def buffer(self) -> memoryview:
+        """The whole mapping, for in-place encoding under the put lock."""
+        return self._view
+
+    # ---- reads ----------------------------------------------------------------------------
+    def view(self, pos: int, size: int) -> memoryview:
+        """Zero-copy view of ``[pos, pos+size)``; release it before the file is destroyed."""
+        return self._view[pos : pos + size]
+
+    def read(self, pos: int, size: int) -> bytes:
+        """A copy of ``[pos, pos+size)`` clipped to the wrote position."""
+        end = min(pos + size, self.wrote_position)
+        return self._mm[pos:end] if end > pos else b""
+
+    # ---- durability -----------------------------------------------------------------------
+    def dirty_pages(self) -> int:
+        return self.wrote_position // OS_PAGE_SIZE - self.flushed_position // OS_PAGE_SIZE
+
+    def flush(self, least_pages: int = 0) -> int:
+        """msync the dirty range when ``least_pages`` pages wait (0: any byte); new flushed pos."""
+        with self._flush_lock:
+            target = self.wrote_position
+            if target <= self.flushed_position:
+                return self.flushed_position
+            if least_pages > 0 and not self.is_full() and self.dirty_pages() < least_pages:
+                return self.flushed_position
+            start = (self.flushed_position // OS_PAGE_SIZE) * OS_PAGE_SIZE
+            self._mm.flush(start, target - start)
+            self.flushed_position = target
+            return target
+
+    def warm(self, sync: bool) -> None:
+        """Touch every page (RocketMQ warmMapedFile) so first writes do not fault."""
+        view = self._view
+        for pos in range(0, self.file_size, OS_PAGE_SIZE):
+            view[pos] = 0
+        if sync:
+            self._mm.flush()
+        if hasattr(mmap, "MADV_WILLNEED"):
+            self._mm.madvise(mmap.MADV_WILLNEED)
+
+    def zero_from(self, pos: int) -> None:
+        """Physically erase ``[pos, max(wrote, flushed))`` on disk and set positions to ``pos``."""
+        end = max(self.wrote_position, self.flushed_position, pos)
+        if end > pos:
+            self._view[pos:end] = bytes(end - pos)
+            start = (pos // OS_PAGE_SIZE) * OS_PAGE_SIZE
+            self._mm.flush(start, end - start)
+        self.set_positions(pos)
+
+    def zero_tail_if_dirty(self, pos: int) -> int:
+        """Erase any non-zero bytes at or after ``pos`` up to the file end (crash garbage)."""
+        view = self._view
+        size = self.file_size
+        if pos >= size:
+            return 0
+        chunk = 1 << 20
+        last_dirty = -1
+        p = pos
+        while p < size:
+            end = min(p + chunk, size)
+            kept = len(self._mm[p:end].rstrip(b"\x00"))
+            if kept:
+                last_dirty = p + kept
+            p = end
+        if last_dirty < 0:
+            return 0
+        view[pos:last_dirty] = bytes(last_dirty - pos)
+        start = (pos // OS_PAGE_SIZE) * OS_PAGE_SIZE
+        self._mm.flush(start, last_dirty - start)
+        return last_dirty - pos
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def close(self) -> None:
+        if not self.available:
+            return
+        self.available = False
+        try:
+            self._view.release()
+            self._mm.close()
+        except BufferError:
+            # A reader still holds a view; the mapping is released when it is collected.
+            pass
+
+    def destroy(self) -> None:
+        """Close and delete the file."""
+        self.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"MappedFile({self.path.name}, wrote={self.wrote_position}, "
+            f"flushed={self.flushed_position})"
+        )

@@ -1,0 +1,477 @@
+"""The store facade (RocketMQ ``DefaultMessageStore``): load, recover, start, put, get, shutdown.
+
+Start-up order: take the lock; load CommitLog segments, ConsumeQueues, checkpoint and index;
+recover ConsumeQueues, then the CommitLog (normal: trust all but the last three segments;
+after a crash, i.e. when ``abort`` exists: verify every record from the segment holding the
+checkpoint's flushed offset); cut ConsumeQueue entries past the log's end; re-dispatch what the
+indexes miss; rebuild the queue offset table; only then accept writes and create ``abort``.
+See docs/store-api.md for how the broker uses this class.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from common.config import BrokerConfig, parse_delay_levels
+from common.errors import CorruptionError, GetStatus, PutStatus
+from common.message import (
+    PROPERTY_WAIT,
+    SCHEDULE_TOPIC,
+    Message,
+    MessageExt,
+    decode_msg_id,
+    host_bytes,
+)
+from common.store.allocate import AllocateService
+from common.store.checkpoint import AbortFile, StoreCheckpoint, StoreLock
+from common.store.commit_log import CommitLog, PutResult, RecoveryReport, to_message
+from common.store.consume_queue import ConsumeQueueStore
+from common.store.flush import FlushWatcher, GroupCommitService, PeriodicFlushService, done_future
+from common.store.index import IndexService
+from common.store.reput import ArrivalListener, DispatchRequest, ReputService
+
+log = logging.getLogger("replog.store")
+
+AppendListener = Callable[[int], None]
+
+MAX_GET_BYTES = 4 * 1024 * 1024
+MAX_QUERY = 64 * 1024
+
+
+@dataclass
+class PendingPut:
+    """A put as appended, and a future for its disk flush."""
+
+    result: PutResult
+    flushed: Future[PutStatus]
+
+
+@dataclass(frozen=True)
+class GetResult:
+    status: GetStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    records: list[bytes] = field(default_factory=list)
+
+    def messages(self) -> list[MessageExt]:
+        return [to_message(raw) for raw in self.records]
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """A frozen snapshot of the store's figures (status, metrics and tests read it)."""
+
+    min_phy_offset: int
+    max_phy_offset: int
+    flushed_phy_offset: int
+    dispatched_phy_offset: int
+    flush_lag_bytes: int
+    reput_lag_bytes: int
+    segments: int
+    consume_queues: int
+    puts: int
+    put_failures: int
+    dispatched_records: int
+    deleted_segments: int
+    writeable: bool
+    last_recovery: str
+    corrupt_below_flushed: int
+
+
+class MessageStore:
+    def __init__(self, cfg: BrokerConfig):
+        self.cfg = cfg
+        self.root = cfg.store_root
+        self.delay_levels_ms = parse_delay_levels(cfg.messageDelayLevel)
+        self._lock_file = StoreLock(self.root)
+        self._abort = AbortFile(self.root)
+        self.allocate = AllocateService(
+            self.root / "commitlog", cfg.mappedFileSizeCommitLog,
+            warm=cfg.warmMapedFileEnable, sync_warm=cfg.sync_flush,
+        )
+        self.commit_log = CommitLog(
+            self.root, cfg.mappedFileSizeCommitLog, max_message_size=cfg.maxMessageSize,
+            store_ip=cfg.brokerIP1, store_port=cfg.listenPort, allocate=self.allocate,
+            put_lock_busy_ms=cfg.putLockWarnMs,
+        )
+        self.cq_store = ConsumeQueueStore(self.root, cfg.mappedFileSizeConsumeQueue)
+        self.index: IndexService | None = (
+            IndexService(self.root, cfg.maxHashSlotNum, cfg.maxIndexNum)
+            if cfg.messageIndexEnable else None
+        )
+        self.checkpoint: StoreCheckpoint | None = None
+        self.reput = ReputService(self)
+        self.dispatched_phy_offset = 0
+        self.recovery: RecoveryReport | None = None
+        self.running = False
+        self.puts = 0
+        self.put_failures = 0
+        self.deleted_segments = 0
+        self._group_commit: GroupCommitService | None = None
+        self._watcher: FlushWatcher | None = None
+        self._flusher: PeriodicFlushService | None = None
+        self._cq_flusher: PeriodicFlushService | None = None
+        self._services: list[object] = []
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_file.acquire()
+        try:
+            self._load_and_recover()
+            self._start_services()
+        except BaseException:
+            self._lock_file.release()
+            raise
+        self._abort.create()
+        self.running = True
+        log.info("event=store_started root=%s min=%d max=%d abnormal=%s", self.root,
+                 self.min_phy_offset, self.max_phy_offset, self.recovery and self.recovery.abnormal)
+
+    def _load_and_recover(self) -> None:
+        abnormal = self._abort.exists()
+        (self.root / "config").mkdir(exist_ok=True)
+        self.checkpoint = StoreCheckpoint(self.root / "checkpoint")
+        self.commit_log.load()
+        self.cq_store.load()
+        if self.index is not None:
+            self.index.load(not abnormal, self.checkpoint.index_msg_timestamp)
+        self.cq_store.recover_all()
+        self.recovery = self.commit_log.recover(abnormal, self.checkpoint.physic_flushed_offset)
+        log_end = self.commit_log.max_offset
+        self.cq_store.truncate_dirty(log_end)
+        if self.index is not None:
+            self.index.truncate(log_end)
+        self.dispatched_phy_offset = self._dispatch_start(abnormal)
+        self.reput.catch_up()
+        self._rebuild_queue_table()
+        self.checkpoint.physic_flushed_offset = self.commit_log.flushed_offset
+        self.checkpoint.flush()
+
+    def _dispatch_start(self, abnormal: bool) -> int:
+        log_min = self.commit_log.min_offset
+        log_end = self.commit_log.max_offset
+        start = min(self.cq_store.max_phy_offset(), log_end)
+        if self.index is not None:
+            start = min(start, max(self.index.end_phy_offset(), log_min))
+        if abnormal and self.recovery is not None:
+            start = min(start, self.recovery.start_offset)
+        return max(start, log_min)
+
+    def _rebuild_queue_table(self) -> None:
+        self.commit_log.topic_queue_table = dict(self.cq_store.topic_queue_table())
+
+    def _start_services(self) -> None:
+        cfg = self.cfg
+        self.allocate.start()
+        self.commit_log.append_listeners.append(self.reput.wake)
+        if cfg.sync_flush:
+            self._group_commit = GroupCommitService(self._flush_commit_log, cfg.syncFlushTimeout)
+            self._watcher = FlushWatcher(self._group_commit)
+            self._services += [self._group_commit, self._watcher]
+        self._flusher = PeriodicFlushService(
+            self._flush_commit_log, cfg.flushIntervalCommitLog, cfg.flushCommitLogLeastPages,
+            cfg.flushCommitLogThoroughInterval, name="replog-flush-commitlog",
+        )
+        self._cq_flusher = PeriodicFlushService(
+            self._flush_indexes, cfg.flushIntervalConsumeQueue, cfg.flushConsumeQueueLeastPages,
+            cfg.flushConsumeQueueThoroughInterval, name="replog-flush-cq",
+        )
+        self._services += [self._flusher, self._cq_flusher, self.reput]
+        for service in self._services:
+            service.start()  # type: ignore[attr-defined]
+
+    def shutdown(self) -> None:
+        """Stop services, flush everything, checkpoint, remove abort, release the lock."""
+        if not self.running:
+            return
+        self.running = False
+        self.commit_log.writeable = False
+        self.commit_log.not_writeable_reason = "store is shutting down"
+        for service in reversed(self._services):
+            service.shutdown()  # type: ignore[attr-defined]
+        self._services.clear()
+        self.reput.catch_up()
+        self.allocate.shutdown()
+        self._flush_commit_log(0)
+        self._flush_indexes(0)
+        clean = self.dispatched_phy_offset >= self.commit_log.max_offset
+        self.commit_log.shutdown()
+        self.cq_store.shutdown()
+        if self.index is not None:
+            self.index.shutdown()
+        assert self.checkpoint is not None
+        self.checkpoint.close()
+        if clean:
+            self._abort.remove()
+        self._lock_file.release()
+        log.info("event=store_stopped clean=%s", clean)
+
+    # ---- flushing -------------------------------------------------------------------------
+    def _flush_commit_log(self, least_pages: int) -> int:
+        flushed = self.commit_log.flush(least_pages)
+        if self.checkpoint is not None:
+            mf = self.commit_log.queue.find(max(flushed - 1, 0))
+            if mf is not None and mf.store_timestamp:
+                self.checkpoint.physic_msg_timestamp = mf.store_timestamp
+            self.checkpoint.physic_flushed_offset = flushed
+        return flushed
+
+    def _flush_indexes(self, least_pages: int) -> int:
+        self.cq_store.flush_all(least_pages)
+        if self.checkpoint is not None:
+            self.checkpoint.logics_msg_timestamp = self._last_dispatch_ts
+            if self.index is not None:
+                self.index.flush()
+                self.checkpoint.index_msg_timestamp = self.index.flushed_end_timestamp
+            self.checkpoint.flush()
+        return 0
+
+    _last_dispatch_ts = 0
+
+    # ---- dispatch (called by reput) -----------------------------------------------------------
+    def dispatch(self, req: DispatchRequest) -> None:
+        cq = self.cq_store.find_or_create(req.topic, req.queue_id)
+        cq.put(req.queue_offset, req.phy_offset, req.size, req.tags_code)
+        if self.index is not None and req.keys:
+            self.index.build(req.topic, list(req.keys), req.phy_offset, req.store_timestamp)
+        self._last_dispatch_ts = req.store_timestamp
+
+    def add_arrival_listener(self, listener: ArrivalListener) -> None:
+        self.reput.arrival_listeners.append(listener)
+
+    def add_append_listener(self, listener: AppendListener) -> None:
+        self.commit_log.append_listeners.append(listener)
+
+    # ---- puts -----------------------------------------------------------------------------------
+    def put_nowait(self, msg: Message, queue_id: int, born_host: tuple[str, int] = ("127.0.0.1", 0),
+                   born_timestamp: int = 0) -> PendingPut:
+        if msg.delay_level > 0 and msg.topic != SCHEDULE_TOPIC:
+            from common.store.schedule import to_schedule_message
+
+            msg, queue_id = to_schedule_message(msg, queue_id, len(self.delay_levels_ms))
+        result = self.commit_log.put(msg, queue_id, host_bytes(born_host[0]), born_host[1],
+                                     born_timestamp)
+        return self._pending(result, msg.properties.get(PROPERTY_WAIT) != "false")
+
+    def put_batch_nowait(self, topic: str, queue_id: int, msgs: list[Message],
+                         born_host: tuple[str, int] = ("127.0.0.1", 0),
+                         born_timestamp: int = 0) -> PendingPut:
+        result = self.commit_log.put_batch(topic, queue_id, msgs, host_bytes(born_host[0]),
+                                           born_host[1], born_timestamp)
+        return self._pending(result, True)
+
+    def _pending(self, result: PutResult, wait: bool) -> PendingPut:
+        if result.status is not PutStatus.PUT_OK:
+            self.put_failures += 1
+            return PendingPut(result, done_future(result.status))
+        self.puts += result.count
+        if self._group_commit is not None and wait:
+            return PendingPut(result, self._group_commit.request(result.end_phy_offset))
+        return PendingPut(result, done_future(PutStatus.PUT_OK))
+
+    def wait_flushed(self, pending: PendingPut) -> PutResult:
+        if pending.flushed.done():
+            status = pending.flushed.result()
+        else:
+            try:
+                status = pending.flushed.result(timeout=self.cfg.syncFlushTimeout / 1000 + 1)
+            except FutureTimeout:
+                status = PutStatus.FLUSH_DISK_TIMEOUT
+        if status is pending.result.status:
+            return pending.result
+        return replace(pending.result, status=status)
+
+    def put(self, msg: Message, queue_id: int, born_host: tuple[str, int] = ("127.0.0.1", 0),
+            born_timestamp: int = 0) -> PutResult:
+        return self.wait_flushed(self.put_nowait(msg, queue_id, born_host, born_timestamp))
+
+    def put_batch(self, topic: str, queue_id: int, msgs: list[Message],
+                  born_host: tuple[str, int] = ("127.0.0.1", 0), born_timestamp: int = 0) -> PutResult:
+        return self.wait_flushed(self.put_batch_nowait(topic, queue_id, msgs, born_host,
+                                                       born_timestamp))
+
+    # ---- reads ----------------------------------------------------------------------------------
+    def get_message(self, group: str, topic: str, queue_id: int, queue_offset: int, max_nums: int,
+                    tags_codes: set[int] | None = None, max_bytes: int = MAX_GET_BYTES) -> GetResult:
+        del group  # consumer groups matter for offsets, not for reading
+        cq = self.cq_store.get(topic, queue_id)
+        if cq is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        min_q, max_q = cq.min_queue_offset, cq.max_queue_offset
+        if max_q == 0 or max_q <= min_q:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, min_q, min_q, max_q)
+        if queue_offset < min_q:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, min_q, min_q, max_q)
+        if queue_offset == max_q:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, queue_offset, min_q, max_q)
+        if queue_offset > max_q:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, max_q, min_q, max_q)
+        return self._read_entries(cq, queue_offset, max(1, min(max_nums, 1024)), tags_codes,
+                                  max_bytes, min_q, max_q)
+
+    def _read_entries(self, cq: object, queue_offset: int, max_nums: int,
+                      tags_codes: set[int] | None, max_bytes: int, min_q: int,
+                      max_q: int) -> GetResult:
+        records: list[bytes] = []
+        next_offset = queue_offset
+        total = 0
+        log_min = self.commit_log.min_offset
+        removed = 0
+        scanned_limit = max_nums * 4 if tags_codes else max_nums
+        for q_off, phy, size, code in cq.entries(queue_offset, scanned_limit):  # type: ignore[attr-defined]
+            if records and (len(records) >= max_nums or total + size > max_bytes):
+                break
+            next_offset = q_off + 1
+            if phy < log_min:
+                removed += 1
+                continue
+            if tags_codes is not None and code not in tags_codes:
+                continue
+            raw = self.commit_log.read_record(phy, size)
+            if raw is None:
+                break
+            records.append(raw)
+            total += size
+        if records:
+            status = GetStatus.FOUND
+        elif removed:
+            status = GetStatus.MESSAGE_WAS_REMOVING
+        elif tags_codes is not None:
+            status = GetStatus.NO_MATCHED_MESSAGE
+        else:
+            status = GetStatus.OFFSET_FOUND_NULL
+        return GetResult(status, next_offset, min_q, max_q, records)
+
+    def min_queue_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.cq_store.get(topic, queue_id)
+        return cq.min_queue_offset if cq is not None else 0
+
+    def max_queue_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.cq_store.get(topic, queue_id)
+        return cq.max_queue_offset if cq is not None else 0
+
+    def topic_queues(self) -> dict[str, int]:
+        return self.cq_store.topics()
+
+    def message_by_offset(self, phy_offset: int) -> MessageExt | None:
+        if not self.commit_log.min_offset <= phy_offset < self.commit_log.max_offset:
+            return None
+        try:
+            return self.commit_log.message_at(phy_offset)
+        except CorruptionError as e:
+            log.error("event=read_corrupt offset=%d reason=%s", e.phy_offset, e.reason)
+            return None
+
+    def message_by_msg_id(self, msg_id: str) -> MessageExt | None:
+        try:
+            _, _, phy_offset = decode_msg_id(msg_id)
+        except ValueError:
+            return None
+        return self.message_by_offset(phy_offset)
+
+    def query_by_key(self, topic: str, key: str, max_nums: int = 32, begin_ms: int = 0,
+                     end_ms: int = 2**62) -> list[MessageExt]:
+        """Messages of ``topic`` with ``key`` (KEYS or unique key), newest first."""
+        if self.index is None:
+            return []
+        max_nums = max(1, min(max_nums, MAX_QUERY))
+        found = []
+        for phy in self.index.query(topic, key, max_nums * 2, begin_ms, end_ms):
+            msg = self.message_by_offset(phy)
+            if msg is None or msg.topic != topic:
+                continue  # hash collision or removed
+            if key in msg.key_list() or msg.properties.get("UNIQ_CLIENT_MESSAGE_ID_KEYIDX") == key:
+                found.append(msg)
+                if len(found) >= max_nums:
+                    break
+        return found
+
+    # ---- offsets --------------------------------------------------------------------------------
+    @property
+    def min_phy_offset(self) -> int:
+        return self.commit_log.min_offset
+
+    @property
+    def max_phy_offset(self) -> int:
+        return self.commit_log.max_offset
+
+    @property
+    def flushed_phy_offset(self) -> int:
+        return self.commit_log.flushed_offset
+
+    # ---- replication hooks --------------------------------------------------------------------
+    def read_committed(self, phy_offset: int, max_bytes: int) -> bytes:
+        return self.commit_log.read(phy_offset, max_bytes)
+
+    def append_replicated(self, phy_offset: int, data: bytes | memoryview) -> int:
+        return self.commit_log.append_replicated(phy_offset, data)
+
+    def truncate_to(self, phy_offset: int) -> None:
+        """Drop every byte at or after ``phy_offset``: log, ConsumeQueues and index, on disk."""
+        with self.reput._lock:
+            self.allocate.discard()
+            self.commit_log.truncate(phy_offset)
+            self.cq_store.truncate_dirty(phy_offset)
+            if self.index is not None:
+                self.index.truncate(phy_offset)
+            self.dispatched_phy_offset = min(self.dispatched_phy_offset, phy_offset)
+            self._rebuild_queue_table()
+            if self.checkpoint is not None:
+                self.checkpoint.physic_flushed_offset = min(
+                    self.checkpoint.physic_flushed_offset, phy_offset)
+                self.checkpoint.flush()
+        log.warning("event=store_truncated offset=%d", phy_offset)
+
+    def reset_to(self, phy_offset: int) -> None:
+        """Empty the store so that the log starts at ``phy_offset`` (slave far behind)."""
+        with self.reput._lock:
+            self.allocate.discard()
+            with self.commit_log.put_lock:
+                self.commit_log.queue.reset_empty(phy_offset)
+            self.cq_store.truncate_dirty(0)
+            if self.index is not None:
+                self.index.truncate(0)
+            self.dispatched_phy_offset = phy_offset
+            self._rebuild_queue_table()
+
+    # ---- figures --------------------------------------------------------------------------------
+    def snapshot(self) -> StoreStats:
+        cl = self.commit_log
+        rec = self.recovery
+        return StoreStats(
+            min_phy_offset=cl.min_offset,
+            max_phy_offset=cl.max_offset,
+            flushed_phy_offset=cl.flushed_offset,
+            dispatched_phy_offset=self.dispatched_phy_offset,
+            flush_lag_bytes=max(0, cl.max_offset - cl.flushed_offset),
+            reput_lag_bytes=max(0, cl.max_offset - self.dispatched_phy_offset),
+            segments=len(cl.queue.files),
+            consume_queues=sum(self.cq_store.topics().values()),
+            puts=self.puts,
+            put_failures=self.put_failures,
+            dispatched_records=self.reput.dispatched,
+            deleted_segments=self.deleted_segments,
+            writeable=cl.writeable,
+            last_recovery=(f"{'abnormal' if rec.abnormal else 'normal'} end={rec.end_offset} "
+                           f"cut={rec.cut_bytes} {rec.cut_reason}".strip() if rec else ""),
+            corrupt_below_flushed=rec.corrupt_below_flushed if rec else -1,
+        )
+
+    def wait_dispatched(self, phy_offset: int, timeout_s: float = 5.0) -> bool:
+        """Block until reput has dispatched up to ``phy_offset`` (tests, shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        while self.dispatched_phy_offset < phy_offset:
+            if time.monotonic() > deadline:
+                return False
+            self.reput.wake()
+            time.sleep(0.001)
+        return True
+

@@ -1,0 +1,187 @@
+"""Reput: dispatch CommitLog records to ConsumeQueues and the IndexFile.
+
+A background thread reads every whole record past ``dispatched_phy_offset`` and appends its
+ConsumeQueue entry (offset, size, tagsCode) and its index keys. It is woken by every append
+(a put on a master, replicated bytes on a slave), so a message is visible to pulls within
+about a millisecond; arrival listeners (long polling) are told per queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+from dataclasses import dataclass
+
+from common.errors import CorruptionError
+from common.message import (
+    KEY_SEPARATOR,
+    NAME_VALUE_SEP,
+    PROPERTY_DELAY,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    SCHEDULE_TOPIC,
+    decode_properties,
+    tags_code,
+)
+from common.store import record
+from common.store.commit_log import CommitLog
+
+log = logging.getLogger("replog.store")
+
+ArrivalListener = Callable[[str, int, int], None]  # topic, queue_id, max queue offset
+SCHEDULE_SOURCE = "__SCHED_SRC"  # property naming the schedule record a delivery came from
+
+
+@dataclass(frozen=True)
+class DispatchRequest:
+    """What a record contributes to the indexes (RocketMQ DispatchRequest)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phy_offset: int
+    size: int
+    tags_code: int
+    store_timestamp: int
+    keys: tuple[str, ...]
+
+
+_HAS_PROPS = (
+    (PROPERTY_TAGS + NAME_VALUE_SEP).encode(),
+    (PROPERTY_KEYS + NAME_VALUE_SEP).encode(),
+    (PROPERTY_UNIQ_KEY + NAME_VALUE_SEP).encode(),
+    (PROPERTY_DELAY + NAME_VALUE_SEP).encode(),
+    (SCHEDULE_SOURCE + NAME_VALUE_SEP).encode(),
+)
+
+
+def dispatch_request(view: memoryview, phy_offset: int, delay_levels_ms: list[int]) -> DispatchRequest:
+    """Parse what reput needs from a whole record (no CRC: recovery and reads verify)."""
+    p = record.parse(view)
+    h = p.header
+    topic = bytes(p.topic).decode("utf-8", errors="replace")
+    code = 0
+    keys: tuple[str, ...] = ()
+    raw_props = bytes(p.props)
+    if raw_props and any(marker in raw_props for marker in _HAS_PROPS):
+        props = decode_properties(raw_props)
+        tags = props.get(PROPERTY_TAGS)
+        code = tags_code(tags)
+        found = [k for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
+        if PROPERTY_UNIQ_KEY in props:
+            found.append(props[PROPERTY_UNIQ_KEY])
+        if SCHEDULE_SOURCE in props:
+            found.append(SCHEDULE_SOURCE + props[SCHEDULE_SOURCE])
+        keys = tuple(found)
+        if topic == SCHEDULE_TOPIC and PROPERTY_DELAY in props:
+            level = int(props[PROPERTY_DELAY])
+            level = min(max(level, 1), len(delay_levels_ms))
+            code = h.store_timestamp + delay_levels_ms[level - 1]
+    return DispatchRequest(topic, h.queue_id, h.queue_offset, phy_offset, h.total_size, code,
+                           h.store_timestamp, keys)
+
+
+class ReputService:
+    """Dispatches records to the indexes, in a thread woken by appends."""
+
+    IDLE_WAIT_S = 0.1
+
+    def __init__(self, store: DispatchTarget):
+        self._store = store
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one dispatcher at a time (thread or catch-up)
+        self.arrival_listeners: list[ArrivalListener] = []
+        self.dispatched = 0
+        self.lag_samples_ms: list[float] = []
+
+    def wake(self, _max_offset: int = 0) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="replog-reput", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.IDLE_WAIT_S)
+            self._wake.clear()
+            try:
+                self.do_reput()
+            except CorruptionError as e:
+                log.error("event=reput_stopped offset=%d reason=%s", e.phy_offset, e.reason)
+                self._stop.wait(1.0)
+
+    def do_reput(self) -> int:
+        """Dispatch everything appended so far; returns how many records were dispatched."""
+        store = self._store
+        with self._lock:
+            start = store.dispatched_phy_offset
+            end = store.commit_log.max_offset
+            if start >= end:
+                return 0
+            count = 0
+            touched: dict[tuple[str, int], int] = {}
+            levels = store.delay_levels_ms
+            phy = start
+            for phy, view in store.commit_log.iter_records(start, end):
+                req = dispatch_request(view, phy, levels)
+                view.release()
+                store.dispatch(req)
+                touched[(req.topic, req.queue_id)] = req.queue_offset + 1
+                count += 1
+                store.dispatched_phy_offset = phy + req.size
+            # BLANK padding at a segment end has nothing to dispatch but must be passed over.
+            if count == 0 or store.dispatched_phy_offset < end:
+                self._skip_blank(end)
+            self.dispatched += count
+        for (topic, queue_id), max_queue_offset in touched.items():
+            for listener in self.arrival_listeners:
+                listener(topic, queue_id, max_queue_offset)
+        return count
+
+    def _skip_blank(self, end: int) -> None:
+        store = self._store
+        mf = store.commit_log.queue.find(store.dispatched_phy_offset)
+        if mf is None or not mf.is_full():
+            return
+        pos = store.dispatched_phy_offset - mf.file_from_offset
+        if pos + record.END_FILE_MIN_BLANK <= mf.file_size:
+            magic = record.HEAD_PREFIX.unpack_from(mf.buffer, pos)[1]
+            if magic == record.BLANK_MAGIC and mf.end_offset <= end:
+                store.dispatched_phy_offset = mf.end_offset
+
+    def catch_up(self, deadline_s: float = 600.0) -> None:
+        """Dispatch until the log's current end (start-up, before accepting writes)."""
+        limit = time.monotonic() + deadline_s
+        while self._store.dispatched_phy_offset < self._store.commit_log.max_offset:
+            if self.do_reput() == 0 and not self._advanced():
+                break
+            if time.monotonic() > limit:
+                raise TimeoutError("reput did not catch up with the CommitLog")
+
+    def _advanced(self) -> bool:
+        before = self._store.dispatched_phy_offset
+        self._skip_blank(self._store.commit_log.max_offset)
+        return self._store.dispatched_phy_offset > before
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+
+class DispatchTarget(Protocol):
+    """What reput needs from the store."""
+
+    dispatched_phy_offset: int
+    delay_levels_ms: list[int]
+    commit_log: CommitLog
+
+    def dispatch(self, req: DispatchRequest) -> None: ...
