@@ -34,7 +34,9 @@ from common.store.commit_log import CommitLog, PutResult, RecoveryReport, to_mes
 from common.store.consume_queue import ConsumeQueueStore
 from common.store.flush import FlushWatcher, GroupCommitService, PeriodicFlushService, done_future
 from common.store.index import IndexService
+from common.store.cleanup import CleanService
 from common.store.reput import ArrivalListener, DispatchRequest, ReputService
+from common.store.schedule import ScheduleService, to_schedule_message
 
 log = logging.getLogger("replog.store")
 
@@ -119,6 +121,9 @@ class MessageStore:
         self._flusher: PeriodicFlushService | None = None
         self._cq_flusher: PeriodicFlushService | None = None
         self._services: list[object] = []
+        self.schedule = ScheduleService(self, self.delay_levels_ms)
+        self.cleaner = CleanService(self)
+        self._schedule_running = False
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -147,6 +152,7 @@ class MessageStore:
         self.recovery = self.commit_log.recover(abnormal, self.checkpoint.physic_flushed_offset)
         log_end = self.commit_log.max_offset
         self.cq_store.truncate_dirty(log_end)
+        self.cq_store.correct_min_offset(self.commit_log.min_offset)
         if self.index is not None:
             self.index.truncate(log_end)
         self.dispatched_phy_offset = self._dispatch_start(abnormal)
@@ -156,13 +162,16 @@ class MessageStore:
         self.checkpoint.flush()
 
     def _dispatch_start(self, abnormal: bool) -> int:
+        """Where reput resumes: the ConsumeQueues' end; after a crash also what the index and
+        the unverified tail need (re-dispatch is idempotent for both)."""
         log_min = self.commit_log.min_offset
-        log_end = self.commit_log.max_offset
-        start = min(self.cq_store.max_phy_offset(), log_end)
-        if self.index is not None:
-            start = min(start, max(self.index.end_phy_offset(), log_min))
-        if abnormal and self.recovery is not None:
-            start = min(start, self.recovery.start_offset)
+        start = min(self.cq_store.max_phy_offset(), self.commit_log.max_offset)
+        if abnormal:
+            if self.index is not None:
+                files = self.index.files
+                start = min(start, files[-1].end_phy_offset if files else log_min)
+            if self.recovery is not None:
+                start = min(start, self.recovery.start_offset)
         return max(start, log_min)
 
     def _rebuild_queue_table(self) -> None:
@@ -184,9 +193,24 @@ class MessageStore:
             self._flush_indexes, cfg.flushIntervalConsumeQueue, cfg.flushConsumeQueueLeastPages,
             cfg.flushConsumeQueueThoroughInterval, name="replog-flush-cq",
         )
-        self._services += [self._flusher, self._cq_flusher, self.reput]
+        self._services += [self._flusher, self._cq_flusher, self.reput, self.cleaner]
         for service in self._services:
             service.start()  # type: ignore[attr-defined]
+        self.set_schedule_enabled(not cfg.is_slave)
+
+    def set_schedule_enabled(self, enabled: bool) -> None:
+        """Delay-level delivery runs on a master only (a promoted slave turns it on)."""
+        if enabled and not self._schedule_running:
+            self.schedule = ScheduleService(self, self.delay_levels_ms)
+            self.schedule.start()
+            self._schedule_running = True
+        elif not enabled and self._schedule_running:
+            self.schedule.shutdown()
+            self._schedule_running = False
+
+    def clean_now(self) -> int:
+        """Delete expired segments now, whatever the hour (operators, tests)."""
+        return self.cleaner.run_once(force=True)
 
     def shutdown(self) -> None:
         """Stop services, flush everything, checkpoint, remove abort, release the lock."""
@@ -195,6 +219,7 @@ class MessageStore:
         self.running = False
         self.commit_log.writeable = False
         self.commit_log.not_writeable_reason = "store is shutting down"
+        self.set_schedule_enabled(False)
         for service in reversed(self._services):
             service.shutdown()  # type: ignore[attr-defined]
         self._services.clear()
@@ -254,8 +279,6 @@ class MessageStore:
     def put_nowait(self, msg: Message, queue_id: int, born_host: tuple[str, int] = ("127.0.0.1", 0),
                    born_timestamp: int = 0) -> PendingPut:
         if msg.delay_level > 0 and msg.topic != SCHEDULE_TOPIC:
-            from common.store.schedule import to_schedule_message
-
             msg, queue_id = to_schedule_message(msg, queue_id, len(self.delay_levels_ms))
         result = self.commit_log.put(msg, queue_id, host_bytes(born_host[0]), born_host[1],
                                      born_timestamp)
