@@ -1,0 +1,352 @@
+"""Put throughput and latency: replog client -> broker over tcp://127.0.0.1, beside references.
+
+Measured for 128 B and 1 KiB bodies, in one run:
+
+| case      | replog                               | reference                                 |
+|-----------|--------------------------------------|-------------------------------------------|
+| sync      | ``Producer.send``, 1 in flight       | pyzmq DEALER/ROUTER echo, 1 in flight;    |
+|           |                                      | Redis XADD one at a time                  |
+| async64   | ``Producer.send_async``, 64 in flight| echo, 64 in flight; Redis XADD pipelined 64|
+| batch64   | ``Producer.send_batch`` of 64        | echo of 64-frame messages; Redis pipe 64  |
+
+The broker (ASYNC_MASTER, ASYNC_FLUSH), the echo server and ``redis-server`` (Debian's, started
+here on a free port with persistence off) each run in their own process. Prints msgs/s, MB/s,
+p50/p99 latency per figure and the ratio to each reference. ``REPLOG_BENCH_SCALE`` (default 1.0)
+scales the message counts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from common.cli import broker_env
+from common.client import Admin, Producer
+from common.config import dump_yaml, load_config
+from common.errors import BrokerError
+
+SCALE = float(os.environ.get("REPLOG_BENCH_SCALE", "1.0"))
+SIZES = (128, 1024)
+WINDOW = 64
+BATCH = 64
+
+
+@dataclass
+class Figure:
+    name: str
+    msgs: int
+    seconds: float
+    latencies_ms: list[float]
+    size: int
+
+    @property
+    def rate(self) -> float:
+        return self.msgs / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_s(self) -> float:
+        return self.rate * self.size / 1e6
+
+    def pct(self, q: float) -> float:
+        values = sorted(self.latencies_ms)
+        return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+def n(count: int) -> int:
+    return max(BATCH, int(count * SCALE))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---- replog -------------------------------------------------------------------------------------
+
+
+def start_broker(home: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cfg = load_config(
+        None,
+        (),
+        env={},
+        listenPort=port,
+        haListenPort=free_port(),
+        storePathRootDir=str(home / "store"),
+        brokerRole="ASYNC_MASTER",
+        flushDiskType="ASYNC_FLUSH",
+        mappedFileSizeCommitLog=256 * 1024 * 1024,
+    )
+    (home / "broker.yaml").write_text(dump_yaml(cfg))
+    log = open(home / "broker.log", "ab")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "common.cli", "broker", "-c", str(home / "broker.yaml")],
+        cwd=REPO,
+        stdout=log,
+        stderr=log,
+        env=broker_env(),
+    )
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    with Admin([address], timeout_ms=500, retries=0) as admin:
+        while True:
+            try:
+                admin.status(address)
+                return proc, address
+            except BrokerError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((home / "broker.log").read_text()[-3000:]) from None
+
+
+def replog_sync(p: Producer, size: int, count: int) -> Figure:
+    body = b"x" * size
+    lat = []
+    start = time.perf_counter()
+    for _ in range(count):
+        t = time.perf_counter()
+        p.send("bench", body, queue_id=0)
+        lat.append((time.perf_counter() - t) * 1000)
+    return Figure("sync", count, time.perf_counter() - start, lat, size)
+
+
+def replog_async(p: Producer, size: int, count: int) -> Figure:
+    body = b"x" * size
+    window = threading.BoundedSemaphore(WINDOW)
+    lat: list[float] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+    remaining = [count]
+    lock = threading.Lock()
+
+    def finished(t0: float, f: object) -> None:
+        lat.append((time.perf_counter() - t0) * 1000)
+        exc = f.exception()  # type: ignore[attr-defined]
+        if exc is not None:
+            errors.append(exc)
+        window.release()
+        with lock:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done.set()
+
+    start = time.perf_counter()
+    for i in range(count):
+        window.acquire()
+        t0 = time.perf_counter()
+        p.send_async("bench", body, queue_id=i % 4).add_done_callback(
+            lambda f, t0=t0: finished(t0, f)
+        )
+    done.wait(120)
+    if errors:
+        raise errors[0]
+    return Figure("async64", count, time.perf_counter() - start, lat, size)
+
+
+def replog_batch(p: Producer, size: int, count: int) -> Figure:
+    bodies = [b"x" * size] * BATCH
+    lat = []
+    start = time.perf_counter()
+    for _ in range(count // BATCH):
+        t = time.perf_counter()
+        p.send_batch("bench", bodies, queue_id=0)
+        lat.append((time.perf_counter() - t) * 1000)
+    return Figure("batch64", count // BATCH * BATCH, time.perf_counter() - start, lat, size)
+
+
+# ---- bare pyzmq echo ------------------------------------------------------------------------------
+
+
+def _echo_server(port: int, ready: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(f"tcp://127.0.0.1:{port}")
+    ready.set()
+    while True:
+        sock.send_multipart(sock.recv_multipart())  # runs until the benchmark kills it
+
+
+def echo_run(
+    address: str, size: int, count: int, window: int, frames_per_msg: int, name: str
+) -> Figure:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(f"tcp://{address}")
+    msg = [b"h" * 16] + [b"x" * size] * frames_per_msg
+    sent_at: list[float] = []
+    lat = []
+    requests = count // frames_per_msg
+    start = time.perf_counter()
+    inflight = received = sent = 0
+    while received < requests:
+        while inflight < window and sent < requests:
+            sock.send_multipart(msg)
+            sent_at.append(time.perf_counter())
+            sent += 1
+            inflight += 1
+        sock.recv_multipart()
+        lat.append((time.perf_counter() - sent_at[received]) * 1000)
+        received += 1
+        inflight -= 1
+    seconds = time.perf_counter() - start
+    sock.close(linger=0)
+    ctx.term()
+    return Figure(name, requests * frames_per_msg, seconds, lat, size)
+
+
+# ---- redis ----------------------------------------------------------------------------------------
+
+
+def start_redis(home: Path) -> tuple[subprocess.Popen[bytes] | None, int]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return None, 0
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(home),
+            "--bind",
+            "127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    import redis
+
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            client.close()
+            return proc, port
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                return None, 0
+
+
+def redis_run(port: int, size: int, count: int, pipeline: int) -> Figure:
+    import redis
+
+    client = redis.Redis(port=port)
+    body = b"x" * size
+    lat = []
+    start = time.perf_counter()
+    if pipeline == 1:
+        for _ in range(count):
+            t = time.perf_counter()
+            client.xadd("bench", {"b": body})
+            lat.append((time.perf_counter() - t) * 1000)
+    else:
+        for _ in range(count // pipeline):
+            t = time.perf_counter()
+            pipe = client.pipeline(transaction=False)
+            for _ in range(pipeline):
+                pipe.xadd("bench", {"b": body})
+            pipe.execute()
+            lat.append((time.perf_counter() - t) * 1000)
+    seconds = time.perf_counter() - start
+    client.delete("bench")
+    client.close()
+    return Figure(f"redis xadd x{pipeline}", count // pipeline * pipeline, seconds, lat, size)
+
+
+# ---- report ---------------------------------------------------------------------------------------
+
+
+def line(f: Figure, ref: Figure | None = None) -> str:
+    text = (
+        f"  {f.name:<18} {f.rate:>10.0f} msg/s {f.mb_s:>8.2f} MB/s "
+        f"p50 {f.pct(0.5):>7.3f} ms p99 {f.pct(0.99):>7.3f} ms"
+    )
+    if ref is not None and ref.rate > 0:
+        text += f"   {f.rate / ref.rate:>5.2f}x {ref.name}"
+    return text
+
+
+def main() -> int:
+    home = Path(tempfile.mkdtemp(prefix="replog-bench-"))
+    children: list[Callable[[], None]] = []
+    try:
+        broker, address = start_broker(home)
+        children.append(lambda: _stop(broker))
+        echo_port = free_port()
+        ready = multiprocessing.Event()
+        echo = multiprocessing.Process(target=_echo_server, args=(echo_port, ready), daemon=True)
+        echo.start()
+        children.append(lambda: (echo.kill(), echo.join(5)))
+        ready.wait(10)
+        redis_proc, redis_port = start_redis(home)
+        if redis_proc is not None:
+            children.append(lambda: _stop(redis_proc))
+        print(f"replog put benchmark (broker {address}, scale {SCALE}, {os.cpu_count()} CPUs)")
+        with Producer([address], max_batches_in_flight=1) as p:
+            p.send("bench", b"warm-up", queue_id=0)
+            for size in SIZES:
+                run_size(p, size, echo_port, redis_port)
+        return 0
+    finally:
+        for stop in reversed(children):
+            stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def run_size(p: Producer, size: int, echo_port: int, redis_port: int) -> None:
+    echo_addr = f"127.0.0.1:{echo_port}"
+    print(f"\nbody {size} B")
+    sync = replog_sync(p, size, n(5000))
+    asy = replog_async(p, size, n(50_000))
+    batch = replog_batch(p, size, n(200_000))
+    echo1 = echo_run(echo_addr, size, n(5000), 1, 1, "echo x1")
+    echo64 = echo_run(echo_addr, size, n(50_000), WINDOW, 1, "echo 64 in flight")
+    echob = echo_run(echo_addr, size, n(200_000), 1, BATCH, "echo 64-frame msg")
+    r1 = r64 = None
+    if redis_port:
+        r1 = redis_run(redis_port, size, n(5000), 1)
+        r64 = redis_run(redis_port, size, n(50_000), BATCH)
+    for f, refs in ((sync, (echo1, r1)), (asy, (echo64, r64)), (batch, (echob, r64))):
+        print(line(f))
+        for ref in refs:
+            if ref is not None:
+                print("    vs" + line(ref)[1:] + f"   ratio {f.rate / ref.rate:.2f}x")
+    if r1 is None:
+        print("  (redis-server not installed: Redis references skipped)")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,473 @@
+"""The broker process: one store, one request server and the current role.
+
+The role objects come from the composition root (``common/cli.py``) through a ``RoleFactory``;
+nothing here imports ``master/`` or ``slave/``. A role decides what happens to writes (a master
+appends, a slave refuses); reads, status and consumer offsets are served the same way by every
+role (``common/server.py``).
+
+State under ``<storePathRootDir>/config/`` (RocketMQ's file names and JSON shapes; every write is
+atomic: temp file, fsync, rename, fsync of the directory):
+
+| file                | shape                                                                |
+|---------------------|----------------------------------------------------------------------|
+| topics.json         | ``{"topicConfigTable": {topic: {"topicName", "readQueueNums",        |
+|                     | "writeQueueNums", "perm"}}, "dataVersion": {"timestamp", "counter"}}`` |
+| consumerOffset.json | ``{"offsetTable": {"topic@group": {"<queueId>": queueOffset}}}``       |
+
+Shutdown is two-stage (uvicorn): the first SIGTERM/SIGINT drains in-flight requests, stops the
+role, persists the offsets and shuts the store down (flush, checkpoint, remove the abort file);
+a second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import prometheus_client
+from prometheus_client.core import GaugeMetricFamily
+
+from common.config import BrokerConfig
+from common.errors import ResponseCode
+from common.ha import epochs
+from common.protocol import Request, Response
+from common.server import Reply, RequestServer, log_event, reply
+
+log = logging.getLogger("replog.broker")
+
+DRAIN_TIMEOUT_S = 10.0
+OFFSET_PERSIST_INTERVAL_S = 1.0
+TOPICS_FILE = "topics.json"
+OFFSETS_FILE = "consumerOffset.json"
+MAX_CONFIG_FILE_BYTES = 64 * 1024 * 1024
+PERM_READ_WRITE = 6
+
+
+def atomic_write_json(path: Path, value: Any) -> None:
+    """Write JSON so that a crash leaves either the old or the new file, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(path.name + ".tmp")
+    data = json.dumps(value, indent=2, sort_keys=True).encode("utf-8")
+    with open(temp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path) -> Any:
+    """The file's JSON, or None when absent; a torn or oversized file raises ValueError."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_CONFIG_FILE_BYTES} bytes")
+    return json.loads(raw)
+
+
+# ---- topics and consumer offsets ---------------------------------------------------------------
+
+
+class TopicTable:
+    """Topic -> queue count, persisted in ``config/topics.json``; thread-safe."""
+
+    def __init__(self, config_dir: Path):
+        self.path = config_dir / TOPICS_FILE
+        self._lock = threading.Lock()
+        self._queues: dict[str, int] = {}
+        self._counter = 0
+        raw = read_json(self.path) or {}
+        for name, entry in raw.get("topicConfigTable", {}).items():
+            self._queues[name] = int(entry.get("writeQueueNums", 0))
+        self._counter = int(raw.get("dataVersion", {}).get("counter", 0))
+
+    def merge_seen(self, seen: dict[str, int]) -> None:
+        """Topics found in the ConsumeQueues (e.g. replicated to a slave) but not configured."""
+        with self._lock:
+            for name, nums in seen.items():
+                self._queues[name] = max(nums, self._queues.get(name, 0))
+
+    def queue_nums(self, topic: str) -> int:
+        return self._queues.get(topic, 0)
+
+    def create(self, topic: str, queue_nums: int) -> None:
+        with self._lock:
+            if self._queues.get(topic) == queue_nums:
+                return
+            self._queues[topic] = queue_nums
+            self._counter += 1
+            atomic_write_json(self.path, self._to_json())
+
+    def topics(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._queues)
+
+    def _to_json(self) -> dict[str, Any]:
+        table = {
+            name: {
+                "topicName": name,
+                "readQueueNums": nums,
+                "writeQueueNums": nums,
+                "perm": PERM_READ_WRITE,
+            }
+            for name, nums in sorted(self._queues.items())
+        }
+        version = {"timestamp": int(time.time() * 1000), "counter": self._counter}
+        return {"topicConfigTable": table, "dataVersion": version}
+
+
+class ConsumerOffsetTable:
+    """``topic@group`` -> queue id -> next offset to consume; persisted when changed."""
+
+    def __init__(self, config_dir: Path):
+        self.path = config_dir / OFFSETS_FILE
+        self._lock = threading.Lock()
+        self._table: dict[str, dict[int, int]] = {}
+        self._dirty = False
+        raw = read_json(self.path) or {}
+        for key, queues in raw.get("offsetTable", {}).items():
+            self._table[key] = {int(q): int(o) for q, o in queues.items()}
+
+    def commit(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None:
+        with self._lock:
+            self._table.setdefault(f"{topic}@{group}", {})[queue_id] = queue_offset
+            self._dirty = True
+
+    def fetch(self, group: str, topic: str, queue_id: int) -> int:
+        with self._lock:
+            return self._table.get(f"{topic}@{group}", {}).get(queue_id, -1)
+
+    def persist(self, force: bool = False) -> bool:
+        """Write the table if it changed since the last write; True if written."""
+        with self._lock:
+            if not (self._dirty or force):
+                return False
+            snapshot = {k: {str(q): o for q, o in v.items()} for k, v in self._table.items()}
+            self._dirty = False
+        atomic_write_json(self.path, {"offsetTable": snapshot})
+        return True
+
+
+# ---- roles -----------------------------------------------------------------------------------
+
+
+class Role(Protocol):
+    """What a broker's current role does (``master/role.py``, ``slave/role.py``)."""
+
+    @property
+    def name(self) -> str: ...  # SYNC_MASTER | ASYNC_MASTER | SLAVE
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def handle_write(self, req: Request) -> Reply: ...  # SEND, SEND_BATCH, CREATE_TOPIC
+
+    def status_fields(self) -> dict[str, Any]: ...  # masterAddress, slaves
+
+
+RoleFactory = Callable[[str, "Broker"], Role]
+
+
+# ---- status ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerStatus:
+    """A frozen snapshot of the broker; feeds ``replog status``, metrics and tests alike."""
+
+    brokerName: str
+    brokerId: int
+    role: str
+    epoch: int
+    minPhyOffset: int
+    maxPhyOffset: int
+    flushedPhyOffset: int
+    masterAddress: str
+    slaves: list[dict[str, Any]]
+    brokerClusterName: str
+    address: str
+    pid: int
+    uptimeS: float
+    dispatchedPhyOffset: int
+    flushLagBytes: int
+    reputLagBytes: int
+    topics: int
+    server: dict[str, Any]
+    store: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.update(self.server)  # put/get rates and latency percentiles at the top level too
+        return out
+
+
+def _plain(value: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return {}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, int | float | str | bool) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+class StatusCollector:
+    """Prometheus collector: every numeric status figure as a ``replog_*`` gauge, per scrape."""
+
+    def __init__(self, snapshot: Callable[[], BrokerStatus]):
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        status = self._snapshot()
+        labels = {"broker": status.brokerName, "id": str(status.brokerId)}
+        numbers = {**status.to_json(), **{f"store_{k}": v for k, v in status.store.items()}}
+        for key, value in numbers.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            gauge = GaugeMetricFamily(
+                f"replog_{_snake(key)}", f"status field {key}", labels=list(labels)
+            )
+            gauge.add_metric(list(labels.values()), float(value))
+            yield gauge
+        yield from _slave_gauges(status, labels)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+def _slave_gauges(status: BrokerStatus, labels: dict[str, str]) -> Iterator[GaugeMetricFamily]:
+    names = [*labels, "slave"]
+    for field in ("ackOffset", "lagBytes", "inSync"):
+        gauge = GaugeMetricFamily(
+            f"replog_slave_{_snake(field)}", f"per-slave {field}", labels=names
+        )
+        for slave in status.slaves:
+            value = slave.get(field)
+            if isinstance(value, int | float | bool):
+                gauge.add_metric([*labels.values(), str(slave.get("address", ""))], float(value))
+        yield gauge
+
+
+def _snake(name: str) -> str:
+    out = []
+    for ch in name:
+        if ch.isupper():
+            out.append("_" + ch.lower())
+        else:
+            out.append(ch if ch.isalnum() else "_")
+    return "".join(out).strip("_")
+
+
+# ---- the broker ------------------------------------------------------------------------------
+
+
+class Broker:
+    """Store + request server + current role; ``serve_forever`` runs until a signal."""
+
+    def __init__(self, cfg: BrokerConfig, store: Any, role_factory: RoleFactory):
+        self.cfg = cfg
+        self.store = store
+        self.role_factory = role_factory
+        config_dir = cfg.store_root / "config"
+        self.topics = TopicTable(config_dir)
+        self.offsets = ConsumerOffsetTable(config_dir)
+        self.role: Role | None = None
+        self.server = RequestServer(cfg, self)
+        self._started = time.monotonic()
+        self._admin = concurrent.futures.ThreadPoolExecutor(1, "replog-admin")
+        self._stop = threading.Event()
+        self._signals = 0
+        self._housekeeper: threading.Thread | None = None
+        self._metrics_server: Any = None
+        self._epoch_cache: tuple[float, int] = (-1.0, 0)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self.store.start()
+        self.topics.merge_seen(self.store.topic_queues())
+        self.role = self.role_factory(self.cfg.brokerRole, self)
+        self.role.start()
+        self.store.add_arrival_listener(self.server.on_arrival)
+        self.server.start()
+        self._housekeeper = threading.Thread(
+            target=self._housekeep, name="replog-housekeeping", daemon=True
+        )
+        self._housekeeper.start()
+        self._start_metrics()
+        log_event(
+            log,
+            "broker_started",
+            name=self.cfg.brokerName,
+            id=self.cfg.brokerId,
+            role=self.role.name,
+            address=self.cfg.client_address,
+            pid=os.getpid(),
+        )
+
+    def shutdown(self) -> None:
+        """Drain, stop the role, persist offsets, shut the store down (removes the abort file)."""
+        log_event(log, "broker_draining", inflight=self.server.stats.inflight)
+        drained = self.server.drain(DRAIN_TIMEOUT_S)
+        self._stop.set()
+        if self._housekeeper is not None:
+            self._housekeeper.join(5.0)
+        self._admin.shutdown(wait=True, cancel_futures=True)
+        if self.role is not None:
+            self.role.stop()
+        self.offsets.persist()
+        self.store.shutdown()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        log_event(log, "broker_stopped", drained=drained)
+
+    def serve_forever(self) -> None:
+        """Start, wait for SIGTERM/SIGINT, shut down cleanly; a second signal exits at once."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.start()
+        while not self._stop.wait(0.5):
+            pass
+        self.shutdown()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log_event(log, "broker_forced_exit", signal=signal.Signals(signum).name)
+            os._exit(1)
+        log_event(log, "broker_signal", signal=signal.Signals(signum).name)
+        self._stop.set()
+
+    def _housekeep(self) -> None:
+        while not self._stop.wait(OFFSET_PERSIST_INTERVAL_S):
+            try:
+                self.offsets.persist()
+            except OSError as e:
+                log_event(log, "offsets_persist_failed", logging.ERROR, error=str(e))
+
+    def _start_metrics(self) -> None:
+        if not self.cfg.metricsPort:
+            return
+        registry = prometheus_client.CollectorRegistry()
+        registry.register(StatusCollector(self.snapshot))
+        server, _thread = prometheus_client.start_http_server(
+            self.cfg.metricsPort, addr="0.0.0.0", registry=registry
+        )
+        self._metrics_server = server
+        log_event(log, "metrics_listening", port=self.cfg.metricsPort)
+
+    # -- what the server asks ------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return self.snapshot().to_json()
+
+    def snapshot(self) -> BrokerStatus:
+        store = self.store
+        role = self.role
+        role_fields = role.status_fields() if role is not None else {}
+        max_phy = int(store.max_phy_offset)
+        flushed = int(store.flushed_phy_offset)
+        dispatched = int(store.dispatched_phy_offset)
+        return BrokerStatus(
+            brokerName=self.cfg.brokerName,
+            brokerId=self.cfg.brokerId,
+            role=role.name if role is not None else "STARTING",
+            epoch=self.epoch(),
+            minPhyOffset=int(store.min_phy_offset),
+            maxPhyOffset=max_phy,
+            flushedPhyOffset=flushed,
+            masterAddress=str(role_fields.get("masterAddress", "")),
+            slaves=list(role_fields.get("slaves", [])),
+            brokerClusterName=self.cfg.brokerClusterName,
+            address=self.cfg.client_address,
+            pid=os.getpid(),
+            uptimeS=round(time.monotonic() - self._started, 3),
+            dispatchedPhyOffset=dispatched,
+            flushLagBytes=max(0, max_phy - flushed),
+            reputLagBytes=max(0, max_phy - dispatched),
+            topics=len(self.topics.topics()),
+            server=self.server.stats.figures(),
+            store=_plain(store.snapshot()),
+        )
+
+    def epoch(self) -> int:
+        """The newest epoch in ``epochFileCheckpoint`` (0 before the first term is recorded)."""
+        path = epochs.epoch_file_path(self.cfg.store_root)
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            return 0
+        if mtime != self._epoch_cache[0]:
+            try:
+                self._epoch_cache = (mtime, epochs.last_epoch(epochs.load(self.cfg.store_root)))
+            except epochs.EpochFileError as e:
+                log_event(log, "epoch_file_unreadable", logging.ERROR, error=str(e))
+                return -1
+        return self._epoch_cache[1]
+
+    def topic_queue_nums(self, topic: str) -> tuple[int, bool]:
+        return self.topics.queue_nums(topic), self.cfg.autoCreateTopicEnable
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None:
+        self.offsets.commit(group, topic, queue_id, queue_offset)
+
+    def fetch_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return self.offsets.fetch(group, topic, queue_id)
+
+    def handle_write(self, req: Request) -> Reply:
+        role = self.role
+        if role is None:
+            return reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, "broker is starting")
+        return role.handle_write(req)
+
+    def promote(self, req: Request) -> Reply:
+        """PROMOTE: turn this slave into its group's master (off the I/O thread)."""
+        target = req.fields.get("role", "SYNC_MASTER")
+        return self._admin.submit(self._promote, req, target)
+
+    def _promote(self, req: Request, target: str) -> Response:
+        current = self.role
+        if current is not None and current.name != "SLAVE":
+            return reply(req, fields=self.status(), remark=f"already {current.name}")
+        if current is not None:
+            current.stop()
+        self.cfg.store_root.mkdir(parents=True, exist_ok=True)
+        history = epochs.load(self.cfg.store_root)
+        history = epochs.new_epoch(history, int(self.store.max_phy_offset))
+        epochs.save(self.cfg.store_root, history)
+        new_role = self.role_factory(target, self)
+        new_role.start()
+        self.role = new_role
+        self.cfg.brokerRole = target
+        log_event(
+            log,
+            "broker_promoted",
+            role=target,
+            epoch=epochs.last_epoch(history),
+            maxPhyOffset=self.store.max_phy_offset,
+        )
+        return reply(req, fields=self.status())

@@ -1,0 +1,1056 @@
+"""Python clients: Producer, Consumer and Admin (CONTRACT section 4).
+
+Threads and sockets::
+
+    user threads --(inbox deque + pipe wakeup)--> one I/O thread per client --DEALER--> brokers
+                 <---------- concurrent.futures.Future resolved by the I/O thread ----------
+
+* One background I/O thread owns a ZeroMQ context and one DEALER socket per broker address. Any
+  number of requests are in flight on a socket at once; answers are matched by their opaque id.
+  Sockets use ``ZMQ_IMMEDIATE`` so a request is never parked for a broker that is down (it waits
+  in a bounded backlog until the connection is up or its deadline passes) and heartbeats so a
+  frozen broker is noticed.
+* Every request has a deadline (``timeout_ms``, default 10 s: longer than the broker's
+  ``slaveTimeout`` and ``syncFlushTimeout`` so FLUSH_SLAVE_TIMEOUT and FLUSH_DISK_TIMEOUT reach the
+  caller). A missed deadline raises ``ClientTimeoutError`` (a retriable ``BrokerError``; the send's
+  outcome is unknown).
+* Master discovery: the client asks every configured broker for its status and writes to the
+  master with the highest epoch; a timeout or SERVICE_NOT_AVAILABLE / STALE_EPOCH answer drops
+  the cached master so the next attempt discovers again.
+* ``Producer.send_async`` coalesces like Kafka's producer: messages for the same queue
+  accumulate while that queue has a batch in flight (at most ``max_batches_in_flight`` per queue,
+  which also keeps a queue's order) and leave as one SEND_BATCH of at most ``batch_size``
+  messages, or after ``linger_ms``. Retries (only of errors marked retriable, at most
+  ``retries``, with backoff) run on one small retry thread, never on the I/O thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import heapq
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import zmq
+
+from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.message import Message, MessageExt
+from common.protocol import (
+    Limits,
+    ProtocolError,
+    RequestCode,
+    Response,
+    decode_record,
+    decode_response,
+    encode_request,
+)
+
+DEFAULT_TIMEOUT_MS = 10_000
+DISCOVERY_TIMEOUT_MS = 2_000
+MAX_BACKOFF_S = 1.0
+RECV_BURST = 1024  # messages read from one socket before looking at the others
+CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
+
+SEND_CODES = {
+    ResponseCode.SUCCESS: SendStatus.SEND_OK,
+    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+PULL_CODES = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+# Answers after which the cached master is no longer trusted.
+REDISCOVER_CODES = frozenset(
+    {ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.STALE_EPOCH, ResponseCode.SYSTEM_ERROR}
+)
+
+
+class ClientTimeoutError(BrokerError):
+    """No answer within the deadline: the outcome of a write is unknown (retriable)."""
+
+    def __init__(self, address: str, timeout_ms: int):
+        super().__init__(
+            ResponseCode.SYSTEM_ERROR, f"no answer from {address} within {timeout_ms} ms", True
+        )
+        self.address = address
+
+
+# ---- results --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SendResult:
+    status: SendStatus
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    topic: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status.value,
+            "msgId": self.msg_id,
+            "queueId": self.queue_id,
+            "queueOffset": self.queue_offset,
+            "commitLogOffset": self.commit_log_offset,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class PullResult:
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageExt]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status.value,
+            "nextBeginOffset": self.next_begin_offset,
+            "minOffset": self.min_offset,
+            "maxOffset": self.max_offset,
+            "messages": [m.to_json() for m in self.messages],
+        }
+
+
+def send_results(topic: str, resp: Response) -> list[SendResult]:
+    """A SEND / SEND_BATCH answer -> one SendResult per message (raises if refused)."""
+    status = SEND_CODES.get(resp.code)
+    if status is None:
+        raise BrokerError(resp.code, resp.remark)
+    fields = resp.fields
+    msg_ids = fields.get("msgIds") or []
+    queue_id = int(fields.get("queueId", -1))
+    first = int(fields.get("queueOffset", -1))
+    return [
+        SendResult(status, msg_id, queue_id, first + i, _msg_id_offset(msg_id), topic)
+        for i, msg_id in enumerate(msg_ids)
+    ]
+
+
+def _msg_id_offset(msg_id: str) -> int:
+    """The CommitLog offset inside a msgId (its last 16 hex digits; see common.message)."""
+    if len(msg_id) != 32:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed msgId {msg_id!r} in answer")
+    return int(msg_id[16:], 16)
+
+
+def pull_result(resp: Response) -> PullResult:
+    status = PULL_CODES.get(resp.code)
+    if status is None:
+        raise BrokerError(resp.code, resp.remark)
+    try:
+        messages = [decode_record(raw) for raw in resp.bodies]
+    except ProtocolError as e:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"corrupt record in answer: {e}") from None
+    f = resp.fields
+    return PullResult(
+        status,
+        int(f.get("nextBeginOffset", 0)),
+        int(f.get("minOffset", 0)),
+        int(f.get("maxOffset", 0)),
+        messages,
+    )
+
+
+# ---- the I/O thread -------------------------------------------------------------------------
+
+
+class _Wakeup:
+    """A self-pipe the I/O thread polls beside its sockets; any thread may ``wake`` it."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._lock = threading.Lock()
+        self._pending = False
+        self._closed = False
+
+    def fileno(self) -> int:
+        return self._r
+
+    def wake(self) -> None:
+        with self._lock:
+            if self._pending or self._closed:
+                return  # closed: the descriptors may already belong to another file
+            self._pending = True
+            try:
+                os.write(self._w, b"\x00")
+            except BlockingIOError:
+                pass  # pipe full: a wake is already pending
+
+    def clear(self) -> None:
+        """Empty the pipe, then re-arm: a wake after this writes a fresh byte (none is lost)."""
+        with self._lock:
+            try:
+                while os.read(self._r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+            self._pending = False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            os.close(self._r)
+            os.close(self._w)
+
+
+@dataclasses.dataclass(eq=False)
+class _Call:
+    address: str
+    frames: list[bytes]
+    future: concurrent.futures.Future[Response]
+    timeout_ms: int
+    opaque: int = 0
+    deadline: float = 0.0
+    on_done: Callable[[_Call], None] | None = None  # runs on the I/O thread
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Item:
+    """One message waiting to be coalesced into a batch (its future is the caller's)."""
+
+    address: str
+    topic: str
+    queue_id: int
+    body: bytes
+    meta: list[Any] | None
+    future: concurrent.futures.Future[SendResult]
+    enqueued: float
+    fixed_queue: int | None = None  # the queue the caller asked for, if any
+    attempt: int = 0
+    on_error: Callable[[_Item, BrokerError], None] | None = None  # runs on the I/O thread
+
+
+@dataclasses.dataclass(eq=False)
+class _QueueBatch:
+    items: collections.deque[_Item] = dataclasses.field(default_factory=collections.deque)
+    in_flight: int = 0
+
+
+def _new_dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> zmq.Socket[bytes]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+    sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_LIMITS.max_frame_bytes)
+    sock.connect(f"tcp://{address}")
+    return sock
+
+
+class Transport:
+    """The I/O thread, its sockets and the map of requests in flight."""
+
+    def __init__(
+        self,
+        name: str = "replog-client",
+        batch_size: int = 64,
+        batch_bytes: int = 1024 * 1024,
+        linger_ms: float = 0.0,
+        max_batches_in_flight: int = 1,
+        max_in_flight: int = 65_536,
+        batch_timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    ):
+        self._batch_timeout_ms = batch_timeout_ms
+        self._ctx = zmq.Context(io_threads=1)
+        self._sockets: dict[str, zmq.Socket[bytes]] = {}
+        self._addresses: dict[zmq.Socket[bytes], str] = {}
+        self._backlog: dict[str, collections.deque[_Call]] = {}
+        self._inbox: collections.deque[_Call | _Item] = collections.deque()
+        self._wakeup = _Wakeup()
+        self._pending: dict[int, _Call] = {}
+        self._deadlines: list[tuple[float, int]] = []
+        self._opaques = itertools.count(1)
+        self._batches: dict[tuple[str, str, int], _QueueBatch] = {}
+        self._ready: set[tuple[str, str, int]] = set()
+        self._batch_size = batch_size
+        self._batch_bytes = batch_bytes
+        self._linger_s = linger_ms / 1000.0
+        self._max_batches = max_batches_in_flight
+        self._max_pending = max_in_flight
+        self._pending_items = 0
+        self._pending_lock = threading.Lock()
+        self._pending_freed = threading.Condition(self._pending_lock)
+        self._stop = threading.Event()
+        self._local = threading.local()
+        self._direct: list[zmq.Socket[bytes]] = []
+        self._direct_lock = threading.Lock()
+        self._poller = zmq.Poller()
+        self._poller.register(self._wakeup.fileno(), zmq.POLLIN)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # -- any thread ----------------------------------------------------------------------------
+    def call(
+        self,
+        address: str,
+        code: RequestCode,
+        fields: dict[str, Any] | None = None,
+        bodies: Sequence[bytes] = (),
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    ) -> concurrent.futures.Future[Response]:
+        """Send one request; the future resolves with the Response or a BrokerError."""
+        fut: concurrent.futures.Future[Response] = concurrent.futures.Future()
+        opaque = next(self._opaques)  # itertools.count is atomic under the GIL
+        frames = encode_request(code, opaque, fields, bodies)
+        self._submit(_Call(address, frames, fut, timeout_ms, opaque))
+        return fut
+
+    def call_sync(
+        self,
+        address: str,
+        code: RequestCode,
+        fields: dict[str, Any] | None = None,
+        bodies: Sequence[bytes] = (),
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    ) -> Response:
+        """A blocking request on the calling thread's own socket to ``address``.
+
+        One request in flight per thread needs no hand-off to the I/O thread (two thread
+        switches saved per call); answers to earlier timed-out calls are skipped by opaque.
+        """
+        if self._stop.is_set():
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
+        sock = self._direct_socket(address)
+        opaque = next(self._opaques)
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        frames = encode_request(code, opaque, fields, bodies)
+        while True:  # ZMQ_IMMEDIATE: no connection yet -> Again; wait for it up to the deadline
+            try:
+                sock.send_multipart(frames, zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0 or not sock.poll(left_ms, zmq.POLLOUT):
+                    raise ClientTimeoutError(address, timeout_ms) from None
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not sock.poll(left_ms):
+                raise ClientTimeoutError(address, timeout_ms)
+            try:
+                resp = decode_response(sock.recv_multipart(), CLIENT_LIMITS)
+            except ProtocolError:
+                continue
+            if resp.opaque == opaque:
+                return resp
+
+    def _direct_socket(self, address: str) -> zmq.Socket[bytes]:
+        sockets: dict[str, zmq.Socket[bytes]] | None = getattr(self._local, "sockets", None)
+        if sockets is None:
+            sockets = self._local.sockets = {}
+        sock = sockets.get(address)
+        if sock is None:
+            sock = _new_dealer(self._ctx, address)
+            with self._direct_lock:
+                self._direct.append(sock)
+            sockets[address] = sock
+        return sock
+
+    def enqueue(self, item: _Item, timeout_ms: int) -> None:
+        """Hand a message to the coalescing accumulator (send_async); blocks while too many
+        messages are pending, at most ``timeout_ms``."""
+        with self._pending_lock:
+            if self._pending_items >= self._max_pending:
+                limit = time.monotonic() + timeout_ms / 1000.0
+                while self._pending_items >= self._max_pending:
+                    left = limit - time.monotonic()
+                    if left <= 0:
+                        raise BrokerError(
+                            ResponseCode.SYSTEM_BUSY, "client has too many sends pending", True
+                        )
+                    self._pending_freed.wait(left)
+            self._pending_items += 1
+        self._submit(item)
+
+    def requeue(self, item: _Item) -> None:
+        """A retried message goes back to the accumulator (its pending slot is still held)."""
+        self._submit(item)
+
+    def _release_items(self, count: int) -> None:
+        with self._pending_lock:
+            self._pending_items -= count
+            if self._pending_items < self._max_pending:
+                self._pending_freed.notify_all()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the I/O thread and close every socket (call once no thread uses the client)."""
+        self._stop.set()
+        with self._direct_lock:
+            for sock in self._direct:
+                sock.close(linger=0)
+            self._direct.clear()
+        self._wakeup.wake()
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self._wakeup.close()
+
+    def _submit(self, entry: _Call | _Item) -> None:
+        if self._stop.is_set():
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
+        self._inbox.append(entry)
+        self._wakeup.wake()
+
+    # -- the I/O thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._loop_once()
+        finally:
+            self._fail_all(BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False))
+            for sock in self._sockets.values():
+                sock.close(linger=0)
+            self._ctx.term()
+
+    def _loop_once(self) -> None:
+        events = dict(self._poller.poll(self._poll_timeout_ms()))
+        if self._wakeup.fileno() in events:
+            self._wakeup.clear()
+        self._drain_inbox()
+        for sock, mask in events.items():
+            if isinstance(sock, zmq.Socket):
+                if mask & zmq.POLLIN:
+                    self._receive(sock)
+                if mask & zmq.POLLOUT:
+                    self._flush_backlog(self._addresses[sock])
+        now = time.monotonic()
+        self._send_ready_batches(now)
+        self._expire(now)
+
+    def _poll_timeout_ms(self) -> int:
+        deadline = self._deadlines[0][0] if self._deadlines else time.monotonic() + 1.0
+        if self._linger_s > 0:
+            for key in self._ready:
+                batch = self._batches[key]
+                if batch.items and batch.in_flight < self._max_batches:
+                    deadline = min(deadline, batch.items[0].enqueued + self._linger_s)
+        return max(0, min(1000, int((deadline - time.monotonic()) * 1000) + 1))
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            entry = self._inbox.popleft()
+            if isinstance(entry, _Call):
+                self._start_call(entry)
+            else:
+                key = (entry.address, entry.topic, entry.queue_id)
+                self._batches.setdefault(key, _QueueBatch()).items.append(entry)
+                self._ready.add(key)
+
+    def _socket(self, address: str) -> zmq.Socket[bytes]:
+        sock = self._sockets.get(address)
+        if sock is None:
+            sock = _new_dealer(self._ctx, address)
+            self._sockets[address] = sock
+            self._addresses[sock] = address
+            self._poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def _start_call(self, call: _Call) -> None:
+        call.deadline = time.monotonic() + call.timeout_ms / 1000.0
+        self._pending[call.opaque] = call
+        heapq.heappush(self._deadlines, (call.deadline, call.opaque))
+        backlog = self._backlog.get(call.address)
+        if backlog:
+            backlog.append(call)
+            return
+        if not self._try_send(call):
+            self._park(call)
+
+    def _try_send(self, call: _Call) -> bool:
+        try:
+            self._socket(call.address).send_multipart(call.frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def _park(self, call: _Call) -> None:
+        """No connection yet: wait for POLLOUT (bounded by the call's deadline)."""
+        self._backlog.setdefault(call.address, collections.deque()).append(call)
+        self._poller.modify(self._socket(call.address), zmq.POLLIN | zmq.POLLOUT)
+
+    def _flush_backlog(self, address: str) -> None:
+        backlog = self._backlog.get(address)
+        while backlog:
+            call = backlog[0]
+            if call.opaque in self._pending and not self._try_send(call):
+                return
+            backlog.popleft()
+        self._poller.modify(self._sockets[address], zmq.POLLIN)
+
+    def _receive(self, sock: zmq.Socket[bytes]) -> None:
+        for _ in range(RECV_BURST):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                resp = decode_response(frames, CLIENT_LIMITS)
+            except ProtocolError:
+                continue  # unmatched garbage; the request it answers will time out
+            call = self._pending.pop(resp.opaque, None)
+            if call is not None:
+                self._finish(call, resp)
+
+    def _finish(self, call: _Call, outcome: Response | BaseException) -> None:
+        if isinstance(outcome, BaseException):
+            call.future.set_exception(outcome)
+        else:
+            call.future.set_result(outcome)
+        if call.on_done is not None:
+            call.on_done(call)
+
+    def _expire(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, opaque = heapq.heappop(self._deadlines)
+            call = self._pending.pop(opaque, None)
+            if call is not None:
+                self._finish(call, ClientTimeoutError(call.address, call.timeout_ms))
+        if not self._pending:
+            self._deadlines.clear()
+
+    def _fail_all(self, err: BrokerError) -> None:
+        self._drain_inbox()
+        for call in list(self._pending.values()):
+            self._finish(call, err)
+        self._pending.clear()
+        for batch in self._batches.values():
+            while batch.items:
+                item = batch.items.popleft()
+                if not item.future.done():
+                    item.future.set_exception(err)
+                self._release_items(1)
+
+    # -- coalescing ---------------------------------------------------------------------------
+    def _send_ready_batches(self, now: float) -> None:
+        for key in list(self._ready):
+            batch = self._batches[key]
+            while batch.items and batch.in_flight < self._max_batches:
+                full = len(batch.items) >= self._batch_size
+                if not full and now - batch.items[0].enqueued < self._linger_s:
+                    break
+                self._send_batch(key, batch)
+            if not batch.items:
+                self._ready.discard(key)
+
+    def _send_batch(self, key: tuple[str, str, int], batch: _QueueBatch) -> None:
+        items: list[_Item] = []
+        size = 0
+        while batch.items and len(items) < self._batch_size:
+            nxt = batch.items[0]
+            if items and size + len(nxt.body) > self._batch_bytes:
+                break
+            items.append(batch.items.popleft())
+            size += len(nxt.body)
+        address, topic, queue_id = key
+        fields: dict[str, Any] = {"topic": topic, "queueId": queue_id}
+        if any(i.meta is not None for i in items):
+            fields["meta"] = [i.meta for i in items]
+        code = RequestCode.SEND_BATCH
+        fut: concurrent.futures.Future[Response] = concurrent.futures.Future()
+        opaque = next(self._opaques)
+        frames = encode_request(code, opaque, fields, [i.body for i in items])
+        call = _Call(address, frames, fut, self._batch_timeout_ms, opaque)
+        call.on_done = lambda c: self._batch_done(key, batch, items, c)
+        batch.in_flight += 1
+        self._start_call(call)
+
+    def _batch_done(
+        self, key: tuple[str, str, int], batch: _QueueBatch, items: list[_Item], call: _Call
+    ) -> None:
+        batch.in_flight -= 1
+        if batch.items:
+            self._ready.add(key)
+        try:
+            results = send_results(key[1], call.future.result())
+            if len(results) != len(items):
+                raise BrokerError(
+                    ResponseCode.SYSTEM_ERROR,
+                    f"broker answered {len(results)} msgIds for {len(items)} messages",
+                )
+        except BrokerError as e:
+            self._items_failed(items, e)
+            return
+        self._release_items(len(items))
+        for item, result in zip(items, results, strict=True):
+            item.future.set_result(result)
+
+    def _items_failed(self, items: list[_Item], err: BrokerError) -> None:
+        finished = 0
+        for item in items:
+            if item.on_error is None or self._stop.is_set():
+                item.future.set_exception(err)
+                finished += 1
+            else:
+                item.on_error(item, err)  # retries or fails it (and then calls release_one)
+        self._release_items(finished)
+
+    def release_one(self) -> None:
+        self._release_items(1)
+
+
+# ---- the cluster view: discovery and routes ---------------------------------------------------
+
+
+def parse_servers(servers: str | Iterable[str]) -> list[str]:
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out = [s.strip() for s in items if s.strip()]
+    for s in out:
+        host, sep, port = s.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise BrokerError(ResponseCode.BAD_REQUEST, f"server {s!r} is not host:port", False)
+    if not out:
+        raise BrokerError(ResponseCode.BAD_REQUEST, "no servers given", False)
+    return out
+
+
+class _Cluster:
+    """Which broker of the group is the master, and the queue count of each topic."""
+
+    def __init__(self, transport: Transport, servers: list[str], timeout_ms: int):
+        self.transport = transport
+        self.servers = servers
+        self.timeout_ms = timeout_ms
+        self._lock = threading.Lock()
+        self._master: str | None = None
+        self._routes: dict[str, int] = {}
+
+    def status(self, address: str, timeout_ms: int | None = None) -> dict[str, Any]:
+        resp = self.request(address, RequestCode.STATUS, timeout_ms=timeout_ms)
+        return dict(resp.fields)
+
+    def request(
+        self,
+        address: str,
+        code: RequestCode,
+        fields: dict[str, Any] | None = None,
+        bodies: Sequence[bytes] = (),
+        timeout_ms: int | None = None,
+    ) -> Response:
+        timeout = timeout_ms or self.timeout_ms
+        return self.transport.call_sync(address, code, fields, bodies, timeout)
+
+    def master(self) -> str:
+        with self._lock:
+            if self._master is None:
+                self._master = self._discover()
+            return self._master
+
+    def forget(self, address: str | None = None) -> None:
+        with self._lock:
+            if address is None or self._master == address:
+                self._master = None
+                self._routes.clear()
+
+    def _discover(self) -> str:
+        timeout = min(self.timeout_ms, DISCOVERY_TIMEOUT_MS)
+        futures = {
+            s: self.transport.call(s, RequestCode.STATUS, None, (), timeout) for s in self.servers
+        }
+        best: tuple[int, str] | None = None
+        for address, fut in futures.items():
+            try:
+                status = fut.result(timeout / 1000.0 + 5.0).fields
+            except BrokerError:
+                continue
+            if status.get("role") in ("SYNC_MASTER", "ASYNC_MASTER"):
+                candidate = (int(status.get("epoch", 0)), address)
+                best = candidate if best is None or candidate > best else best
+        if best is None:
+            raise BrokerError(
+                ResponseCode.SERVICE_NOT_AVAILABLE,
+                f"no master answers among {', '.join(self.servers)}",
+                True,
+            )
+        return best[1]
+
+    def queue_nums(self, topic: str) -> int:
+        with self._lock:
+            known = self._routes.get(topic)
+        if known is not None:
+            return known
+        resp = self.request(self.master(), RequestCode.TOPIC_ROUTE, {"topic": topic})
+        if resp.code not in (ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST):
+            raise BrokerError(resp.code, resp.remark)
+        nums = int(resp.fields.get("queueNums", 0))
+        if nums <= 0:
+            raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, resp.remark or f"no topic {topic}")
+        with self._lock:
+            self._routes[topic] = nums
+        return nums
+
+
+class _Base:
+    """Shared lifecycle: one Transport and one cluster view per client object."""
+
+    def __init__(
+        self,
+        servers: str | Iterable[str],
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        retries: int = 2,
+        **transport_args: Any,
+    ):
+        self.servers = parse_servers(servers)
+        self.timeout_ms = timeout_ms
+        self.retries = retries
+        self._transport = Transport(name=type(self).__name__, **transport_args)
+        self._cluster = _Cluster(self._transport, self.servers, timeout_ms)
+        self._closed = threading.Event()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._transport.close()
+
+    def _with_retries(self, attempt: Callable[[str], Any]) -> Any:
+        """Run ``attempt(master_address)``; retry retriable errors, re-discovering the master."""
+        for n in range(self.retries + 1):
+            address = None
+            try:
+                address = self._cluster.master()
+                return attempt(address)
+            except BrokerError as e:
+                if isinstance(e, ClientTimeoutError) or e.code in REDISCOVER_CODES:
+                    self._cluster.forget(address)
+                if not e.retriable or n == self.retries or self._closed.is_set():
+                    raise
+                self._closed.wait(min(MAX_BACKOFF_S, 0.05 * 2**n))
+        raise AssertionError("unreachable")
+
+
+# ---- Producer -------------------------------------------------------------------------------
+
+
+def _message_meta(msg: Message) -> list[Any] | None:
+    props = {k: v for k, v in msg.properties.items()}
+    if msg.delay_level > 0:
+        props["DELAY"] = str(msg.delay_level)
+    keys = msg.keys if isinstance(msg.keys, str) or msg.keys is None else " ".join(msg.keys)
+    if msg.tags is None and keys is None and not props and not msg.flag:
+        return None
+    return [msg.tags, keys, props or None, msg.flag]
+
+
+class Producer(_Base):
+    """Sends messages to the master of a broker group (CONTRACT section 4)."""
+
+    def __init__(
+        self,
+        servers: str | Iterable[str],
+        *,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        retries: int = 2,
+        batch_size: int = 64,
+        linger_ms: float = 0.0,
+        max_batches_in_flight: int = 1,
+        max_pending: int = 65_536,
+        max_message_size: int = 4 * 1024 * 1024,
+    ):
+        super().__init__(
+            servers,
+            timeout_ms,
+            retries,
+            batch_size=batch_size,
+            linger_ms=linger_ms,
+            max_batches_in_flight=max_batches_in_flight,
+            max_in_flight=max_pending,
+            batch_timeout_ms=timeout_ms,
+        )
+        self.max_message_size = max_message_size
+        self._rr = itertools.count()
+        self._retry_pool = concurrent.futures.ThreadPoolExecutor(1, "replog-producer-retry")
+
+    def close(self) -> None:
+        super().close()
+        self._retry_pool.shutdown(wait=True, cancel_futures=True)
+
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None = None,
+        keys: str | list[str] | None = None,
+        properties: dict[str, str] | None = None,
+        queue_id: int | None = None,
+        delay_level: int = 0,
+        flag: int = 0,
+    ) -> SendResult:
+        msg = Message(topic, body, tags, keys, dict(properties or {}), flag, delay_level)
+        self._check(msg)
+        fields: dict[str, Any] = {"topic": topic}
+        meta = _message_meta(msg)
+        if meta is not None:
+            fields.update(zip(("tags", "keys", "properties", "flag"), meta, strict=True))
+            fields = {k: v for k, v in fields.items() if v is not None}
+
+        def attempt(address: str) -> SendResult:
+            qid = self._queue(topic, queue_id)
+            resp = self._cluster.request(
+                address, RequestCode.SEND, {**fields, "queueId": qid}, [body]
+            )
+            return send_results(topic, resp)[0]
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+    def send_batch(
+        self, topic: str, bodies: Sequence[bytes | Message], queue_id: int | None = None
+    ) -> list[SendResult]:
+        """All messages in one request: one append, dense queue offsets, one acknowledgement."""
+        msgs = [b if isinstance(b, Message) else Message(topic, b) for b in bodies]
+        if not msgs:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "empty batch", False)
+        for m in msgs:
+            self._check(m)
+            if m.topic != topic:
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch holds one topic", False)
+        metas = [_message_meta(m) for m in msgs]
+        fields: dict[str, Any] = {"topic": topic}
+        if any(m is not None for m in metas):
+            fields["meta"] = metas
+
+        def attempt(address: str) -> list[SendResult]:
+            qid = self._queue(topic, queue_id)
+            resp = self._cluster.request(
+                address, RequestCode.SEND_BATCH, {**fields, "queueId": qid}, [m.body for m in msgs]
+            )
+            return send_results(topic, resp)
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+    def send_async(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None = None,
+        keys: str | list[str] | None = None,
+        properties: dict[str, str] | None = None,
+        queue_id: int | None = None,
+    ) -> concurrent.futures.Future[SendResult]:
+        """Queue a send; concurrent sends to one queue are coalesced into batch requests."""
+        if tags is None and keys is None and not properties:
+            meta = None
+            self._check_body(topic, body)
+        else:
+            msg = Message(topic, body, tags, keys, dict(properties or {}))
+            self._check(msg)
+            meta = _message_meta(msg)
+        future: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        item = _Item("", topic, 0, bytes(body), meta, future, 0.0, queue_id, 0, self._on_item_error)
+        try:
+            self._route(item)
+            self._transport.enqueue(item, self.timeout_ms)
+        except BrokerError as e:
+            future.set_exception(e)
+        return future
+
+    # -- internals ------------------------------------------------------------------------------
+    def _check(self, msg: Message) -> None:
+        self._check_body(msg.topic, msg.body)
+
+    def _check_body(self, topic: str, body: bytes) -> None:
+        """Client-side refusals, raised before anything is sent."""
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "body must be bytes", False)
+        if len(body) > self.max_message_size:
+            raise BrokerError(
+                ResponseCode.MESSAGE_ILLEGAL,
+                f"body is {len(body)} bytes, maxMessageSize is {self.max_message_size}",
+                False,
+            )
+        if not topic:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "empty topic", False)
+
+    def _queue(self, topic: str, queue_id: int | None) -> int:
+        if queue_id is not None:
+            return queue_id
+        return next(self._rr) % self._cluster.queue_nums(topic)
+
+    def _route(self, item: _Item) -> None:
+        """Pick the master and the queue for a message (may discover: not on the I/O thread)."""
+        item.address = self._cluster.master()
+        item.queue_id = self._queue(item.topic, item.fixed_queue)
+        item.enqueued = time.monotonic()
+
+    def _on_item_error(self, item: _Item, err: BrokerError) -> None:
+        """I/O thread: a batch holding ``item`` failed; retry it elsewhere or fail it."""
+        if isinstance(err, ClientTimeoutError) or err.code in REDISCOVER_CODES:
+            self._cluster.forget(item.address)
+        if not err.retriable or item.attempt >= self.retries or self._closed.is_set():
+            self._fail_item(item, err)
+            return
+        try:
+            self._retry_pool.submit(self._retry_item, item, err)
+        except RuntimeError:  # pool shut down: the producer is closing
+            self._fail_item(item, err)
+
+    def _retry_item(self, item: _Item, err: BrokerError) -> None:
+        if self._closed.wait(min(MAX_BACKOFF_S, 0.05 * 2**item.attempt)):
+            self._fail_item(item, err)
+            return
+        item.attempt += 1
+        try:
+            self._route(item)
+            self._transport.requeue(item)
+        except BrokerError as e:
+            self._on_item_error(item, e)
+
+    def _fail_item(self, item: _Item, err: BrokerError) -> None:
+        item.future.set_exception(err)
+        self._transport.release_one()
+
+
+# ---- Consumer -------------------------------------------------------------------------------
+
+
+class Consumer(_Base):
+    """Pulls from a broker group's consume queues; commits and fetches consumer offsets."""
+
+    def __init__(
+        self,
+        servers: str | Iterable[str],
+        group: str = "DEFAULT_CONSUMER",
+        *,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        retries: int = 2,
+        read_from: str | None = None,
+    ):
+        super().__init__(servers, timeout_ms, retries)
+        self.group = group
+        self.read_from = read_from  # a fixed broker to read from (e.g. a slave); None = master
+
+    def pull(
+        self,
+        topic: str,
+        queue_id: int = 0,
+        offset: int = 0,
+        max_nums: int = 32,
+        suspend_ms: int = 0,
+        tags: str | None = None,
+    ) -> PullResult:
+        """Read from a consume queue; ``suspend_ms`` > 0 long-polls at the end of the queue."""
+        fields: dict[str, Any] = {
+            "topic": topic,
+            "queueId": queue_id,
+            "queueOffset": offset,
+            "maxNums": max_nums,
+            "group": self.group,
+            "suspendMs": suspend_ms,
+        }
+        if tags:
+            fields["tags"] = tags
+
+        def attempt(address: str) -> PullResult:
+            resp = self._cluster.request(
+                self.read_from or address,
+                RequestCode.PULL,
+                fields,
+                timeout_ms=self.timeout_ms + suspend_ms,
+            )
+            return pull_result(resp)
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+    def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
+        fields = {"group": self.group, "topic": topic, "queueId": queue_id, "queueOffset": offset}
+
+        def attempt(address: str) -> None:
+            resp = self._cluster.request(address, RequestCode.COMMIT_OFFSET, fields)
+            if not resp.ok:
+                raise BrokerError(resp.code, resp.remark)
+
+        self._with_retries(attempt)
+
+    def fetch_offset(self, topic: str, queue_id: int) -> int:
+        """The group's committed offset for the queue, or -1 when none was committed."""
+        fields = {"group": self.group, "topic": topic, "queueId": queue_id}
+
+        def attempt(address: str) -> int:
+            resp = self._cluster.request(
+                self.read_from or address, RequestCode.FETCH_OFFSET, fields
+            )
+            if not resp.ok:
+                raise BrokerError(resp.code, resp.remark)
+            return int(resp.fields.get("queueOffset", -1))
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+
+# ---- Admin ----------------------------------------------------------------------------------
+
+
+class Admin(_Base):
+    """Status, promotion, topics and message look-ups against one broker or the group."""
+
+    def status(self, address: str | None = None) -> dict[str, Any]:
+        """One broker's status snapshot (CONTRACT section 3 fields and more)."""
+        return self._cluster.status(address or self.servers[0])
+
+    def promote(self, address: str | None = None, role: str = "SYNC_MASTER") -> dict[str, Any]:
+        """Turn the slave at ``address`` into its group's master; returns its new status."""
+        resp = self._cluster.request(
+            address or self.servers[0], RequestCode.PROMOTE, {"role": role}
+        )
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        self._cluster.forget()
+        return dict(resp.fields)
+
+    def create_topic(self, topic: str, queue_nums: int) -> None:
+        def attempt(address: str) -> None:
+            resp = self._cluster.request(
+                address, RequestCode.CREATE_TOPIC, {"topic": topic, "queueNums": queue_nums}
+            )
+            if not resp.ok:
+                raise BrokerError(resp.code, resp.remark)
+
+        self._with_retries(attempt)
+
+    def query_by_key(
+        self, topic: str, key: str, max_nums: int = 32, address: str | None = None
+    ) -> list[MessageExt]:
+        return self._query(
+            RequestCode.QUERY_BY_KEY, {"topic": topic, "key": key, "maxNums": max_nums}, address
+        )
+
+    def query_by_msg_id(self, msg_id: str, address: str | None = None) -> MessageExt | None:
+        found = self._query(RequestCode.QUERY_BY_MSG_ID, {"msgId": msg_id}, address)
+        return found[0] if found else None
+
+    def query_by_offset(self, phy_offset: int, address: str | None = None) -> MessageExt | None:
+        found = self._query(RequestCode.QUERY_BY_OFFSET, {"phyOffset": phy_offset}, address)
+        return found[0] if found else None
+
+    def _query(
+        self, code: RequestCode, fields: dict[str, Any], address: str | None
+    ) -> list[MessageExt]:
+        resp = self._cluster.request(address or self.servers[0], code, fields)
+        if resp.code == ResponseCode.QUERY_NOT_FOUND:
+            return []
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        try:
+            return [decode_record(raw) for raw in resp.bodies]
+        except ProtocolError as e:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"corrupt record in answer: {e}") from None

@@ -1,0 +1,626 @@
+"""The client wire protocol: pure encode/decode functions over ZeroMQ multipart frames.
+
+A request or a response is one ZeroMQ multipart message (the ROUTER's routing identity, which
+ZeroMQ adds and strips, is not part of it)::
+
+    frame 0        msgpack header (below)
+    frame 1..n     raw bodies: message bodies on a send, raw CommitLog records on a pull/query
+                   answer. Bodies travel as bytes and are never re-encoded.
+
+    request header  = [version, request_code, opaque, fields]
+    response header = [version, response_code, opaque, remark, fields]
+
+| element   | msgpack type | meaning                                                        |
+|-----------|--------------|----------------------------------------------------------------|
+| version   | int          | ``PROTOCOL_VERSION``; anything else -> VERSION_NOT_SUPPORTED   |
+| code      | int          | ``RequestCode`` / ``common.errors.ResponseCode``               |
+| opaque    | int >= 0     | the client's request id, echoed in the response (pipelining)   |
+| remark    | str          | a human reason on a response ("" on success)                   |
+| fields    | map str->..  | per-code named fields, checked against ``SCHEMAS``              |
+
+Every length and count that comes off the wire is checked against ``Limits`` (from the broker's
+config: ``maxFrameBytes``, ``maxMessageSize``, ``maxBatchCount``) before anything is allocated
+from it: the total size and frame count first, then the header's size, then msgpack's own
+``max_*_len`` limits while unpacking (no ext types, strict str map keys), then the nesting depth
+of the result and the schema of the fields. A frame that fails raises ``ProtocolError`` (code
+BAD_REQUEST, or MESSAGE_ILLEGAL for an oversized body, REQUEST_CODE_NOT_SUPPORTED,
+VERSION_NOT_SUPPORTED) naming the field and the reason; the server answers it with that code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from common.errors import ResponseCode
+from common.message import (
+    NAME_VALUE_SEP,
+    PROPERTY_SEP,
+    MessageExt,
+    decode_properties,
+    encode_msg_id,
+    encode_properties,
+    host_bytes,
+)
+from common.store import record
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 1024 * 1024  # never more than the frame limit either
+MAX_STR_BYTES = 64 * 1024  # any one string in a header (properties strings are <= 32767)
+MAX_MAP_ENTRIES = 256  # fields of a header, entries of a properties map
+MAX_DEPTH = 5  # header -> fields -> meta list -> one meta entry -> its properties map
+MAX_PULL_NUMS = 1024
+MAX_QUEUE_ID = 65535
+MAX_QUEUE_NUMS = 1024
+MAX_OFFSET = (1 << 63) - 1
+MAX_INT32 = (1 << 31) - 1
+MAX_GROUP_LENGTH = 255
+MAX_KEYS_LENGTH = 4096
+MAX_TAGS_LENGTH = 255
+UNKNOWN_OPAQUE = -1  # in a response to a frame whose opaque could not be read
+
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")  # RocketMQ's valid topic/group characters
+
+
+class RequestCode(enum.IntEnum):
+    """Request codes; numbers follow RocketMQ's ``RequestCode`` where it has one."""
+
+    SEND = 10
+    PULL = 11
+    QUERY_BY_KEY = 12
+    FETCH_OFFSET = 14
+    COMMIT_OFFSET = 15
+    CREATE_TOPIC = 17
+    STATUS = 28
+    TOPIC_ROUTE = 105  # RocketMQ GET_ROUTEINFO_BY_TOPIC: a topic's queue count
+    QUERY_BY_OFFSET = 33
+    QUERY_BY_MSG_ID = 34
+    SEND_BATCH = 320
+    PROMOTE = 1001  # replog: turn a slave into its group's master
+
+
+WRITE_CODES = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC})
+
+
+class ProtocolError(Exception):
+    """A frame that cannot be served; ``code`` is what the server answers with."""
+
+    def __init__(
+        self,
+        field: str,
+        reason: str,
+        code: ResponseCode = ResponseCode.BAD_REQUEST,
+        opaque: int = UNKNOWN_OPAQUE,
+    ):
+        self.field = field
+        self.reason = reason
+        self.code = code
+        self.opaque = opaque
+        super().__init__(f"{field}: {reason}")
+
+    @property
+    def remark(self) -> str:
+        return f"bad field {self.field!r}: {self.reason}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Bounds applied to every frame read off the wire."""
+
+    max_frame_bytes: int = 8 * 1024 * 1024  # all frames of one message together
+    max_body_bytes: int = 4 * 1024 * 1024  # one message body
+    max_batch_count: int = 4096  # bodies in one request
+    max_topic_length: int = 127
+    max_suspend_ms: int = 30_000  # long-polling wait a client may ask for
+
+    @property
+    def max_header_bytes(self) -> int:
+        return min(MAX_HEADER_BYTES, self.max_frame_bytes)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> Limits:
+        return cls(
+            max_frame_bytes=cfg.maxFrameBytes,
+            max_body_bytes=cfg.maxMessageSize,
+            max_batch_count=cfg.maxBatchCount,
+            max_topic_length=min(cfg.maxTopicLength, record.MAX_TOPIC_BYTES),
+            max_suspend_ms=cfg.longPollingMaxMs,
+        )
+
+    def for_responses(self) -> Limits:
+        """Client-side limits: a pull answer holds many whole records."""
+        size = max(self.max_frame_bytes, 64 * 1024 * 1024)
+        return dataclasses.replace(
+            self,
+            max_frame_bytes=size,
+            max_body_bytes=size,
+            max_batch_count=max(self.max_batch_count, MAX_PULL_NUMS * 32),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    code: RequestCode
+    opaque: int
+    fields: dict[str, Any]
+    bodies: list[bytes]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Response:
+    code: ResponseCode
+    opaque: int
+    remark: str
+    fields: dict[str, Any]
+    bodies: list[bytes]
+
+    @property
+    def ok(self) -> bool:
+        return self.code == ResponseCode.SUCCESS
+
+
+# ---- field schemas --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One named header field: its kind, whether it is required and its bounds."""
+
+    kind: str  # "int" | "str" | "topic" | "group" | "bool" | "props" | "meta" | "role"
+    required: bool = False
+    lo: int = 0
+    hi: int = MAX_INT32
+    default: Any = None
+
+
+_TOPIC = Field("topic", required=True)
+_QUEUE = Field("int", required=True, lo=0, hi=MAX_QUEUE_ID)
+_TAGS = Field("str", hi=MAX_TAGS_LENGTH)
+_KEYS = Field("str", hi=MAX_KEYS_LENGTH)
+_GROUP = Field("group")
+_BORN = Field("int", lo=0, hi=MAX_OFFSET, default=0)
+
+SCHEMAS: dict[RequestCode, dict[str, Field]] = {
+    RequestCode.SEND: {
+        "topic": _TOPIC,
+        "queueId": _QUEUE,
+        "tags": _TAGS,
+        "keys": _KEYS,
+        "properties": Field("props"),
+        "flag": Field("int", lo=-MAX_INT32 - 1, hi=MAX_INT32, default=0),
+        "delayLevel": Field("int", lo=0, hi=64, default=0),
+        "bornTimestamp": _BORN,
+    },
+    RequestCode.SEND_BATCH: {
+        "topic": _TOPIC,
+        "queueId": _QUEUE,
+        "meta": Field("meta"),
+        "bornTimestamp": _BORN,
+    },
+    RequestCode.PULL: {
+        "topic": _TOPIC,
+        "queueId": _QUEUE,
+        "queueOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
+        "maxNums": Field("int", lo=1, hi=MAX_PULL_NUMS, default=32),
+        "group": _GROUP,
+        "tags": Field("str", hi=MAX_KEYS_LENGTH),
+        "suspendMs": Field("int", lo=0, hi=MAX_INT32, default=0),
+    },
+    RequestCode.QUERY_BY_KEY: {
+        "topic": _TOPIC,
+        "key": Field("str", required=True, lo=1, hi=MAX_KEYS_LENGTH),
+        "maxNums": Field("int", lo=1, hi=MAX_PULL_NUMS, default=32),
+        "beginMs": Field("int", lo=0, hi=MAX_OFFSET, default=0),
+        "endMs": Field("int", lo=0, hi=MAX_OFFSET, default=MAX_OFFSET),
+    },
+    RequestCode.QUERY_BY_MSG_ID: {"msgId": Field("str", required=True, lo=32, hi=32)},
+    RequestCode.QUERY_BY_OFFSET: {
+        "phyOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
+    },
+    RequestCode.STATUS: {},
+    RequestCode.TOPIC_ROUTE: {"topic": _TOPIC},
+    RequestCode.COMMIT_OFFSET: {
+        "group": Field("group", required=True),
+        "topic": _TOPIC,
+        "queueId": _QUEUE,
+        "queueOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
+    },
+    RequestCode.FETCH_OFFSET: {
+        "group": Field("group", required=True),
+        "topic": _TOPIC,
+        "queueId": _QUEUE,
+    },
+    RequestCode.CREATE_TOPIC: {
+        "topic": _TOPIC,
+        "queueNums": Field("int", required=True, lo=1, hi=MAX_QUEUE_NUMS),
+    },
+    RequestCode.PROMOTE: {"role": Field("role", default="SYNC_MASTER")},
+}
+
+# How many body frames each request carries: (min, max); None = the batch limit.
+BODY_COUNTS: dict[RequestCode, tuple[int, int | None]] = {
+    RequestCode.SEND: (1, 1),
+    RequestCode.SEND_BATCH: (1, None),
+}
+
+META_ITEMS = ("tags", "keys", "properties", "flag")  # one SEND_BATCH meta entry, in order
+
+
+# ---- encoding -------------------------------------------------------------------------------
+
+
+def encode_request(
+    code: int, opaque: int, fields: Mapping[str, Any] | None = None, bodies: Sequence[bytes] = ()
+) -> list[bytes]:
+    header = msgpack.packb([PROTOCOL_VERSION, int(code), opaque, dict(fields or {})])
+    return [header, *bodies]
+
+
+def encode_response(
+    code: int,
+    opaque: int,
+    remark: str = "",
+    fields: Mapping[str, Any] | None = None,
+    bodies: Sequence[bytes] = (),
+) -> list[bytes]:
+    header = msgpack.packb([PROTOCOL_VERSION, int(code), opaque, remark, dict(fields or {})])
+    return [header, *bodies]
+
+
+def error_response(err: ProtocolError) -> list[bytes]:
+    return encode_response(err.code, err.opaque, err.remark, {"field": err.field})
+
+
+# ---- decoding -------------------------------------------------------------------------------
+
+
+def decode_request(frames: Sequence[bytes], limits: Limits) -> Request:
+    """Check and decode a request; raises ProtocolError naming the field and reason."""
+    _check_envelope(frames, limits, limits.max_batch_count + 1)
+    header = _unpack_header(frames[0], limits)
+    if not isinstance(header, list) or len(header) != 4:
+        raise ProtocolError("header", "must be an array [version, code, opaque, fields]")
+    version, code, opaque, fields = header
+    opaque_ok = _is_int(opaque) and 0 <= opaque <= MAX_OFFSET
+    if not opaque_ok:
+        raise ProtocolError("opaque", "must be an int in [0, 2^63)")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "version", f"{version!r} not supported (speak {PROTOCOL_VERSION})",
+            ResponseCode.VERSION_NOT_SUPPORTED, opaque,
+        )
+    if not _is_int(code) or code not in _REQUEST_CODES:
+        raise ProtocolError(
+            "code", f"unknown request code {code!r}", ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+            opaque,
+        )
+    req_code = RequestCode(code)
+    try:
+        checked = _check_fields(SCHEMAS[req_code], fields, limits)
+        bodies = _check_bodies(req_code, frames[1:], limits)
+        if req_code == RequestCode.SEND_BATCH:
+            _check_meta_count(checked.get("meta"), len(bodies))
+    except ProtocolError as e:
+        e.opaque = opaque
+        raise
+    return Request(req_code, opaque, checked, bodies)
+
+
+def decode_response(frames: Sequence[bytes], limits: Limits) -> Response:
+    """Check and decode a response (the client side); raises ProtocolError."""
+    _check_envelope(frames, limits, limits.max_batch_count + 1)
+    header = _unpack_header(frames[0], limits)
+    if not isinstance(header, list) or len(header) != 5:
+        raise ProtocolError("header", "must be an array [version, code, opaque, remark, fields]")
+    version, code, opaque, remark, fields = header
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError("version", f"{version!r} not supported")
+    if not _is_int(code) or code not in _RESPONSE_CODES:
+        raise ProtocolError("code", f"unknown response code {code!r}")
+    if not _is_int(opaque) or opaque < UNKNOWN_OPAQUE:
+        raise ProtocolError("opaque", "must be an int >= -1")
+    if not isinstance(remark, str):
+        raise ProtocolError("remark", "must be a string")
+    if not isinstance(fields, dict):
+        raise ProtocolError("fields", "must be a map")
+    return Response(ResponseCode(code), opaque, remark, fields, list(frames[1:]))
+
+
+_REQUEST_CODES = frozenset(int(c) for c in RequestCode)
+_RESPONSE_CODES = frozenset(int(c) for c in ResponseCode)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_envelope(frames: Sequence[bytes], limits: Limits, max_frames: int) -> None:
+    if not frames:
+        raise ProtocolError("frames", "empty message")
+    if len(frames) > max_frames:
+        raise ProtocolError("frames", f"{len(frames)} frames, at most {max_frames}")
+    total = sum(len(f) for f in frames)
+    if total > limits.max_frame_bytes:
+        raise ProtocolError("frames", f"{total} bytes, at most {limits.max_frame_bytes}")
+    if not frames[0]:
+        raise ProtocolError("header", "empty header frame")
+    if len(frames[0]) > limits.max_header_bytes:
+        raise ProtocolError("header", f"{len(frames[0])} bytes, at most {limits.max_header_bytes}")
+
+
+def _unpack_header(raw: bytes, limits: Limits) -> Any:
+    kwargs = {
+        "max_str_len": MAX_STR_BYTES,
+        "max_bin_len": 0,
+        "max_array_len": limits.max_batch_count + 8,
+        "max_map_len": MAX_MAP_ENTRIES,
+        "max_ext_len": 0,
+        "strict_map_key": True,
+        "use_list": True,
+    }
+    try:
+        value = msgpack.unpackb(raw, raw=False, **kwargs)
+    except UnicodeDecodeError:
+        raise ProtocolError(_find_bad_utf8(raw, kwargs), "not valid UTF-8") from None
+    except msgpack.StackError:
+        raise ProtocolError("header", "nesting too deep") from None
+    except msgpack.ExtraData:
+        raise ProtocolError("header", "trailing bytes after the msgpack header") from None
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise ProtocolError("header", f"malformed msgpack: {e}") from None
+    if _depth_exceeds(value, MAX_DEPTH):
+        raise ProtocolError("header", f"nesting deeper than {MAX_DEPTH}")
+    return value
+
+
+def _find_bad_utf8(raw: bytes, kwargs: dict[str, Any]) -> str:
+    """Name the field holding invalid UTF-8 (slow path: re-read with bytes for strings)."""
+    try:
+        value = msgpack.unpackb(raw, raw=True, **{**kwargs, "strict_map_key": False})
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return "header"
+    if isinstance(value, list) and len(value) >= 4 and isinstance(value[-1], dict):
+        for key, item in value[-1].items():
+            name = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+            if _has_bad_utf8(key) or _has_bad_utf8(item):
+                return name
+    return "header"
+
+
+def _has_bad_utf8(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, bytes):
+            try:
+                item.decode("utf-8")
+            except UnicodeDecodeError:
+                return True
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+    return False
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Iterative depth check: True when containers nest deeper than ``limit``."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, list | dict):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _check_fields(schema: Mapping[str, Field], fields: Any, limits: Limits) -> dict[str, Any]:
+    if not isinstance(fields, dict):
+        raise ProtocolError("fields", "must be a map of name -> value")
+    for name in fields:
+        if name not in schema:
+            raise ProtocolError(str(name)[:64], "unknown field for this request")
+    out: dict[str, Any] = {}
+    for name, spec in schema.items():
+        value = fields.get(name)
+        if value is None:
+            if spec.required:
+                raise ProtocolError(name, "required")
+            if spec.default is not None:
+                out[name] = spec.default
+            continue
+        out[name] = _check_value(name, spec, value, limits)
+    return out
+
+
+def _check_value(name: str, spec: Field, value: Any, limits: Limits) -> Any:
+    kind = spec.kind
+    if kind == "int":
+        if not _is_int(value):
+            raise ProtocolError(name, f"expected int, got {type(value).__name__}")
+        if not spec.lo <= value <= spec.hi:
+            raise ProtocolError(name, f"{value} outside [{spec.lo}, {spec.hi}]")
+        return value
+    if kind == "str":
+        return _check_str(name, value, spec.lo, spec.hi)
+    if kind == "topic":
+        return _check_name(name, value, limits.max_topic_length)
+    if kind == "group":
+        return _check_name(name, value, MAX_GROUP_LENGTH)
+    if kind == "props":
+        return _check_props(name, value)
+    if kind == "meta":
+        return _check_meta(name, value, limits)
+    if kind == "role":
+        if value not in ("SYNC_MASTER", "ASYNC_MASTER"):
+            raise ProtocolError(name, "must be SYNC_MASTER or ASYNC_MASTER")
+        return value
+    raise AssertionError(f"unknown field kind {kind}")
+
+
+def _check_str(name: str, value: Any, lo: int, hi: int) -> str:
+    if not isinstance(value, str):
+        raise ProtocolError(name, f"expected str, got {type(value).__name__}")
+    size = len(value.encode("utf-8"))
+    if not lo <= size <= hi:
+        raise ProtocolError(name, f"{size} bytes, must be in [{lo}, {hi}]")
+    return value
+
+
+def _check_name(name: str, value: Any, max_length: int) -> str:
+    text = _check_str(name, value, 1, max_length)
+    if not TOPIC_PATTERN.match(text):
+        raise ProtocolError(name, "may only hold letters, digits, '%', '|', '_' and '-'")
+    return text
+
+
+def _check_props(name: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ProtocolError(name, f"expected map, got {type(value).__name__}")
+    size = 0
+    for key, item in value.items():
+        if not isinstance(item, str) or not key:
+            raise ProtocolError(name, "entries must be non-empty str -> str")
+        if _has_separator(key) or _has_separator(item):
+            raise ProtocolError(name, "names and values may not hold \\x01 or \\x02")
+        size += len(key) + len(item) + 2
+    if size > record.MAX_PROPERTIES_BYTES:
+        raise ProtocolError(name, f"{size} bytes of properties, at most {record.MAX_PROPERTIES_BYTES}")
+    return value
+
+
+def _has_separator(text: str) -> bool:
+    return NAME_VALUE_SEP in text or PROPERTY_SEP in text
+
+
+def _check_meta(name: str, value: Any, limits: Limits) -> list[tuple[Any, ...]]:
+    """SEND_BATCH ``meta``: one ``[tags, keys, properties, flag]`` (or nil) per body."""
+    if not isinstance(value, list):
+        raise ProtocolError(name, f"expected array, got {type(value).__name__}")
+    if len(value) > limits.max_batch_count:
+        raise ProtocolError(name, f"{len(value)} entries, at most {limits.max_batch_count}")
+    out: list[tuple[Any, ...]] = []
+    for i, entry in enumerate(value):
+        where = f"{name}[{i}]"
+        if entry is None:
+            out.append((None, None, {}, 0))
+            continue
+        if not isinstance(entry, list) or len(entry) != len(META_ITEMS):
+            raise ProtocolError(where, "must be [tags, keys, properties, flag] or nil")
+        tags, keys, props, flag = entry
+        out.append(
+            (
+                None if tags is None else _check_str(where + ".tags", tags, 0, MAX_TAGS_LENGTH),
+                None if keys is None else _check_str(where + ".keys", keys, 0, MAX_KEYS_LENGTH),
+                {} if props is None else _check_props(where + ".properties", props),
+                _check_flag(where + ".flag", flag),
+            )
+        )
+    return out
+
+
+def _check_flag(name: str, value: Any) -> int:
+    if value is None:
+        return 0
+    if not _is_int(value) or not -MAX_INT32 - 1 <= value <= MAX_INT32:
+        raise ProtocolError(name, "must be an int32")
+    return int(value)
+
+
+def _check_bodies(code: RequestCode, bodies: Sequence[bytes], limits: Limits) -> list[bytes]:
+    lo, hi = BODY_COUNTS.get(code, (0, 0))
+    hi = limits.max_batch_count if hi is None else hi
+    if not lo <= len(bodies) <= hi:
+        raise ProtocolError("bodies", f"{len(bodies)} body frames, expected {lo}..{hi}")
+    for i, body in enumerate(bodies):
+        if len(body) > limits.max_body_bytes:
+            raise ProtocolError(
+                f"bodies[{i}]",
+                f"{len(body)} bytes, maxMessageSize is {limits.max_body_bytes}",
+                ResponseCode.MESSAGE_ILLEGAL,
+            )
+    return list(bodies)
+
+
+def _check_meta_count(meta: list[Any] | None, bodies: int) -> None:
+    if meta is not None and len(meta) != bodies:
+        raise ProtocolError("meta", f"{len(meta)} entries for {bodies} bodies")
+
+
+# ---- messages in responses ------------------------------------------------------------------
+
+
+def decode_record(raw: bytes) -> MessageExt:
+    """A whole CommitLog record (a pull or query answer's body frame) -> MessageExt.
+
+    The record is checked (magic, sizes, body CRC) before it is trusted; a bad one raises
+    ProtocolError naming the reason.
+    """
+    checked = record.check(raw, 0, len(raw))
+    if checked.size <= 0 or checked.size != len(raw):
+        raise ProtocolError("record", checked.reason or f"{checked.size} != {len(raw)} bytes")
+    parsed = record.parse(raw)
+    h = parsed.header
+    try:
+        topic = bytes(parsed.topic).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("record.topic", "not valid UTF-8") from None
+    return MessageExt(
+        topic=topic,
+        queue_id=h.queue_id,
+        queue_offset=h.queue_offset,
+        commit_log_offset=h.phy_offset,
+        store_size=h.total_size,
+        body=bytes(parsed.body),
+        properties=decode_properties(parsed.props),
+        flag=h.flag,
+        sys_flag=h.sys_flag,
+        body_crc=h.body_crc,
+        born_timestamp=h.born_timestamp,
+        born_host=f"{record.ip_text(h.born_ip)}:{h.born_port}",
+        store_timestamp=h.store_timestamp,
+        store_host=f"{record.ip_text(h.store_ip)}:{h.store_port}",
+        reconsume_times=h.reconsume_times,
+        prepared_transaction_offset=h.prepared_tx_offset,
+        msg_id=encode_msg_id(h.store_ip, h.store_port, h.phy_offset),
+    )
+
+
+def encode_record(msg: MessageExt) -> bytes:
+    """MessageExt -> its CommitLog record bytes (query answers; equal to the stored bytes)."""
+    born_ip, born_port = _split_host(msg.born_host)
+    store_ip, store_port = _split_host(msg.store_host)
+    return bytes(
+        record.encode(
+            msg.topic.encode("utf-8"),
+            msg.body,
+            encode_properties(msg.properties),
+            msg.queue_id,
+            msg.queue_offset,
+            msg.commit_log_offset,
+            flag=msg.flag,
+            sys_flag=msg.sys_flag,
+            born_timestamp=msg.born_timestamp,
+            born_ip=host_bytes(born_ip),
+            born_port=born_port,
+            store_timestamp=msg.store_timestamp,
+            store_ip=host_bytes(store_ip),
+            store_port=store_port,
+            reconsume_times=msg.reconsume_times,
+            prepared_tx_offset=msg.prepared_transaction_offset,
+            crc=msg.body_crc or None,
+        )
+    )
+
+
+def _split_host(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return (host, int(port)) if port.isdigit() else (text, 0)

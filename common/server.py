@@ -1,0 +1,714 @@
+"""The broker's request server: one ZeroMQ ROUTER, one I/O thread, the processors every role serves.
+
+Threads::
+
+    clients --tcp--> ROUTER  (owned by the I/O thread: recv, decode, dispatch, send)
+                        ^
+                        |  Mailbox: bounded deque of completions + coalesced arrival notices,
+                        |  and a self-pipe the I/O thread polls beside the ROUTER
+    other threads ------+  (flush futures of store.put_nowait, replica waits, reput's
+                           arrival listener for long polling, admin work)
+
+* Only the I/O thread touches the socket. A processor answers at once (a ``Response``) or hands
+  back a ``concurrent.futures.Future[Response]``; when that future completes, on whatever thread,
+  its result is posted to the mailbox and the I/O thread sends it. (A self-pipe rather than an
+  inproc socket: any thread can write it without owning a ZeroMQ socket, which keeps shutdown
+  free of per-thread sockets.)
+* Requests are pipelined: answers carry the request's opaque id, in completion order.
+* In-flight requests (waiting futures and parked long polls) are bounded by
+  ``maxInflightRequests``; past that a request is answered SYSTEM_BUSY at once, so no queue grows
+  without bound (STATUS is always served: clients need it to find the master and health checks
+  to see the overload). Oversized single frames are cut by ZeroMQ itself (``ZMQ_MAXMSGSIZE``, which
+  disconnects the peer); everything else malformed gets a typed error (``common.protocol``).
+* Long polling: a pull at the end of a queue with ``suspendMs`` > 0 is parked until reput reports
+  a new message for that queue (``store.add_arrival_listener``) or the wait ends; the parked pull
+  is re-run and answered.
+* ``drain`` (first SIGTERM): new requests are refused with SERVICE_NOT_AVAILABLE, parked polls
+  answered, and the loop ends once nothing is in flight or the drain deadline passes.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import heapq
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
+
+import zmq
+
+from common.errors import BrokerError, GetStatus, PullStatus, ResponseCode
+from common.message import tags_code
+from common.protocol import (
+    Limits,
+    ProtocolError,
+    Request,
+    RequestCode,
+    Response,
+    decode_request,
+    encode_record,
+    encode_response,
+    error_response,
+)
+
+RECV_BURST = 256  # requests read before looking at the mailbox again
+MAX_POLL_MS = 100
+PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
+
+Reply = Response | concurrent.futures.Future  # a Future resolves to a Response
+
+log = logging.getLogger("replog.server")
+
+
+def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """One structured line per event: ``event=name key=value ...`` (values quoted if needed)."""
+    if not logger.isEnabledFor(level):
+        return
+    parts = [f"event={event}"]
+    for key, value in fields.items():
+        text = str(value)
+        if not text or any(c in text for c in ' "='):
+            text = '"' + text.replace('"', '\\"') + '"'
+        parts.append(f"{key}={text}")
+    logger.log(level, " ".join(parts))
+
+
+def reply(
+    req: Request,
+    code: ResponseCode = ResponseCode.SUCCESS,
+    remark: str = "",
+    fields: dict[str, Any] | None = None,
+    bodies: list[bytes] | None = None,
+) -> Response:
+    return Response(code, req.opaque, remark, fields or {}, bodies or [])
+
+
+# ---- what the server needs from the broker --------------------------------------------------
+
+
+class Services(Protocol):
+    """The broker as the processors see it (implemented by ``common.broker.Broker``)."""
+
+    store: Any
+
+    def status(self) -> dict[str, Any]: ...
+
+    def topic_queue_nums(self, topic: str) -> tuple[int, bool]: ...  # (nums or 0, auto-create)
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None: ...
+
+    def fetch_offset(self, group: str, topic: str, queue_id: int) -> int: ...
+
+    def handle_write(self, req: Request) -> Reply: ...
+
+    def promote(self, req: Request) -> Reply: ...
+
+
+# ---- figures for status and metrics ----------------------------------------------------------
+
+
+class RateMeter:
+    """Events per second over the last ``window_s`` seconds (one bucket per second)."""
+
+    def __init__(self, window_s: int = 10):
+        self._window = window_s
+        self._buckets: collections.deque[list[int]] = collections.deque(maxlen=window_s + 1)
+        self.total = 0
+
+    def add(self, count: int = 1, now: float | None = None) -> None:
+        second = int(time.monotonic() if now is None else now)
+        if not self._buckets or self._buckets[-1][0] != second:
+            self._buckets.append([second, 0])
+        self._buckets[-1][1] += count
+        self.total += count
+
+    def rate(self, now: float | None = None) -> float:
+        second = int(time.monotonic() if now is None else now)
+        done = sum(c for s, c in self._buckets if second - self._window <= s < second)
+        return done / self._window
+
+
+class LatencyWindow:
+    """The last ``size`` latencies (ms); percentiles computed on demand."""
+
+    def __init__(self, size: int = 4096):
+        self._values: collections.deque[float] = collections.deque(maxlen=size)
+
+    def add(self, latency_ms: float) -> None:
+        self._values.append(latency_ms)
+
+    def percentile(self, q: float) -> float:
+        values = sorted(self._values)
+        if not values:
+            return 0.0
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+
+@dataclasses.dataclass
+class ServerStats:
+    put_msgs: RateMeter = dataclasses.field(default_factory=RateMeter)
+    get_msgs: RateMeter = dataclasses.field(default_factory=RateMeter)
+    put_latency: LatencyWindow = dataclasses.field(default_factory=LatencyWindow)
+    get_latency: LatencyWindow = dataclasses.field(default_factory=LatencyWindow)
+    requests: int = 0
+    refused_busy: int = 0
+    bad_requests: int = 0
+    inflight: int = 0
+    long_polls: int = 0
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "putTps": self.put_msgs.rate(),
+            "getTps": self.get_msgs.rate(),
+            "putTotal": self.put_msgs.total,
+            "getTotal": self.get_msgs.total,
+            "putLatencyP50Ms": self.put_latency.percentile(0.50),
+            "putLatencyP99Ms": self.put_latency.percentile(0.99),
+            "getLatencyP50Ms": self.get_latency.percentile(0.50),
+            "getLatencyP99Ms": self.get_latency.percentile(0.99),
+            "requests": self.requests,
+            "refusedBusy": self.refused_busy,
+            "badRequests": self.bad_requests,
+            "inflight": self.inflight,
+            "longPolls": self.long_polls,
+        }
+
+
+# ---- the mailbox: other threads -> the I/O thread ---------------------------------------------
+
+
+class Mailbox:
+    """Bounded hand-off to the I/O thread: completions, arrival notices, commands."""
+
+    def __init__(self, capacity: int):
+        self._capacity = capacity
+        self._items: collections.deque[Any] = collections.deque()
+        self._arrivals: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._armed = False
+        self._closed = False
+
+    def fileno(self) -> int:
+        return self._r
+
+    def post(self, item: Any) -> None:
+        """Queue an item; raises BrokerError(SYSTEM_BUSY) past the capacity (a bug guard)."""
+        with self._lock:
+            if self._closed:
+                return  # the loop has ended; nobody is left to answer
+            if len(self._items) >= self._capacity:
+                raise BrokerError(ResponseCode.SYSTEM_BUSY, "server mailbox full")
+            self._items.append(item)
+            self._wake_locked()
+
+    def arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Coalesced per queue: at most one pending notice per (topic, queue)."""
+        with self._lock:
+            key = (topic, queue_id)
+            self._arrivals[key] = max(max_offset, self._arrivals.get(key, 0))
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        if self._armed or self._closed:
+            return  # closed: the descriptors may already belong to another file
+        self._armed = True
+        try:
+            os.write(self._w, b"\x00")
+        except (BlockingIOError, OSError):
+            pass
+
+    def take(self) -> tuple[list[Any], dict[tuple[str, int], int]]:
+        with self._lock:  # writers hold the lock too: empty the pipe, then re-arm
+            try:
+                while os.read(self._r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+            self._armed = False
+            items = list(self._items)
+            self._items.clear()
+            arrivals, self._arrivals = self._arrivals, {}
+        return items, arrivals
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._items.clear()
+            self._arrivals.clear()
+        os.close(self._r)
+        os.close(self._w)
+
+
+@dataclasses.dataclass(eq=False)
+class _Parked:
+    """A long poll waiting for a message."""
+
+    identity: bytes
+    req: Request
+    deadline: float
+    started: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _Done:
+    identity: bytes
+    opaque: int
+    code: RequestCode
+    started: float
+    future: concurrent.futures.Future
+
+
+# ---- the server -------------------------------------------------------------------------------
+
+
+class RequestServer:
+    """The ROUTER loop; ``start`` runs it on its own thread, ``drain``/``stop`` end it."""
+
+    def __init__(self, cfg: Any, services: Services, bind: str | None = None):
+        self.cfg = cfg
+        self.services = services
+        self.limits = Limits.from_config(cfg)
+        self.bind = bind or f"tcp://0.0.0.0:{cfg.listenPort}"
+        self.stats = ServerStats()
+        self.max_inflight = cfg.maxInflightRequests
+        self._mailbox = Mailbox(capacity=self.max_inflight * 2 + 64)
+        self._parked: dict[tuple[str, int], list[_Parked]] = {}
+        self._parked_keys: frozenset[tuple[str, int]] = frozenset()
+        self._deadlines: list[tuple[float, int, tuple[str, int]]] = []
+        self._ctx = zmq.Context(io_threads=1)
+        self._sock: zmq.Socket[bytes] | None = None
+        self._thread: threading.Thread | None = None
+        self._draining = threading.Event()
+        self._drain_deadline = float("inf")
+        self._stopped = threading.Event()
+        self._bound = threading.Event()
+        self._bind_error: BaseException | None = None
+        self._seq = 0
+
+    # -- lifecycle (any thread) ------------------------------------------------------------------
+    def start(self, timeout_s: float = 5.0) -> None:
+        self._thread = threading.Thread(target=self._run, name="replog-io", daemon=True)
+        self._thread.start()
+        if not self._bound.wait(timeout_s):
+            raise RuntimeError("request server did not bind in time")
+        if self._bind_error is not None:
+            raise self._bind_error
+
+    def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Store arrival listener (reput thread): wake parked long polls of this queue."""
+        if (topic, queue_id) in self._parked_keys:
+            self._mailbox.arrival(topic, queue_id, max_offset)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Refuse new work, answer parked polls, wait for in-flight; True if all finished."""
+        self._drain_deadline = time.monotonic() + timeout_s
+        self._draining.set()
+        self._mailbox.post(("drain", None))
+        return self.join(timeout_s + 1.0)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._drain_deadline = time.monotonic()
+        self._draining.set()
+        self._stopped.set()
+        try:
+            self._mailbox.post(("stop", None))
+        except (BrokerError, OSError):
+            pass
+        self.join(timeout_s)
+
+    def join(self, timeout_s: float) -> bool:
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    # -- the I/O thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            sock = self._ctx.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            sock.setsockopt(zmq.SNDHWM, 100_000)
+            sock.setsockopt(zmq.RCVHWM, 100_000)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+            sock.bind(self.bind)
+        except zmq.ZMQError as e:
+            self._bind_error = OSError(f"cannot bind {self.bind}: {e}")
+            self._bound.set()
+            self._ctx.term()
+            return
+        self._sock = sock
+        self._bound.set()
+        log_event(log, "server_listening", bind=self.bind)
+        try:
+            self._loop(sock)
+        finally:
+            sock.close(linger=500)
+            self._ctx.term()
+            self._mailbox.close()
+            log_event(log, "server_stopped", inflight=self.stats.inflight)
+
+    def _loop(self, sock: zmq.Socket[bytes]) -> None:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._mailbox.fileno(), zmq.POLLIN)
+        while True:
+            events = dict(poller.poll(self._poll_timeout_ms()))
+            if self._mailbox.fileno() in events:
+                self._handle_mailbox(sock)
+            if sock in events:
+                self._receive(sock)
+            self._expire_polls(sock, time.monotonic())
+            if self._draining.is_set() and self._should_exit():
+                return
+
+    def _should_exit(self) -> bool:
+        if self._stopped.is_set():
+            return True
+        return self.stats.inflight == 0 or time.monotonic() >= self._drain_deadline
+
+    def _poll_timeout_ms(self) -> int:
+        if not self._deadlines:
+            return MAX_POLL_MS
+        wait = (self._deadlines[0][0] - time.monotonic()) * 1000
+        return max(0, min(MAX_POLL_MS, int(wait) + 1))
+
+    def _receive(self, sock: zmq.Socket[bytes]) -> None:
+        for _ in range(RECV_BURST):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) < 2:
+                continue  # no routing identity or no header: cannot be answered
+            self._serve(sock, frames[0], frames[1:])
+
+    def _serve(self, sock: zmq.Socket[bytes], identity: bytes, frames: list[bytes]) -> None:
+        started = time.monotonic()
+        self.stats.requests += 1
+        try:
+            req = decode_request(frames, self.limits)
+        except ProtocolError as e:
+            self.stats.bad_requests += 1
+            self._send(sock, identity, error_response(e))
+            return
+        if self._draining.is_set():
+            self._answer(
+                sock,
+                identity,
+                reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, "broker is shutting down"),
+                started,
+            )
+            return
+        if self.stats.inflight >= self.max_inflight and req.code != RequestCode.STATUS:
+            self.stats.refused_busy += 1
+            self._answer(
+                sock,
+                identity,
+                reply(req, ResponseCode.SYSTEM_BUSY, f"{self.stats.inflight} requests in flight"),
+                started,
+            )
+            return
+        self._dispatch(sock, identity, req, started)
+
+    def _dispatch(
+        self, sock: zmq.Socket[bytes], identity: bytes, req: Request, started: float
+    ) -> None:
+        try:
+            outcome = self._process(identity, req, started)
+        except ProtocolError as e:
+            e.opaque = req.opaque
+            self.stats.bad_requests += 1
+            self._send(sock, identity, error_response(e))
+            return
+        except BrokerError as e:
+            outcome = reply(req, e.code, e.remark)
+        except Exception as e:  # noqa: BLE001 - a processor's bug must not stop the broker
+            log_event(log, "processor_failed", logging.ERROR, code=req.code.name, error=repr(e))
+            outcome = reply(req, ResponseCode.SYSTEM_ERROR, f"internal error: {e!r}")
+        if outcome is None:
+            return  # parked (long poll)
+        if isinstance(outcome, Response):
+            self._answer(sock, identity, outcome, started, req.code)
+            return
+        self._await(sock, identity, req, started, outcome)
+
+    def _await(
+        self,
+        sock: zmq.Socket[bytes],
+        identity: bytes,
+        req: Request,
+        started: float,
+        fut: concurrent.futures.Future,
+    ) -> None:
+        done = _Done(identity, req.opaque, req.code, started, fut)
+        if fut.done():
+            self._complete(sock, done)
+            return
+        self.stats.inflight += 1
+        fut.add_done_callback(lambda _f: self._mailbox.post(done))
+
+    def _complete(self, sock: zmq.Socket[bytes], done: _Done) -> None:
+        try:
+            resp = done.future.result()
+        except BrokerError as e:
+            resp = Response(e.code, done.opaque, e.remark, {}, [])
+        except Exception as e:  # noqa: BLE001 - answered as SYSTEM_ERROR, loop keeps serving
+            log_event(log, "request_failed", logging.ERROR, code=done.code.name, error=repr(e))
+            resp = Response(
+                ResponseCode.SYSTEM_ERROR, done.opaque, f"internal error: {e!r}", {}, []
+            )
+        self._account(done.code, resp, done.started)
+        self._send(sock, done.identity, _encode(resp))
+
+    def _answer(
+        self,
+        sock: zmq.Socket[bytes],
+        identity: bytes,
+        resp: Response,
+        started: float,
+        code: RequestCode | None = None,
+    ) -> None:
+        if code is not None:
+            self._account(code, resp, started)
+        self._send(sock, identity, _encode(resp))
+
+    def _account(self, code: RequestCode, resp: Response, started: float) -> None:
+        latency_ms = (time.monotonic() - started) * 1000
+        if code in (RequestCode.SEND, RequestCode.SEND_BATCH):
+            self.stats.put_latency.add(latency_ms)
+            self.stats.put_msgs.add(len(resp.fields.get("msgIds", ())))
+        elif code == RequestCode.PULL:
+            self.stats.get_latency.add(latency_ms)
+            self.stats.get_msgs.add(len(resp.bodies))
+
+    def _send(self, sock: zmq.Socket[bytes], identity: bytes, frames: list[bytes]) -> None:
+        try:
+            sock.send_multipart([identity, *frames], zmq.NOBLOCK)
+        except zmq.Again:
+            log_event(log, "answer_dropped", logging.WARNING, reason="peer not reading")
+        except zmq.ZMQError as e:
+            log_event(log, "answer_dropped", logging.WARNING, reason=str(e))
+
+    def _handle_mailbox(self, sock: zmq.Socket[bytes]) -> None:
+        items, arrivals = self._mailbox.take()
+        for item in items:
+            if isinstance(item, _Done):
+                self.stats.inflight -= 1
+                self._complete(sock, item)
+            elif item[0] == "drain":
+                self._answer_all_parked(sock)
+        for key, max_offset in arrivals.items():
+            self._wake_parked(sock, key, max_offset)
+
+    # -- processors (the I/O thread) -----------------------------------------------------------
+    def _process(self, identity: bytes, req: Request, started: float) -> Reply | None:
+        code = req.code
+        if code in (RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC):
+            return self.services.handle_write(req)
+        if code == RequestCode.PULL:
+            return self._pull(identity, req, started)
+        handler = self._READS.get(code)
+        if handler is None:
+            return reply(req, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"{code.name} not served")
+        return handler(self, req)
+
+    def _status(self, req: Request) -> Response:
+        return reply(req, fields=self.services.status())
+
+    def _promote(self, req: Request) -> Reply:
+        return self.services.promote(req)
+
+    def _topic_route(self, req: Request) -> Response:
+        topic = req.fields["topic"]
+        nums, auto = self.services.topic_queue_nums(topic)
+        if nums > 0:
+            return reply(req, fields={"queueNums": nums})
+        if auto:
+            return reply(
+                req,
+                ResponseCode.TOPIC_NOT_EXIST,
+                f"topic {topic} will be auto-created",
+                {"queueNums": self.cfg.defaultTopicQueueNums},
+            )
+        return reply(req, ResponseCode.TOPIC_NOT_EXIST, f"no topic {topic}", {"queueNums": 0})
+
+    def _commit_offset(self, req: Request) -> Response:
+        f = req.fields
+        self.services.commit_offset(f["group"], f["topic"], f["queueId"], f["queueOffset"])
+        return reply(req)
+
+    def _fetch_offset(self, req: Request) -> Response:
+        f = req.fields
+        offset = self.services.fetch_offset(f["group"], f["topic"], f["queueId"])
+        return reply(req, fields={"queueOffset": offset})
+
+    def _query_by_key(self, req: Request) -> Response:
+        f = req.fields
+        found = self.services.store.query_by_key(
+            f["topic"], f["key"], max_nums=f["maxNums"], begin_ms=f["beginMs"], end_ms=f["endMs"]
+        )
+        return _messages_reply(req, found)
+
+    def _query_by_msg_id(self, req: Request) -> Response:
+        try:
+            found = self.services.store.message_by_msg_id(req.fields["msgId"])
+        except ValueError as e:
+            raise ProtocolError("msgId", str(e)) from None
+        return _messages_reply(req, [found] if found is not None else [])
+
+    def _query_by_offset(self, req: Request) -> Response:
+        found = self.services.store.message_by_offset(req.fields["phyOffset"])
+        return _messages_reply(req, [found] if found is not None else [])
+
+    _READS: ClassVar[dict[RequestCode, Callable[[RequestServer, Request], Reply]]] = {
+        RequestCode.STATUS: _status,
+        RequestCode.PROMOTE: _promote,
+        RequestCode.TOPIC_ROUTE: _topic_route,
+        RequestCode.COMMIT_OFFSET: _commit_offset,
+        RequestCode.FETCH_OFFSET: _fetch_offset,
+        RequestCode.QUERY_BY_KEY: _query_by_key,
+        RequestCode.QUERY_BY_MSG_ID: _query_by_msg_id,
+        RequestCode.QUERY_BY_OFFSET: _query_by_offset,
+    }
+
+    # -- pull and long polling -------------------------------------------------------------------
+    def _pull(self, identity: bytes, req: Request, started: float) -> Response | None:
+        resp = self._read_queue(req)
+        suspend_ms = min(req.fields["suspendMs"], self.cfg.longPollingMaxMs)
+        if resp.code != ResponseCode.PULL_NOT_FOUND or suspend_ms <= 0 or self._draining.is_set():
+            return resp
+        f = req.fields
+        key = (f["topic"], f["queueId"])
+        parked = _Parked(identity, req, started + suspend_ms / 1000.0, started)
+        self._parked.setdefault(key, []).append(parked)
+        self._parked_keys = frozenset(self._parked)
+        self._seq += 1
+        heapq.heappush(self._deadlines, (parked.deadline, self._seq, key))
+        self.stats.inflight += 1
+        self.stats.long_polls += 1
+        # A message that arrived between the read and the registration sent no notice: look again.
+        if self._queue_max(key) > f["queueOffset"]:
+            self._mailbox.arrival(key[0], key[1], self._queue_max(key))
+        return None
+
+    def _queue_max(self, key: tuple[str, int]) -> int:
+        return int(self.services.store.max_queue_offset(key[0], key[1]))
+
+    def _read_queue(self, req: Request) -> Response:
+        f = req.fields
+        tags_codes = _tags_codes(f.get("tags"))
+        result = self.services.store.get_message(
+            f.get("group") or "",
+            f["topic"],
+            f["queueId"],
+            f["queueOffset"],
+            f["maxNums"],
+            tags_codes,
+            max_bytes=PULL_MAX_BYTES,
+        )
+        status, code = _PULL_STATUS[result.status]
+        fields = {
+            "status": status.value,
+            "nextBeginOffset": result.next_begin_offset,
+            "minOffset": result.min_offset,
+            "maxOffset": result.max_offset,
+        }
+        return reply(
+            req,
+            code,
+            "" if code == ResponseCode.SUCCESS else result.status.value,
+            fields,
+            [bytes(r) for r in result.records],
+        )
+
+    def _wake_parked(self, sock: zmq.Socket[bytes], key: tuple[str, int], max_offset: int) -> None:
+        waiting = self._parked.get(key)
+        if not waiting:
+            return
+        still = []
+        for parked in waiting:
+            if parked.req.fields["queueOffset"] < max_offset:
+                self._finish_parked(sock, parked)
+            else:
+                still.append(parked)
+        self._set_parked(key, still)
+
+    def _expire_polls(self, sock: zmq.Socket[bytes], now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, key = heapq.heappop(self._deadlines)
+            waiting = self._parked.get(key, [])
+            due = [p for p in waiting if p.deadline <= now]
+            for parked in due:
+                self._finish_parked(sock, parked)
+            self._set_parked(key, [p for p in waiting if p.deadline > now])
+
+    def _answer_all_parked(self, sock: zmq.Socket[bytes]) -> None:
+        for key, waiting in list(self._parked.items()):
+            for parked in waiting:
+                self._finish_parked(sock, parked)
+            self._set_parked(key, [])
+        self._deadlines.clear()
+
+    def _finish_parked(self, sock: zmq.Socket[bytes], parked: _Parked) -> None:
+        self.stats.inflight -= 1
+        try:
+            resp = self._read_queue(parked.req)
+        except Exception as e:  # noqa: BLE001 - answered as SYSTEM_ERROR, loop keeps serving
+            log_event(log, "pull_failed", logging.ERROR, error=repr(e))
+            resp = reply(parked.req, ResponseCode.SYSTEM_ERROR, f"internal error: {e!r}")
+        self._account(RequestCode.PULL, resp, parked.started)
+        self._send(sock, parked.identity, _encode(resp))
+
+    def _set_parked(self, key: tuple[str, int], waiting: list[_Parked]) -> None:
+        if waiting:
+            self._parked[key] = waiting
+        else:
+            self._parked.pop(key, None)
+            self._parked_keys = frozenset(self._parked)
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+# store GetStatus -> (client PullStatus, response code), as RocketMQ's PullMessageProcessor maps them
+_PULL_STATUS: dict[GetStatus, tuple[PullStatus, ResponseCode]] = {
+    GetStatus.FOUND: (PullStatus.FOUND, ResponseCode.SUCCESS),
+    GetStatus.NO_MATCHED_MESSAGE: (PullStatus.NO_MATCHED_MSG, ResponseCode.PULL_RETRY_IMMEDIATELY),
+    GetStatus.MESSAGE_WAS_REMOVING: (
+        PullStatus.NO_MATCHED_MSG,
+        ResponseCode.PULL_RETRY_IMMEDIATELY,
+    ),
+    GetStatus.NO_MATCHED_LOGIC_QUEUE: (PullStatus.NO_NEW_MSG, ResponseCode.PULL_NOT_FOUND),
+    GetStatus.NO_MESSAGE_IN_QUEUE: (PullStatus.NO_NEW_MSG, ResponseCode.PULL_NOT_FOUND),
+    GetStatus.OFFSET_FOUND_NULL: (PullStatus.NO_NEW_MSG, ResponseCode.PULL_NOT_FOUND),
+    GetStatus.OFFSET_OVERFLOW_ONE: (PullStatus.NO_NEW_MSG, ResponseCode.PULL_NOT_FOUND),
+    GetStatus.OFFSET_OVERFLOW_BADLY: (PullStatus.OFFSET_ILLEGAL, ResponseCode.PULL_OFFSET_MOVED),
+    GetStatus.OFFSET_TOO_SMALL: (PullStatus.OFFSET_ILLEGAL, ResponseCode.PULL_OFFSET_MOVED),
+}
+
+
+def _tags_codes(expression: str | None) -> set[int] | None:
+    """RocketMQ's tag subscription ``"A || B"`` -> tag hash codes; ``*`` or empty -> no filter."""
+    if not expression or expression.strip() in ("", "*"):
+        return None
+    return {tags_code(t.strip()) for t in expression.split("||") if t.strip()}
+
+
+def _messages_reply(req: Request, found: list[Any]) -> Response:
+    if not found:
+        return reply(req, ResponseCode.QUERY_NOT_FOUND, "no message found")
+    return reply(req, bodies=[encode_record(m) for m in found])
+
+
+def _encode(resp: Response) -> list[bytes]:
+    return encode_response(resp.code, resp.opaque, resp.remark, resp.fields, resp.bodies)

@@ -1,0 +1,212 @@
+"""The master role: accepts writes (send, send batch, topic creation) and starts the HA service.
+
+A put goes (on the server's I/O thread)::
+
+    topic check (auto-create with defaultTopicQueueNums, persisted in config/topics.json)
+    -> store.put_nowait / put_batch_nowait   append now, under the store's put lock
+    -> pending.flushed                        FLUSH_DISK_TIMEOUT under SYNC_FLUSH, else done
+    -> replica_waiter(end_phy_offset)         SYNC_MASTER only: Future[PutStatus] from
+                                              master/group_transfer.py (FLUSH_SLAVE_TIMEOUT,
+                                              SLAVE_NOT_AVAILABLE)
+    -> Response (SUCCESS or the status code, with msgIds and offsets)
+
+Hooks for replication (master/ha_service.py, master/group_transfer.py): ``replica_waiter`` and
+an ``ha_service`` with ``start()``, ``stop()`` and ``slaves() -> list[dict]`` (address, ackOffset,
+lagBytes, inSync). A SYNC_MASTER without a replica waiter cannot get any slave's ack, so its
+stored puts answer SLAVE_NOT_AVAILABLE (the message is stored, RocketMQ's meaning).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from common.broker import TopicTable
+from common.errors import PutStatus, ResponseCode
+from common.message import Message
+from common.protocol import Request, RequestCode, Response
+from common.server import Reply, reply
+
+ReplicaWaiter = Callable[[int], "concurrent.futures.Future[PutStatus]"]
+
+# store PutStatus -> response code (RocketMQ SendMessageProcessor)
+PUT_CODES: dict[PutStatus, ResponseCode] = {
+    PutStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    PutStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
+    PutStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutStatus.CREATE_MAPPED_FILE_FAILED: ResponseCode.SYSTEM_ERROR,
+    PutStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.OS_PAGE_CACHE_BUSY: ResponseCode.SYSTEM_BUSY,
+    PutStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
+}
+
+
+class HaService(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def slaves(self) -> list[dict[str, Any]]: ...
+
+
+class MasterRole:
+    """SYNC_MASTER or ASYNC_MASTER."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        store: Any,
+        topics: TopicTable,
+        role_name: str = "ASYNC_MASTER",
+        replica_waiter: ReplicaWaiter | None = None,
+        ha_service: HaService | None = None,
+    ):
+        if role_name not in ("SYNC_MASTER", "ASYNC_MASTER"):
+            raise ValueError(f"not a master role: {role_name}")
+        self.cfg = cfg
+        self.store = store
+        self.topics = topics
+        self._name = role_name
+        self.replica_waiter = replica_waiter
+        self.ha_service = ha_service
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def start(self) -> None:
+        if self.ha_service is not None:
+            self.ha_service.start()
+
+    def stop(self) -> None:
+        if self.ha_service is not None:
+            self.ha_service.stop()
+
+    def status_fields(self) -> dict[str, Any]:
+        slaves = self.ha_service.slaves() if self.ha_service is not None else []
+        return {"masterAddress": self.cfg.client_address, "slaves": slaves}
+
+    # -- writes (the server's I/O thread) ------------------------------------------------------
+    def handle_write(self, req: Request) -> Reply:
+        if req.code == RequestCode.CREATE_TOPIC:
+            self.topics.create(req.fields["topic"], req.fields["queueNums"])
+            return reply(req)
+        refusal = self._check_queue(req)
+        if refusal is not None:
+            return refusal
+        f = req.fields
+        born = f.get("bornTimestamp") or int(time.time() * 1000)
+        if req.code == RequestCode.SEND:
+            msg = Message(
+                f["topic"],
+                req.bodies[0],
+                f.get("tags"),
+                f.get("keys"),
+                dict(f.get("properties") or {}),
+                f["flag"],
+                f["delayLevel"],
+            )
+            pending = self.store.put_nowait(msg, f["queueId"], born_timestamp=born)
+        else:
+            msgs = _batch_messages(f["topic"], req.bodies, f.get("meta"))
+            pending = self.store.put_batch_nowait(
+                f["topic"], f["queueId"], msgs, born_timestamp=born
+            )
+        return self._after_append(req, pending)
+
+    def _check_queue(self, req: Request) -> Response | None:
+        topic = req.fields["topic"]
+        nums = self.topics.queue_nums(topic)
+        if nums == 0:
+            if not self.cfg.autoCreateTopicEnable:
+                return reply(
+                    req,
+                    ResponseCode.TOPIC_NOT_EXIST,
+                    f"topic {topic} does not exist and autoCreateTopicEnable is off",
+                )
+            nums = self.cfg.defaultTopicQueueNums
+            self.topics.create(topic, nums)
+        queue_id = req.fields["queueId"]
+        if queue_id >= nums:
+            return reply(
+                req,
+                ResponseCode.MESSAGE_ILLEGAL,
+                f"queueId {queue_id} is illegal: topic {topic} has {nums} queues",
+            )
+        return None
+
+    def _after_append(self, req: Request, pending: Any) -> Reply:
+        result = pending.result
+        if result.status != PutStatus.PUT_OK:
+            code = PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
+            return reply(req, code, f"put refused: {result.status.value}")
+        fields = {
+            "msgIds": list(result.msg_ids),
+            "queueId": result.queue_id,
+            "queueOffset": result.queue_offset,
+            "commitLogOffset": result.phy_offset,
+        }
+        flushed: concurrent.futures.Future[PutStatus] = pending.flushed
+        if flushed.done() and self._name == "ASYNC_MASTER":
+            return _put_reply(req, flushed.result(), fields)
+        out: concurrent.futures.Future[Response] = concurrent.futures.Future()
+        end = result.phy_offset + result.wrote_bytes
+        flushed.add_done_callback(lambda f: self._after_flush(req, f, end, fields, out))
+        return out
+
+    def _after_flush(
+        self,
+        req: Request,
+        flushed: concurrent.futures.Future[PutStatus],
+        end: int,
+        fields: dict[str, Any],
+        out: concurrent.futures.Future[Response],
+    ) -> None:
+        status = _status_of(flushed)
+        if status != PutStatus.PUT_OK or self._name == "ASYNC_MASTER":
+            out.set_result(_put_reply(req, status, fields))
+            return
+        if self.replica_waiter is None:
+            out.set_result(
+                _put_reply(
+                    req,
+                    PutStatus.SLAVE_NOT_AVAILABLE,
+                    fields,
+                    "no replication service: no slave can acknowledge",
+                )
+            )
+            return
+        waited = self.replica_waiter(end)
+        waited.add_done_callback(lambda w: out.set_result(_put_reply(req, _status_of(w), fields)))
+
+
+def _status_of(fut: concurrent.futures.Future[PutStatus]) -> PutStatus:
+    try:
+        return fut.result()
+    except Exception:  # noqa: BLE001 - a failed wait is reported, the record is already stored
+        return PutStatus.UNKNOWN_ERROR
+
+
+def _put_reply(
+    req: Request, status: PutStatus, fields: dict[str, Any], remark: str = ""
+) -> Response:
+    code = PUT_CODES.get(status, ResponseCode.SYSTEM_ERROR)
+    if status.stored:
+        return reply(
+            req, code, remark or ("" if code == ResponseCode.SUCCESS else status.value), fields
+        )
+    return reply(req, code, remark or f"put failed after append: {status.value}")
+
+
+def _batch_messages(topic: str, bodies: list[bytes], meta: list[Any] | None) -> list[Message]:
+    if meta is None:
+        return [Message(topic, body) for body in bodies]
+    return [
+        Message(topic, body, tags, keys, dict(props), flag)
+        for body, (tags, keys, props, flag) in zip(bodies, meta, strict=True)
+    ]

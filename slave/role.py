@@ -1,0 +1,61 @@
+"""The slave role: refuses every write, runs the HA client, serves reads (through the server).
+
+Every SEND, SEND_BATCH and CREATE_TOPIC is answered SERVICE_NOT_AVAILABLE with a remark naming
+the SLAVE role, this broker and its master's address (``haMasterAddress``), before anything
+reaches the store: a slave's CommitLog only grows by replication. Promotion (``Broker.promote``)
+stops this role, records a new epoch and starts a master role in its place.
+
+Hook for replication (slave/ha_client.py): an ``ha_client`` with ``start()``, ``stop()`` and an
+optional ``master_address() -> str`` for the master currently followed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from common.errors import ResponseCode
+from common.protocol import Request, Response
+from common.server import reply
+
+
+class HaClient(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class SlaveRole:
+    """brokerRole SLAVE."""
+
+    def __init__(self, cfg: Any, ha_client: HaClient | None = None):
+        self.cfg = cfg
+        self.ha_client = ha_client
+        self.refused = 0
+
+    @property
+    def name(self) -> str:
+        return "SLAVE"
+
+    def start(self) -> None:
+        if self.ha_client is not None:
+            self.ha_client.start()
+
+    def stop(self) -> None:
+        if self.ha_client is not None:
+            self.ha_client.stop()
+
+    def master_address(self) -> str:
+        getter = getattr(self.ha_client, "master_address", None)
+        return str(getter()) if callable(getter) else self.cfg.haMasterAddress
+
+    def status_fields(self) -> dict[str, Any]:
+        return {"masterAddress": self.master_address(), "slaves": [], "refusedWrites": self.refused}
+
+    def handle_write(self, req: Request) -> Response:
+        self.refused += 1
+        master = self.master_address() or "unknown"
+        remark = (
+            f"broker {self.cfg.brokerName} id {self.cfg.brokerId} is a SLAVE and refuses "
+            f"{req.code.name}; send to its master (haMasterAddress {master})"
+        )
+        return reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, remark)

@@ -1,0 +1,158 @@
+"""Real broker processes: CLI (--json) and client round trips, batch, long polling, restarts."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import time
+from pathlib import Path
+
+import pytest
+from broker_harness import BrokerProcess, brokers, run_cli
+
+from common.client import Admin, Consumer, Producer
+from common.errors import PullStatus, SendStatus
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(120)
+def test_cli_send_pull_query_status(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b", defaultTopicQueueNums=2)
+    with brokers(b):
+        s = ["-s", b.address]
+        rc, sent = run_cli(
+            "send",
+            *s,
+            "-t",
+            "orders",
+            "-b",
+            "hello",
+            "--tags",
+            "TagA",
+            "--keys",
+            "order-42",
+            "--queue",
+            "1",
+        )
+        assert rc == 0 and sent["status"] == "SEND_OK" and sent["queueId"] == 1
+        assert set(sent) == {"status", "msgId", "queueId", "queueOffset", "commitLogOffset"}
+        rc, many = run_cli(
+            "send", *s, "-t", "orders", "--count", "5", "--size", "16", "--queue", "0"
+        )
+        assert rc == 0 and [m["queueOffset"] for m in many] == [0, 1, 2, 3, 4]
+        rc, pulled = run_cli("pull", *s, "-t", "orders", "-q", "1", "-o", "0", "-n", "10")
+        assert rc == 0 and pulled["status"] == "FOUND" and pulled["nextBeginOffset"] == 1
+        msg = pulled["messages"][0]
+        assert (msg["body"], msg["tags"], msg["keys"], msg["msgId"]) == (
+            "hello",
+            "TagA",
+            "order-42",
+            sent["msgId"],
+        )
+        assert base64.b64decode(msg["bodyBase64"]) == b"hello"
+        for field in (
+            "topic",
+            "queueId",
+            "queueOffset",
+            "commitLogOffset",
+            "bornTimestamp",
+            "storeTimestamp",
+            "properties",
+        ):
+            assert field in msg
+        rc, found = run_cli("query", *s, "--topic", "orders", "--key", "order-42")
+        assert rc == 0 and [m["msgId"] for m in found["messages"]] == [sent["msgId"]]
+        rc, found = run_cli("query", *s, "--msg-id", sent["msgId"])
+        assert rc == 0 and found["messages"][0]["body"] == "hello"
+        rc, found = run_cli("query", *s, "--offset", str(sent["commitLogOffset"]))
+        assert rc == 0 and found["messages"][0]["commitLogOffset"] == sent["commitLogOffset"]
+        rc, status = run_cli("status", *s)
+        assert rc == 0 and status["role"] == "ASYNC_MASTER" and status["maxPhyOffset"] > 0
+        for key in (
+            "brokerName",
+            "brokerId",
+            "epoch",
+            "minPhyOffset",
+            "flushedPhyOffset",
+            "masterAddress",
+            "slaves",
+        ):
+            assert key in status
+        rc, _ = run_cli("query", *s, "--msg-id", "nothex")
+        assert rc == 1
+        rc, _ = run_cli("send", *s, "-t", "orders")  # no body source: bad usage
+        assert rc == 2
+
+
+@pytest.mark.timeout(120)
+def test_client_batch_async_and_long_poll(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b")
+    with brokers(b), Producer([b.address]) as p, Consumer([b.address], group="g") as c:
+        rs = p.send_batch("batch", [f"m{i}".encode() for i in range(64)], queue_id=0)
+        assert [r.queue_offset for r in rs] == list(range(64))
+        assert all(r.status == SendStatus.SEND_OK for r in rs)
+        futures = [p.send_async("batch", b"async", queue_id=1) for _ in range(500)]
+        assert [f.result(30).queue_offset for f in futures] == list(range(500))
+        pr = c.pull("batch", 0, 0, 100)
+        assert [m.body for m in pr.messages] == [f"m{i}".encode() for i in range(64)]
+
+        # long polling: a parked pull returns within a few ms of the new message
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        try:
+            waiting = pool.submit(c.pull, "batch", 0, 64, 32, 20_000)
+            deadline = time.monotonic() + 10
+            while b.status()["longPolls"] < 1:
+                assert time.monotonic() < deadline, "pull never parked"
+            sent_at = time.monotonic()
+            p.send("batch", b"late", queue_id=0)
+            pr = waiting.result(20)
+            latency_s = time.monotonic() - sent_at
+        finally:
+            pool.shutdown()
+        assert pr.status == PullStatus.FOUND and [m.body for m in pr.messages] == [b"late"]
+        assert latency_s < 0.25, f"long poll answered {latency_s * 1000:.1f} ms after the send"
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_clean_restart_keeps_offsets_and_messages(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b", flushDiskType="SYNC_FLUSH")
+    try:
+        b.start()
+        with Producer([b.address]) as p, Consumer([b.address], group="billing") as c:
+            sent = [p.send("keep", f"v{i}".encode(), queue_id=0) for i in range(20)]
+            c.commit_offset("keep", 0, 12)
+        assert (b.store_root / "abort").exists()
+        assert b.terminate() == 0
+        assert not (b.store_root / "abort").exists(), "clean shutdown must remove the abort file"
+        offsets = (b.store_root / "config" / "consumerOffset.json").read_text()
+        assert "keep@billing" in offsets
+        b.start()
+        with Consumer([b.address], group="billing") as c:
+            assert c.fetch_offset("keep", 0) == 12
+            pr = c.pull("keep", 0, 0, 32)
+        assert [m.msg_id for m in pr.messages] == [r.msg_id for r in sent]
+        assert b.status()["maxPhyOffset"] == sent[-1].commit_log_offset + pr.messages[-1].store_size
+        assert b.terminate() == 0
+    finally:
+        b.close()
+
+
+@pytest.mark.timeout(120)
+def test_status_and_discovery_across_group(tmp_path: Path) -> None:
+    master = BrokerProcess(tmp_path / "m")
+    slave = BrokerProcess(
+        tmp_path / "s",
+        brokerRole="SLAVE",
+        brokerId=1,
+        haMasterAddress=f"127.0.0.1:{master.port + 1}",
+    )
+    with brokers(slave, master):
+        # given the slave first, the client still writes to the master
+        with Producer([slave.address, master.address]) as p:
+            r = p.send("disc", b"x")
+        assert r.status == SendStatus.SEND_OK
+        with Admin([slave.address]) as a:
+            st = a.status(slave.address)
+        assert st["role"] == "SLAVE" and st["brokerId"] == 1
+        assert st["masterAddress"] == f"127.0.0.1:{master.port + 1}"

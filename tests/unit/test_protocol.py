@@ -1,0 +1,200 @@
+"""Wire protocol codecs, tested on bytes (common/protocol.py)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from common.errors import ResponseCode
+from common.message import MessageExt, encode_msg_id, host_bytes
+from common.protocol import (
+    PROTOCOL_VERSION,
+    Limits,
+    ProtocolError,
+    RequestCode,
+    decode_record,
+    decode_request,
+    decode_response,
+    encode_record,
+    encode_request,
+    encode_response,
+)
+
+pytestmark = pytest.mark.unit
+
+LIMITS = Limits(max_frame_bytes=64 * 1024, max_body_bytes=4096, max_batch_count=16)
+
+
+def raw_request(fields: object, code: int = RequestCode.SEND, opaque: int = 7) -> bytes:
+    return msgpack.packb([PROTOCOL_VERSION, code, opaque, fields])
+
+
+def send_fields(**extra: object) -> dict[str, object]:
+    return {"topic": "orders", "queueId": 1, **extra}
+
+
+def test_send_round_trip_keeps_body_bytes() -> None:
+    body = bytes(range(256))
+    frames = encode_request(RequestCode.SEND, 42, send_fields(tags="A", keys="k1 k2"), [body])
+    req = decode_request(frames, LIMITS)
+    assert req.code == RequestCode.SEND
+    assert req.opaque == 42
+    assert req.fields["topic"] == "orders" and req.fields["tags"] == "A"
+    assert req.fields["flag"] == 0 and req.fields["delayLevel"] == 0  # defaults filled in
+    assert req.bodies == [body]
+
+
+def test_batch_with_meta_round_trip() -> None:
+    meta = [["t", "k", {"a": "b"}, 3], None]
+    frames = encode_request(RequestCode.SEND_BATCH, 1, send_fields(meta=meta), [b"x", b"y"])
+    req = decode_request(frames, LIMITS)
+    assert req.fields["meta"] == [("t", "k", {"a": "b"}, 3), (None, None, {}, 0)]
+    assert req.bodies == [b"x", b"y"]
+
+
+def test_batch_meta_count_must_match_bodies() -> None:
+    frames = encode_request(RequestCode.SEND_BATCH, 1, send_fields(meta=[None]), [b"x", b"y"])
+    with pytest.raises(ProtocolError) as e:
+        decode_request(frames, LIMITS)
+    assert e.value.field == "meta" and e.value.opaque == 1
+
+
+def test_response_round_trip() -> None:
+    frames = encode_response(ResponseCode.FLUSH_SLAVE_TIMEOUT, 9, "slow slave", {"a": 1}, [b"r"])
+    resp = decode_response(frames, LIMITS)
+    assert resp.code == ResponseCode.FLUSH_SLAVE_TIMEOUT
+    assert (resp.opaque, resp.remark, resp.fields, resp.bodies) == (
+        9,
+        "slow slave",
+        {"a": 1},
+        [b"r"],
+    )
+    assert not resp.ok
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "reason"),
+    [
+        ({"queueId": 1}, "topic", "required"),
+        (send_fields(queueId="1"), "queueId", "expected int"),
+        (send_fields(queueId=-1), "queueId", "outside"),
+        (send_fields(queueId=1 << 40), "queueId", "outside"),
+        (send_fields(queueId=True), "queueId", "expected int"),
+        ({"topic": "../etc", "queueId": 0}, "topic", "may only hold"),
+        ({"topic": "x" * 200, "queueId": 0}, "topic", "bytes"),
+        (send_fields(tags=5), "tags", "expected str"),
+        (send_fields(properties={"a": "b\x01c"}), "properties", "may not hold"),
+        (send_fields(bogus=1), "bogus", "unknown field"),
+    ],
+)
+def test_bad_fields_name_the_field(fields: dict[str, object], field: str, reason: str) -> None:
+    with pytest.raises(ProtocolError) as e:
+        decode_request([raw_request(fields), b"body"], LIMITS)
+    assert e.value.field == field
+    assert reason in e.value.reason
+    assert e.value.code == ResponseCode.BAD_REQUEST
+    assert e.value.opaque == 7  # the opaque was readable, so the answer can be matched
+
+
+def test_non_utf8_topic_names_the_field() -> None:
+    header = msgpack.packb([PROTOCOL_VERSION, RequestCode.SEND, 1, {"topic": "T", "queueId": 0}])
+    bad = header.replace(b"\xa1T", b"\xa1\xff")
+    with pytest.raises(ProtocolError) as e:
+        decode_request([bad, b"b"], LIMITS)
+    assert e.value.field == "topic" and "UTF-8" in e.value.reason
+
+
+def test_unknown_code_and_version() -> None:
+    with pytest.raises(ProtocolError) as e:
+        decode_request([raw_request({}, code=9999)], LIMITS)
+    assert e.value.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and e.value.opaque == 7
+    header = msgpack.packb([99, RequestCode.STATUS, 3, {}])
+    with pytest.raises(ProtocolError) as e:
+        decode_request([header], LIMITS)
+    assert e.value.code == ResponseCode.VERSION_NOT_SUPPORTED
+
+
+def test_body_over_limit_is_message_illegal() -> None:
+    frames = encode_request(RequestCode.SEND, 1, send_fields(), [b"x" * 4097])
+    with pytest.raises(ProtocolError) as e:
+        decode_request(frames, LIMITS)
+    assert e.value.code == ResponseCode.MESSAGE_ILLEGAL and e.value.field == "bodies[0]"
+
+
+def test_too_many_frames_and_bytes() -> None:
+    frames = encode_request(RequestCode.SEND_BATCH, 1, send_fields(), [b"x"] * 17)
+    with pytest.raises(ProtocolError) as e:
+        decode_request(frames, LIMITS)
+    assert e.value.field == "frames"
+    frames = encode_request(RequestCode.SEND_BATCH, 1, send_fields(), [b"x" * 4095] * 16)
+    with pytest.raises(ProtocolError, match="bytes, at most"):
+        decode_request(frames, LIMITS)
+
+
+def test_wrong_body_count_for_code() -> None:
+    with pytest.raises(ProtocolError) as e:
+        decode_request(encode_request(RequestCode.SEND, 1, send_fields(), []), LIMITS)
+    assert e.value.field == "bodies"
+    with pytest.raises(ProtocolError):
+        decode_request(encode_request(RequestCode.STATUS, 1, {}, [b"extra"]), LIMITS)
+
+
+def test_deep_nesting_and_trailing_bytes() -> None:
+    with pytest.raises(ProtocolError, match="nest"):
+        decode_request([b"\x91" * 10_000 + b"\x00"], LIMITS)
+    with pytest.raises(ProtocolError, match="nest"):
+        decode_request([raw_request(send_fields(tags=[[[["x"]]]]))], LIMITS)
+    with pytest.raises(ProtocolError, match="trailing"):
+        decode_request([raw_request({}) + b"\x00"], LIMITS)
+
+
+def test_claimed_huge_length_without_data() -> None:
+    for prefix in (b"\xdb", b"\xdd", b"\xdf", b"\xc6"):
+        with pytest.raises(ProtocolError) as e:
+            decode_request([prefix + b"\xff\xff\xff\xff"], LIMITS)
+        assert e.value.field == "header"
+
+
+def test_empty_message_and_empty_header() -> None:
+    with pytest.raises(ProtocolError):
+        decode_request([], LIMITS)
+    with pytest.raises(ProtocolError):
+        decode_request([b""], LIMITS)
+
+
+def test_pull_and_query_schemas() -> None:
+    fields = {"topic": "t", "queueId": 0, "queueOffset": 5, "suspendMs": 100}
+    req = decode_request(encode_request(RequestCode.PULL, 3, fields), LIMITS)
+    assert req.fields["maxNums"] == 32 and req.fields["suspendMs"] == 100
+    with pytest.raises(ProtocolError) as e:
+        decode_request(encode_request(RequestCode.PULL, 3, {**fields, "maxNums": 0}), LIMITS)
+    assert e.value.field == "maxNums"
+    with pytest.raises(ProtocolError) as e:
+        decode_request(encode_request(RequestCode.QUERY_BY_MSG_ID, 3, {"msgId": "ab"}), LIMITS)
+    assert e.value.field == "msgId"
+
+
+def test_record_codec_round_trip_and_crc_check() -> None:
+    msg = MessageExt(
+        topic="orders",
+        queue_id=2,
+        queue_offset=9,
+        commit_log_offset=1234,
+        store_size=0,
+        body=b"hello",
+        properties={"TAGS": "A", "KEYS": "k"},
+        born_timestamp=1,
+        born_host="10.0.0.1:5",
+        store_timestamp=2,
+        store_host="127.0.0.1:10911",
+    )
+    raw = encode_record(msg)
+    got = decode_record(raw)
+    assert (got.topic, got.body, got.tags, got.keys) == ("orders", b"hello", "A", "k")
+    assert got.commit_log_offset == 1234 and got.store_size == len(raw)
+    assert got.msg_id == encode_msg_id(host_bytes("127.0.0.1"), 10911, 1234)
+    assert encode_record(got) == raw
+    corrupt = bytearray(raw)
+    corrupt[90] ^= 0xFF  # inside the body: CRC must catch it
+    with pytest.raises(ProtocolError, match="CRC"):
+        decode_record(bytes(corrupt))

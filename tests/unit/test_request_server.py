@@ -1,0 +1,381 @@
+"""Request server, roles and clients in one process, over real sockets, on an in-memory store.
+
+The fake store keeps RocketMQ records in memory (``common.store.record``) and implements the part
+of the store API the broker uses, so the server's mechanics (pipelining, coalescing, long polling,
+overload, drain, slave refusal) are tested apart from the storage engine.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from common.broker import Broker
+from common.cli import make_role
+from common.client import Admin, Consumer, Producer
+from common.config import BrokerConfig, load_config
+from common.errors import BrokerError, GetStatus, PullStatus, PutStatus, ResponseCode, SendStatus
+from common.message import Message, encode_msg_id, encode_properties, host_bytes, tags_code
+from common.protocol import PROTOCOL_VERSION, RequestCode, decode_record, decode_response
+from common.store import record
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+class FakeStore:
+    """In-memory records; arrival notices come from a separate 'reput' thread like the real one."""
+
+    def __init__(self) -> None:
+        self.log: list[bytes] = []
+        self.phy = 0
+        self.queues: dict[tuple[str, int], list[int]] = {}
+        self.by_phy: dict[int, bytes] = {}
+        self.listeners: list[Callable[[str, int, int], None]] = []
+        self.lock = threading.Lock()
+        self.started = self.stopped = False
+        self.min_phy_offset = 0
+        self.flushed_phy_offset = 0
+        self.dispatched_phy_offset = 0
+
+    @property
+    def max_phy_offset(self) -> int:
+        return self.phy
+
+    def start(self) -> None:
+        self.started = True
+
+    def shutdown(self) -> None:
+        self.stopped = True
+
+    def topic_queues(self) -> dict[str, int]:
+        return {}
+
+    def snapshot(self) -> dict[str, int]:
+        return {"records": len(self.by_phy)}
+
+    def add_arrival_listener(self, cb: Callable[[str, int, int], None]) -> None:
+        self.listeners.append(cb)
+
+    def _append(self, msg: Message, queue_id: int) -> tuple[int, int, int]:
+        entries = self.queues.setdefault((msg.topic, queue_id), [])
+        raw = record.encode(
+            msg.topic.encode(),
+            msg.body,
+            encode_properties(msg.all_properties()),
+            queue_id,
+            len(entries),
+            self.phy,
+            flag=msg.flag,
+            store_port=10911,
+        )
+        phy, qoff = self.phy, len(entries)
+        self.by_phy[phy] = bytes(raw)
+        entries.append(phy)
+        self.phy += len(raw)
+        return phy, qoff, len(raw)
+
+    def put_batch_nowait(self, topic: str, queue_id: int, msgs: list[Message], **_: Any) -> Any:
+        with self.lock:
+            placed = [self._append(m, queue_id) for m in msgs]
+        first_phy, first_q, _ = placed[0]
+        result = types.SimpleNamespace(
+            status=PutStatus.PUT_OK,
+            phy_offset=first_phy,
+            queue_id=queue_id,
+            queue_offset=first_q,
+            wrote_bytes=sum(p[2] for p in placed),
+            msg_ids=tuple(encode_msg_id(host_bytes("127.0.0.1"), 10911, p[0]) for p in placed),
+        )
+        flushed: concurrent.futures.Future[PutStatus] = concurrent.futures.Future()
+        flushed.set_result(PutStatus.PUT_OK)
+        self.flushed_phy_offset = self.dispatched_phy_offset = self.phy
+        max_offset = len(self.queues[(topic, queue_id)])
+        for cb in self.listeners:  # like reput: from another thread
+            threading.Thread(target=cb, args=(topic, queue_id, max_offset)).start()
+        return types.SimpleNamespace(result=result, flushed=flushed)
+
+    def put_nowait(self, msg: Message, queue_id: int, **kw: Any) -> Any:
+        return self.put_batch_nowait(msg.topic, queue_id, [msg], **kw)
+
+    def max_queue_offset(self, topic: str, queue_id: int) -> int:
+        return len(self.queues.get((topic, queue_id), []))
+
+    def get_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_nums: int,
+        tags_codes: set[int] | None = None,
+        max_bytes: int = 0,
+    ) -> Any:
+        entries = self.queues.get((topic, queue_id))
+        if entries is None:
+            return types.SimpleNamespace(
+                status=GetStatus.NO_MATCHED_LOGIC_QUEUE,
+                next_begin_offset=0,
+                min_offset=0,
+                max_offset=0,
+                records=[],
+            )
+        if offset >= len(entries):
+            status = (
+                GetStatus.OFFSET_OVERFLOW_ONE
+                if offset == len(entries)
+                else GetStatus.OFFSET_OVERFLOW_BADLY
+            )
+            return types.SimpleNamespace(
+                status=status,
+                next_begin_offset=len(entries),
+                min_offset=0,
+                max_offset=len(entries),
+                records=[],
+            )
+        chosen = entries[offset : offset + max_nums]
+        recs = [self.by_phy[p] for p in chosen]
+        if tags_codes is not None:
+            recs = [r for r in recs if tags_code(decode_record(r).tags) in tags_codes]
+        return types.SimpleNamespace(
+            status=GetStatus.FOUND if recs else GetStatus.NO_MATCHED_MESSAGE,
+            next_begin_offset=offset + len(chosen),
+            min_offset=0,
+            max_offset=len(entries),
+            records=recs,
+        )
+
+    def message_by_offset(self, phy: int) -> Any:
+        raw = self.by_phy.get(phy)
+        return decode_record(raw) if raw else None
+
+    def message_by_msg_id(self, msg_id: str) -> Any:
+        from common.message import decode_msg_id
+
+        return self.message_by_offset(decode_msg_id(msg_id)[2])
+
+    def query_by_key(self, topic: str, key: str, max_nums: int = 32, **_: Any) -> list[Any]:
+        found = [decode_record(r) for r in self.by_phy.values()]
+        return [m for m in found if m.topic == topic and key in m.key_list()][:max_nums]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def make_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
+    brokers: list[Broker] = []
+
+    def start(**fields: Any) -> Broker:
+        defaults: dict[str, Any] = {
+            "listenPort": free_port(),
+            "storePathRootDir": str(tmp_path / f"b{len(brokers)}"),
+        }
+        cfg: BrokerConfig = load_config(None, (), env={}, **{**defaults, **fields})
+        broker = Broker(cfg, FakeStore(), make_role)
+        broker.start()
+        brokers.append(broker)
+        return broker
+
+    yield start
+    for b in brokers:
+        b.shutdown()
+
+
+def addr(broker: Broker) -> str:
+    return f"127.0.0.1:{broker.cfg.listenPort}"
+
+
+def test_send_pull_query_round_trip(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker()
+    with Producer([addr(broker)]) as p, Consumer([addr(broker)], group="g") as c:
+        r = p.send("orders", b"hello", tags="TagA", keys="order-42", queue_id=1)
+        assert r.status == SendStatus.SEND_OK and r.queue_id == 1 and r.queue_offset == 0
+        pr = c.pull("orders", queue_id=1, offset=0, max_nums=32)
+        assert pr.status == PullStatus.FOUND and pr.next_begin_offset == 1
+        assert [m.body for m in pr.messages] == [b"hello"] and pr.messages[0].msg_id == r.msg_id
+        c.commit_offset("orders", 1, pr.next_begin_offset)
+        assert c.fetch_offset("orders", 1) == 1 and c.fetch_offset("orders", 0) == -1
+    with Admin([addr(broker)]) as a:
+        assert [m.body for m in a.query_by_key("orders", "order-42")] == [b"hello"]
+        assert a.query_by_msg_id(r.msg_id).body == b"hello"  # type: ignore[union-attr]
+        assert a.query_by_offset(r.commit_log_offset).tags == "TagA"  # type: ignore[union-attr]
+        assert a.query_by_offset(r.commit_log_offset + 1) is None
+        status = a.status(addr(broker))
+    for key in (
+        "brokerName",
+        "brokerId",
+        "role",
+        "epoch",
+        "minPhyOffset",
+        "maxPhyOffset",
+        "flushedPhyOffset",
+        "masterAddress",
+        "slaves",
+    ):
+        assert key in status
+    assert status["role"] == "ASYNC_MASTER" and status["maxPhyOffset"] == broker.store.phy
+
+
+def test_batch_and_round_robin(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(defaultTopicQueueNums=3)
+    with Producer([addr(broker)]) as p:
+        rs = p.send_batch("t", [b"a", b"b", b"c"], queue_id=2)
+        assert [r.queue_offset for r in rs] == [0, 1, 2] and {r.queue_id for r in rs} == {2}
+        assert len({r.msg_id for r in rs}) == 3
+        queues = [p.send("rr", b"x").queue_id for _ in range(6)]
+    assert sorted(queues) == [0, 0, 1, 1, 2, 2]
+    assert (broker.cfg.store_root / "config" / "topics.json").exists()
+
+
+def test_send_async_coalesces_into_batches(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(defaultTopicQueueNums=2)
+    n = 2000
+    with Producer([addr(broker)]) as p:
+        p.send("co", b"warm", queue_id=0)
+        before = broker.server.stats.requests
+        futures = [p.send_async("co", f"m{i}".encode(), queue_id=i % 2) for i in range(n)]
+        results = [f.result(30) for f in futures]
+        requests = broker.server.stats.requests - before
+    assert all(r.status == SendStatus.SEND_OK for r in results)
+    for q in (0, 1):  # dense, ordered offsets per queue
+        offsets = [r.queue_offset for r in results if r.queue_id == q]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    assert requests < n / 4, f"{requests} requests for {n} messages: not coalesced"
+
+
+def test_long_poll_wakes_on_arrival(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker()
+    with Producer([addr(broker)]) as p, Consumer([addr(broker)]) as c:
+        p.send("lp", b"first", queue_id=0)
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        started = time.monotonic()
+        fut = pool.submit(c.pull, "lp", 0, 1, 32, 10_000)
+        deadline = time.monotonic() + 5
+        while broker.server.stats.long_polls == 0:
+            assert time.monotonic() < deadline, "pull never parked"
+            time.sleep(0.001)
+        sent_at = time.monotonic()
+        p.send("lp", b"second", queue_id=0)
+        pr = fut.result(10)
+        woke_after = time.monotonic() - sent_at
+        pool.shutdown()
+    assert pr.status == PullStatus.FOUND and [m.body for m in pr.messages] == [b"second"]
+    assert woke_after < 0.5 and time.monotonic() - started < 5
+
+
+def test_long_poll_times_out_with_no_new_msg(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker()
+    with Consumer([addr(broker)]) as c:
+        started = time.monotonic()
+        pr = c.pull("empty", 0, 0, 32, suspend_ms=300)
+    took = time.monotonic() - started
+    assert pr.status == PullStatus.NO_NEW_MSG and 0.25 <= took < 3
+
+
+def test_slave_refuses_writes_naming_master(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(brokerRole="SLAVE", brokerId=1, haMasterAddress="10.1.2.3:10912")
+    with Producer([addr(broker)], retries=0) as p:
+        p._cluster._master = addr(broker)  # write to the slave directly, as a confused client would
+        with pytest.raises(BrokerError) as e:
+            p.send("t", b"x", queue_id=0)
+    assert e.value.code == ResponseCode.SERVICE_NOT_AVAILABLE
+    assert "SLAVE" in e.value.remark and "10.1.2.3:10912" in e.value.remark
+    assert broker.store.phy == 0
+    with Producer([addr(broker)], retries=0) as p, pytest.raises(BrokerError) as e:
+        p.send("t", b"x")  # discovery finds no master
+    assert e.value.code == ResponseCode.SERVICE_NOT_AVAILABLE
+
+
+def test_promote_slave_then_writes_succeed(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(brokerRole="SLAVE", brokerId=1, haMasterAddress="127.0.0.1:1")
+    with Admin([addr(broker)]) as a:
+        status = a.promote(addr(broker), role="ASYNC_MASTER")
+    assert status["role"] == "ASYNC_MASTER" and status["epoch"] == 1
+    with Producer([addr(broker)]) as p:
+        assert p.send("t", b"x").status == SendStatus.SEND_OK
+
+
+def test_sync_master_without_replication_reports_slave_not_available(
+    make_broker: Callable[..., Broker],
+) -> None:
+    broker = make_broker(brokerRole="SYNC_MASTER")
+    with Producer([addr(broker)]) as p:
+        r = p.send("t", b"x", queue_id=0)
+    assert r.status == SendStatus.SLAVE_NOT_AVAILABLE and broker.store.phy > 0
+
+
+def raw_call(address: str, frames: list[bytes], timeout_ms: int = 3000) -> Any:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+    try:
+        sock.connect(f"tcp://{address}")
+        sock.send_multipart(frames)
+        return decode_response(
+            sock.recv_multipart(), __import__("common.protocol").protocol.Limits()
+        )
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def test_malformed_frames_get_typed_errors(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker()
+    resp = raw_call(addr(broker), [b"\x93\x01"])
+    assert resp.code == ResponseCode.BAD_REQUEST and resp.fields["field"] == "header"
+    header = msgpack.packb([PROTOCOL_VERSION, RequestCode.SEND, 77, {"topic": "t", "queueId": -1}])
+    resp = raw_call(addr(broker), [header, b"x"])
+    assert (resp.code, resp.opaque, resp.fields["field"]) == (
+        ResponseCode.BAD_REQUEST,
+        77,
+        "queueId",
+    )
+    resp = raw_call(addr(broker), [msgpack.packb([PROTOCOL_VERSION, 4242, 5, {}])])
+    assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and resp.opaque == 5
+    assert broker.store.phy == 0
+
+
+def test_overload_answers_system_busy(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(maxInflightRequests=2)
+    with Consumer([addr(broker)], timeout_ms=5000) as c:
+        pool = concurrent.futures.ThreadPoolExecutor(2)
+        parked = [pool.submit(c.pull, "busy", 0, 0, 32, 2000) for _ in range(2)]
+        deadline = time.monotonic() + 5
+        while broker.server.stats.inflight < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        with Consumer([addr(broker)], retries=0) as c2, pytest.raises(BrokerError) as e:
+            c2.pull("busy", 0, 0, 32, 1000)
+        assert e.value.code == ResponseCode.SYSTEM_BUSY and e.value.retriable
+        assert all(f.result(10).status == PullStatus.NO_NEW_MSG for f in parked)
+        pool.shutdown()
+
+
+def test_drain_answers_parked_polls(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker()
+    with Consumer([addr(broker)], retries=0) as c:
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        fut = pool.submit(c.pull, "d", 0, 0, 32, 20_000)
+        deadline = time.monotonic() + 5
+        while broker.server.stats.inflight < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        started = time.monotonic()
+        assert broker.server.drain(5.0)
+        assert fut.result(5).status == PullStatus.NO_NEW_MSG
+        assert time.monotonic() - started < 2
+        pool.shutdown()
