@@ -15,9 +15,11 @@ import logging
 import re
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from common.errors import CorruptionError, PutStatus, StoreError
 from common.message import (
@@ -34,7 +36,8 @@ from common.store.mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger("replog.store")
 
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_.\-]+$")
+assert record.HEADER.size == 88  # _write copies the body at +88
+TOPIC_PATTERN = re.compile(r"^(?!\.)[%|a-zA-Z0-9_.\-]+$")  # no leading dot: ".", ".." and ".x" are not queue directories
 LOCALHOST = b"\x7f\x00\x00\x01"
 
 
@@ -42,8 +45,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass(frozen=True)
-class PutResult:
+class PutResult(NamedTuple):
     """A put's outcome. ``phy_offset``/``queue_offset`` are those of the first record."""
 
     status: PutStatus
@@ -122,6 +124,14 @@ def to_message(raw: bytes | bytearray | memoryview, pos: int = 0) -> MessageExt:
     )
 
 
+def _offsets(phy: int, items: list[tuple]) -> list[int]:
+    out = []
+    for item in items:
+        out.append(phy)
+        phy += item[0]
+    return out
+
+
 class CommitLog:
     def __init__(
         self,
@@ -149,6 +159,7 @@ class CommitLog:
         self._lock_since = 0.0
         self._busy_s = put_lock_busy_ms / 1000
         self.last_store_timestamp = 0
+        self._topic_parts: dict[str, bytes] = {}
 
     # ---- offsets ----------------------------------------------------------------------------
     @property
@@ -163,18 +174,28 @@ class CommitLog:
     def flushed_offset(self) -> int:
         return self.queue.flushed_where
 
-    # ---- validation ---------------------------------------------------------------------------
-    def _check(self, topic: str, topic_b: bytes, queue_id: int, body_len: int,
-               props_len: int) -> PutResult | None:
-        if not self.writeable:
-            return refused(PutStatus.SERVICE_NOT_AVAILABLE, self.not_writeable_reason or
-                           "store is not writeable")
+    # ---- puts -----------------------------------------------------------------------------------
+    def _topic_part(self, topic: str) -> bytes | PutResult:
+        """``len + topic`` bytes of a valid topic (cached), or the refusal."""
+        part = self._topic_parts.get(topic)
+        if part is not None:
+            return part
+        topic_b = topic.encode("utf-8")
         if not topic_b or len(topic_b) > record.MAX_TOPIC_BYTES:
             return refused(PutStatus.MESSAGE_ILLEGAL,
                            f"topic must be 1..{record.MAX_TOPIC_BYTES} bytes, got {len(topic_b)}")
         if not TOPIC_PATTERN.match(topic):
             return refused(PutStatus.MESSAGE_ILLEGAL,
                            f"topic {topic!r} has characters outside [%|a-zA-Z0-9_.-]")
+        part = bytes([len(topic_b)]) + topic_b
+        if len(self._topic_parts) < 100_000:
+            self._topic_parts[topic] = part
+        return part
+
+    def _check(self, queue_id: int, body_len: int, props_len: int, size: int) -> PutResult | None:
+        if not self.writeable:
+            return refused(PutStatus.SERVICE_NOT_AVAILABLE,
+                           self.not_writeable_reason or "store is not writeable")
         if queue_id < 0 or queue_id > 0x7FFFFFFF:
             return refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {queue_id} out of range")
         if body_len > self.max_message_size:
@@ -183,7 +204,6 @@ class CommitLog:
         if props_len > record.MAX_PROPERTIES_BYTES:
             return refused(PutStatus.PROPERTIES_SIZE_EXCEEDED,
                            f"properties of {props_len} bytes exceed {record.MAX_PROPERTIES_BYTES}")
-        size = record.record_size(body_len, len(topic_b), props_len)
         if size > self.max_message_size + record.RECORD_SLACK_BYTES:
             return refused(PutStatus.MESSAGE_ILLEGAL, f"record of {size} bytes is too large")
         if size + record.END_FILE_MIN_BLANK > self.file_size:
@@ -191,86 +211,109 @@ class CommitLog:
                            f"record of {size} bytes cannot fit in a segment of {self.file_size}")
         return None
 
-    # ---- puts -----------------------------------------------------------------------------------
+    def _prepare(self, msg: Message, topic_part: bytes, queue_id: int) -> tuple | PutResult:
+        """(size, crc, flag, body, tail) of one record, or the refusal."""
+        if msg.tags or msg.keys or msg.properties or msg.delay_level:
+            props = encode_properties(msg.all_properties())
+        else:
+            props = b""
+        body = msg.body
+        size = record.FIXED_BYTES - 1 + len(topic_part) + len(body) + len(props)
+        if (len(body) > self.max_message_size or len(props) > record.MAX_PROPERTIES_BYTES
+                or size + record.END_FILE_MIN_BLANK > self.file_size or not self.writeable
+                or size > self.max_message_size + record.RECORD_SLACK_BYTES
+                or not 0 <= queue_id <= 0x7FFFFFFF):
+            bad = self._check(queue_id, len(body), len(props), size)
+            assert bad is not None
+            return bad
+        tail = topic_part + len(props).to_bytes(2, "big") + props
+        return (size, zlib.crc32(body) & 0x7FFFFFFF, msg.flag, body, tail)
+
     def put(self, msg: Message, queue_id: int, born_ip: bytes = LOCALHOST, born_port: int = 0,
             born_timestamp: int = 0) -> PutResult:
-        topic_b = msg.topic.encode("utf-8")
-        props = encode_properties(msg.all_properties())
-        bad = self._check(msg.topic, topic_b, queue_id, len(msg.body), len(props))
-        if bad is not None:
-            return bad
-        rec = record.encode(
-            topic_b, msg.body, props, queue_id, flag=msg.flag,
-            born_timestamp=born_timestamp or now_ms(), born_ip=born_ip, born_port=born_port,
-            store_ip=self.store_ip, store_port=self.store_port,
-        )
-        return self._append(rec, msg.topic, queue_id, (0,))
+        topic_part = self._topic_part(msg.topic)
+        if isinstance(topic_part, PutResult):
+            return topic_part
+        item = self._prepare(msg, topic_part, queue_id)
+        if isinstance(item, PutResult):
+            return item
+        born = born_timestamp or time.time_ns() // 1_000_000
+        return self._write(msg.topic, queue_id, [item], item[0], born, born_ip, born_port)
 
     def put_batch(self, topic: str, queue_id: int, msgs: list[Message], born_ip: bytes = LOCALHOST,
                   born_port: int = 0, born_timestamp: int = 0) -> PutResult:
         if not msgs:
             return refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
-        topic_b = topic.encode("utf-8")
-        bodies = []
-        props_list = []
-        flags = []
+        topic_part = self._topic_part(topic)
+        if isinstance(topic_part, PutResult):
+            return topic_part
+        items = []
+        total = 0
+        prepare = self._prepare
         for msg in msgs:
             if msg.topic != topic:
                 return refused(PutStatus.MESSAGE_ILLEGAL, "a batch must hold one topic")
-            props = encode_properties(msg.all_properties())
-            bad = self._check(topic, topic_b, queue_id, len(msg.body), len(props))
-            if bad is not None:
-                return bad
-            bodies.append(msg.body)
-            props_list.append(props)
-            flags.append(msg.flag)
-        buf, positions = record.encode_batch(
-            topic_b, bodies, props_list, flags, queue_id,
-            born_timestamp=born_timestamp or now_ms(), born_ip=born_ip, born_port=born_port,
-            store_ip=self.store_ip, store_port=self.store_port,
-        )
-        if len(buf) + record.END_FILE_MIN_BLANK > self.file_size:
+            item = prepare(msg, topic_part, queue_id)
+            if isinstance(item, PutResult):
+                return item
+            items.append(item)
+            total += item[0]
+        if total + record.END_FILE_MIN_BLANK > self.file_size:
             return refused(PutStatus.MESSAGE_ILLEGAL,
-                           f"batch of {len(buf)} bytes cannot fit in a segment of {self.file_size}")
-        return self._append(buf, topic, queue_id, positions)
+                           f"batch of {total} bytes cannot fit in a segment of {self.file_size}")
+        born = born_timestamp or time.time_ns() // 1_000_000
+        return self._write(topic, queue_id, items, total, born, born_ip, born_port)
 
-    def _append(self, buf: bytearray, topic: str, queue_id: int,
-                positions: tuple[int, ...] | list[int]) -> PutResult:
+    def _write(self, topic: str, queue_id: int, items: list[tuple], total: int, born: int,
+               born_ip: bytes, born_port: int) -> PutResult:
+        """Encode the records straight into the last segment under the put lock."""
         since = self._lock_since
         if since and time.monotonic() - since > self._busy_s:
             return refused(PutStatus.OS_PAGE_CACHE_BUSY, "put lock held too long (disk stalled?)")
-        size = len(buf)
-        count = len(positions)
         key = (topic, queue_id)
+        pack = record.HEADER.pack_into
+        magic = record.MAGIC_V1
+        store_ip, store_port = self.store_ip, self.store_port
         with self.put_lock:
             self._lock_since = time.monotonic()
             try:
                 mf = self.queue.last_for_write()
-                if size + record.END_FILE_MIN_BLANK > mf.remaining():
+                if total + record.END_FILE_MIN_BLANK > mf.remaining():
                     mf.fill_to_end(record.blank(mf.remaining()))
                     mf = self.queue.last_for_write()
             except (StoreError, OSError) as e:
                 self._lock_since = 0.0
                 log.error("event=create_segment_failed error=%s", e)
                 return refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(e))
-            queue_offset = self.topic_queue_table.get(key, 0)
-            phy = mf.file_from_offset + mf.wrote_position
-            ts = now_ms()
-            if count == 1:
-                record.patch(buf, 0, queue_offset, phy, ts)
-            else:
-                record.patch_batch(buf, positions, queue_offset, phy, ts)
-            mf.append(buf)
+            queue_offset = first_queue_offset = self.topic_queue_table.get(key, 0)
+            base = mf.file_from_offset
+            pos = first_pos = mf.wrote_position
+            ts = time.time_ns() // 1_000_000
+            buf = mf.buffer
+            for size, crc, flag, body, tail in items:
+                pack(buf, pos, size, magic, crc, queue_id, flag, queue_offset, base + pos, 0,
+                     born, born_ip, born_port, ts, store_ip, store_port, 0, 0, len(body))
+                p = pos + 88
+                q = p + len(body)
+                buf[p:q] = body
+                buf[q : pos + size] = tail
+                pos += size
+                queue_offset += 1
+            mf.wrote_position = pos
             mf.store_timestamp = ts
-            self.topic_queue_table[key] = queue_offset + count
+            self.topic_queue_table[key] = queue_offset
             self.last_store_timestamp = ts
             self._lock_since = 0.0
-        end = phy + size
+        phy = base + first_pos
+        end = base + pos
         for listener in self.append_listeners:
             listener(end)
-        offsets = tuple(phy + p for p in positions) if count > 1 else ()
-        return PutResult(PutStatus.PUT_OK, phy, size, queue_id, queue_offset, ts, count, offsets,
-                         self.store_ip, self.store_port)
+        count = len(items)
+        offsets: tuple[int, ...] = ()
+        if count > 1:
+            offsets = tuple(_offsets(phy, items))
+        return PutResult(PutStatus.PUT_OK, phy, end - phy, queue_id, first_queue_offset, ts,
+                         count, offsets, store_ip, store_port)
 
     # ---- replication ------------------------------------------------------------------------
     def append_replicated(self, phy_offset: int, data: bytes | memoryview) -> int:

@@ -153,7 +153,9 @@ class MappedFile:
         end = max(self.wrote_position, self.flushed_position, pos)
         if end > pos:
             self._view[pos:end] = bytes(end - pos)
-            start = (pos // OS_PAGE_SIZE) * OS_PAGE_SIZE
+        # Also make durable what was kept below the cut but not yet flushed.
+        start = (min(self.flushed_position, pos) // OS_PAGE_SIZE) * OS_PAGE_SIZE
+        if end > start:
             self._mm.flush(start, end - start)
         self.set_positions(pos)
 

@@ -133,8 +133,7 @@ class MappedFileQueue:
                     return self.flushed_where
             pos = mf.flush(least_pages)
             where = mf.file_from_offset + pos
-            if where > self.flushed_where:
-                self.flushed_where = where
+            self.flushed_where = max(self.flushed_where, where)
             if not mf.is_full() or mf is self.last():
                 return self.flushed_where
 

@@ -10,13 +10,14 @@ See docs/store-api.md for how the broker uses this class.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from common.config import BrokerConfig, parse_delay_levels
 from common.errors import CorruptionError, GetStatus, PutStatus
@@ -30,11 +31,11 @@ from common.message import (
 )
 from common.store.allocate import AllocateService
 from common.store.checkpoint import AbortFile, StoreCheckpoint, StoreLock
+from common.store.cleanup import CleanService
 from common.store.commit_log import CommitLog, PutResult, RecoveryReport, to_message
 from common.store.consume_queue import ConsumeQueueStore
 from common.store.flush import FlushWatcher, GroupCommitService, PeriodicFlushService, done_future
 from common.store.index import IndexService
-from common.store.cleanup import CleanService
 from common.store.reput import ArrivalListener, DispatchRequest, ReputService
 from common.store.schedule import ScheduleService, to_schedule_message
 
@@ -46,12 +47,15 @@ MAX_GET_BYTES = 4 * 1024 * 1024
 MAX_QUERY = 64 * 1024
 
 
-@dataclass
-class PendingPut:
+class PendingPut(NamedTuple):
     """A put as appended, and a future for its disk flush."""
 
     result: PutResult
     flushed: Future[PutStatus]
+
+
+_FLUSHED = done_future(PutStatus.PUT_OK)  # shared: a done Future never changes
+_cached_host = functools.lru_cache(maxsize=4096)(host_bytes)
 
 
 @dataclass(frozen=True)
@@ -280,14 +284,14 @@ class MessageStore:
                    born_timestamp: int = 0) -> PendingPut:
         if msg.delay_level > 0 and msg.topic != SCHEDULE_TOPIC:
             msg, queue_id = to_schedule_message(msg, queue_id, len(self.delay_levels_ms))
-        result = self.commit_log.put(msg, queue_id, host_bytes(born_host[0]), born_host[1],
+        result = self.commit_log.put(msg, queue_id, _cached_host(born_host[0]), born_host[1],
                                      born_timestamp)
         return self._pending(result, msg.properties.get(PROPERTY_WAIT) != "false")
 
     def put_batch_nowait(self, topic: str, queue_id: int, msgs: list[Message],
                          born_host: tuple[str, int] = ("127.0.0.1", 0),
                          born_timestamp: int = 0) -> PendingPut:
-        result = self.commit_log.put_batch(topic, queue_id, msgs, host_bytes(born_host[0]),
+        result = self.commit_log.put_batch(topic, queue_id, msgs, _cached_host(born_host[0]),
                                            born_host[1], born_timestamp)
         return self._pending(result, True)
 
@@ -298,9 +302,11 @@ class MessageStore:
         self.puts += result.count
         if self._group_commit is not None and wait:
             return PendingPut(result, self._group_commit.request(result.end_phy_offset))
-        return PendingPut(result, done_future(PutStatus.PUT_OK))
+        return PendingPut(result, _FLUSHED)
 
     def wait_flushed(self, pending: PendingPut) -> PutResult:
+        if pending.flushed is _FLUSHED:
+            return pending.result
         if pending.flushed.done():
             status = pending.flushed.result()
         else:
@@ -310,7 +316,7 @@ class MessageStore:
                 status = PutStatus.FLUSH_DISK_TIMEOUT
         if status is pending.result.status:
             return pending.result
-        return replace(pending.result, status=status)
+        return pending.result._replace(status=status)
 
     def put(self, msg: Message, queue_id: int, born_host: tuple[str, int] = ("127.0.0.1", 0),
             born_timestamp: int = 0) -> PutResult:

@@ -12,8 +12,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
 from dataclasses import dataclass
+from typing import Protocol
 
 from common.errors import CorruptionError
 from common.message import (
@@ -101,7 +101,8 @@ class ReputService:
         self.lag_samples_ms: list[float] = []
 
     def wake(self, _max_offset: int = 0) -> None:
-        self._wake.set()
+        if not self._wake.is_set():  # Event.set takes a lock; most puts find it set already
+            self._wake.set()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="replog-reput", daemon=True)

@@ -17,11 +17,11 @@ pytestmark = pytest.mark.unit
 
 
 def make_store(root: Path, **over: object) -> MessageStore:
-    fields: dict[str, object] = dict(
-        storePathRootDir=str(root), mappedFileSizeCommitLog=8 * 1024,
-        mappedFileSizeConsumeQueue=20 * 50, maxHashSlotNum=997, maxIndexNum=4000,
-        messageDelayLevel="1s 2s 5s",
-    )
+    fields: dict[str, object] = {
+        "storePathRootDir": str(root), "mappedFileSizeCommitLog": 8 * 1024,
+        "mappedFileSizeConsumeQueue": 20 * 50, "maxHashSlotNum": 997, "maxIndexNum": 4000,
+        "messageDelayLevel": "1s 2s 5s",
+    }
     fields.update(over)
     store = MessageStore(load_config(**fields))
     store.start()
