@@ -8,6 +8,7 @@ upper-case hex, 32 characters.
 from __future__ import annotations
 
 import base64
+import functools
 import dataclasses
 import socket
 import struct
@@ -67,8 +68,9 @@ def java_hash(text: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@functools.lru_cache(maxsize=65536)
 def tags_code(tags: str | None) -> int:
-    """ConsumeQueue tagsCode for a TAGS property (0 when absent)."""
+    """ConsumeQueue tagsCode for a TAGS property (0 when absent); tag values are few: cached."""
     return java_hash(tags) if tags else 0
 
 

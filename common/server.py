@@ -368,9 +368,16 @@ class RequestServer:
                 self._handle_mailbox(sock)
             if sock in events:
                 self._receive(sock)
+                self._dispatch_appended()
             self._expire_polls(sock, time.monotonic())
             if self._draining.is_set() and self._should_exit():
                 return
+
+    def _dispatch_appended(self) -> None:
+        """Run reput here after a burst of requests, so puts need no cross-thread wake-up."""
+        dispatch = getattr(self.services.store, "dispatch_inline", None)
+        if dispatch is not None:
+            dispatch()
 
     def _should_exit(self) -> bool:
         if self._stopped.is_set():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -272,6 +273,11 @@ class MessageStore:
         if self.index is not None and req.keys:
             self.index.build(req.topic, list(req.keys), req.phy_offset, req.store_timestamp)
         self._last_dispatch_ts = req.store_timestamp
+
+    def dispatch_inline(self) -> int:
+        """Make what this thread appended visible now (request loops, after each burst)."""
+        self.reput.inline_thread = threading.get_ident()
+        return self.reput.dispatch_inline()
 
     def add_arrival_listener(self, listener: ArrivalListener) -> None:
         self.reput.arrival_listeners.append(listener)

@@ -9,11 +9,11 @@ about a millisecond; arrival listeners (long polling) are told per queue.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from common.errors import CorruptionError
 from common.message import (
@@ -36,8 +36,7 @@ ArrivalListener = Callable[[str, int, int], None]  # topic, queue_id, max queue 
 SCHEDULE_SOURCE = "__SCHED_SRC"  # property naming the schedule record a delivery came from
 
 
-@dataclass(frozen=True)
-class DispatchRequest:
+class DispatchRequest(NamedTuple):
     """What a record contributes to the indexes (RocketMQ DispatchRequest)."""
 
     topic: str
@@ -50,6 +49,10 @@ class DispatchRequest:
     keys: tuple[str, ...]
 
 
+# Only the fields reput needs: TOTALSIZE@0 QUEUEID@12 QUEUEOFFSET@20 STORETIMESTAMP@56 BODYLEN@84.
+_REPUT_FIELDS = struct.Struct(">i8xi4xq28xq20xi")
+assert _REPUT_FIELDS.size == record.HEADER.size
+
 _HAS_PROPS = (
     (PROPERTY_TAGS + NAME_VALUE_SEP).encode(),
     (PROPERTY_KEYS + NAME_VALUE_SEP).encode(),
@@ -57,38 +60,49 @@ _HAS_PROPS = (
     (PROPERTY_DELAY + NAME_VALUE_SEP).encode(),
     (SCHEDULE_SOURCE + NAME_VALUE_SEP).encode(),
 )
+_topics: dict[bytes, str] = {}
+
+
+def _topic_text(raw: bytes) -> str:
+    topic = _topics.get(raw)
+    if topic is None:
+        topic = raw.decode("utf-8", errors="replace")
+        if len(_topics) < 100_000:
+            _topics[raw] = topic
+    return topic
 
 
 def dispatch_request(view: memoryview, phy_offset: int, delay_levels_ms: list[int]) -> DispatchRequest:
     """Parse what reput needs from a whole record (no CRC: recovery and reads verify)."""
-    p = record.parse(view)
-    h = p.header
-    topic = bytes(p.topic).decode("utf-8", errors="replace")
-    code = 0
-    keys: tuple[str, ...] = ()
-    raw_props = bytes(p.props)
-    if raw_props and any(marker in raw_props for marker in _HAS_PROPS):
-        props = decode_properties(raw_props)
-        tags = props.get(PROPERTY_TAGS)
-        code = tags_code(tags)
-        found = [k for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
-        if PROPERTY_UNIQ_KEY in props:
-            found.append(props[PROPERTY_UNIQ_KEY])
-        if SCHEDULE_SOURCE in props:
-            found.append(SCHEDULE_SOURCE + props[SCHEDULE_SOURCE])
-        keys = tuple(found)
-        if topic == SCHEDULE_TOPIC and PROPERTY_DELAY in props:
-            level = int(props[PROPERTY_DELAY])
-            level = min(max(level, 1), len(delay_levels_ms))
-            code = h.store_timestamp + delay_levels_ms[level - 1]
-    return DispatchRequest(topic, h.queue_id, h.queue_offset, phy_offset, h.total_size, code,
-                           h.store_timestamp, keys)
+    size, queue_id, queue_offset, store_ts, body_len = _REPUT_FIELDS.unpack_from(view)
+    p = 88 + body_len
+    topic_len = view[p]
+    topic = _topic_text(bytes(view[p + 1 : p + 1 + topic_len]))
+    p += 1 + topic_len
+    props_len = (view[p] << 8) | view[p + 1]
+    if not props_len:
+        return DispatchRequest(topic, queue_id, queue_offset, phy_offset, size, 0, store_ts, ())
+    raw_props = bytes(view[p + 2 : p + 2 + props_len])
+    if not any(marker in raw_props for marker in _HAS_PROPS):
+        return DispatchRequest(topic, queue_id, queue_offset, phy_offset, size, 0, store_ts, ())
+    props = decode_properties(raw_props)
+    code = tags_code(props.get(PROPERTY_TAGS))
+    found = [k for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
+    if PROPERTY_UNIQ_KEY in props:
+        found.append(props[PROPERTY_UNIQ_KEY])
+    if SCHEDULE_SOURCE in props:
+        found.append(SCHEDULE_SOURCE + props[SCHEDULE_SOURCE])
+    if topic == SCHEDULE_TOPIC and PROPERTY_DELAY in props:
+        level = min(max(int(props[PROPERTY_DELAY]), 1), len(delay_levels_ms))
+        code = store_ts + delay_levels_ms[level - 1]
+    return DispatchRequest(topic, queue_id, queue_offset, phy_offset, size, code, store_ts,
+                           tuple(found))
 
 
 class ReputService:
     """Dispatches records to the indexes, in a thread woken by appends."""
 
-    IDLE_WAIT_S = 0.1
+    IDLE_WAIT_S = 0.05
 
     def __init__(self, store: DispatchTarget):
         self._store = store
@@ -98,11 +112,27 @@ class ReputService:
         self._lock = threading.Lock()  # one dispatcher at a time (thread or catch-up)
         self.arrival_listeners: list[ArrivalListener] = []
         self.dispatched = 0
-        self.lag_samples_ms: list[float] = []
+        self.inline_thread = 0  # ident of a thread that dispatches its own appends
 
     def wake(self, _max_offset: int = 0) -> None:
+        if threading.get_ident() == self.inline_thread:
+            return  # that thread dispatches itself right after its burst of puts
         if not self._wake.is_set():  # Event.set takes a lock; most puts find it set already
             self._wake.set()
+
+    def dispatch_inline(self) -> int:
+        """Dispatch now on the calling thread, unless the reput thread is at it already.
+
+        A request loop calls this after each burst of puts: the records become visible without
+        waking another thread (and paying its GIL hand-off) for every put.
+        """
+        if not self._lock.acquire(blocking=False):
+            self._wake.set()  # the thread is mid-pass: make it look again when done
+            return 0
+        try:
+            return self._dispatch_locked()
+        finally:
+            self._lock.release()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="replog-reput", daemon=True)
@@ -120,27 +150,29 @@ class ReputService:
 
     def do_reput(self) -> int:
         """Dispatch everything appended so far; returns how many records were dispatched."""
-        store = self._store
         with self._lock:
-            start = store.dispatched_phy_offset
-            end = store.commit_log.max_offset
-            if start >= end:
-                return 0
-            count = 0
-            touched: dict[tuple[str, int], int] = {}
-            levels = store.delay_levels_ms
-            phy = start
-            for phy, view in store.commit_log.iter_records(start, end):
-                req = dispatch_request(view, phy, levels)
-                view.release()
-                store.dispatch(req)
-                touched[(req.topic, req.queue_id)] = req.queue_offset + 1
-                count += 1
-                store.dispatched_phy_offset = phy + req.size
-            # BLANK padding at a segment end has nothing to dispatch but must be passed over.
-            if count == 0 or store.dispatched_phy_offset < end:
-                self._skip_blank(end)
-            self.dispatched += count
+            return self._dispatch_locked()
+
+    def _dispatch_locked(self) -> int:
+        store = self._store
+        start = store.dispatched_phy_offset
+        end = store.commit_log.max_offset
+        if start >= end:
+            return 0
+        count = 0
+        touched: dict[tuple[str, int], int] = {}
+        levels = store.delay_levels_ms
+        for phy, view in store.commit_log.iter_records(start, end):
+            req = dispatch_request(view, phy, levels)
+            view.release()
+            store.dispatch(req)
+            touched[(req.topic, req.queue_id)] = req.queue_offset + 1
+            count += 1
+            store.dispatched_phy_offset = phy + req.size
+        # BLANK padding at a segment end has nothing to dispatch but must be passed over.
+        if count == 0 or store.dispatched_phy_offset < end:
+            self._skip_blank(end)
+        self.dispatched += count
         for (topic, queue_id), max_queue_offset in touched.items():
             for listener in self.arrival_listeners:
                 listener(topic, queue_id, max_queue_offset)
