@@ -30,11 +30,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.message import encode_properties, host_bytes  # noqa: E402
-from common.pipeline.decode import Records, decode, walk  # noqa: E402
-from common.pipeline.layout import list_segments  # noqa: E402
-from common.store import record  # noqa: E402
-from common.store.commit_log import to_message  # noqa: E402
+from common.message import encode_properties, host_bytes
+from common.pipeline.decode import Records, decode, walk
+from common.pipeline.layout import list_segments
+from common.store import record
+from common.store.commit_log import to_message
 
 SEGMENT_BYTES = 64 * 1024 * 1024
 TOPIC = b"bench"

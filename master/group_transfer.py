@@ -82,8 +82,7 @@ class GroupTransfer:
             return self._core.pending
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="replog-group-transfer",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="replog-group-transfer", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -83,8 +83,9 @@ def record_learned_epoch(store_root: str | os.PathLike[str], epoch: int) -> None
         os.close(fd)
 
 
-def master_term_history(history: EpochHistory, learned: int, min_phy_offset: int,
-                        max_phy_offset: int) -> EpochHistory:
+def master_term_history(
+    history: EpochHistory, learned: int, min_phy_offset: int, max_phy_offset: int
+) -> EpochHistory:
     """The history a master term runs with (pure; rules 1-4 of the module docstring)."""
     if not history:
         return (ep.EpochEntry(1, min_phy_offset),)
@@ -97,8 +98,9 @@ def master_term_history(history: EpochHistory, learned: int, min_phy_offset: int
     return kept
 
 
-def begin_master_term(store_root: str | os.PathLike[str], min_phy_offset: int,
-                      max_phy_offset: int) -> EpochHistory:
+def begin_master_term(
+    store_root: str | os.PathLike[str], min_phy_offset: int, max_phy_offset: int
+) -> EpochHistory:
     """Load, decide (``master_term_history``), save if changed, return the term's history."""
     Path(store_root).mkdir(parents=True, exist_ok=True)
     history = ep.load(store_root)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,12 +78,12 @@ def block_digest(segments: tuple[Segment, ...], block: int, lo: int, hi: int) ->
     data = read_range(segments, a, b)
     h = hashlib.blake2b(digest_size=16)
     h.update((b - a).to_bytes(8, "big"))
-    h.update(memoryview(data))
+    h.update(data.data)
     return h.digest()
 
 
 def differing_blocks(
-    master: tuple[Segment, ...], slave: tuple[Segment, ...], blocks: Iterator[int], lo: int, hi: int
+    master: tuple[Segment, ...], slave: tuple[Segment, ...], blocks: Iterable[int], lo: int, hi: int
 ) -> Iterator[int]:
     """The blocks whose hashes differ (runs on an executor, over one partition of blocks)."""
     for block in blocks:
@@ -147,11 +147,12 @@ def compare_block(master: Extent, slave: Extent, block: int, lo: int, hi: int) -
         m, s = mrec.get(off), srec.get(off)
         if m == s:
             continue
-        kind = "bytes" if m is not None and s is not None else (
-            "missing_on_slave" if s is None else "missing_on_master")
-        detail = _explain(m, s, off) if kind == "bytes" else (snote if s is None else mnote)
-        diffs.append(RecordDiff(off, kind, None if m is None else len(m),
-                                None if s is None else len(s), detail))
+        if m is not None and s is not None:
+            diffs.append(RecordDiff(off, "bytes", len(m), len(s), _explain(m, s, off)))
+        elif m is not None:
+            diffs.append(RecordDiff(off, "missing_on_slave", len(m), None, snote))
+        elif s is not None:
+            diffs.append(RecordDiff(off, "missing_on_master", None, len(s), mnote))
     return BlockDiff(block, first, holder[0] if holder else -1, tuple(diffs))
 
 
@@ -242,16 +243,19 @@ def run_audit(spark: SparkSession, master_dir: str, slave_dir: str,
     return AuditReport(master, slave, lo, hi, len(blocks), len(bad), tuple(examined))
 
 
+def _extent_line(name: str, e: dict[str, Any]) -> str:
+    return (f"{name:8s} {e['storeDir']}: [{e['minOffset']}, {e['end']}) "
+            f"flushed={e['flushedOffset']}")
+
+
 def format_report(report: AuditReport) -> str:
     """Human-readable summary, one fact per line."""
     d = report.as_dict()
     lines = [
-        f"master   {d['master']['storeDir']}: [{d['master']['minOffset']}, {d['master']['end']})"
-        f" flushed={d['master']['flushedOffset']}",
-        f"slave    {d['slave']['storeDir']}: [{d['slave']['minOffset']}, {d['slave']['end']})"
-        f" flushed={d['slave']['flushedOffset']}",
-        f"compared [{d['commonStart']}, {d['commonEnd']}) in {d['blocksCompared']} blocks of "
-        f"{BLOCK_BYTES} bytes; {d['blocksDiffering']} differ",
+        _extent_line("master", d["master"]),
+        _extent_line("slave", d["slave"]),
+        (f"compared [{d['commonStart']}, {d['commonEnd']}) in {d['blocksCompared']} blocks of "
+         f"{BLOCK_BYTES} bytes; {d['blocksDiffering']} differ"),
         f"verdict  {'DIVERGENT' if d['divergent'] else 'IDENTICAL' if d['identical'] else 'PREFIX'}",
         f"replicated prefix {d['replicatedPrefix']}",
     ]

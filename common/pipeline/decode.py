@@ -25,9 +25,9 @@ from collections.abc import Iterable
 from functools import cached_property
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.lib.stride_tricks import sliding_window_view
 
 from common.message import PROPERTY_KEYS, PROPERTY_TAGS, tags_code
 from common.store import record
@@ -120,7 +120,7 @@ def walk(buf: np.ndarray, phy_base: int, verify_crc: bool = False) -> Walk:
     end = int(cand[-1] + sizes[-1]) if cand.size else 0
     if end == buf.size:
         return Walk(cand, sizes, end, "end")
-    tail = record.check(memoryview(buf), end, buf.size, expect_phy_offset=phy_base + end)
+    tail = record.check(buf.data, end, buf.size, expect_phy_offset=phy_base + end)
     if tail.size == 0:
         return Walk(cand, sizes, end, "blank")
     if tail.size > 0:  # a valid record every candidate filter missed: cannot happen
@@ -177,7 +177,7 @@ def _first_malformed(buf: np.ndarray, cand: np.ndarray, sizes: np.ndarray) -> tu
     if bad.size == 0:
         return cand.size, ""
     first = int(bad[0])
-    why = record.check(memoryview(buf), int(cand[first]), buf.size, verify_crc=False)
+    why = record.check(buf.data, int(cand[first]), buf.size, verify_crc=False)
     return first, why.reason or "length fields disagree with TOTALSIZE"
 
 
@@ -185,7 +185,7 @@ def _first_crc_mismatch(buf: np.ndarray, cand: np.ndarray, sizes: np.ndarray) ->
     """Index of the first record whose body CRC is wrong, else len(cand)."""
     body_len = be_ints(buf, cand + OFF["body_len"], 4).tolist()
     stored = be_ints(buf, cand + OFF["body_crc"], 4).tolist()
-    view = memoryview(buf)
+    view = buf.data
     for i, (p, n, crc) in enumerate(zip(cand.tolist(), body_len, stored, strict=True)):
         start = p + HEADER.size
         if zlib.crc32(view[start : start + n]) & 0x7FFFFFFF != crc:

@@ -9,6 +9,7 @@ the CommitLog offset the store recorded as flushed (``physicFlushedOffset`` in t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import mmap
 import os
 from pathlib import Path
@@ -64,7 +65,7 @@ def list_segments(store_dir: str | Path) -> list[Segment]:
             if size > 0:
                 segments.append(Segment(str(entry), int(entry.name), size))
     segments.sort(key=lambda s: s.base)
-    for prev, cur in zip(segments, segments[1:]):
+    for prev, cur in itertools.pairwise(segments):
         if cur.base != prev.end:
             raise StoreError(f"gap in {log_dir}: {prev.path} ends at {prev.end}, next starts {cur.base}")
     return segments
@@ -105,7 +106,7 @@ def valid_end(segments: list[Segment]) -> int:
 
 
 def _crc_ok(buf: np.ndarray, pos: int) -> bool:
-    return record.check(memoryview(buf), pos, buf.size, verify_crc=True).size > 0
+    return record.check(buf.data, pos, buf.size, verify_crc=True).size > 0
 
 
 def readable_end(store_dir: str | Path, segments: list[Segment]) -> int:
@@ -171,7 +172,7 @@ def _cuts(seg: Segment, lo: int, hi: int, max_bytes: int) -> list[tuple[int, int
     cut_idx = np.unique(np.searchsorted(starts, targets))
     cuts = [int(starts[i]) for i in cut_idx if i < starts.size and starts[i] > lo]
     edges = [lo, *cuts, hi]
-    return list(zip(edges, edges[1:]))
+    return list(itertools.pairwise(edges))
 
 
 def check_walk_end(sl: Slice, stop: str, end: int, reason: str) -> None:

@@ -205,11 +205,11 @@ def _write_rows(rows: Iterable[Any], out_dir: str, cq_file_bytes: int) -> None:
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [
-        f"store {report['storeDir']}: {report['entriesRebuilt']} entries rebuilt over "
-        f"{report['queues']} queues",
+        (f"store {report['storeDir']}: {report['entriesRebuilt']} entries rebuilt over "
+         f"{report['queues']} queues"),
         "by kind: " + ", ".join(f"{k}={v}" for k, v in report["byKind"].items()),
-        f"verdict {'CONSISTENT' if report['consistent'] else 'MISMATCHES'}"
-        f" ({report['mismatches']} mismatching entries)",
+        (f"verdict {'CONSISTENT' if report['consistent'] else 'MISMATCHES'}"
+         f" ({report['mismatches']} mismatching entries)"),
     ]
     for e in report["examples"]:
         lines.append(

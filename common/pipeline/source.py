@@ -178,7 +178,8 @@ class RowFilter:
 
     def push(self, f: Filter) -> bool:
         """Take over ``f`` if it can be applied exactly while reading."""
-        column = f.attribute[0] if len(f.attribute) == 1 else None
+        attribute: tuple[str, ...] = getattr(f, "attribute", ())
+        column = attribute[0] if len(attribute) == 1 else None
         if column == "topic" and isinstance(f, EqualTo):
             return self.keep_topics([f.value])
         if column == "topic" and isinstance(f, In):

@@ -6,7 +6,6 @@
 | minute         | storeTimestamp truncated to the minute (UTC)                       |
 | messages       | records stored                                                     |
 | bytes          | CommitLog bytes (TOTALSIZE, headers included)                      |
-| bodyBytes      | body bytes                                                         |
 | latencyP50Ms   | exact median of storeTimestamp - bornTimestamp, ms (linear interp.)|
 | latencyP99Ms   | exact 99th percentile of the same                                  |
 | topKeys        | up to ``top`` most frequent KEYS entries: array<struct<key,count>>, |
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-STATS_COLUMNS = "topic string, storeTimestamp timestamp, bornTimestamp timestamp, storeSize int, keys string, body binary"
+STATS_COLUMNS = "topic string, storeTimestamp timestamp, bornTimestamp timestamp, storeSize int, keys string"
 DEFAULT_TOP_KEYS = 5
 
 
@@ -39,14 +38,12 @@ def compute_stats(spark: SparkSession, store_dir: str, top: int = DEFAULT_TOP_KE
         "topic",
         F.date_trunc("minute", "storeTimestamp").alias("minute"),
         "storeSize",
-        F.length("body").alias("bodySize"),
         (F.unix_millis("storeTimestamp") - F.unix_millis("bornTimestamp")).alias("latencyMs"),
         "keys",
     )
     totals = log.groupBy("topic", "minute").agg(
         F.count(F.lit(1)).alias("messages"),
         F.sum("storeSize").alias("bytes"),
-        F.sum("bodySize").alias("bodyBytes"),
         F.percentile("latencyMs", F.lit(0.5)).alias("latencyP50Ms"),
         F.percentile("latencyMs", F.lit(0.99)).alias("latencyP99Ms"),
     )

@@ -1,8 +1,11 @@
-"""Fixtures for the Spark pipeline tests: one local SparkSession, small generated stores."""
+"""Fixtures for the Spark pipeline tests: one local SparkSession and stores written by the
+real ``MessageStore`` (put, then shutdown: flushed, checkpointed, ConsumeQueues dispatched)."""
 
 from __future__ import annotations
 
+import random
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,10 +14,18 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from storegen import StoreWriter, Written, fill
+from reference import expected_rows  # noqa: E402
+from storegen import Written  # noqa: E402
+
+from common.config import load_config  # noqa: E402
+from common.message import Message  # noqa: E402
+from common.store.message_store import MessageStore  # noqa: E402
 
 SEGMENT_BYTES = 64 * 1024
+CQ_ENTRIES_PER_FILE = 100
 RECORDS = 1500
+TOPICS = ("orders", "audit", "clicks")
+QUEUES = 4
 
 
 @pytest.fixture(scope="session")
@@ -36,12 +47,18 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 class Store:
-    """A generated store directory and what was written into it."""
+    """A store directory and its records as the store's own reader decodes them."""
 
-    def __init__(self, root: Path, written: list[Written], segment_bytes: int):
+    def __init__(self, root: Path, segment_bytes: int, cq_file_bytes: int):
         self.root = root
-        self.written = written
         self.segment_bytes = segment_bytes
+        self.cq_file_bytes = cq_file_bytes
+        self.written = [
+            Written(r["topic"], r["queueId"], r["queueOffset"], r["commitLogOffset"],
+                    r["storeSize"], r["body"], r["properties"], r["bornTimestamp"],
+                    r["storeTimestamp"])
+            for r in expected_rows(root)
+        ]
 
     @property
     def path(self) -> str:
@@ -49,14 +66,39 @@ class Store:
 
     def copy(self, dest: Path) -> Store:
         shutil.copytree(self.root, dest)
-        return Store(dest, list(self.written), self.segment_bytes)
+        return Store(dest, self.segment_bytes, self.cq_file_bytes)
+
+
+def write_store(root: Path, count: int, segment_bytes: int = SEGMENT_BYTES,
+                cq_entries: int = CQ_ENTRIES_PER_FILE, seed: int = 7) -> Store:
+    """``count`` messages over 3 topics x 4 queues put through a real MessageStore: bodies of
+    0-400 B, some UTF-8 properties, some messages without tags or keys."""
+    cfg = load_config(None, (), env={}, storePathRootDir=str(root),
+                      mappedFileSizeCommitLog=segment_bytes,
+                      mappedFileSizeConsumeQueue=cq_entries * 20)
+    rnd = random.Random(seed)
+    store = MessageStore(cfg)
+    store.start()
+    try:
+        for i in range(count):
+            msg = Message(
+                rnd.choice(TOPICS),
+                rnd.randbytes(rnd.choice([0, 5, 12, 13, 60, 200, 400])),
+                tags=rnd.choice([None, "TagA", "TagB", "Täg"]),
+                keys=rnd.choice([None, f"k{rnd.randrange(20)}", f"k{rnd.randrange(20)} k{i}"]),
+                properties={"n": str(i), "ünï": "çödé"} if i % 3 == 0 else {},
+            )
+            born = int(time.time() * 1000) - rnd.randrange(0, 50)
+            result = store.put(msg, rnd.randrange(QUEUES), ("10.0.0.7", 5555), born)
+            assert result.status.value == "PUT_OK", result
+    finally:
+        store.shutdown()
+    return Store(root, segment_bytes, cq_entries * 20)
 
 
 @pytest.fixture(scope="session")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    """1500 messages over 3 topics x 4 queues in 64 KiB segments (several segment rolls).
-    Read-only: tests that damage a store copy it first."""
-    root = tmp_path_factory.mktemp("store")
-    writer = StoreWriter(root, SEGMENT_BYTES)
-    written = fill(writer, RECORDS)
-    return Store(root, written, SEGMENT_BYTES)
+    """1500 messages in 64 KiB segments (several rolls). Read-only: copy it to damage it."""
+    written = write_store(tmp_path_factory.mktemp("store") / "store", RECORDS)
+    assert len(written.written) == RECORDS
+    return written

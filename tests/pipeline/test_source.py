@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,7 @@ def expected(store) -> list[dict[str, object]]:
 
 
 def test_every_record_every_field_one_partition_per_segment(spark, store, expected) -> None:
-    df = spark.read.format("replog").load(store.path)  # found by discovery, no register()
+    df = spark.read.format("replog").load(store.path)
     assert df.rdd.getNumPartitions() == len(list_segments(store.root)) >= 5
     assert rows_of(df) == expected
 
@@ -98,6 +101,29 @@ def test_a_live_store_is_read_up_to_its_flushed_offset(spark, store, expected, t
     (copy.root / "checkpoint").write_bytes(struct.pack(">qqqqq", 0, 0, 0, flushed, 0).ljust(4096, b"\0"))
     df = spark.read.format("replog").schema("commitLogOffset bigint").load(copy.path)
     assert sorted(r[0] for r in df.collect()) == [e["commitLogOffset"] for e in expected[:1000]]
+
+
+DISCOVER = """
+import io
+from pyspark.serializers import read_int
+from pyspark.sql.worker.lookup_data_sources import _main
+out = io.BytesIO()
+_main(io.BytesIO(), out)
+out.seek(0)
+for _ in range(read_int(out)):
+    print(out.read(read_int(out)).decode())
+    out.read(read_int(out))
+"""
+
+
+def test_spark_discovers_the_format_without_registration(tmp_path) -> None:
+    """Spark's own look-up (run by its Python workers) finds ``pyspark_replog``."""
+    from common.pipeline.session import prepare_environment
+
+    prepare_environment()  # the environment the JVM hands to its Python workers
+    found = subprocess.run([sys.executable, "-c", DISCOVER], cwd=tmp_path, env=dict(os.environ),
+                           capture_output=True, text=True, timeout=60, check=True)
+    assert "replog" in found.stdout.split()
 
 
 def test_explicit_registration_and_empty_results(spark, store) -> None:

@@ -1,0 +1,492 @@
+"""Replication figures: catch-up rate, SYNC vs ASYNC puts, SYNC latency, slave lag, beside references.
+
+    .venv/bin/python bench/replication.py [--catchup-mib 1024] [--count 20000] [--lag-seconds 10]
+
+1. Catch-up: an ASYNC master is filled with ``--catchup-mib`` MiB, then an empty slave starts;
+   MB/s from the slave's first byte to holding the master's max, beside a bare pyzmq PUSH/PULL
+   of 32 KiB frames between two processes, same byte count, in the same run (target >= 50%).
+2. Put throughput, 1 KiB bodies, SYNC_MASTER + slave vs ASYNC_MASTER + slave: 1, 16 and 64
+   sends in flight (``send`` / ``send_async``) and ``send_batch`` of 64 (target: SYNC >= 70% of
+   ASYNC at 64 in flight).
+3. SYNC put latency p50/p99 at 16 in flight (target p99 < 5 ms).
+4. Slave lag under ASYNC load paced at 80% of the ASYNC 64-in-flight maximum for
+   ``--lag-seconds``: the master's ``lagBytes`` for the slave sampled every 20 ms (p50/p99/max).
+5. Redis (Debian ``redis-server``) master + replica started here: XADD then ``WAIT 1 1000`` one
+   at a time, and 64 pipelined XADDs then one WAIT 1 (targets: our SYNC single sends >= 1.5x the
+   first, our SYNC ``send_batch`` of 64 >= 2x the second).
+
+Every broker runs in its own process (``python -m common.cli broker``) with its own directory
+under a temp dir that is removed at the end; children are stopped by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from common.client import Admin, Producer
+from common.config import dump_yaml, load_config
+from common.errors import BrokerError, SendStatus
+
+BODY = 1024
+FRAME = 32 * 1024
+
+
+@dataclass
+class Figure:
+    name: str
+    msgs: int
+    seconds: float
+    latencies_ms: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.msgs / self.seconds if self.seconds > 0 else 0.0
+
+    def pct(self, q: float) -> float:
+        if not self.latencies_ms:
+            return 0.0
+        s = sorted(self.latencies_ms)
+        return s[min(len(s) - 1, int(q * len(s)))]
+
+    def line(self, ref: Figure | None = None) -> str:
+        text = (
+            f"  {self.name:<28} {self.rate:>9.0f} msg/s {self.rate * BODY / 1e6:>7.1f} MB/s"
+            f"  p50 {self.pct(0.5):>7.3f} ms  p99 {self.pct(0.99):>7.3f} ms"
+        )
+        if ref is not None and ref.rate > 0:
+            text += f"  {self.rate / ref.rate:>5.2f}x {ref.name}"
+        return text
+
+
+def free_port(span: int = 2) -> int:
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + span < 65535 and all(_free(port + i) for i in range(1, span)):
+            return port
+    raise RuntimeError("no free ports")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+class Broker:
+    def __init__(self, home: Path, **fields: Any):
+        self.port = free_port()
+        self.home = home
+        cfg = load_config(
+            None,
+            (),
+            env={},
+            listenPort=self.port,
+            haListenPort=self.port + 1,
+            storePathRootDir=str(home / "store"),
+            mappedFileSizeCommitLog=256 * 1024 * 1024,
+            **fields,
+        )
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "broker.yaml").write_text(dump_yaml(cfg))
+        self.address = f"127.0.0.1:{self.port}"
+        self.ha_address = f"127.0.0.1:{self.port + 1}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.admin = Admin([self.address], timeout_ms=5000, retries=0)
+
+    def start(self) -> Broker:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REPLOG_")}
+        with open(self.home / "broker.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "common.cli",
+                    "broker",
+                    "-c",
+                    str(self.home / "broker.yaml"),
+                ],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.status()
+                return self
+            except BrokerError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((self.home / "broker.log").read_text()[-3000:]) from None
+
+    def status(self) -> dict[str, Any]:
+        return self.admin.status(self.address)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.admin.close()
+
+
+def wait_until(cond: Any, timeout_s: float, what: str, step_s: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(step_s)
+
+
+def group(home: Path, role: str, **fields: Any) -> tuple[Broker, Broker]:
+    master = Broker(home / "master", brokerRole=role, **fields).start()
+    slave = Broker(
+        home / "slave", brokerRole="SLAVE", brokerId=1, haMasterAddress=master.ha_address, **fields
+    ).start()
+    wait_until(lambda: any(s["inSync"] for s in master.status()["slaves"]), 20, "slave in sync")
+    return master, slave
+
+
+# ---- 1. catch-up ------------------------------------------------------------------------------
+def catch_up(home: Path, total_bytes: int, **ha: Any) -> float:
+    master = Broker(home / "cu-master", brokerRole="ASYNC_MASTER", **ha).start()
+    slave = Broker(
+        home / "cu-slave", brokerRole="SLAVE", brokerId=1, haMasterAddress=master.ha_address, **ha
+    )
+    try:
+        body = os.urandom(16 * 1024)
+        with Producer([master.address], retries=0, timeout_ms=30_000) as p:
+            while master.status()["maxPhyOffset"] < total_bytes:
+                for _ in range(32):
+                    p.send_batch("fill", [body] * 64, queue_id=0)
+        end = master.status()["maxPhyOffset"]
+        slave.start()
+        first_offset, first_t = 0, 0.0
+        while True:
+            now = time.perf_counter()
+            offset = slave.status()["maxPhyOffset"]
+            if offset > 0 and first_t == 0.0:
+                first_offset, first_t = offset, now
+            if offset >= end:
+                break
+            time.sleep(0.01)
+        seconds = now - first_t
+        return (end - first_offset) / seconds / 1e6 if seconds > 0 else float("inf")
+    finally:
+        slave.stop()
+        master.stop()
+
+
+def _pull_side(port: int, total: int, out: Any) -> None:
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PULL)
+    s.bind(f"tcp://127.0.0.1:{port}")
+    got = 0
+    s.recv()
+    t0 = time.perf_counter()
+    while got < total:
+        got += len(s.recv(copy=False))
+    out.put(time.perf_counter() - t0)
+    s.close(0)
+    ctx.term()
+
+
+def push_pull(total_bytes: int) -> float:
+    port = free_port(1)
+    out: multiprocessing.Queue[float] = multiprocessing.Queue()
+    frames = total_bytes // FRAME
+    receiver = multiprocessing.Process(target=_pull_side, args=(port, frames * FRAME, out))
+    receiver.start()
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.connect(f"tcp://127.0.0.1:{port}")
+    s.send(b"go")
+    frame = os.urandom(FRAME)
+    for _ in range(frames):
+        s.send(frame)
+    seconds = out.get(timeout=600)
+    receiver.join(10)
+    s.close(0)
+    ctx.term()
+    return frames * FRAME / seconds / 1e6
+
+
+# ---- 2./3. puts -------------------------------------------------------------------------------
+def sends(p: Producer, count: int, name: str) -> Figure:
+    body = b"x" * BODY
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(count):
+        t = time.perf_counter()
+        r = p.send("bench", body, queue_id=0)
+        lat.append((time.perf_counter() - t) * 1000)
+        assert r.status == SendStatus.SEND_OK, r.status
+    return Figure(name, count, time.perf_counter() - t0, lat)
+
+
+def in_flight(p: Producer, count: int, window: int, name: str, rate: float = 0.0) -> Figure:
+    """``count`` send_async with at most ``window`` outstanding; paced to ``rate``/s if set."""
+    body = b"x" * BODY
+    slots = threading.BoundedSemaphore(window)
+    lat: list[float] = []
+    bad: list[Any] = []
+    done = threading.Event()
+    left = [count]
+    lock = threading.Lock()
+
+    def finished(t: float, f: Any) -> None:
+        lat.append((time.perf_counter() - t) * 1000)
+        exc = f.exception()
+        if exc is not None or f.result().status != SendStatus.SEND_OK:
+            bad.append(exc or f.result().status)
+        slots.release()
+        with lock:
+            left[0] -= 1
+            if left[0] == 0:
+                done.set()
+
+    t0 = time.perf_counter()
+    for i in range(count):
+        if rate > 0:
+            due = t0 + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        slots.acquire()
+        t = time.perf_counter()
+        p.send_async("bench", body, queue_id=i % 4).add_done_callback(lambda f, t=t: finished(t, f))
+    done.wait(300)
+    if bad:
+        raise RuntimeError(f"{name}: {len(bad)} sends not SEND_OK, e.g. {bad[0]}")
+    return Figure(name, count, time.perf_counter() - t0, lat)
+
+
+def batches(p: Producer, count: int, name: str) -> Figure:
+    bodies = [b"x" * BODY] * 64
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(count // 64):
+        t = time.perf_counter()
+        rs = p.send_batch("bench", bodies, queue_id=0)
+        lat.append((time.perf_counter() - t) * 1000)
+        assert rs[0].status == SendStatus.SEND_OK, rs[0].status
+    return Figure(name, count // 64 * 64, time.perf_counter() - t0, lat)
+
+
+def put_figures(home: Path, role: str, count: int) -> dict[str, Figure]:
+    tag = "SYNC" if role == "SYNC_MASTER" else "ASYNC"
+    master, slave = group(home / tag.lower(), role)
+    try:
+        with Producer([master.address], retries=0) as p:
+            in_flight(p, min(count, 2000), 16, "warm-up")
+            figs = {
+                "1": sends(p, count // 4, f"{tag} 1 in flight"),
+                "16": in_flight(p, count, 16, f"{tag} 16 in flight"),
+                "64": in_flight(p, count, 64, f"{tag} 64 in flight"),
+                "batch": batches(p, count * 2, f"{tag} send_batch x64"),
+            }
+        return figs
+    finally:
+        slave.stop()
+        master.stop()
+
+
+# ---- 4. lag -----------------------------------------------------------------------------------
+def lag_under_load(home: Path, rate: float, seconds: float) -> tuple[list[int], Figure]:
+    master, slave = group(home / "lag", "ASYNC_MASTER")
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        with Admin([master.address], timeout_ms=5000, retries=0) as admin:
+            while not stop.wait(0.02):
+                slaves = admin.status(master.address)["slaves"]
+                if slaves:
+                    samples.append(int(slaves[0]["lagBytes"]))
+
+    sampler = threading.Thread(target=sample)
+    try:
+        with Producer([master.address], retries=0) as p:
+            sampler.start()
+            fig = in_flight(p, int(rate * seconds), 64, "ASYNC paced load", rate=rate)
+        return samples, fig
+    finally:
+        stop.set()
+        if sampler.is_alive():
+            sampler.join(10)
+        slave.stop()
+        master.stop()
+
+
+# ---- 5. redis ---------------------------------------------------------------------------------
+def start_redis(home: Path, port: int, replica_of: int = 0) -> subprocess.Popen[bytes]:
+    args = [
+        shutil.which("redis-server") or "redis-server",
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(home),
+        "--bind",
+        "127.0.0.1",
+    ]
+    if replica_of:
+        args += ["--replicaof", "127.0.0.1", str(replica_of)]
+    home.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def redis_figures(home: Path, count: int) -> dict[str, Figure] | None:
+    if shutil.which("redis-server") is None:
+        return None
+    import redis
+
+    mport, rport = free_port(1), free_port(1)
+    procs = [start_redis(home / "redis-m", mport), start_redis(home / "redis-r", rport, mport)]
+    try:
+        client = redis.Redis(port=mport)
+        wait_until(
+            lambda: (
+                _redis_up(client) and client.info("replication").get("connected_slaves", 0) >= 1
+            ),
+            20,
+            "redis replica",
+        )
+        replica = redis.Redis(port=rport)
+        wait_until(
+            lambda: replica.info("replication").get("master_link_status") == "up",
+            20,
+            "redis replica link",
+        )
+        body = b"x" * BODY
+        lat = []
+        t0 = time.perf_counter()
+        for _ in range(count // 4):
+            t = time.perf_counter()
+            client.xadd("bench", {"b": body})
+            assert client.wait(1, 1000) >= 1
+            lat.append((time.perf_counter() - t) * 1000)
+        one = Figure("redis XADD+WAIT 1", count // 4, time.perf_counter() - t0, lat)
+        lat = []
+        t0 = time.perf_counter()
+        for _ in range(count * 2 // 64):
+            t = time.perf_counter()
+            pipe = client.pipeline(transaction=False)
+            for _ in range(64):
+                pipe.xadd("bench", {"b": body})
+            pipe.execute()
+            assert client.wait(1, 1000) >= 1
+            lat.append((time.perf_counter() - t) * 1000)
+        batch = Figure("redis XADD x64+WAIT 1", count * 2 // 64 * 64, time.perf_counter() - t0, lat)
+        client.close()
+        replica.close()
+        return {"1": one, "batch": batch}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+
+
+def _redis_up(client: Any) -> bool:
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+# ---- main -------------------------------------------------------------------------------------
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--catchup-mib", type=int, default=1024)
+    ap.add_argument("--count", type=int, default=20_000, help="sends per in-flight figure")
+    ap.add_argument("--lag-seconds", type=float, default=10.0)
+    ap.add_argument("--ha-batch-kib", type=int, default=32, help="haTransferBatchSize (catch-up)")
+    ap.add_argument("--ha-window-mib", type=int, default=4, help="haWindowBytes (catch-up)")
+    ap.add_argument("--only-catchup", action="store_true")
+    args = ap.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="replog-bench-repl-"))
+    try:
+        total = args.catchup_mib * 1024 * 1024
+        print(f"replication benchmark, {os.cpu_count()} CPUs, bodies {BODY} B, home {home}")
+        zmq_rate = push_pull(total)
+        ha = {
+            "haTransferBatchSize": args.ha_batch_kib * 1024,
+            "haWindowBytes": args.ha_window_mib * 1024 * 1024,
+        }
+        rate = catch_up(home, total, **ha)
+        print(
+            f"(1) catch-up of an empty slave over {args.catchup_mib} MiB "
+            f"(haTransferBatchSize {args.ha_batch_kib} KiB, haWindowBytes "
+            f"{args.ha_window_mib} MiB): {rate:.0f} MB/s; bare pyzmq PUSH/PULL 32 KiB frames: "
+            f"{zmq_rate:.0f} MB/s; ratio {rate / zmq_rate:.0%} (target >= 50%)"
+        )
+        if args.only_catchup:
+            return 0
+        sync = put_figures(home, "SYNC_MASTER", args.count)
+        asyn = put_figures(home, "ASYNC_MASTER", args.count)
+        print("(2) put throughput, 1 KiB bodies, master + 1 slave")
+        for key in ("1", "16", "64", "batch"):
+            print(asyn[key].line())
+            print(sync[key].line(asyn[key]))
+        ratio = sync["64"].rate / asyn["64"].rate
+        print(f"    SYNC/ASYNC at 64 in flight: {ratio:.0%} (target >= 70%)")
+        print(
+            f"(3) SYNC latency at 16 in flight: p50 {sync['16'].pct(0.5):.3f} ms, "
+            f"p99 {sync['16'].pct(0.99):.3f} ms (target p99 < 5 ms)"
+        )
+        target = 0.8 * asyn["64"].rate
+        samples, load = lag_under_load(home, target, args.lag_seconds)
+        s = sorted(samples) or [0]
+        print(
+            f"(4) slave lag under ASYNC load paced at {target:.0f} msg/s "
+            f"(achieved {load.rate:.0f}/s, {len(samples)} samples): "
+            f"p50 {s[len(s) // 2]} B, p99 {s[min(len(s) - 1, int(0.99 * len(s)))]} B, "
+            f"max {s[-1]} B"
+        )
+        redis = redis_figures(home, args.count)
+        if redis is None:
+            print("(5) redis-server not installed: no reference")
+        else:
+            print("(5) Redis master + replica")
+            print(redis["1"].line())
+            print(redis["batch"].line())
+            print(sync["1"].line(redis["1"]) + "  (target >= 1.5x)")
+            print(sync["batch"].line(redis["batch"]) + "  (target >= 2x)")
+        return 0
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""``df.write.format("replog")`` and ``writeStream.format("replog")``: send rows to a group.
+
+Each Spark task sends its rows in order with one ``common.client.Producer``, ``batchSize``
+rows per SEND_BATCH request, each request waiting for its answer before the next leaves; a
+refused send (``BrokerError``) or, unless ``acceptStatuses`` says otherwise, any status other
+than SEND_OK fails the task. All rows of a task go to one queue, so a consumer of that queue
+sees them in the task's order: the ``queueId`` column or option when given, else queue
+``partitionId % queueCount``. Delivery is at-least-once: a retried task sends its rows again.
+
+Columns (others are ignored, so a DataFrame read from replog can be written back):
+
+| column      | type                       |                                           |
+|-------------|----------------------------|-------------------------------------------|
+| body        | binary or string (UTF-8)   | required                                  |
+| topic       | string                     | or the ``topic`` option                   |
+| tags, keys  | string                     | optional                                  |
+| properties  | map<string,string>         | optional user properties                  |
+| queueId     | int                        | optional                                  |
+
+Options: ``servers`` (required), ``topic``, ``queueId``, ``batchSize`` (64), ``timeoutMs``
+(10000), ``acceptStatuses`` (comma-separated SendStatus names, default ``SEND_OK``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    MapType,
+    StringType,
+    StructType,
+)
+
+from common.errors import BrokerError, ResponseCode, SendStatus
+from common.message import Message
+
+DEFAULT_BATCH = 64
+DEFAULT_TIMEOUT_MS = 10_000
+_OPTIONAL = {
+    "topic": (StringType(),),
+    "tags": (StringType(),),
+    "keys": (StringType(),),
+    "properties": (MapType(StringType(), StringType()),),
+    "queueId": (IntegerType(),),
+    "body": (BinaryType(), StringType()),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkOptions:
+    servers: tuple[str, ...]
+    topic: str | None
+    queue_id: int | None
+    batch_size: int
+    timeout_ms: int
+    accept: frozenset[SendStatus]
+
+    @classmethod
+    def parse(cls, options: dict[str, str], schema: StructType) -> SinkOptions:
+        o = {k.lower(): v for k, v in options.items()}
+        servers = tuple(s.strip() for s in o.get("servers", "").split(",") if s.strip())
+        if not servers:
+            raise ValueError('the replog sink needs .option("servers", "host:port,...")')
+        names = {f.name: f.dataType for f in schema.fields}
+        if "body" not in names:
+            raise ValueError("the replog sink needs a body column (binary or string)")
+        for name, allowed in _OPTIONAL.items():
+            if name in names and names[name] not in allowed:
+                kinds = " or ".join(t.simpleString() for t in allowed)
+                raise ValueError(f"column {name} must be {kinds}, not {names[name].simpleString()}")
+        topic = o.get("topic") or None
+        if topic is None and "topic" not in names:
+            raise ValueError('the replog sink needs a topic column or .option("topic", ...)')
+        accept = frozenset(SendStatus[s.strip()] for s in o.get("acceptstatuses", "SEND_OK").split(","))
+        batch = int(o.get("batchsize", DEFAULT_BATCH))
+        if batch <= 0:
+            raise ValueError("batchSize must be positive")
+        queue = o.get("queueid")
+        return cls(servers, topic, int(queue) if queue else None, batch,
+                   int(o.get("timeoutms", DEFAULT_TIMEOUT_MS)), accept)
+
+
+@dataclasses.dataclass
+class SentMessage(WriterCommitMessage):
+    """What one task sent: its partition, the message count and CommitLog offsets."""
+
+    partition_id: int
+    count: int
+    first_offset: int = -1
+    last_offset: int = -1
+
+
+def _message(row: Any, default_topic: str | None) -> Message:
+    fields = row.asDict()
+    body = fields["body"]
+    if body is None:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a row has a null body", False)
+    body = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    topic = fields.get("topic") or default_topic
+    if not topic:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a row has no topic", False)
+    props = {k: v for k, v in (fields.get("properties") or {}).items() if v is not None}
+    return Message(topic, body, fields.get("tags"), fields.get("keys"), props)
+
+
+class _Sender:
+    """Sends messages of one task in order, one SEND_BATCH per run of (topic, queue)."""
+
+    def __init__(self, opts: SinkOptions, partition_id: int):
+        from common.client import Producer
+
+        self.opts = opts
+        self.partition_id = partition_id
+        self.producer = Producer(list(opts.servers), timeout_ms=opts.timeout_ms)
+        self.pending: list[Message] = []
+        self.key: tuple[str, int] | None = None
+        self.sent = SentMessage(partition_id, 0)
+        self._queues: dict[str, int] = {}
+
+    def queue_for(self, topic: str, row_queue: int | None) -> int:
+        if row_queue is not None:
+            return row_queue
+        if self.opts.queue_id is not None:
+            return self.opts.queue_id
+        if topic not in self._queues:
+            from .stream import queue_count
+
+            count = queue_count(self.producer, topic)
+            self._queues[topic] = self.partition_id % count if count else 0
+        return self._queues[topic]
+
+    def add(self, msg: Message, row_queue: int | None) -> None:
+        key = (msg.topic, self.queue_for(msg.topic, row_queue))
+        if key != self.key or len(self.pending) >= self.opts.batch_size:
+            self.flush()
+            self.key = key
+        self.pending.append(msg)
+
+    def flush(self) -> None:
+        if not self.pending or self.key is None:
+            return
+        topic, queue_id = self.key
+        results = self.producer.send_batch(topic, self.pending, queue_id=queue_id)
+        for r in results:
+            if r.status not in self.opts.accept:
+                raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                                  f"send to {topic}/{queue_id} returned {r.status.value} "
+                                  f"(accepted: {', '.join(sorted(s.value for s in self.opts.accept))})",
+                                  False)
+        if self.sent.first_offset < 0:
+            self.sent.first_offset = results[0].commit_log_offset
+        self.sent.last_offset = results[-1].commit_log_offset
+        self.sent.count += len(results)
+        self.pending = []
+
+    def close(self) -> None:
+        self.producer.close()
+
+
+def send_rows(opts: SinkOptions, rows: Iterator[Any]) -> SentMessage:
+    """Send one task's rows; raises (failing the task) on the first refused send."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    sender = _Sender(opts, ctx.partitionId() if ctx is not None else 0)
+    try:
+        for row in rows:
+            queue = row["queueId"] if "queueId" in row.__fields__ else None
+            sender.add(_message(row, opts.topic), queue)
+        sender.flush()
+        return sender.sent
+    finally:
+        sender.close()
+
+
+class ReplogWriter(DataSourceWriter):
+    """Batch sink: every task sends its rows; the driver has nothing left to do."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool):
+        if overwrite:
+            raise ValueError("a replog topic can only be appended to (use mode('append'))")
+        self.opts = SinkOptions.parse(options, schema)
+
+    def write(self, iterator: Iterator[Any]) -> SentMessage:
+        return send_rows(self.opts, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """The messages are already stored (at-least-once)."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Sent messages cannot be taken back; the failed task's error reaches the user."""
+
+
+class ReplogStreamWriter(DataSourceStreamWriter):
+    """Streaming sink: each micro-batch's tasks send their rows (at-least-once)."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool):
+        self.opts = SinkOptions.parse(options, schema)
+
+    def write(self, iterator: Iterator[Any]) -> SentMessage:
+        return send_rows(self.opts, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """The messages are already stored."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Sent messages cannot be taken back; Spark reruns the batch (at-least-once)."""

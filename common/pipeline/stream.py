@@ -1,0 +1,297 @@
+"""``spark.readStream.format("replog").option("servers", ...)``: tail a broker group.
+
+The stream offset is one CommitLog physical offset, as JSON ``{"commitLogOffset": N}``; a
+micro-batch ``(start, end]`` delivers every record whose CommitLog offset is in
+``[start, end)``. Offsets need not fall on record boundaries: a record belongs to the batch its
+start offset falls in, so consecutive batches partition the log exactly, and replaying a batch
+from a checkpoint reads exactly the same records (no loss, no repeats).
+
+``latestOffset`` never passes the group's *safe end*: what the master has flushed and dispatched
+to its ConsumeQueues and, when it has in-sync slaves, what at least one of them has
+acknowledged; records below it survive a failover and are visible to pulls. Each batch has one
+input partition per (topic, queue); a partition finds its first queue offset at or after
+``start`` by binary search over pulls and pulls until it passes ``end``, through
+``common.client.Consumer``, which follows the group's master across a failover.
+
+Options:
+
+| option              | meaning                                                            |
+|---------------------|--------------------------------------------------------------------|
+| servers             | client addresses of the group, ``host:port,host:port`` (required)  |
+| topics              | comma-separated topics to read (required)                          |
+| startingOffset      | ``earliest`` (default), ``latest`` or a CommitLog offset            |
+| maxBytesPerTrigger  | at most this many CommitLog bytes per micro-batch                  |
+| pullBatchSize       | messages per pull (default 256)                                    |
+| timeoutMs           | client request timeout (default 10000)                             |
+| failOnDataLoss      | ``true`` (default): fail when records of a batch were deleted      |
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from common.errors import BrokerError, PullStatus, ResponseCode
+from common.message import MessageExt, tags_code
+
+from .schema import arrow_schema, check_schema
+
+OFFSET_KEY = "commitLogOffset"
+DEFAULT_PULL_BATCH = 256
+DEFAULT_TIMEOUT_MS = 10_000
+DISPATCH_WAIT_S = 30.0
+STATUS_TIMEOUT_MS = 1000
+MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
+
+
+def _lower(options: dict[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in options.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamOptions:
+    servers: tuple[str, ...]
+    topics: tuple[str, ...]
+    starting: str = "earliest"
+    max_bytes: int | None = None
+    pull_batch: int = DEFAULT_PULL_BATCH
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+    fail_on_data_loss: bool = True
+
+    @classmethod
+    def parse(cls, options: dict[str, str]) -> StreamOptions:
+        o = _lower(options)
+        servers = tuple(s.strip() for s in o.get("servers", "").split(",") if s.strip())
+        topics = tuple(t.strip() for t in o.get("topics", "").split(",") if t.strip())
+        if not servers:
+            raise ValueError('the replog stream needs .option("servers", "host:port,...")')
+        if not topics:
+            raise ValueError('the replog stream needs .option("topics", "t1,t2")')
+        starting = o.get("startingoffset", "earliest").strip().lower()
+        if starting not in ("earliest", "latest") and not starting.isdigit():
+            raise ValueError(f"startingOffset must be earliest, latest or an offset: {starting!r}")
+        max_bytes = int(o["maxbytespertrigger"]) if o.get("maxbytespertrigger") else None
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError("maxBytesPerTrigger must be positive")
+        return cls(
+            servers, topics, starting, max_bytes,
+            int(o.get("pullbatchsize", DEFAULT_PULL_BATCH)),
+            int(o.get("timeoutms", DEFAULT_TIMEOUT_MS)),
+            o.get("failondataloss", "true").strip().lower() != "false",
+        )
+
+
+def group_status(servers: tuple[str, ...], timeout_ms: int) -> dict[str, Any]:
+    """Status of the group's master: the highest epoch among brokers answering as master.
+    All brokers are asked at once, so a dead one costs one short timeout, not one each."""
+    from common.client import Admin
+
+    timeout = min(timeout_ms, STATUS_TIMEOUT_MS)
+    with Admin(list(servers), timeout_ms=timeout, retries=0) as admin, \
+            concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
+        answers = list(pool.map(lambda address: _status_or_none(admin, address), servers))
+    masters = [a for a in answers if a is not None and a.get("role") in MASTER_ROLES]
+    if not masters:
+        raise BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                          f"no master answers among {', '.join(servers)}", True)
+    return max(masters, key=lambda a: int(a.get("epoch", 0)))
+
+
+def _status_or_none(admin: Any, address: str) -> dict[str, Any] | None:
+    try:
+        return dict(admin.status(address))
+    except BrokerError:
+        return None
+
+
+def safe_end(status: dict[str, Any]) -> int:
+    """The highest CommitLog offset a stream may read up to (see the module docstring)."""
+    end = min(int(status["flushedPhyOffset"]), int(status["dispatchedPhyOffset"]))
+    acks = [int(s["ackOffset"]) for s in status.get("slaves") or [] if s.get("inSync")]
+    if acks:
+        end = min(end, max(acks))
+    return end
+
+
+@dataclasses.dataclass
+class QueueRange(InputPartition):
+    """Records of one (topic, queue) with CommitLog offsets in ``[start, end)``."""
+
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        InputPartition.__init__(self, (self.topic, self.queue_id, self.start, self.end))
+
+
+class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of CommitLog offset ranges, read through the broker's pull API."""
+
+    def __init__(self, options: dict[str, str], schema: StructType):
+        self.opts = StreamOptions.parse(options)
+        self.columns = check_schema(schema)
+        self._target: int | None = None
+
+    def _status(self) -> dict[str, Any]:
+        return group_status(self.opts.servers, self.opts.timeout_ms)
+
+    def initialOffset(self) -> dict[str, int]:
+        starting = self.opts.starting
+        if starting.isdigit():
+            return {OFFSET_KEY: int(starting)}
+        status = self._status()
+        return {OFFSET_KEY: int(status["minPhyOffset"]) if starting == "earliest" else safe_end(status)}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_bytes is not None:
+            return ReadMaxBytes(self.opts.max_bytes)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = safe_end(self._status())
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        begin = int(start[OFFSET_KEY])
+        end = safe_end(self._status()) if self._target is None else self._target
+        if isinstance(limit, ReadMaxBytes):
+            end = min(end, begin + limit.max_bytes)
+        return {OFFSET_KEY: max(begin, end)}
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return {OFFSET_KEY: safe_end(self._status())}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        begin, stop = int(start[OFFSET_KEY]), int(end[OFFSET_KEY])
+        if stop <= begin:
+            return []
+        from common.client import Consumer
+
+        with Consumer(list(self.opts.servers), timeout_ms=self.opts.timeout_ms) as consumer:
+            return [QueueRange(topic, q, begin, stop)
+                    for topic in self.opts.topics for q in range(queue_count(consumer, topic))]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, QueueRange)
+        return read_queue_range(self.opts, partition, self.columns)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to release: the broker keeps no per-stream state."""
+
+    def stop(self) -> None:
+        """No connections outlive a call."""
+
+
+def queue_count(consumer: Any, topic: str) -> int:
+    """Queues of ``topic`` (0 for a topic the group does not have)."""
+    try:
+        return int(consumer._cluster.queue_nums(topic))  # the client's TOPIC_ROUTE lookup
+    except BrokerError as e:
+        if e.code == ResponseCode.TOPIC_NOT_EXIST:
+            return 0
+        raise
+
+
+def wait_dispatched(opts: StreamOptions, end: int) -> dict[str, Any]:
+    """The master's status once it has dispatched ``end`` (a new master may lag briefly)."""
+    deadline = time.monotonic() + DISPATCH_WAIT_S
+    while True:
+        status = group_status(opts.servers, opts.timeout_ms)
+        if int(status["dispatchedPhyOffset"]) >= end:
+            return status
+        if time.monotonic() > deadline:
+            raise BrokerError(ResponseCode.SYSTEM_BUSY,
+                              f"master has not dispatched up to {end} after {DISPATCH_WAIT_S}s")
+        time.sleep(0.05)
+
+
+def first_queue_offset(consumer: Any, topic: str, queue_id: int, phy_offset: int) -> int:
+    """The first queue offset whose record's CommitLog offset is >= ``phy_offset``
+    (binary search; queue order is CommitLog order)."""
+    probe = consumer.pull(topic, queue_id, 0, 1)
+    lo, hi = probe.min_offset, probe.max_offset
+    while lo < hi:
+        mid = (lo + hi) // 2
+        found = consumer.pull(topic, queue_id, mid, 1)
+        if found.status != PullStatus.FOUND or not found.messages:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"{topic}/{queue_id}@{mid} vanished during the search")
+        if found.messages[0].commit_log_offset >= phy_offset:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def read_queue_range(opts: StreamOptions, part: QueueRange, columns: tuple[str, ...]
+                     ) -> Iterator[pa.RecordBatch]:
+    """Pull the records of one queue with CommitLog offsets in ``[start, end)``."""
+    from common.client import Consumer
+
+    status = wait_dispatched(opts, part.end)
+    if opts.fail_on_data_loss and int(status["minPhyOffset"]) > part.start:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                          f"records from {part.start} to {status['minPhyOffset']} were deleted "
+                          "before the stream read them; set failOnDataLoss=false to skip them")
+    with Consumer(list(opts.servers), timeout_ms=opts.timeout_ms) as consumer:
+        queue_offset = first_queue_offset(consumer, part.topic, part.queue_id, part.start)
+        while True:
+            pulled = consumer.pull(part.topic, part.queue_id, queue_offset, opts.pull_batch)
+            if pulled.status == PullStatus.NO_NEW_MSG or (
+                    pulled.status == PullStatus.FOUND and not pulled.messages):
+                return
+            if pulled.status != PullStatus.FOUND:
+                raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                                  f"pull {part.topic}/{part.queue_id}@{queue_offset}: "
+                                  f"{pulled.status.value}")
+            batch = [m for m in pulled.messages if part.start <= m.commit_log_offset < part.end]
+            if batch:
+                yield messages_to_batch(batch, columns)
+            if pulled.messages[-1].commit_log_offset >= part.end:
+                return
+            queue_offset = pulled.next_begin_offset
+
+
+def _value(m: MessageExt, name: str) -> Any:
+    if name in ("bornTimestamp", "storeTimestamp"):
+        return (m.born_timestamp if name == "bornTimestamp" else m.store_timestamp) * 1000
+    if name == "properties":
+        return list(m.properties.items())
+    if name == "tagsCode":
+        return tags_code(m.tags)
+    return getattr(m, _ATTRS.get(name, name))
+
+
+_ATTRS = {
+    "queueId": "queue_id", "queueOffset": "queue_offset", "commitLogOffset": "commit_log_offset",
+    "msgId": "msg_id", "bornHost": "born_host", "storeHost": "store_host", "sysFlag": "sys_flag",
+    "bodyCrc": "body_crc", "storeSize": "store_size", "reconsumeTimes": "reconsume_times",
+    "preparedTransactionOffset": "prepared_transaction_offset",
+}
+
+
+def messages_to_batch(msgs: list[MessageExt], columns: tuple[str, ...]) -> pa.RecordBatch:
+    """Client-decoded messages as a record batch with Spark's Arrow schema for ``columns``."""
+    schema = arrow_schema(columns)
+    arrays = []
+    for field in schema:
+        values = [_value(m, field.name) for m in msgs]
+        if pa.types.is_timestamp(field.type):
+            arrays.append(pa.array(values, type=pa.int64()).cast(field.type))
+        else:
+            arrays.append(pa.array(values, type=field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

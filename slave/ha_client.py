@@ -1,0 +1,400 @@
+"""The slave's HA client: a ZeroMQ DEALER to ``haMasterAddress`` driving ``SlaveCore``.
+
+One thread, "replog-ha-client", owns the socket (and its monitor) and the core::
+
+    DEALER (recv)         decode -> core.on_frame / on_bad_frame
+    monitor               a ZeroMQ-level reconnect (HANDSHAKE_SUCCEEDED after the first)
+                          -> core.resync: a new HELLO at once, so the master, which sees a
+                          new peer, serves us again without waiting for a heartbeat
+    poll timeout          core.next_deadline_ms -> core.tick (ack heartbeats, master silence
+                          for haHousekeepingInterval -> Reconnect, retries after an ERROR)
+
+Actions, in order: ``SendToMaster``; ``Append`` -> ``store.append_replicated`` (exact offset;
+the store refuses a gap or overlap); ``Truncate`` -> ``store.truncate_to``; ``ResetLog`` ->
+``store.reset_to``; ``SaveEpochs`` -> ``term.record_learned_epoch`` then ``epochs.save``;
+``Reconnect`` -> close (linger 0) and open a new DEALER, hence a new identity at the master;
+``Failed`` -> logged (the core retries after its back-off).
+
+If the store refuses an action (StoreError, OSError), the rest of that batch is dropped (it
+holds the ack of bytes we do not have) and the core is rebuilt from the store's own max offset
+and epoch file with the next session: the store is the truth, and the new HELLO resumes from it.
+
+Acks: the core acks after every append; within one burst of received frames the driver sends
+only the newest ack (acks are cumulative), and at least every ``haWindowBytes / 4`` appended
+bytes so the master's window never stalls on us. "Acked" means in this slave's page cache; its
+disk flush follows its own ``flushDiskType``.
+
+Sessions: the first is the wall clock in ms, so a restarted slave (SIGKILL) always says a
+session greater than any it used before; it resumes from its own max offset (never zero unless
+empty).
+
+``create(cfg, store)`` is the factory ``common/cli.py`` calls; ``build_slave_replication`` is
+the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from common.config import BrokerConfig
+from common.errors import StoreError
+from common.ha import epochs as ep
+from common.ha import slave_core as sc
+from common.ha import term
+from common.ha.protocol import Ack, HAProtocolError, Limits, decode, encode_header
+from common.server import log_event
+
+log = logging.getLogger("replog.ha_client")
+
+RECV_BURST = 256
+MAX_POLL_MS = 1000
+JOIN_TIMEOUT_S = 5.0
+SNDHWM = 1000
+RECONNECT_IVL_MS = 100
+RECONNECT_IVL_MAX_MS = 1000
+# An ACK header is msgpack [4, session, ack_offset]: a fixarray of 3 whose first item is 4.
+_ACK_PREFIX = encode_header(Ack(0, 0))[:2]
+assert _ACK_PREFIX == b"\x93\x04"
+_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
+
+@dataclasses.dataclass
+class HaClientStats:
+    bytes_appended: int = 0
+    frames_appended: int = 0
+    acks_sent: int = 0
+    reconnects: int = 0
+    rebuilds: int = 0
+    bad_frames: int = 0
+    dropped_sends: int = 0
+    last_failure: str = ""
+
+
+class _ActionFailed(Exception):
+    pass
+
+
+class HaClient:
+    """Replication client of one slave term."""
+
+    def __init__(self, cfg: BrokerConfig, store: Any, clock: Callable[[], float] = time.monotonic):
+        self._cfg = cfg
+        self._store = store
+        self._clock = clock
+        self._limits = Limits.from_config(cfg)
+        self._endpoint = f"tcp://{cfg.haMasterAddress}"
+        self._core: sc.SlaveCore | None = None
+        self._lock = threading.Lock()  # guards _core for stats() from other threads
+        self._ctx: zmq.Context[Any] | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._monitor: zmq.Socket[Any] | None = None
+        self._handshakes = 0
+        self._thread: threading.Thread | None = None
+        self._stop_r = self._stop_w = -1
+        self._stopping = False
+        self._pending_ack: tuple[bytes | memoryview, ...] | None = None
+        self._unacked_bytes = 0
+        self.stats = HaClientStats()
+
+    def master_address(self) -> str:
+        return self._cfg.haMasterAddress
+
+    def status(self) -> dict[str, Any]:
+        """The follower's view: state, its max offset, the master's, the lag."""
+        with self._lock:
+            if self._core is None:
+                return {"haState": "STOPPED"}
+            st = self._core.stats()
+        lag = (
+            max(0, st.master_max_phy_offset - st.max_phy_offset)
+            if st.master_max_phy_offset >= 0
+            else -1
+        )
+        return {
+            "haState": st.state.value,
+            "masterAddress": self.master_address(),
+            "masterEpoch": st.master_epoch,
+            "masterMaxPhyOffset": st.master_max_phy_offset,
+            "maxPhyOffset": st.max_phy_offset,
+            "lagBytes": lag,
+            "resyncs": st.resyncs,
+            **dataclasses.asdict(self.stats),
+        }
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if not self._cfg.haMasterAddress:
+            log_event(
+                log,
+                "ha_client_idle",
+                logging.WARNING,
+                reason="no haMasterAddress: nothing to replicate from",
+            )
+            return
+        self._core = self._new_core(first_session=time.time_ns() // 1_000_000)
+        self._ctx = zmq.Context()
+        self._stop_r, self._stop_w = os.pipe()
+        os.set_blocking(self._stop_r, False)
+        self._thread = threading.Thread(target=self._run, name="replog-ha-client", daemon=True)
+        self._thread.start()
+        log_event(
+            log,
+            "ha_client_started",
+            master=self._cfg.haMasterAddress,
+            maxPhyOffset=self._core.max_phy_offset,
+            session=self._core.session,
+        )
+
+    def stop(self) -> None:
+        if self._stopping or self._thread is None:
+            self._stopping = True
+            return
+        self._stopping = True
+        os.write(self._stop_w, b"\0")
+        self._thread.join(JOIN_TIMEOUT_S)
+        if self._thread.is_alive():
+            log_event(log, "ha_client_thread_stuck", logging.ERROR)
+        else:
+            assert self._ctx is not None
+            self._ctx.term()
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+        log_event(log, "ha_client_stopped", appended=self.stats.bytes_appended)
+
+    # ---- the client thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._open()
+            with self._lock:
+                assert self._core is not None
+                actions = self._core.start(self._now_ms())
+            self._execute(actions)
+            self._flush_ack()
+            self._loop()
+        except Exception:  # a dead HA thread must be loud
+            log.exception("event=ha_client_crashed")
+        finally:
+            self._close()
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            poller = zmq.Poller()
+            poller.register(self._stop_r, zmq.POLLIN)
+            assert self._sock is not None and self._monitor is not None
+            sock, monitor = self._sock, self._monitor
+            poller.register(sock, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+            events = dict(poller.poll(self._poll_timeout_ms()))
+            if self._stopping:
+                return
+            if monitor in events:
+                self._on_monitor(monitor)
+            if sock in events and sock is self._sock:
+                self._receive(sock)
+            self._tick()
+            self._flush_ack()
+
+    def _poll_timeout_ms(self) -> int:
+        with self._lock:
+            assert self._core is not None
+            deadline = self._core.next_deadline_ms()
+        return max(0, min(MAX_POLL_MS, deadline - self._now_ms()))
+
+    def _tick(self) -> None:
+        now_ms = self._now_ms()
+        with self._lock:
+            assert self._core is not None
+            if now_ms < self._core.next_deadline_ms():
+                return
+            actions = self._core.tick(now_ms)
+        self._execute(actions)
+
+    def _receive(self, sock: zmq.Socket[Any]) -> None:
+        for _ in range(RECV_BURST):
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            now_ms = self._now_ms()
+            frames = [p.buffer for p in parts]
+            with self._lock:
+                assert self._core is not None
+                try:
+                    frame = decode(frames, self._limits)
+                except HAProtocolError as e:
+                    self.stats.bad_frames += 1
+                    log_event(log, "ha_bad_frame", logging.WARNING, reason=str(e))
+                    actions = self._core.on_bad_frame(str(e), now_ms)
+                else:
+                    actions = self._core.on_frame(frame, now_ms)
+            self._execute(actions)
+            if sock is not self._sock:  # the batch reconnected: the old socket is closed
+                return
+
+    def _on_monitor(self, monitor: zmq.Socket[Any]) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                log_event(
+                    log, "ha_master_disconnected", logging.WARNING, master=self._cfg.haMasterAddress
+                )
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshakes += 1
+                if self._handshakes > 1:  # ZeroMQ reconnected under us: handshake again now
+                    with self._lock:
+                        assert self._core is not None
+                        actions = self._core.resync("transport reconnected", self._now_ms())
+                    self._execute(actions)
+
+    # ---- actions -----------------------------------------------------------------------------
+    def _execute(self, actions: list[sc.SlaveAction]) -> None:
+        for i, action in enumerate(actions):
+            try:
+                self._do(action)
+            except (StoreError, OSError, ValueError) as e:
+                self._rebuild(f"{type(action).__name__} failed: {e}", dropped=len(actions) - i - 1)
+                return
+
+    def _do(self, action: sc.SlaveAction) -> None:
+        if isinstance(action, sc.Append):
+            self._store.append_replicated(action.phy_offset, action.data)
+            self.stats.bytes_appended += len(action.data)
+            self.stats.frames_appended += 1
+            self._unacked_bytes += len(action.data)
+        elif isinstance(action, sc.SendToMaster):
+            if action.frames[0][:2] == _ACK_PREFIX:
+                self._pending_ack = action.frames
+                if self._unacked_bytes >= self._cfg.haWindowBytes // 4:
+                    self._flush_ack()
+            else:
+                self._flush_ack()
+                self._send(action.frames)
+        elif isinstance(action, sc.Truncate):
+            log_event(
+                log,
+                "ha_truncate",
+                logging.WARNING,
+                phyOffset=action.phy_offset,
+                maxPhyOffset=self._store.max_phy_offset,
+            )
+            self._store.truncate_to(action.phy_offset)
+        elif isinstance(action, sc.ResetLog):
+            log_event(log, "ha_reset_log", logging.WARNING, phyOffset=action.phy_offset)
+            self._store.reset_to(action.phy_offset)
+        elif isinstance(action, sc.SaveEpochs):
+            term.record_learned_epoch(self._cfg.store_root, ep.last_epoch(action.history))
+            ep.save(self._cfg.store_root, action.history)
+        elif isinstance(action, sc.Reconnect):
+            self.stats.reconnects += 1
+            self._pending_ack = None
+            log_event(log, "ha_reconnect", logging.WARNING, reason=action.reason)
+            self._close()
+            self._open()
+        elif isinstance(action, sc.Failed):
+            self.stats.last_failure = f"{action.code.name}: {action.reason}"
+            log_event(
+                log,
+                "ha_master_refused",
+                logging.ERROR,
+                code=action.code.name,
+                phyOffset=action.phy_offset,
+                reason=action.reason,
+            )
+
+    def _flush_ack(self) -> None:
+        if self._pending_ack is not None:
+            frames, self._pending_ack = self._pending_ack, None
+            self._unacked_bytes = 0
+            self.stats.acks_sent += 1
+            self._send(frames)
+
+    def _send(self, frames: tuple[bytes | memoryview, ...]) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart(list(frames), zmq.NOBLOCK)
+        except zmq.Again:
+            self.stats.dropped_sends += 1  # not connected and queue full: the core re-sends
+
+    def _rebuild(self, reason: str, dropped: int) -> None:
+        """An action failed: restart the core from what the store really holds."""
+        self.stats.rebuilds += 1
+        self._pending_ack = None
+        self._unacked_bytes = 0
+        with self._lock:
+            assert self._core is not None
+            session = self._core.session + 1
+        log_event(
+            log,
+            "ha_client_resync_from_store",
+            logging.ERROR,
+            reason=reason,
+            droppedActions=dropped,
+            maxPhyOffset=self._store.max_phy_offset,
+        )
+        core = self._new_core(first_session=session)
+        with self._lock:
+            self._core = core
+            actions = core.start(self._now_ms())
+        self._execute(actions)
+
+    def _new_core(self, first_session: int) -> sc.SlaveCore:
+        history = ep.load(self._cfg.store_root)
+        return sc.SlaveCore(
+            self._cfg, int(self._store.max_phy_offset), history, first_session, self._now_ms()
+        )
+
+    # ---- sockets -----------------------------------------------------------------------------
+    def _open(self) -> None:
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        sock.setsockopt(
+            zmq.RCVHWM, 2 * (self._cfg.haWindowBytes // self._limits.max_data_bytes) + 64
+        )
+        sock.setsockopt(
+            zmq.MAXMSGSIZE, max(self._limits.max_data_bytes, self._limits.max_header_bytes) + 1024
+        )
+        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+        self._monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
+        self._handshakes = 0
+        sock.connect(self._endpoint)
+        self._sock = sock
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._sock.close(0)
+            self._sock = None
+        if self._monitor is not None:
+            self._monitor.close(0)
+            self._monitor = None
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+
+def build_slave_replication(cfg: BrokerConfig, store: Any) -> HaClient:
+    """The HA client of a slave role."""
+    return HaClient(cfg, store)
+
+
+def create(cfg: BrokerConfig, store: Any) -> HaClient:
+    """``common/cli.py``'s hook (same as ``build_slave_replication``)."""
+    return build_slave_replication(cfg, store)

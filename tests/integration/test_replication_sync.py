@@ -1,0 +1,264 @@
+"""Replication between real broker processes (issue 5 acceptance; RELIABILITY rows 11-13).
+
+Every test starts its own master and slave on free ports, kills them by pid in ``finally``
+(``brokers``), and waits for conditions with deadlines.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from broker_harness import BrokerProcess, brokers, free_port
+from replication_harness import (
+    SEGMENT_BYTES,
+    Relay,
+    assert_identical,
+    master_and_slave,
+    slave_entry,
+    wait_converged,
+    wait_for,
+    wait_in_sync,
+)
+
+from common.client import Consumer, Producer
+from common.errors import ResponseCode, SendStatus
+from common.protocol import RequestCode
+
+pytestmark = pytest.mark.integration
+
+SLAVE_TIMEOUT_MS = 1000
+LATE_MS = 250  # RELIABILITY row 12: FLUSH_SLAVE_TIMEOUT within [T, T + 250 ms]
+
+
+def timed_send(p: Producer, body: bytes) -> tuple[SendStatus, float]:
+    started = time.monotonic()
+    r = p.send("t", body, queue_id=0)
+    return r.status, (time.monotonic() - started) * 1000
+
+
+@pytest.mark.timeout(120)
+def test_sync_acked_range_is_byte_identical_and_slave_serves_pulls(tmp_path: Path) -> None:
+    master, slave = master_and_slave(tmp_path)
+    with brokers(master, slave):
+        wait_in_sync(master)
+        acked_end = 0
+        sent: list[tuple[str, bytes]] = []
+        with Producer([master.address], retries=0) as p:
+            for i in range(300):
+                body = f"m{i}-".encode() + os.urandom(i % 50) * (1 + i % 7)
+                r = p.send("t", body, queue_id=0, keys=f"k{i}")
+                assert r.status == SendStatus.SEND_OK, r
+                sent.append((r.msg_id, body))
+                acked_end = max(acked_end, r.commit_log_offset + 1)
+            bodies = [f"b{j}".encode() * 20 for j in range(64)]
+            results = p.send_batch("t", bodies, queue_id=0)
+            assert {r.status for r in results} == {SendStatus.SEND_OK}
+            sent.extend((r.msg_id, b) for r, b in zip(results, bodies, strict=True))
+        # SEND_OK means the slave acked past the record: no waiting before comparing.
+        acked = master.status()["slaves"][0]["ackOffset"]
+        assert acked >= acked_end
+        assert slave.status()["maxPhyOffset"] >= acked
+        assert_identical(master, slave, 0, acked)
+        # the slave's reput built its own consume queue from the replicated bytes
+        with Consumer([master.address, slave.address], read_from=slave.address) as c:
+
+            def pulled() -> list[tuple[str, bytes]] | None:
+                out: list[tuple[str, bytes]] = []
+                offset = 0
+                while True:
+                    pr = c.pull("t", 0, offset, max_nums=128)
+                    if pr.status.value != "FOUND":
+                        break
+                    out.extend((m.msg_id, m.body) for m in pr.messages)
+                    offset = pr.next_begin_offset
+                return out if len(out) == len(sent) else None
+
+            got = wait_for(pulled, 20, "the slave to serve every message")
+        got_ids = dict(got)
+        assert all(got_ids[msg_id] == body for msg_id, body in sent)
+
+
+@pytest.mark.timeout(120)
+def test_sync_slave_paused_times_out_in_window_then_recovers(tmp_path: Path) -> None:
+    master, slave = master_and_slave(tmp_path, slaveTimeout=SLAVE_TIMEOUT_MS)
+    with brokers(master, slave):
+        wait_in_sync(master)
+        with Producer([master.address], retries=0, timeout_ms=10_000) as p:
+            assert timed_send(p, b"before")[0] == SendStatus.SEND_OK
+            os.kill(slave.pid, signal.SIGSTOP)
+            try:
+                for _ in range(3):
+                    status, ms = timed_send(p, b"during" * 100)
+                    assert status == SendStatus.FLUSH_SLAVE_TIMEOUT
+                    assert SLAVE_TIMEOUT_MS <= ms <= SLAVE_TIMEOUT_MS + LATE_MS, ms
+            finally:
+                os.kill(slave.pid, signal.SIGCONT)
+            resumed = time.monotonic()
+            wait_for(
+                lambda: timed_send(p, b"after")[0] == SendStatus.SEND_OK,
+                2.0,
+                "SEND_OK after SIGCONT",
+                step_s=0,
+            )
+            assert time.monotonic() - resumed <= 2.0
+        end = wait_converged(master, slave)
+        assert_identical(master, slave, 0, end)
+
+
+@pytest.mark.timeout(180)
+def test_sync_link_cut_times_out_in_window_then_recovers(tmp_path: Path) -> None:
+    master_port = free_port()
+    relay = Relay(master_port + 1)
+    master, slave = master_and_slave(
+        tmp_path, via=relay.port, master_port=master_port, slaveTimeout=SLAVE_TIMEOUT_MS
+    )
+    try:
+        with brokers(master, slave):
+            wait_in_sync(master)
+            with Producer([master.address], retries=0, timeout_ms=10_000) as p:
+                assert timed_send(p, b"before")[0] == SendStatus.SEND_OK
+                relay.blackhole()
+                for _ in range(4):
+                    status, ms = timed_send(p, b"cut" * 1000)
+                    assert status == SendStatus.FLUSH_SLAVE_TIMEOUT
+                    assert SLAVE_TIMEOUT_MS <= ms <= SLAVE_TIMEOUT_MS + LATE_MS, ms
+                assert relay.dropped_bytes > 0
+                relay.heal()
+                healed = time.monotonic()
+                wait_for(
+                    lambda: timed_send(p, b"healed")[0] == SendStatus.SEND_OK,
+                    2.0,
+                    "SEND_OK after the link healed",
+                    step_s=0,
+                )
+                assert time.monotonic() - healed <= 2.0
+            end = wait_converged(master, slave)
+            assert_identical(master, slave, 0, end)
+    finally:
+        relay.close()
+
+
+@pytest.mark.timeout(60)
+def test_sync_without_slave_is_refused_at_once(tmp_path: Path) -> None:
+    master = BrokerProcess(tmp_path / "m", brokerRole="SYNC_MASTER", slaveTimeout=5000)
+    with brokers(master), Producer([master.address], retries=0) as p:
+        for _ in range(5):
+            status, ms = timed_send(p, b"alone")
+            assert status == SendStatus.SLAVE_NOT_AVAILABLE
+            assert ms < 250, ms
+        assert master.status()["maxPhyOffset"] > 0  # stored all the same (RocketMQ meaning)
+
+
+@pytest.mark.timeout(120)
+def test_async_master_does_not_wait_for_a_stopped_slave(tmp_path: Path) -> None:
+    master, slave = master_and_slave(tmp_path, "ASYNC_MASTER", slaveTimeout=SLAVE_TIMEOUT_MS)
+    with brokers(master, slave):
+        wait_in_sync(master)
+        os.kill(slave.pid, signal.SIGSTOP)
+        try:
+            with Producer([master.address], retries=0) as p:
+                for i in range(200):
+                    status, ms = timed_send(p, f"async-{i}".encode() * 50)
+                    assert status == SendStatus.SEND_OK
+                    assert ms < SLAVE_TIMEOUT_MS / 2, ms
+            assert slave_entry(master)["lagBytes"] > 0  # type: ignore[index]
+        finally:
+            os.kill(slave.pid, signal.SIGCONT)
+        end = wait_converged(master, slave)
+        assert_identical(master, slave, 0, end)
+
+
+def fill(master: BrokerProcess, target_bytes: int) -> int:
+    """ASYNC-send batches until the master's log holds ``target_bytes``; returns its max."""
+    body = os.urandom(900)
+    with Producer([master.address], retries=0) as p:
+        while master.status()["maxPhyOffset"] < target_bytes:
+            for r in p.send_batch("fill", [body] * 64, queue_id=1):
+                assert r.status == SendStatus.SEND_OK
+    return int(master.status()["maxPhyOffset"])
+
+
+@pytest.mark.timeout(180)
+def test_late_slave_catches_up_over_many_segments(tmp_path: Path) -> None:
+    master, slave = master_and_slave(tmp_path, "ASYNC_MASTER")
+    with brokers(master):
+        end = fill(master, 6 * SEGMENT_BYTES)
+        with brokers(slave):
+            assert wait_converged(master, slave) == end
+            assert_identical(master, slave, 0, end)
+            segments = sorted((slave.store_root / "commitlog").iterdir())
+            assert len([s for s in segments if int(s.name) < end]) >= 6
+            assert slave_entry(master)["lagBytes"] == 0  # type: ignore[index]
+
+
+@pytest.mark.timeout(180)
+def test_slave_killed_mid_stream_resumes_from_its_own_offset(tmp_path: Path) -> None:
+    master, slave = master_and_slave(tmp_path, "ASYNC_MASTER")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with Producer([master.address], retries=0) as p:
+                while not stop.is_set():
+                    p.send_batch("load", [b"x" * 500] * 64, queue_id=2)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    with brokers(master, slave):
+        writer = threading.Thread(target=produce)
+        writer.start()
+        try:
+            wait_for(
+                lambda: slave.status()["maxPhyOffset"] > 2 * SEGMENT_BYTES,
+                60,
+                "the slave to be streaming",
+            )
+            os.kill(slave.pid, signal.SIGKILL)
+            slave.proc.wait(10)  # type: ignore[union-attr]
+            wait_for(
+                lambda: master.status()["maxPhyOffset"] > 4 * SEGMENT_BYTES,
+                60,
+                "the master to keep growing",
+            )
+            slave.start()
+        finally:
+            stop.set()
+            writer.join(30)
+        assert not errors, errors
+        end = wait_converged(master, slave, 60)
+        assert_identical(master, slave, 0, end)
+    starts = re.findall(r"event=ha_client_started .*maxPhyOffset=(\d+)", slave.log_path.read_text())
+    assert len(starts) == 2 and int(starts[0]) == 0 and int(starts[1]) > 0, starts
+    assert "event=ha_reset_log" not in slave.log_path.read_text()
+
+
+@pytest.mark.timeout(120)
+def test_write_to_a_replicating_slave_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    master, slave = master_and_slave(tmp_path)
+    with brokers(master, slave):
+        wait_in_sync(master)
+        with Producer([master.address], retries=0) as p:
+            for i in range(20):
+                assert p.send("t", f"m{i}".encode()).status == SendStatus.SEND_OK
+        end = wait_converged(master, slave)
+        with Producer([slave.address], retries=0) as p:
+            transport = p._transport
+            for i in range(100):
+                resp = transport.call_sync(
+                    slave.address,
+                    RequestCode.SEND,
+                    {"topic": "t", "queueId": 0},
+                    [b"w%d" % i],
+                    5000,
+                )
+                assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE, resp
+                assert "SLAVE" in resp.remark and slave.cfg.haMasterAddress in resp.remark
+        assert slave.status()["maxPhyOffset"] == end == master.status()["maxPhyOffset"]
+        assert_identical(master, slave, 0, end)
