@@ -14,7 +14,9 @@ at the relay). Modes:
 from __future__ import annotations
 
 import hashlib
+import os
 import selectors
+import signal
 import socket
 import threading
 import time
@@ -44,6 +46,27 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what} ({last!r})")
         event.wait(step_s)
+
+
+def stop_process(pid: int, timeout_s: float = 5.0) -> None:
+    """SIGSTOP ``pid`` and return only once every thread of it is stopped.
+
+    kill() returns before the signal has reached threads running on another CPU; until then a
+    "paused" slave can still read and ack a frame.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: _all_threads_stopped(pid), timeout_s, f"pid {pid} to stop", step_s=0.001)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:
+            continue  # the thread exited
+        if stat[stat.rindex(")") + 2] not in "tT":
+            return False
+    return True
 
 
 def commitlog_digest(store_root: Path, start: int, end: int, segment_bytes: int) -> str:

@@ -21,6 +21,7 @@ from replication_harness import (
     assert_identical,
     master_and_slave,
     slave_entry,
+    stop_process,
     wait_converged,
     wait_for,
     wait_in_sync,
@@ -91,7 +92,7 @@ def test_sync_slave_paused_times_out_in_window_then_recovers(tmp_path: Path) -> 
         wait_in_sync(master)
         with Producer([master.address], retries=0, timeout_ms=10_000) as p:
             assert timed_send(p, b"before")[0] == SendStatus.SEND_OK
-            os.kill(slave.pid, signal.SIGSTOP)
+            stop_process(slave.pid)
             try:
                 for _ in range(3):
                     status, ms = timed_send(p, b"during" * 100)
@@ -160,7 +161,7 @@ def test_async_master_does_not_wait_for_a_stopped_slave(tmp_path: Path) -> None:
     master, slave = master_and_slave(tmp_path, "ASYNC_MASTER", slaveTimeout=SLAVE_TIMEOUT_MS)
     with brokers(master, slave):
         wait_in_sync(master)
-        os.kill(slave.pid, signal.SIGSTOP)
+        stop_process(slave.pid)
         try:
             with Producer([master.address], retries=0) as p:
                 for i in range(200):
