@@ -58,6 +58,8 @@ class BrokerConfig:
     maxMessageSize: int = 4 * 1024 * 1024
     maxTopicLength: int = 127
     putLockWarnMs: int = 1000  # put lock held longer than this -> OS_PAGE_CACHE_BUSY
+    enabledAppendPropCRC: bool = True  # RocketMQ 5: whole-record CRC in a reserved property
+    forceVerifyPropCRC: bool = True  # recovery refuses records without that CRC
     # replication
     slaveTimeout: int = 3000
     inSyncReplicas: int = 2
@@ -121,6 +123,8 @@ class BrokerConfig:
             "must be a positive multiple of 20",
         )
         _require(self.maxMessageSize > 0, "maxMessageSize", "must be > 0")
+        _require(self.enabledAppendPropCRC or not self.forceVerifyPropCRC, "forceVerifyPropCRC",
+                 "needs enabledAppendPropCRC: true (records without the CRC would be cut)")
         _require(self.inSyncReplicas >= 1, "inSyncReplicas", "must be >= 1")
         _require(0 < self.diskMaxUsedSpaceRatio <= 95, "diskMaxUsedSpaceRatio", "must be in 1..95")
         _require(self.maxHashSlotNum > 0 and self.maxIndexNum > 1, "maxIndexNum", "must be > 1")

@@ -103,6 +103,7 @@ def to_message(raw: bytes | bytearray | memoryview, pos: int = 0) -> MessageExt:
     p = record.parse(raw, pos)
     h = p.header
     props = decode_properties(p.props)
+    props.pop(record.PROP_CRC_NAME, None)
     return MessageExt(
         topic=bytes(p.topic).decode("utf-8", errors="replace"),
         queue_id=h.queue_id,
@@ -143,6 +144,8 @@ class CommitLog:
         store_port: int = 0,
         allocate: AllocateService | None = None,
         put_lock_busy_ms: int = 1000,
+        append_prop_crc: bool = True,
+        require_prop_crc: bool = True,
     ):
         self.file_size = file_size
         self.max_message_size = max_message_size
@@ -160,6 +163,9 @@ class CommitLog:
         self._busy_s = put_lock_busy_ms / 1000
         self.last_store_timestamp = 0
         self._topic_parts: dict[str, bytes] = {}
+        self.append_prop_crc = append_prop_crc
+        self.require_prop_crc = require_prop_crc
+        self._crc_len = record.PROP_CRC_LEN if append_prop_crc else 0
 
     # ---- offsets ----------------------------------------------------------------------------
     @property
@@ -202,8 +208,11 @@ class CommitLog:
             return refused(PutStatus.MESSAGE_ILLEGAL,
                            f"body of {body_len} bytes exceeds maxMessageSize {self.max_message_size}")
         if props_len > record.MAX_PROPERTIES_BYTES:
+            user = props_len - self._crc_len
+            limit = record.MAX_PROPERTIES_BYTES - self._crc_len
+            crc_note = " (20 bytes are reserved for the record CRC)" if self._crc_len else ""
             return refused(PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                           f"properties of {props_len} bytes exceed {record.MAX_PROPERTIES_BYTES}")
+                           f"properties of {user} bytes exceed {limit}{crc_note}")
         if size > self.max_message_size + record.RECORD_SLACK_BYTES:
             return refused(PutStatus.MESSAGE_ILLEGAL, f"record of {size} bytes is too large")
         if size + record.END_FILE_MIN_BLANK > self.file_size:
@@ -217,6 +226,8 @@ class CommitLog:
             props = encode_properties(msg.all_properties())
         else:
             props = b""
+        if self._crc_len:
+            props += record.PROP_CRC_PLACEHOLDER
         body = msg.body
         size = record.FIXED_BYTES - 1 + len(topic_part) + len(body) + len(props)
         if (len(body) > self.max_message_size or len(props) > record.MAX_PROPERTIES_BYTES
@@ -274,6 +285,7 @@ class CommitLog:
         pack = record.HEADER.pack_into
         magic = record.MAGIC_V1
         store_ip, store_port = self.store_ip, self.store_port
+        seal = record.seal if self._crc_len else None
         with self.put_lock:
             self._lock_since = time.monotonic()
             try:
@@ -297,6 +309,8 @@ class CommitLog:
                 q = p + len(body)
                 buf[p:q] = body
                 buf[q : pos + size] = tail
+                if seal:
+                    seal(buf, pos, size)
                 pos += size
                 queue_offset += 1
             mf.wrote_position = pos
@@ -432,7 +446,8 @@ class CommitLog:
             mf = files[index]
             pos = phy - mf.file_from_offset
             view = mf.buffer
-            result = record.check(view, pos, self.file_size, expect_phy_offset=phy)
+            result = record.check(view, pos, self.file_size, expect_phy_offset=phy,
+                                  require_prop_crc=self.require_prop_crc)
             if result.size > 0:
                 report.records += 1
                 mf.store_timestamp = record.PATCH_STORE_TS.unpack_from(

@@ -106,7 +106,8 @@ class MessageStore:
         self.commit_log = CommitLog(
             self.root, cfg.mappedFileSizeCommitLog, max_message_size=cfg.maxMessageSize,
             store_ip=cfg.brokerIP1, store_port=cfg.listenPort, allocate=self.allocate,
-            put_lock_busy_ms=cfg.putLockWarnMs,
+            put_lock_busy_ms=cfg.putLockWarnMs, append_prop_crc=cfg.enabledAppendPropCRC,
+            require_prop_crc=cfg.forceVerifyPropCRC,
         )
         self.cq_store = ConsumeQueueStore(self.root, cfg.mappedFileSizeConsumeQueue)
         self.index: IndexService | None = (

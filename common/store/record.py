@@ -23,6 +23,11 @@ All integers big-endian. Fixed part = 88 bytes, then body, a 1-byte topic length
 |     | TOPIC length + TOPIC       | 1+t  | UTF-8                                    |
 |     | PROPERTIES length + PROPS  | 2+p  | ``name\\x01value\\x02`` UTF-8            |
 
+Whole-record CRC (RocketMQ 5 ``enabledAppendPropCRC``; on by default in replog): the
+properties end with a reserved 20-byte entry ``__CRC32#\x01`` + 10 ASCII digits (least
+significant first) + ``\x02``, the crc32 & 0x7FFFFFFF of the whole record except those 20 bytes.
+The body CRC alone misses a flipped bit in the header, topic or properties; this does not.
+
 At a segment's end, when a record plus 8 bytes no longer fits, a BLANK record of 8 bytes
 (TOTALSIZE = bytes left in the segment, MAGIC = BLANK) pads the rest of the segment.
 """
@@ -60,6 +65,40 @@ HEAD_PREFIX = struct.Struct(">iI")  # TOTALSIZE, MAGIC
 PATCH_QOFF = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET (adjacent)
 PATCH_STORE_TS = struct.Struct(">q")
 assert POS_QUEUE_OFFSET + PATCH_QOFF.size == 36
+
+
+PROP_CRC_LEN = 20
+PROP_CRC_PREFIX = b"__CRC32#\x01"
+PROP_CRC_NAME = "__CRC32#"
+PROP_CRC_PLACEHOLDER = PROP_CRC_PREFIX + b"0" * 10 + b"\x02"
+assert len(PROP_CRC_PLACEHOLDER) == PROP_CRC_LEN
+
+
+def crc_digits(crc: int) -> bytes:
+    """10 ASCII digits, least significant first (RocketMQ MessageDecoder.createCrc32)."""
+    out = bytearray(10)
+    for i in range(10):
+        out[i] = 48 + crc % 10
+        crc //= 10
+    return bytes(out)
+
+
+def seal(buf: bytearray | memoryview, pos: int, size: int) -> None:
+    """Write the whole-record CRC into the reserved tail of the record at ``pos``."""
+    crc = zlib.crc32(buf[pos : pos + size - PROP_CRC_LEN]) & 0x7FFFFFFF
+    start = pos + size - PROP_CRC_LEN + len(PROP_CRC_PREFIX)
+    buf[start : start + 10] = crc_digits(crc)
+
+
+def has_prop_crc(buf: bytes | bytearray | memoryview, pos: int, total: int) -> bool:
+    end = pos + total
+    return (buf[end - PROP_CRC_LEN : end - 11] == PROP_CRC_PREFIX and buf[end - 1] == 2)
+
+
+def prop_crc_ok(buf: bytes | bytearray | memoryview, pos: int, total: int) -> bool:
+    end = pos + total
+    crc = zlib.crc32(buf[pos : end - PROP_CRC_LEN]) & 0x7FFFFFFF
+    return bytes(buf[end - 11 : end - 1]) == crc_digits(crc)
 
 
 def body_crc(body: bytes | memoryview) -> int:
@@ -241,11 +280,13 @@ def check(
     end: int,
     expect_phy_offset: int | None = None,
     verify_crc: bool = True,
+    require_prop_crc: bool = False,
 ) -> Check:
     """Validate the record at ``pos`` within ``buf[:end]`` (RocketMQ checkMessageAndReturnSize).
 
     Checks magic, that the declared size fits and equals the size recomputed from the length
-    fields, that PHYSICALOFFSET equals ``expect_phy_offset`` and (optionally) the body CRC.
+    fields, that PHYSICALOFFSET equals ``expect_phy_offset`` and (optionally) the body CRC and
+    the whole-record CRC; ``require_prop_crc`` refuses a record without one.
     """
     left = end - pos
     if left < END_FILE_MIN_BLANK:
@@ -279,6 +320,11 @@ def check(
         crc = body_crc(view[start : start + body_len])
         if crc != header.body_crc:
             return Check(-1, f"body CRC {crc} != stored {header.body_crc}")
+        sealed = props_len >= PROP_CRC_LEN and has_prop_crc(view, pos, total)
+        if sealed and not prop_crc_ok(view, pos, total):
+            return Check(-1, "whole-record CRC mismatch (header, topic or properties changed)")
+        if require_prop_crc and not sealed:
+            return Check(-1, "whole-record CRC missing (torn inside the properties?)")
     return Check(total)
 
 
