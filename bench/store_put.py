@@ -34,12 +34,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.config import load_config  # noqa: E402
-from common.errors import PutStatus  # noqa: E402
-from common.message import Message, encode_properties  # noqa: E402
-from common.store.allocate import AllocateService  # noqa: E402
-from common.store.commit_log import CommitLog  # noqa: E402
-from common.store.message_store import MessageStore  # noqa: E402
+from common.config import load_config
+from common.errors import PutStatus
+from common.message import Message, encode_properties
+from common.store.allocate import AllocateService
+from common.store.commit_log import CommitLog
+from common.store.message_store import MessageStore
 
 TOPIC = "BenchTopic"
 SIZES = (128, 1024, 16 * 1024)
@@ -53,9 +53,9 @@ def fmt(rate: float) -> str:
 
 
 def make_store(root: Path, **kw: Any) -> MessageStore:
-    fields: dict[str, Any] = dict(storePathRootDir=str(root), mappedFileSizeCommitLog=SEGMENT,
-                                  maxHashSlotNum=1000, maxIndexNum=100_000,
-                                  messageIndexEnable=False)
+    fields: dict[str, Any] = {"storePathRootDir": str(root), "mappedFileSizeCommitLog": SEGMENT,
+                                  "maxHashSlotNum": 1000, "maxIndexNum": 100_000,
+                                  "messageIndexEnable": False}
     fields.update(kw)
     store = MessageStore(load_config(env={}, **fields))
     store.start()
@@ -237,8 +237,10 @@ def commit_log_only_rate(root: Path, batch: int, seconds: float) -> float:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def with_reput_rate(root: Path, batch: int, seconds: float) -> tuple[float, float]:
-    """(put rate, rate counting until reput has dispatched everything)."""
+def with_reput_rate(root: Path, batch: int, seconds: float,
+                    inline: bool = False) -> tuple[float, float]:
+    """(put rate, rate counting until reput has dispatched everything). ``inline``: the putting
+    thread calls ``dispatch_inline`` after every 64 messages, as the request loop does."""
     store = make_store(root, messageIndexEnable=True, maxHashSlotNum=100_000,
                        maxIndexNum=4_000_000)
     msgs = [message(128) for _ in range(max(batch, 1))]
@@ -254,6 +256,8 @@ def with_reput_rate(root: Path, batch: int, seconds: float) -> tuple[float, floa
                 for _ in range(64):
                     store.put(msgs[0], 0)
                 n += 64
+            if inline:
+                store.dispatch_inline()
             if time.perf_counter() > deadline:
                 break
         put_elapsed = time.perf_counter() - start
@@ -277,15 +281,18 @@ def main() -> None:
         print("\n== puts, one thread (raw = records packed into a fresh mmap, no store logic)")
         print(f"{'body':>6} {'mode':<22} {'msgs/s':>9} {'MB/s':>8} {'% raw':>6}")
         for size in SIZES:
-            raw = raw_ceiling(base, size, sec)
-            print(f"{size:>6} {'raw ceiling':<22} {fmt(raw):>9} {raw * size / 1e6:>8.1f} "
-                  f"{100:>5.0f}%")
+            rows = []
+            raw_before = raw_ceiling(base, size, sec)
             for flush in ("ASYNC_FLUSH", "SYNC_FLUSH"):
                 for batch in (0, 64):
                     rate = put_rate(base / "store-root", size, batch, flush, sec)
-                    mode = f"{'put' if batch == 0 else 'put_batch(64)'} {flush[:4]}"
-                    print(f"{size:>6} {mode:<22} {fmt(rate):>9} {rate * size / 1e6:>8.1f} "
-                          f"{100 * rate / raw:>5.1f}%")
+                    rows.append((f"{'put' if batch == 0 else 'put_batch(64)'} {flush[:4]}", rate))
+            raw = max(raw_before, raw_ceiling(base, size, sec))  # best of before/after
+            print(f"{size:>6} {'raw ceiling (best of 2)':<22} {fmt(raw):>9} "
+                  f"{raw * size / 1e6:>8.1f} {100:>5.0f}%")
+            for mode, rate in rows:
+                print(f"{size:>6} {mode:<22} {fmt(rate):>9} {rate * size / 1e6:>8.1f} "
+                      f"{100 * rate / raw:>5.1f}%")
 
         print("\n== SYNC_FLUSH, 128 B put, concurrent threads (group commit)")
         one = sync_threads(base / "store-root", 1, sec)
@@ -307,11 +314,15 @@ def main() -> None:
         print("\n== 128 B puts with reput (MessageStore, ASYNC, index on) vs CommitLog alone")
         for batch in (0, 64):
             alone = commit_log_only_rate(base, batch, sec)
-            with_reput, with_catch_up = with_reput_rate(base / "store-root", batch, sec)
             name = "put" if batch == 0 else "put_batch(64)"
-            print(f"{name:<14} CommitLog alone {fmt(alone)} msgs/s; with reput {fmt(with_reput)} "
-                  f"msgs/s (ratio {with_reput / alone:.2f}, target >= 0.8); counting until "
-                  f"dispatched {fmt(with_catch_up)} msgs/s ({with_catch_up / alone:.2f})")
+            print(f"{name:<14} CommitLog alone {fmt(alone)} msgs/s")
+            for inline in (False, True):
+                with_reput, with_catch_up = with_reput_rate(base / "store-root", batch, sec,
+                                                            inline)
+                how = "inline every 64" if inline else "reput thread"
+                print(f"{'':<14} with reput ({how:<15}) {fmt(with_reput)} msgs/s (ratio "
+                      f"{with_reput / alone:.2f}, target >= 0.8); counting until dispatched "
+                      f"{fmt(with_catch_up)} msgs/s ({with_catch_up / alone:.2f})")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

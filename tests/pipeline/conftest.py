@@ -14,12 +14,12 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from reference import expected_rows  # noqa: E402
-from storegen import Written  # noqa: E402
+from reference import expected_rows
+from storegen import Written
 
-from common.config import load_config  # noqa: E402
-from common.message import Message  # noqa: E402
-from common.store.message_store import MessageStore  # noqa: E402
+from common.config import load_config
+from common.message import Message
+from common.store.message_store import MessageStore
 
 SEGMENT_BYTES = 64 * 1024
 CQ_ENTRIES_PER_FILE = 100

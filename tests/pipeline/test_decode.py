@@ -95,6 +95,7 @@ def test_properties_edge_cases_match_decode_properties(tmp_path: Path) -> None:
         "ünï\x01çödé\x02".encode(),
         b"bad\x01\xff\xfe\x02",
         b"TAGS\x01first\x02TAGS\x01second\x02",
+        b"a\x01b\x02__CRC32#\x010123456789\x02",
     ]
     seg_bytes = 64 * 1024
     (tmp_path / "commitlog").mkdir()

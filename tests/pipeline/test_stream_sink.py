@@ -12,12 +12,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from broker_harness import BrokerProcess, brokers  # noqa: E402
+from broker_harness import BrokerProcess, brokers
 
-from common.client import Admin, Consumer, Producer  # noqa: E402
-from common.errors import PullStatus, SendStatus  # noqa: E402
-from common.message import MessageExt  # noqa: E402
-from common.pipeline.stream import group_status, safe_end  # noqa: E402
+from common.client import Admin, Consumer, Producer
+from common.errors import PullStatus, SendStatus
+from common.message import MessageExt
+from common.pipeline.stream import group_status, safe_end
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 

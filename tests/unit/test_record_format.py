@@ -4,6 +4,9 @@ the store lock; configuration loading.
 ``walk_log`` / ``decode_record`` below parse the segment files with plain ``open``, ``int.from_bytes``
 and ``zlib`` at the offsets of RocketMQ 4.x's v1 record (reference section 1.1), never through
 ``common.store.record``: a bug shared by the encoder and the production decoder cannot hide.
+With ``enabledAppendPropCRC`` (the default) the properties end with RocketMQ 5's reserved
+``__CRC32#\x01`` + 10 digits (least significant first) + ``\x02`` entry: the crc32 of the whole
+record except those 20 bytes; the decoder checks it and strips it from ``props``.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ class Rec:
     prepared: int
     body: bytes
     topic: str
-    props_raw: bytes
+    props_raw: bytes  # without the whole-record CRC entry
+    sealed: bool = False  # carried a (checked) whole-record CRC entry
 
     @property
     def props(self) -> dict[str, str]:
@@ -98,6 +102,13 @@ def decode_record(buf: bytes, pos: int, phy: int) -> Rec:
     p += 1 + topic_len
     props_len = _int(buf, p, 2, signed=False)
     props = buf[p + 2 : p + 2 + props_len]
+    sealed = len(props) >= 20 and props[-20:-11] == b"__CRC32#\x01" and props[-1:] == b"\x02"
+    if sealed:
+        digits = props[-11:-1]
+        assert digits.isdigit(), f"CRC digits {digits!r} at {phy}"
+        whole = zlib.crc32(buf[pos : pos + total - 20]) & 0x7FFFFFFF
+        assert int(digits[::-1]) == whole, f"whole-record CRC at {phy}"
+        props = props[:-20]
     rec = Rec(
         phy=phy, total=total, magic=_int(buf, pos + 4, 4, signed=False),
         crc=_int(buf, pos + 8, 4), queue_id=_int(buf, pos + 12, 4), flag=_int(buf, pos + 16, 4),
@@ -107,7 +118,7 @@ def decode_record(buf: bytes, pos: int, phy: int) -> Rec:
         store_ts=_int(buf, pos + 56, 8), store_ip=socket.inet_ntoa(buf[pos + 64 : pos + 68]),
         store_port=_int(buf, pos + 68, 4), reconsume=_int(buf, pos + 72, 4),
         prepared=_int(buf, pos + 76, 8), body=body, topic=topic.decode("utf-8"),
-        props_raw=props,
+        props_raw=props, sealed=sealed,
     )
     assert rec.magic == MAGIC, f"magic 0x{rec.magic:08X} at {phy}"
     assert p + 2 + props_len - pos == total == FIXED + body_len + topic_len + props_len
@@ -173,11 +184,11 @@ def msg_id_of(ip: str, port: int, phy: int) -> str:
 
 # ---- store helpers ---------------------------------------------------------------------------
 def make_cfg(root: Path, **kw: Any) -> BrokerConfig:
-    base: dict[str, Any] = dict(
-        storePathRootDir=str(root), mappedFileSizeCommitLog=SEG,
-        mappedFileSizeConsumeQueue=20 * 32, brokerIP1=STORE_IP, listenPort=STORE_PORT,
-        maxHashSlotNum=64, maxIndexNum=512,
-    )
+    base: dict[str, Any] = {
+        "storePathRootDir": str(root), "mappedFileSizeCommitLog": SEG,
+        "mappedFileSizeConsumeQueue": 20 * 32, "brokerIP1": STORE_IP, "listenPort": STORE_PORT,
+        "maxHashSlotNum": 64, "maxIndexNum": 512,
+    }
     base.update(kw)
     return load_config(env={}, **base)
 
@@ -255,7 +266,7 @@ def test_every_field_of_every_record_across_segment_rolls(tmp_path: Path) -> Non
             assert rec.total == s.size
         assert rec.topic == m.topic and rec.queue_id == s.queue_id
         assert rec.body == m.body and rec.flag == m.flag
-        assert rec.props == m.all_properties()
+        assert rec.props == m.all_properties() and rec.sealed
         key = (m.topic, s.queue_id)
         assert rec.queue_offset == next_qoff.get(key, 0), f"record {i}: queue offsets not dense"
         next_qoff[key] = rec.queue_offset + 1
@@ -281,19 +292,23 @@ def test_every_field_of_every_record_across_segment_rolls(tmp_path: Path) -> Non
         assert (batch_end - following.phy) + 8 > left, f"needless BLANK at {blank_at}"
 
 
-def test_rocketmq_golden_record_size(tmp_path: Path) -> None:
-    """RocketMQ's ReputMessageServiceTest: FooBar, 32-byte body, KEYS + TAGS -> 158 bytes."""
-    with running(make_cfg(tmp_path, mappedFileSizeCommitLog=1 << 20)) as store:
+@pytest.mark.parametrize(("prop_crc", "size"), [(False, 158), (True, 178)])
+def test_rocketmq_golden_record_size(tmp_path: Path, prop_crc: bool, size: int) -> None:
+    """RocketMQ's ReputMessageServiceTest: FooBar, 32-byte body, KEYS + TAGS -> 158 bytes
+    (4.x, no whole-record CRC); the reserved CRC property adds 20 bytes."""
+    cfg = make_cfg(tmp_path, mappedFileSizeCommitLog=1 << 20, enabledAppendPropCRC=prop_crc,
+                   forceVerifyPropCRC=prop_crc)
+    with running(cfg) as store:
         for i in range(10):
             r = store.put(Message("FooBar", bytes(range(32)), tags="TAG1",
                                   keys=f"{1_700_000_000_000 + i}"), 0)
-            assert r.status is PutStatus.PUT_OK and r.wrote_bytes == 158
-            assert r.phy_offset == 158 * i
-        assert store.max_phy_offset == 1580
+            assert r.status is PutStatus.PUT_OK and r.wrote_bytes == size
+            assert r.phy_offset == size * i
+        assert store.max_phy_offset == 10 * size
     image = walk_log(commitlog(tmp_path), 1 << 20)
-    assert [r.total for r in image.records] == [158] * 10
+    assert [(r.total, r.sealed) for r in image.records] == [(size, prop_crc)] * 10
     assert image.records[3].props == {"TAGS": "TAG1", "KEYS": "1700000000003"}
-    assert image.end == 1580
+    assert image.end == 10 * size
 
 
 def test_msg_id_is_store_ip_port_offset_in_upper_hex(tmp_path: Path) -> None:
@@ -318,11 +333,11 @@ def test_msg_id_is_store_ip_port_offset_in_upper_hex(tmp_path: Path) -> None:
         ("", b"x", {}, PutStatus.MESSAGE_ILLEGAL),
         ("TopicA", b"x" * 2048, {}, PutStatus.PUT_OK),
         ("TopicA", b"x" * 2049, {}, PutStatus.MESSAGE_ILLEGAL),
-        ("TopicA", b"", {"k": "v" * (32767 - 3)}, PutStatus.PUT_OK),
-        ("TopicA", b"", {"k": "v" * (32767 - 2)}, PutStatus.PROPERTIES_SIZE_EXCEEDED),
+        ("TopicA", b"", {"k": "v" * (32767 - 20 - 3)}, PutStatus.PUT_OK),
+        ("TopicA", b"", {"k": "v" * (32767 - 20 - 2)}, PutStatus.PROPERTIES_SIZE_EXCEEDED),
     ],
-    ids=["topic127", "topic128", "empty-topic", "body-at-max", "body-over-max", "props-32767",
-         "props-32768"],
+    ids=["topic127", "topic128", "empty-topic", "body-at-max", "body-over-max",
+         "props-32767-with-crc", "props-32768-with-crc"],
 )
 def test_put_statuses(tmp_path: Path, topic: str, body: bytes, props: dict[str, str],
                       status: PutStatus) -> None:
@@ -343,6 +358,19 @@ def test_put_statuses(tmp_path: Path, topic: str, body: bytes, props: dict[str, 
             b"".join(f"{k}\x01{v}\x02".encode() for k, v in props.items()))
     else:
         assert walk_log(commitlog(tmp_path), 1 << 16).records == []
+
+
+@pytest.mark.parametrize(("length", "status"), [(32767, PutStatus.PUT_OK),
+                                                 (32768, PutStatus.PROPERTIES_SIZE_EXCEEDED)])
+def test_properties_limit_without_the_record_crc(tmp_path: Path, length: int,
+                                                 status: PutStatus) -> None:
+    cfg = make_cfg(tmp_path, mappedFileSizeCommitLog=1 << 16, enabledAppendPropCRC=False,
+                   forceVerifyPropCRC=False)
+    with running(cfg) as store:
+        r = store.put(Message("TopicA", b"", properties={"k": "v" * (length - 3)}), 0)
+        assert r.status is status, r.remark
+    recs = walk_log(commitlog(tmp_path), 1 << 16).records
+    assert [len(r.props_raw) for r in recs] == ([length] if r.ok else [])
 
 
 def test_put_after_shutdown_is_service_not_available(tmp_path: Path) -> None:
@@ -424,7 +452,7 @@ def test_empty_slave_starts_at_the_masters_first_offset(tmp_path: Path) -> None:
     with running(make_cfg(tmp_path / "s", brokerRole="SLAVE", brokerId=1)) as slave:
         assert slave.append_replicated(start, tail) == end
         assert slave.min_phy_offset == start and slave.max_phy_offset == end
-        assert sorted(p.name for p in commitlog(tmp_path / "s").iterdir())[0] == f"{start:020d}"
+        assert min(p.name for p in commitlog(tmp_path / "s").iterdir()) == f"{start:020d}"
         msg = slave.message_by_offset(start)
         assert msg is not None and msg.commit_log_offset == start
 
