@@ -20,7 +20,6 @@ import dataclasses
 import re
 import socket
 import struct
-import zlib
 from collections.abc import Iterable
 from functools import cached_property
 
@@ -70,6 +69,7 @@ _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 _BIG_ENDIAN = {2: ">u2", 4: ">i4", 8: ">i8"}
 _INLINE_MAX = 12  # Arrow binary views keep values of up to 12 bytes inline
 _MAX_BUFFER = 2**31 - 1  # view offsets are int32
+_CRC_NAME = np.frombuffer(record.PROP_CRC_NAME.encode(), dtype=np.uint8)
 _NAME_VALUE_SEP = 1
 _PROPERTY_SEP = 2
 
@@ -112,9 +112,9 @@ def walk(buf: np.ndarray, phy_base: int, verify_crc: bool = False) -> Walk:
     cand, sizes = _chain(cand, sizes)
     bad, reason = _first_malformed(buf, cand, sizes)
     if verify_crc:
-        bad_crc = _first_crc_mismatch(buf, cand[:bad], sizes[:bad])
+        bad_crc, why = _first_crc_mismatch(buf, cand[:bad], sizes[:bad])
         if bad_crc < bad:
-            bad, reason = bad_crc, "body CRC mismatch"
+            bad, reason = bad_crc, why
     if bad < cand.size:
         return Walk(cand[:bad], sizes[:bad], int(cand[bad]), "invalid", reason)
     end = int(cand[-1] + sizes[-1]) if cand.size else 0
@@ -181,16 +181,15 @@ def _first_malformed(buf: np.ndarray, cand: np.ndarray, sizes: np.ndarray) -> tu
     return first, why.reason or "length fields disagree with TOTALSIZE"
 
 
-def _first_crc_mismatch(buf: np.ndarray, cand: np.ndarray, sizes: np.ndarray) -> int:
-    """Index of the first record whose body CRC is wrong, else len(cand)."""
-    body_len = be_ints(buf, cand + OFF["body_len"], 4).tolist()
-    stored = be_ints(buf, cand + OFF["body_crc"], 4).tolist()
+def _first_crc_mismatch(buf: np.ndarray, cand: np.ndarray, sizes: np.ndarray) -> tuple[int, str]:
+    """Index of the first record failing the store's own check with CRCs (body CRC and, when
+    the record carries one, the whole-record CRC), and why; else len(cand)."""
     view = buf.data
-    for i, (p, n, crc) in enumerate(zip(cand.tolist(), body_len, stored, strict=True)):
-        start = p + HEADER.size
-        if zlib.crc32(view[start : start + n]) & 0x7FFFFFFF != crc:
-            return i
-    return cand.size
+    for i, (p, n) in enumerate(zip(cand.tolist(), sizes.tolist(), strict=True)):
+        checked = record.check(view, p, p + n, verify_crc=True)
+        if checked.size <= 0:
+            return i, checked.reason
+    return cand.size, ""
 
 
 # --------------------------------------------------------------------------------------- decode
@@ -327,7 +326,8 @@ class Properties:
 
 
 def split_properties(recs: Records) -> Properties:
-    """Parse ``name\\x01value\\x02`` lists the way ``common.message.decode_properties`` does."""
+    """Parse ``name\\x01value\\x02`` lists the way the store's reader does
+    (``common.message.decode_properties``, minus the whole-record CRC entry)."""
     n = len(recs)
     raw = view_array(recs.buf, pa.py_buffer(recs.buf), recs.props_pos, recs.props_len, pa.binary())
     offsets = np.frombuffer(raw.buffers()[1], dtype=np.int32)[: n + 1].astype(np.int64)
@@ -354,12 +354,22 @@ def split_properties(recs: Records) -> Properties:
     j = np.searchsorted(names, starts)
     has_sep = j < names.size
     sep_at = names[np.minimum(j, names.size - 1)] if names.size else np.zeros_like(starts)
-    keep = has_sep & (sep_at < ends)
+    keep = has_sep & (sep_at < ends) & ~_is_name(data, starts, sep_at, _CRC_NAME)
     starts, ends, sep_at, rec = starts[keep], ends[keep], sep_at[keep], rec[keep]
     pa_data = pa.py_buffer(data)
     keys = view_array(data, pa_data, starts, sep_at - starts, pa.string())
     values = view_array(data, pa_data, sep_at + 1, ends - sep_at - 1, pa.string())
     return Properties(rec.astype(np.int64), keys, values, n)
+
+
+def _is_name(data: np.ndarray, starts: np.ndarray, seps: np.ndarray, name: np.ndarray
+             ) -> np.ndarray:
+    """Mask of the entries whose name (``data[start:sep]``) is exactly ``name``."""
+    mask = (seps - starts) == name.size
+    idx = np.flatnonzero(mask)
+    if idx.size:
+        mask[idx] = (gather(data, starts[idx], name.size) == name).all(axis=1)
+    return mask
 
 
 def host_strings(recs: Records, name: str) -> pa.Array:

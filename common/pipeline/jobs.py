@@ -77,8 +77,8 @@ def _session(master: str | None) -> tuple[SparkSession, bool]:
     """The active session (kept) or a new one (stopped by the caller)."""
     from pyspark.sql import SparkSession
 
-    from . import register
-    from .session import build_session
+    from common.pipeline import register
+    from common.pipeline.session import build_session
 
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -104,22 +104,22 @@ def _emit(doc: Any, as_json: bool, text: str) -> None:
 def run_job(spark: SparkSession, args: argparse.Namespace) -> int:
     """Run the parsed job on ``spark``; print its result; return the exit status."""
     if args.job == "audit":
-        from .audit import format_report, run_audit
+        from common.pipeline.audit import format_report, run_audit
 
         report = run_audit(spark, args.master_store, args.slave_store, args.max_blocks)
         _emit(report.as_dict(), args.json, format_report(report))
         bad = report.divergent or (args.require_identical and not report.identical)
         return EXIT_FOUND if bad else EXIT_OK
     if args.job == "stats":
-        from .stats import format_table, run_stats
+        from common.pipeline.stats import format_table, run_stats
 
         options = {"topics": args.topics} if args.topics else None
         rows = run_stats(spark, args.store, args.output, args.top, options)
         _emit({"rows": rows, "output": args.output}, args.json, format_table(rows))
         return EXIT_OK
     if args.job == "reindex":
-        from .reindex import format_report as format_reindex
-        from .reindex import run_reindex
+        from common.pipeline.reindex import format_report as format_reindex
+        from common.pipeline.reindex import run_reindex
 
         result = run_reindex(spark, args.store, args.write, args.cq_file_bytes)
         _emit(result, args.json, format_reindex(result))

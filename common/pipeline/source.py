@@ -95,8 +95,7 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> ReadOptions:
-        opts = {k: v for k, v in options.items()}  # case-insensitive dict -> plain dict
-        lowered = {k.lower(): v for k, v in opts.items()}
+        lowered = {k.lower(): v for k, v in options.items()}
         path = lowered.get("path")
         if not path:
             raise ValueError('replog needs a store directory: .load("/path/to/store")')

@@ -167,6 +167,35 @@ class ConsumeQueue:
             self._max_phy = phy_offset + size
             return True
 
+    def put_many(self, first_queue_offset: int, entries: list[Entry]) -> bool:
+        """Append consecutive entries ``(phy_offset, size, tags_code)`` in one copy.
+
+        The common case (reput of a batch, or of many puts to one queue): the entries continue
+        the queue exactly and fit in the last segment. Anything else goes entry by entry
+        through ``put``, which handles re-dispatch, gaps and segment rolls.
+        """
+        with self._lock:
+            skip = 0
+            while skip < len(entries) and entries[skip][0] + entries[skip][1] <= self._max_phy:
+                skip += 1
+            rest = entries[skip:] if skip else entries
+            if not rest:
+                return True
+            queue_offset = first_queue_offset + skip
+            expected = queue_offset * CQ_UNIT
+            last = self._mfq.last()
+            if (last is None or self._is_empty() or last.max_offset != expected
+                    or last.remaining() < len(rest) * CQ_UNIT):
+                return all(self.put(queue_offset + i, *e) for i, e in enumerate(rest))
+            data = bytearray(len(rest) * CQ_UNIT)
+            pack = CQ_ENTRY.pack_into
+            for i, (phy, size, tags) in enumerate(rest):
+                pack(data, i * CQ_UNIT, phy, size, tags)
+            last.append(data)
+            phy, size, _ = rest[-1]
+            self._max_phy = phy + size
+            return True
+
     def _segment_for(self, expected: int) -> MappedFile:
         """The segment to append to; an empty queue starts at ``expected`` with blank fill."""
         if not self._mfq.files:

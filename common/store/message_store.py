@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from common.config import BrokerConfig, parse_delay_levels
-from common.errors import CorruptionError, GetStatus, PutStatus
+from common.errors import CorruptionError, GetStatus, PutStatus, StoreError
 from common.message import (
     PROPERTY_WAIT,
     SCHEDULE_TOPIC,
@@ -268,10 +268,14 @@ class MessageStore:
     _last_dispatch_ts = 0
 
     # ---- dispatch (called by reput) -----------------------------------------------------------
-    def dispatch(self, req: DispatchRequest) -> None:
-        cq = self.cq_store.find_or_create(req.topic, req.queue_id)
-        cq.put(req.queue_offset, req.phy_offset, req.size, req.tags_code)
-        if self.index is not None and req.keys:
+    def dispatch_cq(self, topic: str, queue_id: int, first_queue_offset: int,
+                    entries: list[tuple[int, int, int]]) -> None:
+        cq = self.cq_store.find_or_create(topic, queue_id)
+        if not cq.put_many(first_queue_offset, entries):
+            raise StoreError(f"cannot append to consume queue {topic}/{queue_id}")
+
+    def dispatch_index(self, req: DispatchRequest) -> None:
+        if self.index is not None:
             self.index.build(req.topic, list(req.keys), req.phy_offset, req.store_timestamp)
         self._last_dispatch_ts = req.store_timestamp
 

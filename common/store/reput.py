@@ -80,6 +80,8 @@ def dispatch_request(view: memoryview, phy_offset: int, delay_levels_ms: list[in
     topic = _topic_text(bytes(view[p + 1 : p + 1 + topic_len]))
     p += 1 + topic_len
     props_len = (view[p] << 8) | view[p + 1]
+    if props_len >= record.PROP_CRC_LEN and record.has_prop_crc(view, 0, size):
+        props_len -= record.PROP_CRC_LEN  # the record CRC is not a user property
     if not props_len:
         return DispatchRequest(topic, queue_id, queue_offset, phy_offset, size, 0, store_ts, ())
     raw_props = bytes(view[p + 2 : p + 2 + props_len])
@@ -97,6 +99,10 @@ def dispatch_request(view: memoryview, phy_offset: int, delay_levels_ms: list[in
         code = store_ts + delay_levels_ms[level - 1]
     return DispatchRequest(topic, queue_id, queue_offset, phy_offset, size, code, store_ts,
                            tuple(found))
+
+
+_HEAD = record.HEAD_PREFIX
+MAX_PASS_RECORDS = 4096  # bounds how long a pass holds the reput lock and delays visibility
 
 
 class ReputService:
@@ -154,29 +160,82 @@ class ReputService:
             return self._dispatch_locked()
 
     def _dispatch_locked(self) -> int:
+        """Dispatch whole records up to the log's end, at most MAX_PASS_RECORDS per pass.
+
+        Walks each segment's mapping directly; consecutive records of one queue (a batch, or a
+        run of puts to one queue) reach the ConsumeQueue in one append.
+        """
         store = self._store
-        start = store.dispatched_phy_offset
-        end = store.commit_log.max_offset
-        if start >= end:
-            return 0
+        log_ = store.commit_log
+        end = log_.max_offset
         count = 0
-        touched: dict[tuple[str, int], int] = {}
-        levels = store.delay_levels_ms
-        for phy, view in store.commit_log.iter_records(start, end):
-            req = dispatch_request(view, phy, levels)
-            view.release()
-            store.dispatch(req)
-            touched[(req.topic, req.queue_id)] = req.queue_offset + 1
-            count += 1
-            store.dispatched_phy_offset = phy + req.size
-        # BLANK padding at a segment end has nothing to dispatch but must be passed over.
-        if count == 0 or store.dispatched_phy_offset < end:
-            self._skip_blank(end)
+        while store.dispatched_phy_offset < end:
+            done = self._dispatch_pass(log_, end)
+            if done == 0:
+                self._skip_blank(end)
+                break
+            count += done
         self.dispatched += count
+        return count
+
+    def _dispatch_pass(self, log_: CommitLog, end: int) -> int:
+        store = self._store
+        phy = store.dispatched_phy_offset
+        levels = store.delay_levels_ms
+        runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
+        touched: dict[tuple[str, int], int] = {}
+        count = 0
+        while phy < end and count < MAX_PASS_RECORDS:
+            mf = log_.queue.find(phy)
+            if mf is None:
+                break
+            base = mf.file_from_offset
+            buf = mf.buffer
+            pos = phy - base
+            limit = min(mf.wrote_position, end - base)
+            while pos + record.END_FILE_MIN_BLANK <= limit and count < MAX_PASS_RECORDS:
+                total, magic = _HEAD.unpack_from(buf, pos)
+                if magic == record.BLANK_MAGIC:
+                    pos = mf.file_size
+                    break
+                if magic != record.MAGIC_V1 or total < record.FIXED_BYTES:
+                    self._flush_runs(runs, touched, phy)
+                    raise CorruptionError(base + pos, f"bad record header (magic 0x{magic:08X}, "
+                                                      f"size {total})")
+                if pos + total > limit:
+                    break  # not whole yet
+                req = dispatch_request(buf[pos : pos + total], base + pos, levels)
+                key = (req.topic, req.queue_id)
+                run = runs.get(key)
+                if run is None or run[0] + len(run[1]) != req.queue_offset:
+                    if run is not None:
+                        store.dispatch_cq(req.topic, req.queue_id, run[0], run[1])
+                    run = runs[key] = (req.queue_offset, [])
+                run[1].append((req.phy_offset, total, req.tags_code))
+                if req.keys:
+                    store.dispatch_index(req)
+                touched[key] = req.queue_offset + 1
+                pos += total
+                count += 1
+            new_phy = base + pos
+            if new_phy == phy:
+                break
+            phy = new_phy
+        self._flush_runs(runs, touched, phy)
+        return count
+
+    def _flush_runs(self, runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]],
+                    touched: dict[tuple[str, int], int], phy: int) -> None:
+        """Append the pending ConsumeQueue runs, advance the dispatched offset, tell listeners."""
+        store = self._store
+        for (topic, queue_id), (first, entries) in runs.items():
+            store.dispatch_cq(topic, queue_id, first, entries)
+        runs.clear()
+        store.dispatched_phy_offset = max(store.dispatched_phy_offset, phy)
         for (topic, queue_id), max_queue_offset in touched.items():
             for listener in self.arrival_listeners:
                 listener(topic, queue_id, max_queue_offset)
-        return count
+        touched.clear()
 
     def _skip_blank(self, end: int) -> None:
         store = self._store
@@ -217,4 +276,7 @@ class DispatchTarget(Protocol):
     delay_levels_ms: list[int]
     commit_log: CommitLog
 
-    def dispatch(self, req: DispatchRequest) -> None: ...
+    def dispatch_cq(self, topic: str, queue_id: int, first_queue_offset: int,
+                    entries: list[tuple[int, int, int]]) -> None: ...
+
+    def dispatch_index(self, req: DispatchRequest) -> None: ...

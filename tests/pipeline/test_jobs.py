@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_store
 from storegen import CQ_ENTRY
+from stores import write_store
 
 from common.pipeline import jobs
 from common.pipeline.audit import BLOCK_BYTES

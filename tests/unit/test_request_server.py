@@ -41,6 +41,7 @@ class FakeStore:
         self.queues: dict[tuple[str, int], list[int]] = {}
         self.by_phy: dict[int, bytes] = {}
         self.listeners: list[Callable[[str, int, int], None]] = []
+        self.append_listeners: list[Callable[[int], None]] = []
         self.lock = threading.Lock()
         self.started = self.stopped = False
         self.min_phy_offset = 0
@@ -65,6 +66,12 @@ class FakeStore:
 
     def add_arrival_listener(self, cb: Callable[[str, int, int], None]) -> None:
         self.listeners.append(cb)
+
+    def add_append_listener(self, cb: Callable[[int], None]) -> None:
+        self.append_listeners.append(cb)  # the master's HA service registers; no slave here
+
+    def read_committed(self, phy_offset: int, max_bytes: int) -> bytes:
+        return b"".join(self.log)[phy_offset : phy_offset + max_bytes]
 
     def _append(self, msg: Message, queue_id: int) -> tuple[int, int, int]:
         entries = self.queues.setdefault((msg.topic, queue_id), [])
