@@ -455,6 +455,7 @@ class Broker:
             return reply(req, fields=self.status(), remark=f"already {current.name}")
         if current is not None:
             current.stop()
+        self.store.become_master()
         self.cfg.store_root.mkdir(parents=True, exist_ok=True)
         history = epochs.load(self.cfg.store_root)
         history = epochs.new_epoch(history, int(self.store.max_phy_offset))

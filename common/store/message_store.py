@@ -214,6 +214,22 @@ class MessageStore:
             self.schedule.shutdown()
             self._schedule_running = False
 
+    def become_master(self) -> None:
+        """A promoted slave: index what replication appended, then continue its queue offsets.
+
+        A slave never puts, so its queue offset table is only what start-up rebuilt; without
+        this a promoted slave would hand out queue offsets that its ConsumeQueues already hold.
+        Call after replication into this store has stopped.
+        """
+        self.reput.catch_up()
+        with self.commit_log.put_lock:
+            self._rebuild_queue_table()
+        self.set_schedule_enabled(True)
+
+    def become_slave(self) -> None:
+        """Stop what only a master does (delay delivery); writes are refused by the role."""
+        self.set_schedule_enabled(False)
+
     def clean_now(self) -> int:
         """Delete expired segments now, whatever the hour (operators, tests)."""
         return self.cleaner.run_once(force=True)

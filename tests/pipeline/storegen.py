@@ -1,4 +1,5 @@
-"""Writes small, valid store directories for pipeline tests, without the broker.
+"""Writes small, valid store directories byte by byte, without the broker: for decoder tests
+that need records the store would never write (forged headers inside bodies, odd properties).
 
 Segments hold records made by ``common.store.record.encode``, a BLANK record pads each full
 segment, files are full-size and named by their 20-digit start offset, and ConsumeQueue files
@@ -8,7 +9,6 @@ get one 20-byte entry per record, exactly as the broker lays them out.
 from __future__ import annotations
 
 import dataclasses
-import random
 import struct
 from pathlib import Path
 
@@ -112,21 +112,3 @@ class StoreWriter:
             with open(path, "wb") as f:
                 f.truncate(self.cq_bytes)
         self._write(path, byte_pos - start, CQ_ENTRY.pack(phy, size, tags_code(tags)))
-
-
-def fill(writer: StoreWriter, count: int, seed: int = 7, topics: tuple[str, ...] = ("orders", "audit", "clicks"),
-         queues: int = 4, start_ms: int = 1_700_000_000_000) -> list[Written]:
-    """``count`` random messages over ``topics`` x ``queues``: bodies 0-400 B, some UTF-8
-    properties, some without tags or keys, timestamps spread over a few minutes."""
-    rnd = random.Random(seed)
-    out = []
-    for i in range(count):
-        topic = rnd.choice(topics)
-        body = rnd.randbytes(rnd.choice([0, 5, 12, 13, 60, 200, 400]))
-        tags = rnd.choice([None, "TagA", "TagB", "Täg"])
-        keys = rnd.choice([None, f"k{rnd.randrange(20)}", f"k{rnd.randrange(20)} k{i}"])
-        extra = {"n": str(i), "ünï": "çödé"} if i % 3 == 0 else {}
-        born = start_ms + i * 97
-        store = born + rnd.randrange(0, 50)
-        out.append(writer.put(topic, body, rnd.randrange(queues), tags, keys, extra, born, store))
-    return out

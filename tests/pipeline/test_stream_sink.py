@@ -160,10 +160,6 @@ def wait_in_sync(master: BrokerProcess) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "broker bug: a promoted slave restarts queue offsets at 0 (CommitLog.topic_queue_table is "
-    "not rebuilt from replicated records), so post-failover messages get queue offsets that "
-    "already exist and never reach a ConsumeQueue a pull can see"))
 def test_stream_follows_the_group_across_a_failover(spark, tmp_path) -> None:
     sizes = {"flushDiskType": "SYNC_FLUSH", "mappedFileSizeCommitLog": 256 * 1024,
              "defaultTopicQueueNums": 4}
