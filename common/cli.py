@@ -529,6 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--config", required=True)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
 
+    p = sub.add_parser("pipeline", help="run a Spark job: audit, stats or reindex",
+                       add_help=False)
+    p.add_argument("job_args", nargs=argparse.REMAINDER)
+
     p = sub.add_parser("cluster", help="run a local broker group")
     p.add_argument("action", choices=["up"])
     p.add_argument("--dir", default="run/cluster")
@@ -589,11 +593,17 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["pipeline"]:  # the Spark jobs parse their own arguments
+        from common.pipeline.jobs import main as pipeline_main
+
+        return pipeline_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "broker":
             return run_broker(args.config, args.set)
+
         return COMMANDS[args.command](args)
     except UsageError as e:
         parser.error(str(e))  # exits 2

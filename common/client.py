@@ -724,6 +724,10 @@ class _Base:
         self._closed.set()
         self._transport.close()
 
+    def queue_nums(self, topic: str) -> int:
+        """How many queues ``topic`` has (asked of the master once, then cached)."""
+        return self._cluster.queue_nums(topic)
+
     def _with_retries(self, attempt: Callable[[str], Any]) -> Any:
         """Run ``attempt(master_address)``; retry retriable errors, re-discovering the master."""
         for n in range(self.retries + 1):

@@ -199,7 +199,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def queue_count(consumer: Any, topic: str) -> int:
     """Queues of ``topic`` (0 for a topic the group does not have)."""
     try:
-        return int(consumer._cluster.queue_nums(topic))  # the client's TOPIC_ROUTE lookup
+        return consumer.queue_nums(topic)
     except BrokerError as e:
         if e.code == ResponseCode.TOPIC_NOT_EXIST:
             return 0
