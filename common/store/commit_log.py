@@ -54,7 +54,7 @@ class PutResult(NamedTuple):
     queue_id: int = -1
     queue_offset: int = -1
     store_timestamp: int = 0
-    count: int = 0
+    msg_count: int = 0
     record_offsets: tuple[int, ...] = ()
     store_ip: bytes = LOCALHOST
     store_port: int = 0
@@ -485,12 +485,15 @@ class CommitLog:
             report.cut_bytes += holder.zero_tail_if_dirty(pos)
         self.queue.truncate_dirty(end)
         self.queue.flushed_where = end
-        if report.cut_reason or report.cut_bytes or report.segments_removed:
+        if report.cut_reason or report.cut_bytes:
             log.warning(
                 "event=recovery_cut offset=%d reason=%r zeroed_bytes=%d segments_removed=%s",
-                end, report.cut_reason or "garbage after the last record", report.cut_bytes,
-                ",".join(report.segments_removed) or "-",
+                end, report.cut_reason or "non-zero bytes after the last whole record",
+                report.cut_bytes, ",".join(report.segments_removed) or "-",
             )
+        elif report.segments_removed:
+            log.info("event=recovery_removed_empty_segments offset=%d segments=%s", end,
+                     ",".join(report.segments_removed))
 
     def truncate(self, phy_offset: int) -> None:
         """Drop every byte at or after ``phy_offset`` (HA divergence), on disk."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from common.errors import StoreError
 
 OS_PAGE_SIZE = 4096
+WARM_CHUNK = 1 << 20
 NAME_DIGITS = 20
 
 
@@ -140,9 +141,15 @@ class MappedFile:
 
     def warm(self, sync: bool) -> None:
         """Touch every page (RocketMQ warmMapedFile) so first writes do not fault."""
+        # 1 MiB of zeros at a time: the page faults happen in C, and the GIL is free between
+        # chunks (a per-page Python loop held it through thousands of faults).
         view = self._view
-        for pos in range(0, self.file_size, OS_PAGE_SIZE):
-            view[pos] = 0
+        chunk = bytes(WARM_CHUNK)
+        for pos in range(0, self.file_size, WARM_CHUNK):
+            end = min(pos + WARM_CHUNK, self.file_size)
+            view[pos:end] = chunk[: end - pos]
+            if sync and (pos // WARM_CHUNK) % 16 == 15:
+                self._mm.flush(pos + WARM_CHUNK - 16 * WARM_CHUNK, 16 * WARM_CHUNK)
         if sync:
             self._mm.flush()
         if hasattr(mmap, "MADV_WILLNEED"):

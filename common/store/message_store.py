@@ -326,7 +326,7 @@ class MessageStore:
         if result.status is not PutStatus.PUT_OK:
             self.put_failures += 1
             return PendingPut(result, done_future(result.status))
-        self.puts += result.count
+        self.puts += result.msg_count
         if self._group_commit is not None and wait:
             return PendingPut(result, self._group_commit.request(result.end_phy_offset))
         return PendingPut(result, _FLUSHED)

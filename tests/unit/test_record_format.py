@@ -241,7 +241,7 @@ def test_every_field_of_every_record_across_segment_rolls(tmp_path: Path) -> Non
                     m.body = m.body[:300]
                 r = store.put_batch(topic, qid, msgs, born_host=BORN, born_timestamp=BORN_TS)
                 assert r.status is PutStatus.PUT_OK, r.remark
-                assert r.count == len(msgs) and len(r.record_offsets) == len(msgs)
+                assert r.msg_count == len(msgs) and len(r.record_offsets) == len(msgs)
                 sent += [Sent(m, qid, off, 0) for m, off in zip(msgs, r.record_offsets)]
             else:
                 m = random_message(rng, topic)
@@ -588,5 +588,5 @@ def test_set_without_equals_is_refused() -> None:
 def test_result_fields_are_consistent(tmp_path: Path) -> None:
     with running(make_cfg(tmp_path)) as store:
         r: PutResult = store.put(Message("TopicA", b"x" * 10), 3)
-        assert (r.queue_id, r.queue_offset, r.count) == (3, 0, 1)
+        assert (r.queue_id, r.queue_offset, r.msg_count) == (3, 0, 1)
         assert r.end_phy_offset == r.phy_offset + r.wrote_bytes == store.max_phy_offset
