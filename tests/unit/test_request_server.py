@@ -42,6 +42,7 @@ class FakeStore:
         self.by_phy: dict[int, bytes] = {}
         self.listeners: list[Callable[[str, int, int], None]] = []
         self.append_listeners: list[Callable[[int], None]] = []
+        self.promotions = 0
         self.lock = threading.Lock()
         self.started = self.stopped = False
         self.min_phy_offset = 0
@@ -66,6 +67,9 @@ class FakeStore:
 
     def add_arrival_listener(self, cb: Callable[[str, int, int], None]) -> None:
         self.listeners.append(cb)
+
+    def become_master(self) -> None:
+        self.promotions += 1  # the real store rebuilds its queue offsets from its ConsumeQueues
 
     def add_append_listener(self, cb: Callable[[int], None]) -> None:
         self.append_listeners.append(cb)  # the master's HA service registers; no slave here
@@ -311,6 +315,7 @@ def test_promote_slave_then_writes_succeed(make_broker: Callable[..., Broker]) -
     with Admin([addr(broker)]) as a:
         status = a.promote(addr(broker), role="ASYNC_MASTER")
     assert status["role"] == "ASYNC_MASTER" and status["epoch"] == 1
+    assert broker.store.promotions == 1  # the store continued its queue offsets
     with Producer([addr(broker)]) as p:
         assert p.send("t", b"x").status == SendStatus.SEND_OK
 
