@@ -171,3 +171,26 @@ def test_retention_keeps_young_segments(tmp_path: Path) -> None:
         assert store.min_phy_offset == 0
     finally:
         store.shutdown()
+
+
+@pytest.mark.timeout(30)
+def test_down_across_the_due_time_delivers_once_at_start(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    sent = time.monotonic()
+    store.put(Message("orders", b"overdue", delay_level=1), 2)  # due 1 s after the put
+    store.shutdown()
+    while time.monotonic() - sent < 1.5:  # stay down past the due time
+        time.sleep(0.05)
+    store = make_store(tmp_path)
+    try:
+        started = time.monotonic()
+        assert wait_for(lambda: store.max_queue_offset("orders", 2) == 1, 2.0)
+        assert time.monotonic() - started < 1.0  # overdue entries go out at once
+    finally:
+        store.shutdown()
+    store = make_store(tmp_path)
+    try:
+        time.sleep(0.3)  # a wrong second delivery would happen now
+        assert delivered(store, "orders", 2) == [b"overdue"]
+    finally:
+        store.shutdown()
