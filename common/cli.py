@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import json
 import logging
 import os
@@ -62,39 +61,15 @@ class UsageError(Exception):
 def make_role(role_name: str, broker: Any) -> Any:
     """Build the role object for ``role_name`` (the broker hands itself in)."""
     if role_name == "SLAVE":
+        from slave.ha_client import build_slave_replication
         from slave.role import SlaveRole
 
-        return SlaveRole(broker.cfg, ha_client=_optional_ha_client(broker))
+        return SlaveRole(broker.cfg, ha_client=build_slave_replication(broker.cfg, broker.store))
+    from master.ha_service import build_master_replication
     from master.role import MasterRole
 
-    waiter, service = _optional_ha_service(broker, role_name)
+    service, waiter = build_master_replication(broker.cfg, broker.store, role_name)
     return MasterRole(broker.cfg, broker.store, broker.topics, role_name, waiter, service)
-
-
-def _optional_ha_client(broker: Any) -> Any:
-    """slave/ha_client.py's ``create(cfg, store)`` once replication provides it, else None."""
-    factory = _optional_factory("slave.ha_client")
-    return factory(broker.cfg, broker.store) if factory is not None else None
-
-
-def _optional_ha_service(broker: Any, role_name: str) -> tuple[Any, Any]:
-    """(replica_waiter, ha_service) from master/ha_service.py's ``create(cfg, store, role)``."""
-    factory = _optional_factory("master.ha_service")
-    if factory is None:
-        return None, None
-    service = factory(broker.cfg, broker.store, role_name)
-    return getattr(service, "replica_waiter", None), service
-
-
-def _optional_factory(module_name: str) -> Callable[..., Any] | None:
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name != module_name:
-            raise
-        return None
-    factory = getattr(module, "create", None)
-    return factory if callable(factory) else None
 
 
 def run_broker(config_path: str, overrides: Sequence[str]) -> int:

@@ -106,6 +106,9 @@ class FakeStore:
             queue_offset=first_q,
             wrote_bytes=sum(p[2] for p in placed),
             msg_ids=tuple(encode_msg_id(host_bytes("127.0.0.1"), 10911, p[0]) for p in placed),
+            record_offsets=tuple(p[0] for p in placed) if len(placed) > 1 else (),
+            store_ip=host_bytes("127.0.0.1"),
+            store_port=10911,
         )
         flushed: concurrent.futures.Future[PutStatus] = concurrent.futures.Future()
         flushed.set_result(PutStatus.PUT_OK)
@@ -190,8 +193,13 @@ def make_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
     brokers: list[Broker] = []
 
     def start(**fields: Any) -> Broker:
+        listen = free_port()
+        ha = free_port()
+        while ha in (listen, listen + 1):
+            ha = free_port()
         defaults: dict[str, Any] = {
-            "listenPort": free_port(),
+            "listenPort": listen,
+            "haListenPort": ha,  # listen + 1 is not known to be free
             "storePathRootDir": str(tmp_path / f"b{len(brokers)}"),
         }
         cfg: BrokerConfig = load_config(None, (), env={}, **{**defaults, **fields})
