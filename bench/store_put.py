@@ -6,7 +6,8 @@ Prints, all measured in this run on this machine:
    straight into a fresh mmap'd segment with no store logic;
 2. ``MessageStore.put`` and ``put_batch(64)`` of 128 B, 1 KiB and 16 KiB bodies from one
    thread, under ASYNC_FLUSH and SYNC_FLUSH, as msgs/s and MB/s (MB = 10^6 body bytes) and as
-   a fraction of the raw ceiling;
+   a fraction of the raw ceiling. This is issue 2's scope, the storage engine before indexing:
+   the reput thread is stopped (section 5 measures puts with reput running);
 3. SYNC_FLUSH with 16 putting threads vs 1 (group commit);
 4. segment-roll stall: put latency across segment rolls with the AllocateService
    (pre-allocation) vs inline creation, with and without ``warmMapedFileEnable``
@@ -110,6 +111,7 @@ def raw_ceiling(root: Path, size: int, seconds: float) -> float:
 # ---- 2. store puts -------------------------------------------------------------------------------
 def put_rate(root: Path, size: int, batch: int, flush: str, seconds: float) -> float:
     store = make_store(root, flushDiskType=flush)
+    store.reput.shutdown()  # issue 2's engine: CommitLog, flush, allocation; no indexing
     try:
         msgs = [message(size) for _ in range(max(batch, 1))]
         n = 0
