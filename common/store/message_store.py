@@ -293,7 +293,10 @@ class MessageStore:
     def dispatch_index(self, req: DispatchRequest) -> None:
         if self.index is not None:
             self.index.build(req.topic, list(req.keys), req.phy_offset, req.store_timestamp)
-        self._last_dispatch_ts = req.store_timestamp
+
+    def note_dispatched_timestamp(self, store_timestamp: int) -> None:
+        """Store time of the last dispatched record (checkpoint logicsMsgTimestamp)."""
+        self._last_dispatch_ts = store_timestamp
 
     def dispatch_inline(self) -> int:
         """Make what this thread appended visible now (request loops, after each burst)."""

@@ -185,6 +185,9 @@ class ReputService:
         runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
         touched: dict[tuple[str, int], int] = {}
         count = 0
+        last_raw_topic = b""
+        last_topic = ""
+        last_store_ts = 0
         while phy < end and count < MAX_PASS_RECORDS:
             mf = log_.queue.find(phy)
             if mf is None:
@@ -199,22 +202,39 @@ class ReputService:
                     pos = mf.file_size
                     break
                 if magic != record.MAGIC_V1 or total < record.FIXED_BYTES:
-                    self._flush_runs(runs, touched, phy)
+                    self._flush_runs(runs, touched, base + pos)
                     raise CorruptionError(base + pos, f"bad record header (magic 0x{magic:08X}, "
                                                       f"size {total})")
                 if pos + total > limit:
                     break  # not whole yet
-                req = dispatch_request(buf[pos : pos + total], base + pos, levels)
-                key = (req.topic, req.queue_id)
+                _, queue_id, queue_offset, store_ts, body_len = _REPUT_FIELDS.unpack_from(buf, pos)
+                p = pos + 88 + body_len
+                topic_end = p + 1 + buf[p]
+                user_props = (buf[topic_end] << 8 | buf[topic_end + 1])
+                if user_props >= record.PROP_CRC_LEN and record.has_prop_crc(buf, pos, total):
+                    user_props -= record.PROP_CRC_LEN
+                raw_topic = bytes(buf[p + 1 : topic_end])
+                if raw_topic == last_raw_topic:
+                    topic = last_topic
+                else:
+                    topic = last_topic = _topic_text(raw_topic)
+                    last_raw_topic = raw_topic
+                if user_props:  # the rare path: tags, keys, delay
+                    req = dispatch_request(buf[pos : pos + total], base + pos, levels)
+                    code = req.tags_code
+                    if req.keys:
+                        store.dispatch_index(req)
+                else:
+                    code = 0
+                key = (topic, queue_id)
                 run = runs.get(key)
-                if run is None or run[0] + len(run[1]) != req.queue_offset:
+                if run is None or run[0] + len(run[1]) != queue_offset:
                     if run is not None:
-                        store.dispatch_cq(req.topic, req.queue_id, run[0], run[1])
-                    run = runs[key] = (req.queue_offset, [])
-                run[1].append((req.phy_offset, total, req.tags_code))
-                if req.keys:
-                    store.dispatch_index(req)
-                touched[key] = req.queue_offset + 1
+                        store.dispatch_cq(topic, queue_id, run[0], run[1])
+                    run = runs[key] = (queue_offset, [])
+                run[1].append((base + pos, total, code))
+                touched[key] = queue_offset + 1
+                last_store_ts = store_ts
                 pos += total
                 count += 1
             new_phy = base + pos
@@ -222,6 +242,8 @@ class ReputService:
                 break
             phy = new_phy
         self._flush_runs(runs, touched, phy)
+        if last_store_ts:
+            store.note_dispatched_timestamp(last_store_ts)
         return count
 
     def _flush_runs(self, runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]],
@@ -280,3 +302,5 @@ class DispatchTarget(Protocol):
                     entries: list[tuple[int, int, int]]) -> None: ...
 
     def dispatch_index(self, req: DispatchRequest) -> None: ...
+
+    def note_dispatched_timestamp(self, store_timestamp: int) -> None: ...

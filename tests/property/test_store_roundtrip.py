@@ -174,7 +174,7 @@ FORK_SERVER = textwrap.dedent("""
         for kind, topic, qid, bodies in job["ops"]:
             msgs = [Message(topic, bytes.fromhex(b)) for b in bodies]
             r = store.put(msgs[0], qid) if kind == "put" else store.put_batch(topic, qid, msgs)
-            acks.append([r.status.name, r.queue_offset, r.count])
+            acks.append([r.status.name, r.queue_offset, r.msg_count])
         os.write(w, json.dumps(acks).encode())
 
     for line in sys.stdin:
@@ -279,7 +279,7 @@ class StoreMachine(RuleBasedStateMachine):
         r = self.store.put_batch(topic, qid, [Message(topic, b) for b in batch])
         assert r.status is PutStatus.PUT_OK, r.remark
         queue = self._queue(topic, qid)
-        assert (r.queue_offset, r.count) == (len(queue), len(batch))
+        assert (r.queue_offset, r.msg_count) == (len(queue), len(batch))
         queue.extend(batch)
 
     @rule(topic=st.sampled_from(TOPICS), qid=st.integers(0, 2), delta=st.integers(-2, 3),
