@@ -38,7 +38,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from common.config import BrokerConfig
 from common.errors import ResponseCode
-from common.ha import epochs
+from common.ha import epochs, term
 from common.protocol import Request, Response
 from common.server import Reply, RequestServer, log_event, reply
 
@@ -457,8 +457,13 @@ class Broker:
             current.stop()
         self.store.become_master()
         self.cfg.store_root.mkdir(parents=True, exist_ok=True)
-        history = epochs.load(self.cfg.store_root)
-        history = epochs.new_epoch(history, int(self.store.max_phy_offset))
+        max_phy = int(self.store.max_phy_offset)
+        history = epochs.truncate_beyond(epochs.load(self.cfg.store_root), max_phy)
+        # numbered after every epoch this store has seen, also one learned from a master's
+        # HELLO_REPLY before any of its bytes arrived (term.py's learned marker)
+        learned = term.learned_epoch(self.cfg.store_root) or 0
+        newest = max(epochs.last_epoch(history), learned)
+        history = epochs.append_epoch(history, newest + 1, max_phy)
         epochs.save(self.cfg.store_root, history)
         new_role = self.role_factory(target, self)
         new_role.start()

@@ -209,6 +209,7 @@ class SlaveCore:
         actions = self._move_to(reply, now_ms)
         if self._state is SlaveState.FAILED:
             return actions
+        actions.extend(self._adopt_master_epochs(reply.epochs, reply.max_phy_offset))
         self._state = SlaveState.TRANSFER
         self._master_epoch = reply.epoch
         self._master_history = reply.epochs
@@ -329,6 +330,27 @@ class SlaveCore:
         self._max = start
         self._history = ep.truncate_beyond(reply.epochs, start)
         return [ResetLog(start), SaveEpochs(self._history)]
+
+    def _adopt_master_epochs(self, master_history: EpochHistory,
+                             master_max: int) -> list[SlaveAction]:
+        """After the handshake our log is the master's up to our max: take the master's epoch
+        entries up to there (including a term that starts exactly at our max and has not sent
+        us a byte yet). Without this a slave promoted before the first DATA frame of the
+        master's term numbers its own term like that one, at the same start offset, and the
+        two terms' bytes look identical to ``find_divergence`` (the other broker keeps its
+        divergent tail). Saving it also raises the learned-epoch marker (term.py)."""
+        adopted = ep.truncate_beyond(master_history, self._max)
+        if adopted == self._history or not adopted:
+            return []
+        try:
+            ep.validate(adopted)
+        except ValueError:
+            return []
+        if self._history and ep.find_divergence(self._history, self._max, master_history,
+                                                max(master_max, self._max)) < self._max:
+            return []  # the histories do not prove our whole log is the master's: keep ours
+        self._history = adopted
+        return [SaveEpochs(adopted)]
 
     def _epoch_problem(self, data: Data) -> str | None:
         """Why this DATA frame's epoch cannot extend our log, or None."""

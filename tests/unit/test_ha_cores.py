@@ -405,10 +405,22 @@ def test_partial_trailing_record_is_appended_as_bytes() -> None:  # RocketMQ #90
 
 def test_new_epoch_at_its_boundary_is_saved_before_the_bytes() -> None:
     s = _slave(max_phy_offset=100, history=(E(1, 0),))
-    _transfer(s, epoch=3, history=(E(1, 0), E(3, 100)))
+    _transfer(s, epoch=1, history=(E(1, 0),))
     actions = s.on_frame(Data(10, 3, 100, 100, b"n" * 10), 1)
     assert actions[:2] == [sc.SaveEpochs((E(1, 0), E(3, 100))), sc.Append(100, b"n" * 10)]
     assert s.history == (E(1, 0), E(3, 100))
+
+
+def test_masters_term_starting_at_our_max_is_adopted_at_the_handshake() -> None:
+    """Drill finding: a slave promoted before the first DATA of its master's term must not
+    number its own term like that one (same epoch, same start offset)."""
+    s = _slave(max_phy_offset=100, history=(E(1, 0),))
+    s.start(0)
+    actions = s.on_frame(HelloReply(10, 3, 0, 100, 100, (E(1, 0), E(3, 100))), 1)
+    assert sc.SaveEpochs((E(1, 0), E(3, 100))) in actions
+    assert s.history == (E(1, 0), E(3, 100))
+    actions = s.on_frame(Data(10, 3, 100, 100, b"n" * 10), 2)
+    assert actions[0] == sc.Append(100, b"n" * 10)  # nothing new to save
 
 
 def test_epoch_newer_than_the_master_said_is_accepted_only_at_a_boundary() -> None:
