@@ -463,7 +463,8 @@ class Broker:
         # HELLO_REPLY before any of its bytes arrived (term.py's learned marker)
         learned = term.learned_epoch(self.cfg.store_root) or 0
         newest = max(epochs.last_epoch(history), learned)
-        history = epochs.append_epoch(history, newest + 1, max_phy)
+        history = epochs.append_epoch(history, epochs.next_epoch(newest, self.cfg.brokerId),
+                                      max_phy)
         epochs.save(self.cfg.store_root, history)
         new_role = self.role_factory(target, self)
         new_role.start()

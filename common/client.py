@@ -126,25 +126,35 @@ class PullResult:
 
 
 def send_results(topic: str, resp: Response) -> list[SendResult]:
-    """A SEND / SEND_BATCH answer -> one SendResult per message (raises if refused)."""
+    """A SEND / SEND_BATCH answer -> one SendResult per message (raises if refused).
+
+    The answer carries the store host's msgId prefix (``storeHost``) and each record's CommitLog
+    offset (``offsets``, or ``commitLogOffset`` alone for one record); each msgId is that prefix
+    and the offset in 16 hex digits (RocketMQ's offsetMsgId).
+    """
     status = SEND_CODES.get(resp.code)
     if status is None:
         raise BrokerError(resp.code, resp.remark)
     fields = resp.fields
-    msg_ids = fields.get("msgIds") or []
+    prefix = fields.get("storeHost")
+    first_phy = fields.get("commitLogOffset")
+    offsets = fields.get("offsets") or ([first_phy] if first_phy is not None else [])
+    if type(prefix) is not str or len(prefix) != 16 or not all(type(o) is int for o in offsets):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed send answer {fields!r:.200}")
     queue_id = int(fields.get("queueId", -1))
     first = int(fields.get("queueOffset", -1))
+    make = SendResult
     return [
-        SendResult(status, msg_id, queue_id, first + i, _msg_id_offset(msg_id), topic)
-        for i, msg_id in enumerate(msg_ids)
+        make(status, f"{prefix}{phy:016X}", queue_id, first + i, phy, topic)
+        for i, phy in enumerate(offsets)
     ]
 
 
-def _msg_id_offset(msg_id: str) -> int:
-    """The CommitLog offset inside a msgId (its last 16 hex digits; see common.message)."""
-    if len(msg_id) != 32:
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed msgId {msg_id!r} in answer")
-    return int(msg_id[16:], 16)
+def pack_bodies(fields: dict[str, Any], bodies: list[bytes]) -> list[bytes]:
+    """A SEND_BATCH's bodies back to back in one frame, their lengths in ``fields["sizes"]``
+    (one frame instead of one per message: each frame costs a library call on both sides)."""
+    fields["sizes"] = [len(b) for b in bodies]
+    return [b"".join(bodies)]
 
 
 def pull_result(resp: Response) -> PullResult:
@@ -566,7 +576,7 @@ class Transport:
         code = RequestCode.SEND_BATCH
         fut: concurrent.futures.Future[Response] = concurrent.futures.Future()
         opaque = next(self._opaques)
-        frames = encode_request(code, opaque, fields, [i.body for i in items])
+        frames = encode_request(code, opaque, fields, pack_bodies(fields, [i.body for i in items]))
         call = _Call(address, frames, fut, self._batch_timeout_ms, opaque)
         call.on_done = lambda c: self._batch_done(key, batch, items, c)
         batch.in_flight += 1
@@ -583,7 +593,7 @@ class Transport:
             if len(results) != len(items):
                 raise BrokerError(
                     ResponseCode.SYSTEM_ERROR,
-                    f"broker answered {len(results)} msgIds for {len(items)} messages",
+                    f"broker answered {len(results)} offsets for {len(items)} messages",
                 )
         except BrokerError as e:
             self._items_failed(items, e)
@@ -834,10 +844,12 @@ class Producer(_Base):
         if any(m is not None for m in metas):
             fields["meta"] = metas
 
+        packed = pack_bodies(fields, [m.body for m in msgs])
+
         def attempt(address: str) -> list[SendResult]:
             qid = self._queue(topic, queue_id)
             resp = self._cluster.request(
-                address, RequestCode.SEND_BATCH, {**fields, "queueId": qid}, [m.body for m in msgs]
+                address, RequestCode.SEND_BATCH, {**fields, "queueId": qid}, packed
             )
             return send_results(topic, resp)
 

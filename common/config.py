@@ -112,6 +112,8 @@ class BrokerConfig:
         """Cross-field checks; raises ConfigError naming the key."""
         _require(self.brokerRole in ROLES, "brokerRole", f"must be one of {', '.join(ROLES)}")
         _require(self.flushDiskType in FLUSH_TYPES, "flushDiskType", f"must be one of {FLUSH_TYPES}")
+        _require(self.brokerId <= 255, "brokerId", "must be <= 255 (it names the epochs the "
+                 "broker opens when promoted)")
         if self.brokerRole == "SLAVE":
             _require(self.brokerId > 0, "brokerId", "a SLAVE needs brokerId > 0")
         else:

@@ -8,8 +8,8 @@ upper-case hex, 32 characters.
 from __future__ import annotations
 
 import base64
-import functools
 import dataclasses
+import functools
 import socket
 import struct
 from typing import Any

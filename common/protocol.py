@@ -7,6 +7,10 @@ ZeroMQ adds and strips, is not part of it)::
     frame 1..n     raw bodies: message bodies on a send, raw CommitLog records on a pull/query
                    answer. Bodies travel as bytes and are never re-encoded.
 
+A SEND_BATCH may instead carry all its bodies back to back in one frame, with their lengths in
+the ``sizes`` field (one ZeroMQ frame costs the sender and the receiver a library call each, and
+a batch of 64 would be 65 frames); the broker cuts the frame at those lengths.
+
     request header  = [version, request_code, opaque, fields]
     response header = [version, response_code, opaque, remark, fields]
 
@@ -33,7 +37,7 @@ import dataclasses
 import enum
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -143,16 +147,14 @@ class Limits:
         )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     code: RequestCode
     opaque: int
     fields: dict[str, Any]
     bodies: list[bytes]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Response:
+class Response(NamedTuple):
     code: ResponseCode
     opaque: int
     remark: str
@@ -171,7 +173,7 @@ class Response:
 class Field:
     """One named header field: its kind, whether it is required and its bounds."""
 
-    kind: str  # "int" | "str" | "topic" | "group" | "bool" | "props" | "meta" | "role"
+    kind: str  # "int" | "str" | "topic" | "group" | "props" | "meta" | "sizes" | "role"
     required: bool = False
     lo: int = 0
     hi: int = MAX_INT32
@@ -200,6 +202,7 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "topic": _TOPIC,
         "queueId": _QUEUE,
         "meta": Field("meta"),
+        "sizes": Field("sizes"),  # bodies packed in one frame: each one's length, in order
         "bornTimestamp": _BORN,
     },
     RequestCode.PULL: {
@@ -280,13 +283,27 @@ def error_response(err: ProtocolError) -> list[bytes]:
 
 
 def decode_request(frames: Sequence[bytes], limits: Limits) -> Request:
-    """Check and decode a request; raises ProtocolError naming the field and reason."""
+    """Check and decode a request; raises ProtocolError naming the field and reason.
+
+    The nesting depth is looked at only when some check fails: a header that passes the
+    schema is at most ``MAX_DEPTH`` deep by construction (every field's type is checked,
+    properties hold only strings), and one that is deeper is refused for its depth first.
+    """
     _check_envelope(frames, limits, limits.max_batch_count + 1)
-    header = _unpack_header(frames[0], limits)
-    if not isinstance(header, list) or len(header) != 4:
+    header = _unpack_header(frames[0], limits, check_depth=False)
+    try:
+        return _decode_request(header, frames, limits)
+    except ProtocolError:
+        if _depth_exceeds(header, MAX_DEPTH):
+            raise ProtocolError("header", f"nesting deeper than {MAX_DEPTH}") from None
+        raise
+
+
+def _decode_request(header: Any, frames: Sequence[bytes], limits: Limits) -> Request:
+    if type(header) is not list or len(header) != 4:
         raise ProtocolError("header", "must be an array [version, code, opaque, fields]")
     version, code, opaque, fields = header
-    opaque_ok = _is_int(opaque) and 0 <= opaque <= MAX_OFFSET
+    opaque_ok = type(opaque) is int and 0 <= opaque <= MAX_OFFSET
     if not opaque_ok:
         raise ProtocolError("opaque", "must be an int in [0, 2^63)")
     if version != PROTOCOL_VERSION:
@@ -294,15 +311,19 @@ def decode_request(frames: Sequence[bytes], limits: Limits) -> Request:
             "version", f"{version!r} not supported (speak {PROTOCOL_VERSION})",
             ResponseCode.VERSION_NOT_SUPPORTED, opaque,
         )
-    if not _is_int(code) or code not in _REQUEST_CODES:
+    req_code = _REQUEST_CODES.get(code) if type(code) is int else None
+    if req_code is None:
         raise ProtocolError(
             "code", f"unknown request code {code!r}", ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
             opaque,
         )
-    req_code = RequestCode(code)
     try:
         checked = _check_fields(SCHEMAS[req_code], fields, limits)
-        bodies = _check_bodies(req_code, frames[1:], limits)
+        sizes = checked.pop("sizes", None) if req_code == RequestCode.SEND_BATCH else None
+        if sizes is not None:
+            bodies = _split_bodies(frames[1:], sizes)
+        else:
+            bodies = _check_bodies(req_code, frames[1:], limits)
         if req_code == RequestCode.SEND_BATCH:
             _check_meta_count(checked.get("meta"), len(bodies))
     except ProtocolError as e:
@@ -315,24 +336,25 @@ def decode_response(frames: Sequence[bytes], limits: Limits) -> Response:
     """Check and decode a response (the client side); raises ProtocolError."""
     _check_envelope(frames, limits, limits.max_batch_count + 1)
     header = _unpack_header(frames[0], limits)
-    if not isinstance(header, list) or len(header) != 5:
+    if type(header) is not list or len(header) != 5:
         raise ProtocolError("header", "must be an array [version, code, opaque, remark, fields]")
     version, code, opaque, remark, fields = header
     if version != PROTOCOL_VERSION:
         raise ProtocolError("version", f"{version!r} not supported")
-    if not _is_int(code) or code not in _RESPONSE_CODES:
+    resp_code = _RESPONSE_CODES.get(code) if type(code) is int else None
+    if resp_code is None:
         raise ProtocolError("code", f"unknown response code {code!r}")
-    if not _is_int(opaque) or opaque < UNKNOWN_OPAQUE:
+    if type(opaque) is not int or opaque < UNKNOWN_OPAQUE:
         raise ProtocolError("opaque", "must be an int >= -1")
-    if not isinstance(remark, str):
+    if type(remark) is not str:
         raise ProtocolError("remark", "must be a string")
-    if not isinstance(fields, dict):
+    if type(fields) is not dict:
         raise ProtocolError("fields", "must be a map")
-    return Response(ResponseCode(code), opaque, remark, fields, list(frames[1:]))
+    return Response(resp_code, opaque, remark, fields, list(frames[1:]))
 
 
-_REQUEST_CODES = frozenset(int(c) for c in RequestCode)
-_RESPONSE_CODES = frozenset(int(c) for c in ResponseCode)
+_REQUEST_CODES: dict[int, RequestCode] = {int(c): c for c in RequestCode}
+_RESPONSE_CODES: dict[int, ResponseCode] = {int(c): c for c in ResponseCode}
 
 
 def _is_int(value: Any) -> bool:
@@ -344,7 +366,7 @@ def _check_envelope(frames: Sequence[bytes], limits: Limits, max_frames: int) ->
         raise ProtocolError("frames", "empty message")
     if len(frames) > max_frames:
         raise ProtocolError("frames", f"{len(frames)} frames, at most {max_frames}")
-    total = sum(len(f) for f in frames)
+    total = sum(map(len, frames))
     if total > limits.max_frame_bytes:
         raise ProtocolError("frames", f"{total} bytes, at most {limits.max_frame_bytes}")
     if not frames[0]:
@@ -353,16 +375,28 @@ def _check_envelope(frames: Sequence[bytes], limits: Limits, max_frames: int) ->
         raise ProtocolError("header", f"{len(frames[0])} bytes, at most {limits.max_header_bytes}")
 
 
-def _unpack_header(raw: bytes, limits: Limits) -> Any:
-    kwargs = {
-        "max_str_len": MAX_STR_BYTES,
-        "max_bin_len": 0,
-        "max_array_len": limits.max_batch_count + 8,
-        "max_map_len": MAX_MAP_ENTRIES,
-        "max_ext_len": 0,
-        "strict_map_key": True,
-        "use_list": True,
-    }
+_UNPACK_KWARGS: dict[int, dict[str, Any]] = {}
+
+
+def _unpack_kwargs(max_batch_count: int) -> dict[str, Any]:
+    kwargs = _UNPACK_KWARGS.get(max_batch_count)
+    if kwargs is None:
+        kwargs = {
+            "max_str_len": MAX_STR_BYTES,
+            "max_bin_len": 0,
+            "max_array_len": max_batch_count + 8,
+            "max_map_len": MAX_MAP_ENTRIES,
+            "max_ext_len": 0,
+            "strict_map_key": True,
+            "use_list": True,
+        }
+        if len(_UNPACK_KWARGS) < 64:
+            _UNPACK_KWARGS[max_batch_count] = kwargs
+    return kwargs
+
+
+def _unpack_header(raw: bytes, limits: Limits, check_depth: bool = True) -> Any:
+    kwargs = _unpack_kwargs(limits.max_batch_count)
     try:
         value = msgpack.unpackb(raw, raw=False, **kwargs)
     except UnicodeDecodeError:
@@ -373,9 +407,26 @@ def _unpack_header(raw: bytes, limits: Limits) -> Any:
         raise ProtocolError("header", "trailing bytes after the msgpack header") from None
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise ProtocolError("header", f"malformed msgpack: {e}") from None
-    if _depth_exceeds(value, MAX_DEPTH):
+    if check_depth and _may_nest(value) and _depth_exceeds(value, MAX_DEPTH):
         raise ProtocolError("header", f"nesting deeper than {MAX_DEPTH}")
     return value
+
+
+def _may_nest(header: Any) -> bool:
+    """False for a ``[.., {name: scalar or [scalars]}]`` header (the usual answer): depth <= 3."""
+    if type(header) is not list:
+        return isinstance(header, dict)
+    for item in header:
+        if type(item) is dict:
+            for value in item.values():
+                if type(value) is list:
+                    if any(isinstance(v, list | dict) for v in value):
+                        return True
+                elif isinstance(value, list | dict):
+                    return True
+        elif isinstance(item, list):
+            return True
+    return False
 
 
 def _find_bad_utf8(raw: bytes, kwargs: dict[str, Any]) -> str:
@@ -422,29 +473,57 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+    """A schema prepared for checking: its names, what is required, the defaults."""
+
+    names: frozenset[str]
+    required: tuple[str, ...]
+    defaults: tuple[tuple[str, Any], ...]
+
+
+_COMPILED: dict[int, tuple[Mapping[str, Field], _Compiled]] = {}
+
+
+def _compiled(schema: Mapping[str, Field]) -> _Compiled:
+    """The prepared form of ``schema`` (cached for the schemas of ``SCHEMAS``)."""
+    cached = _COMPILED.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    found = _Compiled(
+        frozenset(schema),
+        tuple(name for name, spec in schema.items() if spec.required),
+        tuple((n, s.default) for n, s in schema.items() if s.default is not None),
+    )
+    if any(schema is known for known in SCHEMAS.values()):
+        _COMPILED[id(schema)] = (schema, found)
+    return found
+
+
 def _check_fields(schema: Mapping[str, Field], fields: Any, limits: Limits) -> dict[str, Any]:
-    if not isinstance(fields, dict):
+    if type(fields) is not dict:
         raise ProtocolError("fields", "must be a map of name -> value")
-    for name in fields:
-        if name not in schema:
-            raise ProtocolError(str(name)[:64], "unknown field for this request")
+    compiled = _compiled(schema)
+    if not compiled.names.issuperset(fields):
+        name = next(n for n in fields if n not in compiled.names)
+        raise ProtocolError(str(name)[:64], "unknown field for this request")
+    for name in compiled.required:
+        if fields.get(name) is None:
+            raise ProtocolError(name, "required")
     out: dict[str, Any] = {}
-    for name, spec in schema.items():
-        value = fields.get(name)
-        if value is None:
-            if spec.required:
-                raise ProtocolError(name, "required")
-            if spec.default is not None:
-                out[name] = spec.default
-            continue
-        out[name] = _check_value(name, spec, value, limits)
+    for name, value in fields.items():
+        if value is not None:
+            out[name] = _check_value(name, schema[name], value, limits)
+    for name, default in compiled.defaults:
+        if name not in out:
+            out[name] = default
     return out
 
 
 def _check_value(name: str, spec: Field, value: Any, limits: Limits) -> Any:
     kind = spec.kind
     if kind == "int":
-        if not _is_int(value):
+        if type(value) is not int:
             raise ProtocolError(name, f"expected int, got {type(value).__name__}")
         if not spec.lo <= value <= spec.hi:
             raise ProtocolError(name, f"{value} outside [{spec.lo}, {spec.hi}]")
@@ -459,6 +538,8 @@ def _check_value(name: str, spec: Field, value: Any, limits: Limits) -> Any:
         return _check_props(name, value)
     if kind == "meta":
         return _check_meta(name, value, limits)
+    if kind == "sizes":
+        return _check_sizes(name, value, limits)
     if kind == "role":
         if value not in ("SYNC_MASTER", "ASYNC_MASTER"):
             raise ProtocolError(name, "must be SYNC_MASTER or ASYNC_MASTER")
@@ -475,10 +556,21 @@ def _check_str(name: str, value: Any, lo: int, hi: int) -> str:
     return value
 
 
+_GOOD_NAMES: dict[str, int] = {}  # topic and group names already checked -> their UTF-8 size
+MAX_GOOD_NAMES = 4096
+
+
 def _check_name(name: str, value: Any, max_length: int) -> str:
+    if type(value) is str:
+        size = _GOOD_NAMES.get(value)
+        if size is not None and size <= max_length:
+            return value
     text = _check_str(name, value, 1, max_length)
     if not TOPIC_PATTERN.match(text):
         raise ProtocolError(name, "may only hold letters, digits, '%', '|', '_' and '-'")
+    if len(_GOOD_NAMES) >= MAX_GOOD_NAMES:
+        _GOOD_NAMES.clear()
+    _GOOD_NAMES[text] = len(text.encode("utf-8"))
     return text
 
 
@@ -540,6 +632,8 @@ def _check_bodies(code: RequestCode, bodies: Sequence[bytes], limits: Limits) ->
     hi = limits.max_batch_count if hi is None else hi
     if not lo <= len(bodies) <= hi:
         raise ProtocolError("bodies", f"{len(bodies)} body frames, expected {lo}..{hi}")
+    if not bodies or max(map(len, bodies)) <= limits.max_body_bytes:
+        return list(bodies)
     for i, body in enumerate(bodies):
         if len(body) > limits.max_body_bytes:
             raise ProtocolError(
@@ -548,6 +642,44 @@ def _check_bodies(code: RequestCode, bodies: Sequence[bytes], limits: Limits) ->
                 ResponseCode.MESSAGE_ILLEGAL,
             )
     return list(bodies)
+
+
+def _check_sizes(name: str, value: Any, limits: Limits) -> list[int]:
+    """SEND_BATCH ``sizes``: 1..max_batch_count body lengths, each within maxMessageSize."""
+    if type(value) is not list:
+        raise ProtocolError(name, f"expected array, got {type(value).__name__}")
+    if not 1 <= len(value) <= limits.max_batch_count:
+        raise ProtocolError(name, f"{len(value)} entries, must be in [1, {limits.max_batch_count}]")
+    if not all(type(size) is int for size in value):
+        raise ProtocolError(name, "entries must be ints")
+    if min(value) < 0:
+        raise ProtocolError(name, "entries must be >= 0")
+    if max(value) <= limits.max_body_bytes:
+        return value
+    for i, size in enumerate(value):
+        if size > limits.max_body_bytes:
+            raise ProtocolError(
+                f"bodies[{i}]",
+                f"{size} bytes, maxMessageSize is {limits.max_body_bytes}",
+                ResponseCode.MESSAGE_ILLEGAL,
+            )
+    return value
+
+
+def _split_bodies(frames: Sequence[bytes], sizes: list[int]) -> list[bytes]:
+    """The one body frame of a packed SEND_BATCH, cut at ``sizes``."""
+    if len(frames) != 1:
+        raise ProtocolError("bodies", f"{len(frames)} body frames with sizes, expected 1")
+    packed = frames[0]
+    if sum(sizes) != len(packed):
+        raise ProtocolError("sizes", f"add up to {sum(sizes)} bytes, the frame holds {len(packed)}")
+    bodies = []
+    pos = 0
+    for size in sizes:
+        end = pos + size
+        bodies.append(packed[pos:end])
+        pos = end
+    return bodies
 
 
 def _check_meta_count(meta: list[Any] | None, bodies: int) -> None:

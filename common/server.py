@@ -494,7 +494,9 @@ class RequestServer:
         latency_ms = (time.monotonic() - started) * 1000
         if code in (RequestCode.SEND, RequestCode.SEND_BATCH):
             self.stats.put_latency.add(latency_ms)
-            self.stats.put_msgs.add(len(resp.fields.get("msgIds", ())))
+            fields = resp.fields
+            if "commitLogOffset" in fields:
+                self.stats.put_msgs.add(len(fields.get("offsets") or (0,)))
         elif code == RequestCode.PULL:
             self.stats.get_latency.add(latency_ms)
             self.stats.get_msgs.add(len(resp.bodies))

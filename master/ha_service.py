@@ -16,7 +16,9 @@ slave knows a newer epoch, failover's business).
 Streaming starts as soon as bytes are appended: the append listener (called on the putting
 thread, outside the put lock) writes one byte into a non-blocking self-pipe unless a wake-up is
 already pending, and the thread then reads ``store.max_phy_offset`` (clearing the flag first,
-so no append is missed). No polling of the log.
+so no append is missed). No polling of the log. While no slave is connected the listener does
+nothing (a wake-up per put would cost the request loop a thread switch for no one); the thread
+reads the max before each HELLO and once more right after the first slave appears.
 
 Bounds: at most ``haWindowBytes`` unacked per slave (the core), ``SNDHWM`` messages queued per
 peer in ZeroMQ, ``ROUTER_MANDATORY`` so a full peer says EAGAIN and a gone one EHOSTUNREACH
@@ -96,6 +98,7 @@ class HaService:
         self._wake_r = self._wake_w = -1
         self._wake_pending = False
         self._wake_lock = threading.Lock()  # the write end is never used after it is closed
+        self._streaming = False  # a slave is connected: appends must wake the thread
         self._stopping = False
         self._backlog: dict[bytes, collections.deque[mc.Send | mc.ReadAndSend]] = {}
         self._backlog_cap = 4 * (cfg.haWindowBytes // max(1, cfg.haTransferBatchSize)) + 64
@@ -218,8 +221,8 @@ class HaService:
 
     # ---- the append listener (putting threads) -----------------------------------------------
     def _on_append(self, _max_phy_offset: int) -> None:
-        if self._wake_pending or self._stopping:
-            return
+        if not self._streaming or self._wake_pending or self._stopping:
+            return  # no slave: nobody to stream to (the thread reads the max when one comes)
         self._wake_pending = True
         with self._wake_lock:
             if self._wake_w >= 0:
@@ -251,7 +254,10 @@ class HaService:
             actions = self._log_actions()
             if events.get(sock, 0) & zmq.POLLIN:
                 actions.extend(self._receive(sock))
-            actions.extend(self._timer_actions())
+            was_streaming = self._streaming
+            actions.extend(self._timer_actions())  # updates _streaming from the core's peers
+            if self._streaming and not was_streaming:
+                actions.extend(self._log_actions())  # appends since the read above woke nobody
             if self._backlog:
                 self._flush_backlogs(sock)
             self._execute(sock, actions)
@@ -311,6 +317,7 @@ class HaService:
             if deadline is not None and deadline <= now_ms:
                 actions.extend(core.tick(now_ms))
             snaps = core.slaves()
+        self._streaming = bool(snaps)
         self._sample_rates(snaps, now_ms)
         return actions
 

@@ -8,7 +8,11 @@ A put goes (on the server's I/O thread)::
     -> replica_waiter(end_phy_offset)         SYNC_MASTER only: Future[PutStatus] from
                                               master/group_transfer.py (FLUSH_SLAVE_TIMEOUT,
                                               SLAVE_NOT_AVAILABLE)
-    -> Response (SUCCESS or the status code, with msgIds and offsets)
+    -> Response (SUCCESS or the status code, with the offsets: ``queueId``, ``queueOffset`` and
+       ``commitLogOffset`` of the first record, ``storeHost`` (the first 16 hex digits of every
+       msgId: store IP and port) and, for more than one record, ``offsets`` (each record's
+       CommitLog offset). The client builds each msgId as ``storeHost + "%016X" % offset``,
+       RocketMQ's offsetMsgId, so the broker formats no per-message strings.)
 
 Hooks for replication (master/ha_service.py, master/group_transfer.py): ``replica_waiter`` and
 an ``ha_service`` with ``start()``, ``stop()`` and ``slaves() -> list[dict]`` (address, ackOffset,
@@ -19,13 +23,14 @@ stored puts answer SLAVE_NOT_AVAILABLE (the message is stored, RocketMQ's meanin
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from common.broker import TopicTable
 from common.errors import PutStatus, ResponseCode
-from common.message import Message
+from common.message import Message, encode_msg_id
 from common.protocol import Request, RequestCode, Response
 from common.server import Reply, reply
 
@@ -146,13 +151,15 @@ class MasterRole:
             code = PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
             return reply(req, code, f"put refused: {result.status.value}")
         fields = {
-            "msgIds": list(result.msg_ids),
             "queueId": result.queue_id,
             "queueOffset": result.queue_offset,
             "commitLogOffset": result.phy_offset,
+            "storeHost": store_host_text(result.store_ip, result.store_port),
         }
+        if len(result.record_offsets) > 1:
+            fields["offsets"] = list(result.record_offsets)
         flushed: concurrent.futures.Future[PutStatus] = pending.flushed
-        if flushed.done() and self._name == "ASYNC_MASTER":
+        if self._name == "ASYNC_MASTER" and flushed.done():
             return _put_reply(req, flushed.result(), fields)
         out: concurrent.futures.Future[Response] = concurrent.futures.Future()
         end = result.phy_offset + result.wrote_bytes
@@ -183,6 +190,12 @@ class MasterRole:
             return
         waited = self.replica_waiter(end)
         waited.add_done_callback(lambda w: out.set_result(_put_reply(req, _status_of(w), fields)))
+
+
+@functools.lru_cache(maxsize=64)
+def store_host_text(store_ip: bytes, store_port: int) -> str:
+    """The msgId prefix of a store host: 8 hex digits of IPv4, 8 of the port (uppercase)."""
+    return encode_msg_id(store_ip, store_port, 0)[:16]
 
 
 def _status_of(fut: concurrent.futures.Future[PutStatus]) -> PutStatus:

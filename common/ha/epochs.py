@@ -84,6 +84,23 @@ def append_epoch(history: EpochHistory, epoch: int, start_phy_offset: int) -> Ep
     return (*kept, EpochEntry(epoch, start_phy_offset))
 
 
+BROKER_ID_BITS = 8
+MAX_BROKER_ID = (1 << BROKER_ID_BITS) - 1
+
+
+def next_epoch(newest: int, broker_id: int) -> int:
+    """An epoch above ``newest`` that only ``broker_id`` can open.
+
+    The high bits count terms, the low 8 bits name the broker that opened the term. Two
+    brokers promoted from the same history without hearing of each other (no controller
+    decides) therefore never open the same ``(epoch, start offset)`` entry, and the
+    divergence check always sees that their histories differ.
+    """
+    if not 0 <= broker_id <= MAX_BROKER_ID:
+        raise ValueError(f"broker id {broker_id} outside 0..{MAX_BROKER_ID}")
+    return (((newest >> BROKER_ID_BITS) + 1) << BROKER_ID_BITS) | broker_id
+
+
 def new_epoch(history: EpochHistory, start_phy_offset: int) -> EpochHistory:
     """A new master term starting at ``start_phy_offset`` (the new master's max offset)."""
     return append_epoch(history, last_epoch(history) + 1, start_phy_offset)

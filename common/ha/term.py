@@ -84,22 +84,27 @@ def record_learned_epoch(store_root: str | os.PathLike[str], epoch: int) -> None
 
 
 def master_term_history(
-    history: EpochHistory, learned: int, min_phy_offset: int, max_phy_offset: int
+    history: EpochHistory, learned: int, min_phy_offset: int, max_phy_offset: int,
+    broker_id: int = 0,
 ) -> EpochHistory:
-    """The history a master term runs with (pure; rules 1-4 of the module docstring)."""
+    """The history a master term runs with (pure; rules 1-4 of the module docstring).
+
+    New epochs are numbered with ``epochs.next_epoch``: above every epoch seen, and unique to
+    ``broker_id``.
+    """
     if not history:
         return (ep.EpochEntry(1, min_phy_offset),)
     newest = ep.last_epoch(history)
     kept = ep.truncate_beyond(history, max_phy_offset)
-    if kept != history or not kept:
-        return ep.append_epoch(kept, max(newest, learned) + 1, max_phy_offset)
-    if newest <= learned:
-        return ep.append_epoch(kept, max(newest, learned) + 1, max_phy_offset)
+    if kept != history or not kept or newest <= learned:
+        return ep.append_epoch(kept, ep.next_epoch(max(newest, learned), broker_id),
+                               max_phy_offset)
     return kept
 
 
 def begin_master_term(
-    store_root: str | os.PathLike[str], min_phy_offset: int, max_phy_offset: int
+    store_root: str | os.PathLike[str], min_phy_offset: int, max_phy_offset: int,
+    broker_id: int = 0,
 ) -> EpochHistory:
     """Load, decide (``master_term_history``), save if changed, return the term's history."""
     Path(store_root).mkdir(parents=True, exist_ok=True)
@@ -107,7 +112,7 @@ def begin_master_term(
     learned = learned_epoch(store_root)
     if learned is None:
         learned = ep.last_epoch(history)
-    term = master_term_history(history, learned, min_phy_offset, max_phy_offset)
+    term = master_term_history(history, learned, min_phy_offset, max_phy_offset, broker_id)
     if term != history:
         ep.save(store_root, term)
     return term

@@ -33,12 +33,12 @@ def test_promoted_epoch_is_kept_not_doubled() -> None:
 
 def test_epoch_copied_from_another_master_gets_a_new_epoch() -> None:
     history = (E(1, 0), E(2, 100))
-    assert term.master_term_history(history, 2, 0, 800) == (E(1, 0), E(2, 100), E(3, 800))
+    assert term.master_term_history(history, 2, 0, 800) == (E(1, 0), E(2, 100), E(256, 800))
 
 
 def test_log_shorter_than_the_last_epoch_never_reuses_its_number() -> None:
     history = (E(1, 0), E(2, 500))
-    assert term.master_term_history(history, 0, 0, 400) == (E(1, 0), E(3, 400))
+    assert term.master_term_history(history, 0, 0, 400) == (E(1, 0), E(256, 400))
 
 
 def test_begin_master_term_persists_and_slave_marker_forces_new_epoch(tmp_path: Path) -> None:
@@ -49,12 +49,22 @@ def test_begin_master_term_persists_and_slave_marker_forces_new_epoch(tmp_path: 
     assert term.learned_epoch(tmp_path) == 1
     term.record_learned_epoch(tmp_path, 0)  # never lowered
     assert term.learned_epoch(tmp_path) == 1
-    assert term.begin_master_term(tmp_path, 0, 80) == (E(1, 0), E(2, 80))
-    assert ep.load(tmp_path) == (E(1, 0), E(2, 80))
+    assert term.begin_master_term(tmp_path, 0, 80) == (E(1, 0), E(256, 80))
+    assert ep.load(tmp_path) == (E(1, 0), E(256, 80))
 
 
 def test_garbled_marker_counts_as_learned(tmp_path: Path) -> None:
     ep.save(tmp_path, (E(1, 0),))
     term.learned_epoch_path(tmp_path).write_bytes(b"\x00garbage")
     assert term.learned_epoch(tmp_path) is None
-    assert term.begin_master_term(tmp_path, 0, 10) == (E(1, 0), E(2, 10))
+    assert term.begin_master_term(tmp_path, 0, 10) == (E(1, 0), E(256, 10))
+
+
+def test_next_epoch_is_above_every_epoch_seen_and_names_the_broker() -> None:
+    assert ep.next_epoch(1, 3) == 256 + 3
+    assert ep.next_epoch(256 + 3, 1) == 512 + 1
+    # two brokers promoted from the same history open different terms
+    assert ep.next_epoch(259, 1) != ep.next_epoch(259, 2)
+    assert min(ep.next_epoch(259, 1), ep.next_epoch(259, 2)) > 259
+    with pytest.raises(ValueError):
+        ep.next_epoch(1, 256)

@@ -198,3 +198,42 @@ def test_record_codec_round_trip_and_crc_check() -> None:
     corrupt[90] ^= 0xFF  # inside the body: CRC must catch it
     with pytest.raises(ProtocolError, match="CRC"):
         decode_record(bytes(corrupt))
+
+
+def test_packed_batch_is_cut_at_sizes() -> None:
+    meta = [["t", None, None, 0], None, None]
+    fields = send_fields(meta=meta, sizes=[1, 0, 3])
+    req = decode_request(encode_request(RequestCode.SEND_BATCH, 5, fields, [b"xabc"]), LIMITS)
+    assert req.bodies == [b"x", b"", b"abc"]
+    assert "sizes" not in req.fields and len(req.fields["meta"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("sizes", "bodies", "field", "code"),
+    [
+        ([1, 2], [b"xab", b"c"], "bodies", ResponseCode.BAD_REQUEST),  # two frames with sizes
+        ([1, 2], [b"xa"], "sizes", ResponseCode.BAD_REQUEST),  # sizes add up to more
+        ([1, 1], [b"xab"], "sizes", ResponseCode.BAD_REQUEST),  # ...or to less
+        ([1, -1], [b"x"], "sizes", ResponseCode.BAD_REQUEST),
+        ([1, "2"], [b"xab"], "sizes", ResponseCode.BAD_REQUEST),
+        ([], [b""], "sizes", ResponseCode.BAD_REQUEST),
+        ([0] * 17, [b""], "sizes", ResponseCode.BAD_REQUEST),  # over max_batch_count
+        ([1, 4097], [b"x" * 4098], "bodies[1]", ResponseCode.MESSAGE_ILLEGAL),
+    ],
+)
+def test_packed_batch_bad_sizes(
+    sizes: list[object], bodies: list[bytes], field: str, code: ResponseCode
+) -> None:
+    frames = encode_request(RequestCode.SEND_BATCH, 6, send_fields(sizes=sizes), bodies)
+    with pytest.raises(ProtocolError) as e:
+        decode_request(frames, LIMITS)
+    assert (e.value.field, e.value.code, e.value.opaque) == (field, code, 6)
+
+
+def test_packed_batch_meta_count_must_match_sizes() -> None:
+    frames = encode_request(
+        RequestCode.SEND_BATCH, 1, send_fields(meta=[None], sizes=[1, 1]), [b"xy"]
+    )
+    with pytest.raises(ProtocolError) as e:
+        decode_request(frames, LIMITS)
+    assert e.value.field == "meta"
