@@ -70,6 +70,8 @@ PULL_CODES = {
     ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
 }
 # Answers after which the cached master is no longer trusted.
+# Answers meaning "stored, but no slave confirmed it": a reason to ask the group again who leads.
+DEGRADED_CODES = frozenset({ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE})
 REDISCOVER_CODES = frozenset(
     {ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.STALE_EPOCH, ResponseCode.SYSTEM_ERROR}
 )
@@ -281,6 +283,7 @@ class Transport:
         batch_timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ):
         self._batch_timeout_ms = batch_timeout_ms
+        self.on_degraded: Callable[[str], None] | None = None  # set by the cluster view
         self._ctx = zmq.Context(io_threads=1)
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
         self._addresses: dict[zmq.Socket[bytes], str] = {}
@@ -589,7 +592,10 @@ class Transport:
         if batch.items:
             self._ready.add(key)
         try:
-            results = send_results(key[1], call.future.result())
+            resp = call.future.result()
+            if resp.code in DEGRADED_CODES and self.on_degraded is not None:
+                self.on_degraded(call.address)
+            results = send_results(key[1], resp)
             if len(results) != len(items):
                 raise BrokerError(
                     ResponseCode.SYSTEM_ERROR,
@@ -641,6 +647,8 @@ class _Cluster:
         self._lock = threading.Lock()
         self._master: str | None = None
         self._routes: dict[str, int] = {}
+        self._rechecked: dict[str, float] = {}
+        transport.on_degraded = self.recheck
 
     def status(self, address: str, timeout_ms: int | None = None) -> dict[str, Any]:
         resp = self.request(address, RequestCode.STATUS, timeout_ms=timeout_ms)
@@ -655,7 +663,22 @@ class _Cluster:
         timeout_ms: int | None = None,
     ) -> Response:
         timeout = timeout_ms or self.timeout_ms
-        return self.transport.call_sync(address, code, fields, bodies, timeout)
+        resp = self.transport.call_sync(address, code, fields, bodies, timeout)
+        if resp.code in DEGRADED_CODES:
+            self.recheck(address)
+        return resp
+
+    def recheck(self, address: str) -> None:
+        """The master answered as if cut off from its slaves: it may have been replaced by a
+        newer term (a resumed zombie master answers exactly so). Re-discover on the next call,
+        at most once a second per address (a SYNC master whose slave is down answers this to
+        every put)."""
+        now = time.monotonic()
+        with self._lock:
+            if self._master != address or now - self._rechecked.get(address, 0.0) < 1.0:
+                return
+            self._rechecked[address] = now
+            self._master = None
 
     def master(self) -> str:
         with self._lock:
@@ -738,12 +761,15 @@ class _Base:
         """How many queues ``topic`` has (asked of the master once, then cached)."""
         return self._cluster.queue_nums(topic)
 
-    def _with_retries(self, attempt: Callable[[str], Any]) -> Any:
-        """Run ``attempt(master_address)``; retry retriable errors, re-discovering the master."""
+    def _with_retries(self, attempt: Callable[[str], Any], fixed: str | None = None) -> Any:
+        """Run ``attempt(master_address)``; retry retriable errors, re-discovering the master.
+
+        With ``fixed`` (a consumer reading from a chosen broker) no master is needed at all.
+        """
         for n in range(self.retries + 1):
             address = None
             try:
-                address = self._cluster.master()
+                address = fixed or self._cluster.master()
                 return attempt(address)
             except BrokerError as e:
                 if isinstance(e, ClientTimeoutError) or e.code in REDISCOVER_CODES:
@@ -986,7 +1012,7 @@ class Consumer(_Base):
             )
             return pull_result(resp)
 
-        return self._with_retries(attempt)  # type: ignore[no-any-return]
+        return self._with_retries(attempt, fixed=self.read_from)  # type: ignore[no-any-return]
 
     def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
         fields = {"group": self.group, "topic": topic, "queueId": queue_id, "queueOffset": offset}
@@ -1010,7 +1036,7 @@ class Consumer(_Base):
                 raise BrokerError(resp.code, resp.remark)
             return int(resp.fields.get("queueOffset", -1))
 
-        return self._with_retries(attempt)  # type: ignore[no-any-return]
+        return self._with_retries(attempt, fixed=self.read_from)  # type: ignore[no-any-return]
 
 
 # ---- Admin ----------------------------------------------------------------------------------

@@ -76,11 +76,7 @@ assert len(PROP_CRC_PLACEHOLDER) == PROP_CRC_LEN
 
 def crc_digits(crc: int) -> bytes:
     """10 ASCII digits, least significant first (RocketMQ MessageDecoder.createCrc32)."""
-    out = bytearray(10)
-    for i in range(10):
-        out[i] = 48 + crc % 10
-        crc //= 10
-    return bytes(out)
+    return (b"%010d" % crc)[::-1]
 
 
 def seal(buf: bytearray | memoryview, pos: int, size: int) -> None:
