@@ -46,10 +46,6 @@ from common.message import (
     NAME_VALUE_SEP,
     PROPERTY_SEP,
     MessageExt,
-    decode_properties,
-    encode_msg_id,
-    encode_properties,
-    host_bytes,
 )
 from common.store import record
 
@@ -699,60 +695,10 @@ def decode_record(raw: bytes) -> MessageExt:
     checked = record.check(raw, 0, len(raw))
     if checked.size <= 0 or checked.size != len(raw):
         raise ProtocolError("record", checked.reason or f"{checked.size} != {len(raw)} bytes")
-    parsed = record.parse(raw)
-    h = parsed.header
+    topic_at = record.HEADER.size + record.HEADER.unpack_from(raw)[-1]
+    topic = raw[topic_at + 1 : topic_at + 1 + raw[topic_at]]
     try:
-        topic = bytes(parsed.topic).decode("utf-8")
+        topic.decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError("record.topic", "not valid UTF-8") from None
-    return MessageExt(
-        topic=topic,
-        queue_id=h.queue_id,
-        queue_offset=h.queue_offset,
-        commit_log_offset=h.phy_offset,
-        store_size=h.total_size,
-        body=bytes(parsed.body),
-        properties=decode_properties(parsed.props),
-        flag=h.flag,
-        sys_flag=h.sys_flag,
-        body_crc=h.body_crc,
-        born_timestamp=h.born_timestamp,
-        born_host=f"{record.ip_text(h.born_ip)}:{h.born_port}",
-        store_timestamp=h.store_timestamp,
-        store_host=f"{record.ip_text(h.store_ip)}:{h.store_port}",
-        reconsume_times=h.reconsume_times,
-        prepared_transaction_offset=h.prepared_tx_offset,
-        msg_id=encode_msg_id(h.store_ip, h.store_port, h.phy_offset),
-    )
-
-
-def encode_record(msg: MessageExt) -> bytes:
-    """MessageExt -> its CommitLog record bytes (query answers; equal to the stored bytes)."""
-    born_ip, born_port = _split_host(msg.born_host)
-    store_ip, store_port = _split_host(msg.store_host)
-    return bytes(
-        record.encode(
-            msg.topic.encode("utf-8"),
-            msg.body,
-            encode_properties(msg.properties),
-            msg.queue_id,
-            msg.queue_offset,
-            msg.commit_log_offset,
-            flag=msg.flag,
-            sys_flag=msg.sys_flag,
-            born_timestamp=msg.born_timestamp,
-            born_ip=host_bytes(born_ip),
-            born_port=born_port,
-            store_timestamp=msg.store_timestamp,
-            store_ip=host_bytes(store_ip),
-            store_port=store_port,
-            reconsume_times=msg.reconsume_times,
-            prepared_tx_offset=msg.prepared_transaction_offset,
-            crc=msg.body_crc or None,
-        )
-    )
-
-
-def _split_host(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return (host, int(port)) if port.isdigit() else (text, 0)
+    return record.decode_message(raw)

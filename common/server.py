@@ -9,11 +9,17 @@ Threads::
     other threads ------+  (flush futures of store.put_nowait, replica waits, reput's
                            arrival listener for long polling, admin work)
 
-* Only the I/O thread touches the socket. A processor answers at once (a ``Response``) or hands
-  back a ``concurrent.futures.Future[Response]``; when that future completes, on whatever thread,
-  its result is posted to the mailbox and the I/O thread sends it. (A self-pipe rather than an
-  inproc socket: any thread can write it without owning a ZeroMQ socket, which keeps shutdown
-  free of per-thread sockets.)
+* Only the I/O thread touches the socket. A processor answers at once (a ``Response``), hands
+  back a ``concurrent.futures.Future[Response]`` (when it completes, on whatever thread, its
+  result is posted to the mailbox and the I/O thread sends it), or hands back a ``Deferred``: a
+  request its owner (a ``LoopWaits``, e.g. the SYNC_MASTER replica waits) keeps on the I/O thread
+  and answers there. Another thread only reports to the owner and calls its ``wake``; one
+  coalesced mailbox item then runs ``owner.poll`` here, which hands back every answer that report
+  settled (one ack answers every put it covers, no Future per put). The loop also sleeps no
+  longer than ``owner.timeout_ms()`` and then polls the owner for its deadlines, and answers
+  every held request (``owner.release_all``) when it ends. (A self-pipe rather than an inproc
+  socket: any thread can write it without owning a ZeroMQ socket, which keeps shutdown free of
+  per-thread sockets.)
 * Requests are pipelined: answers carry the request's opaque id, in completion order.
 * In-flight requests (waiting futures and parked long polls) are bounded by
   ``maxInflightRequests``; past that a request is answered SYSTEM_BUSY at once, so no queue grows
@@ -51,7 +57,6 @@ from common.protocol import (
     RequestCode,
     Response,
     decode_request,
-    encode_record,
     encode_response,
     error_response,
 )
@@ -60,7 +65,6 @@ RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
 PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 
-Reply = Response | concurrent.futures.Future  # a Future resolves to a Response
 
 log = logging.getLogger("replog.server")
 
@@ -86,6 +90,47 @@ def reply(
     bodies: list[bytes] | None = None,
 ) -> Response:
     return Response(code, req.opaque, remark, fields or {}, bodies or [])
+
+
+# ---- requests answered later on the I/O thread itself ------------------------------------------
+
+
+class Deferred:
+    """A request a processor holds to answer later on the I/O thread (no Future, no thread hop).
+
+    The processor registers it with its ``owner`` before returning it; the server stamps who
+    asked (``identity``, ``code``, ``started``) and counts it in flight; ``owner.poll`` later hands
+    it back with its ``Response``. Only the I/O thread touches a Deferred's fields."""
+
+    __slots__ = ("code", "identity", "owner", "started")
+
+    def __init__(self, owner: LoopWaits) -> None:
+        self.owner = owner
+        self.identity = b""
+        self.code = RequestCode.SEND
+        self.started = 0.0
+
+
+Answers = list[tuple[Deferred, Response]]
+
+
+class LoopWaits(Protocol):
+    """The owner of Deferreds (``master/group_transfer.py``). Every method runs on the I/O thread;
+    ``bind`` hands over ``wake(owner)``, which any thread may call so that ``poll`` runs soon."""
+
+    @property
+    def pending(self) -> int: ...  # Deferreds held, answered by no poll yet
+
+    def bind(self, wake: Callable[[LoopWaits], None]) -> None: ...
+
+    def poll(self) -> Answers: ...  # what reports and passed deadlines settled
+
+    def timeout_ms(self) -> int | None: ...  # until the next deadline (None: none)
+
+    def release_all(self) -> Answers: ...  # the loop ends: answer everything held
+
+
+Reply = Response | concurrent.futures.Future | Deferred  # a Future resolves to a Response
 
 
 # ---- what the server needs from the broker --------------------------------------------------
@@ -266,6 +311,11 @@ class _Done:
     future: concurrent.futures.Future
 
 
+@dataclasses.dataclass(frozen=True)
+class _Wake:
+    owner: LoopWaits
+
+
 # ---- the server -------------------------------------------------------------------------------
 
 
@@ -283,6 +333,8 @@ class RequestServer:
         self._parked: dict[tuple[str, int], list[_Parked]] = {}
         self._parked_keys: frozenset[tuple[str, int]] = frozenset()
         self._deadlines: list[tuple[float, int, tuple[str, int]]] = []
+        self._waits: set[LoopWaits] = set()  # owners holding Deferreds
+        self._waits_due = float("inf")  # monotonic time of the owners' earliest deadline
         self._ctx = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
@@ -369,8 +421,13 @@ class RequestServer:
             if sock in events:
                 self._receive(sock)
                 self._dispatch_appended()
-            self._expire_polls(sock, time.monotonic())
+            now = time.monotonic()
+            self._expire_polls(sock, now)
+            if now >= self._waits_due:
+                for owner in list(self._waits):
+                    self._poll_waits(sock, owner)
             if self._draining.is_set() and self._should_exit():
+                self._release_waits(sock)
                 return
 
     def _dispatch_appended(self) -> None:
@@ -385,10 +442,18 @@ class RequestServer:
         return self.stats.inflight == 0 or time.monotonic() >= self._drain_deadline
 
     def _poll_timeout_ms(self) -> int:
-        if not self._deadlines:
-            return MAX_POLL_MS
-        wait = (self._deadlines[0][0] - time.monotonic()) * 1000
-        return max(0, min(MAX_POLL_MS, int(wait) + 1))
+        timeout = MAX_POLL_MS
+        now = time.monotonic()
+        if self._deadlines:
+            wait = (self._deadlines[0][0] - now) * 1000
+            timeout = max(0, min(timeout, int(wait) + 1))
+        self._waits_due = float("inf")
+        for owner in self._waits:
+            wait_ms = owner.timeout_ms()
+            if wait_ms is not None:
+                timeout = max(0, min(timeout, wait_ms))
+                self._waits_due = min(self._waits_due, now + wait_ms / 1000)
+        return timeout
 
     def _receive(self, sock: zmq.Socket[bytes]) -> None:
         for _ in range(RECV_BURST):
@@ -448,7 +513,40 @@ class RequestServer:
         if isinstance(outcome, Response):
             self._answer(sock, identity, outcome, started, req.code)
             return
+        if isinstance(outcome, Deferred):
+            self._hold(identity, req, started, outcome)
+            return
         self._await(sock, identity, req, started, outcome)
+
+    def _hold(self, identity: bytes, req: Request, started: float, held: Deferred) -> None:
+        held.identity = identity
+        held.code = req.code
+        held.started = started
+        self.stats.inflight += 1
+        owner = held.owner
+        if owner not in self._waits:
+            self._waits.add(owner)
+            owner.bind(self._wake_owner)
+
+    def _wake_owner(self, owner: LoopWaits) -> None:
+        """Any thread: have the I/O thread run ``owner.poll`` (the owner coalesces its wakes)."""
+        self._mailbox.post(_Wake(owner))
+
+    def _poll_waits(self, sock: zmq.Socket[bytes], owner: LoopWaits) -> None:
+        self._send_answers(sock, owner.poll())
+        if not owner.pending:
+            self._waits.discard(owner)
+
+    def _release_waits(self, sock: zmq.Socket[bytes]) -> None:
+        for owner in list(self._waits):
+            self._send_answers(sock, owner.release_all())
+        self._waits.clear()
+
+    def _send_answers(self, sock: zmq.Socket[bytes], answers: Answers) -> None:
+        for held, resp in answers:
+            self.stats.inflight -= 1
+            self._account(held.code, resp, held.started)
+            self._send(sock, held.identity, _encode(resp))
 
     def _await(
         self,
@@ -515,6 +613,8 @@ class RequestServer:
             if isinstance(item, _Done):
                 self.stats.inflight -= 1
                 self._complete(sock, item)
+            elif isinstance(item, _Wake):
+                self._poll_waits(sock, item.owner)
             elif item[0] == "drain":
                 self._answer_all_parked(sock)
         for key, max_offset in arrivals.items():
@@ -567,18 +667,18 @@ class RequestServer:
         found = self.services.store.query_by_key(
             f["topic"], f["key"], max_nums=f["maxNums"], begin_ms=f["beginMs"], end_ms=f["endMs"]
         )
-        return _messages_reply(req, found)
+        return _messages_reply(req, found, self.services.store)
 
     def _query_by_msg_id(self, req: Request) -> Response:
         try:
             found = self.services.store.message_by_msg_id(req.fields["msgId"])
         except ValueError as e:
             raise ProtocolError("msgId", str(e)) from None
-        return _messages_reply(req, [found] if found is not None else [])
+        return _messages_reply(req, [found] if found is not None else [], self.services.store)
 
     def _query_by_offset(self, req: Request) -> Response:
         found = self.services.store.message_by_offset(req.fields["phyOffset"])
-        return _messages_reply(req, [found] if found is not None else [])
+        return _messages_reply(req, [found] if found is not None else [], self.services.store)
 
     _READS: ClassVar[dict[RequestCode, Callable[[RequestServer, Request], Reply]]] = {
         RequestCode.STATUS: _status,
@@ -713,10 +813,12 @@ def _tags_codes(expression: str | None) -> set[int] | None:
     return {tags_code(t.strip()) for t in expression.split("||") if t.strip()}
 
 
-def _messages_reply(req: Request, found: list[Any]) -> Response:
-    if not found:
+def _messages_reply(req: Request, found: list[Any], store: Any) -> Response:
+    """Found messages travel as their stored record bytes (the client checks and decodes)."""
+    records = [r for r in (store.record_at(m.commit_log_offset) for m in found) if r is not None]
+    if not records:
         return reply(req, ResponseCode.QUERY_NOT_FOUND, "no message found")
-    return reply(req, bodies=[encode_record(m) for m in found])
+    return reply(req, bodies=records)
 
 
 def _encode(resp: Response) -> list[bytes]:

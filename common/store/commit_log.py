@@ -25,7 +25,6 @@ from common.errors import CorruptionError, PutStatus, StoreError
 from common.message import (
     Message,
     MessageExt,
-    decode_properties,
     encode_msg_id,
     encode_properties,
     host_bytes,
@@ -98,31 +97,7 @@ class RecoveryReport:
     corrupt_below_flushed: int = -1  # an invalid record below the checkpoint's flushed offset
 
 
-def to_message(raw: bytes | bytearray | memoryview, pos: int = 0) -> MessageExt:
-    """Decode a whole record into a MessageExt (copies body and strings)."""
-    p = record.parse(raw, pos)
-    h = p.header
-    props = decode_properties(p.props)
-    props.pop(record.PROP_CRC_NAME, None)
-    return MessageExt(
-        topic=bytes(p.topic).decode("utf-8", errors="replace"),
-        queue_id=h.queue_id,
-        queue_offset=h.queue_offset,
-        commit_log_offset=h.phy_offset,
-        store_size=h.total_size,
-        body=bytes(p.body),
-        properties=props,
-        flag=h.flag,
-        sys_flag=h.sys_flag,
-        body_crc=h.body_crc,
-        born_timestamp=h.born_timestamp,
-        born_host=f"{record.ip_text(h.born_ip)}:{h.born_port}",
-        store_timestamp=h.store_timestamp,
-        store_host=f"{record.ip_text(h.store_ip)}:{h.store_port}",
-        reconsume_times=h.reconsume_times,
-        prepared_transaction_offset=h.prepared_tx_offset,
-        msg_id=encode_msg_id(h.store_ip, h.store_port, h.phy_offset),
-    )
+to_message = record.decode_message  # the store's name for it
 
 
 def _offsets(phy: int, items: list[tuple]) -> list[int]:

@@ -40,6 +40,7 @@ import zlib
 from typing import NamedTuple
 
 from common.errors import CorruptionError
+from common.message import MessageExt, decode_properties, encode_msg_id
 
 MAGIC_V1 = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194
@@ -334,3 +335,30 @@ def require_valid(buf: bytes | bytearray | memoryview, pos: int, phy_offset: int
 
 def ip_text(raw: bytes) -> str:
     return socket.inet_ntoa(raw)
+
+
+def decode_message(raw: bytes | bytearray | memoryview, pos: int = 0) -> MessageExt:
+    """A whole record -> MessageExt (copies body and strings; the record CRC is not a property)."""
+    p = parse(raw, pos)
+    h = p.header
+    props = decode_properties(p.props)
+    props.pop(PROP_CRC_NAME, None)
+    return MessageExt(
+        topic=bytes(p.topic).decode("utf-8", errors="replace"),
+        queue_id=h.queue_id,
+        queue_offset=h.queue_offset,
+        commit_log_offset=h.phy_offset,
+        store_size=h.total_size,
+        body=bytes(p.body),
+        properties=props,
+        flag=h.flag,
+        sys_flag=h.sys_flag,
+        body_crc=h.body_crc,
+        born_timestamp=h.born_timestamp,
+        born_host=f"{ip_text(h.born_ip)}:{h.born_port}",
+        store_timestamp=h.store_timestamp,
+        store_host=f"{ip_text(h.store_ip)}:{h.store_port}",
+        reconsume_times=h.reconsume_times,
+        prepared_transaction_offset=h.prepared_tx_offset,
+        msg_id=encode_msg_id(h.store_ip, h.store_port, h.phy_offset),
+    )

@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 from common.errors import ResponseCode
-from common.message import MessageExt, encode_msg_id, host_bytes
+from common.message import encode_msg_id, encode_properties, host_bytes
 from common.protocol import (
     PROTOCOL_VERSION,
     Limits,
@@ -15,10 +15,10 @@ from common.protocol import (
     decode_record,
     decode_request,
     decode_response,
-    encode_record,
     encode_request,
     encode_response,
 )
+from common.store import record
 
 pytestmark = pytest.mark.unit
 
@@ -174,28 +174,23 @@ def test_pull_and_query_schemas() -> None:
     assert e.value.field == "msgId"
 
 
-def test_record_codec_round_trip_and_crc_check() -> None:
-    msg = MessageExt(
-        topic="orders",
-        queue_id=2,
-        queue_offset=9,
-        commit_log_offset=1234,
-        store_size=0,
-        body=b"hello",
-        properties={"TAGS": "A", "KEYS": "k"},
-        born_timestamp=1,
-        born_host="10.0.0.1:5",
-        store_timestamp=2,
-        store_host="127.0.0.1:10911",
-    )
-    raw = encode_record(msg)
-    got = decode_record(raw)
+def test_record_decode_and_crc_checks() -> None:
+    props = encode_properties({"TAGS": "A", "KEYS": "k"}) + record.PROP_CRC_PLACEHOLDER
+    raw = record.encode(b"orders", b"hello", props, 2, 9, 1234, born_timestamp=1,
+                        born_ip=host_bytes("10.0.0.1"), born_port=5, store_timestamp=2,
+                        store_ip=host_bytes("127.0.0.1"), store_port=10911)
+    record.seal(raw, 0, len(raw))  # as the store writes it
+    got = decode_record(bytes(raw))
     assert (got.topic, got.body, got.tags, got.keys) == ("orders", b"hello", "A", "k")
+    assert got.properties == {"TAGS": "A", "KEYS": "k"}  # the record CRC is not a property
     assert got.commit_log_offset == 1234 and got.store_size == len(raw)
     assert got.msg_id == encode_msg_id(host_bytes("127.0.0.1"), 10911, 1234)
-    assert encode_record(got) == raw
     corrupt = bytearray(raw)
-    corrupt[90] ^= 0xFF  # inside the body: CRC must catch it
+    corrupt[90] ^= 0xFF  # inside the body: the body CRC catches it
+    with pytest.raises(ProtocolError, match="CRC"):
+        decode_record(bytes(corrupt))
+    corrupt = bytearray(raw)
+    corrupt[21] ^= 0x01  # the queue offset: only the whole-record CRC covers it
     with pytest.raises(ProtocolError, match="CRC"):
         decode_record(bytes(corrupt))
 

@@ -68,6 +68,9 @@ class FakeStore:
     def add_arrival_listener(self, cb: Callable[[str, int, int], None]) -> None:
         self.listeners.append(cb)
 
+    def record_at(self, phy_offset: int) -> bytes | None:
+        return self.by_phy.get(phy_offset)
+
     def become_master(self) -> None:
         self.promotions += 1  # the real store rebuilds its queue offsets from its ConsumeQueues
 
