@@ -429,6 +429,12 @@ class MessageStore:
             log.error("event=read_corrupt offset=%d reason=%s", e.phy_offset, e.reason)
             return None
 
+    def record_at(self, phy_offset: int) -> bytes | None:
+        """The stored bytes of the whole record at ``phy_offset`` (query answers)."""
+        if not self.commit_log.min_offset <= phy_offset < self.commit_log.max_offset:
+            return None
+        return self.commit_log.read_record(phy_offset)
+
     def message_by_msg_id(self, msg_id: str) -> MessageExt | None:
         try:
             _, _, phy_offset = decode_msg_id(msg_id)
