@@ -120,7 +120,7 @@ class CommitLog:
         allocate: AllocateService | None = None,
         put_lock_busy_ms: int = 1000,
         append_prop_crc: bool = True,
-        require_prop_crc: bool = True,
+        require_prop_crc_from: int | None = None,
     ):
         self.file_size = file_size
         self.max_message_size = max_message_size
@@ -139,7 +139,8 @@ class CommitLog:
         self.last_store_timestamp = 0
         self._topic_parts: dict[str, bytes] = {}
         self.append_prop_crc = append_prop_crc
-        self.require_prop_crc = require_prop_crc
+        # Records at or after this offset must carry the whole-record CRC (None: none must).
+        self.require_prop_crc_from = require_prop_crc_from
         self._crc_len = record.PROP_CRC_LEN if append_prop_crc else 0
 
     # ---- offsets ----------------------------------------------------------------------------
@@ -422,7 +423,7 @@ class CommitLog:
             pos = phy - mf.file_from_offset
             view = mf.buffer
             result = record.check(view, pos, self.file_size, expect_phy_offset=phy,
-                                  require_prop_crc=self.require_prop_crc)
+                                  require_prop_crc=self._crc_required(phy))
             if result.size > 0:
                 report.records += 1
                 mf.store_timestamp = record.PATCH_STORE_TS.unpack_from(
@@ -445,6 +446,10 @@ class CommitLog:
                       phy, flushed_checkpoint, report.cut_reason)
         self._cut(phy, report)
         return report
+
+    def _crc_required(self, phy_offset: int) -> bool:
+        since = self.require_prop_crc_from
+        return since is not None and phy_offset >= since
 
     def _cut(self, end: int, report: RecoveryReport) -> None:
         files = self.queue.files

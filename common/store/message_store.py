@@ -11,6 +11,7 @@ See docs/store-api.md for how the broker uses this class.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ from common.store.checkpoint import AbortFile, StoreCheckpoint, StoreLock
 from common.store.cleanup import CleanService
 from common.store.commit_log import CommitLog, PutResult, RecoveryReport, to_message
 from common.store.consume_queue import ConsumeQueueStore
+from common.store.files import write_atomically
 from common.store.flush import FlushWatcher, GroupCommitService, PeriodicFlushService, done_future
 from common.store.index import IndexService
 from common.store.reput import ArrivalListener, DispatchRequest, ReputService
@@ -107,8 +109,8 @@ class MessageStore:
             self.root, cfg.mappedFileSizeCommitLog, max_message_size=cfg.maxMessageSize,
             store_ip=cfg.brokerIP1, store_port=cfg.listenPort, allocate=self.allocate,
             put_lock_busy_ms=cfg.putLockWarnMs, append_prop_crc=cfg.enabledAppendPropCRC,
-            require_prop_crc=cfg.forceVerifyPropCRC,
         )
+        self._crc_marker = self.root / "config" / "recordCrc.json"
         self.cq_store = ConsumeQueueStore(self.root, cfg.mappedFileSizeConsumeQueue)
         self.index: IndexService | None = (
             IndexService(self.root, cfg.maxHashSlotNum, cfg.maxIndexNum)
@@ -155,7 +157,9 @@ class MessageStore:
         if self.index is not None:
             self.index.load(not abnormal, self.checkpoint.index_msg_timestamp)
         self.cq_store.recover_all()
+        self.commit_log.require_prop_crc_from = self._crc_required_from()
         self.recovery = self.commit_log.recover(abnormal, self.checkpoint.physic_flushed_offset)
+        self._note_crc_start()
         log_end = self.commit_log.max_offset
         self.cq_store.truncate_dirty(log_end)
         self.cq_store.correct_min_offset(self.commit_log.min_offset)
@@ -166,6 +170,35 @@ class MessageStore:
         self._rebuild_queue_table()
         self.checkpoint.physic_flushed_offset = self.commit_log.flushed_offset
         self.checkpoint.flush()
+
+    # ---- the whole-record CRC: from where every record carries it ---------------------------
+    def _crc_since(self) -> int | None:
+        try:
+            return int(json.loads(self._crc_marker.read_text())["since"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as e:
+            log.error("event=record_crc_marker_unreadable path=%s error=%s", self._crc_marker, e)
+            return None
+
+    def _crc_required_from(self) -> int | None:
+        """Recovery requires the record CRC only where this store is known to have written it:
+        from the offset at which it started writing CRCs (never for a store written by RocketMQ
+        4.x or with ``enabledAppendPropCRC`` off, whose records would all be cut)."""
+        if not (self.cfg.forceVerifyPropCRC and self.cfg.enabledAppendPropCRC):
+            return None
+        return self._crc_since()
+
+    def _note_crc_start(self) -> None:
+        """Record (or forget) from which offset this store writes the record CRC."""
+        since = self._crc_since()
+        if not self.cfg.enabledAppendPropCRC:
+            if since is not None:
+                self._crc_marker.unlink()
+            return
+        end = self.commit_log.max_offset
+        if since is None or since > end:
+            write_atomically(self._crc_marker, json.dumps({"since": end}).encode())
 
     def _dispatch_start(self, abnormal: bool) -> int:
         """Where reput resumes: the ConsumeQueues' end; after a crash also what the index and

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from common.message import (
     Message,
     MessageExt,
 )
+from common.store.files import write_atomically
 from common.store.reput import SCHEDULE_SOURCE
 
 if TYPE_CHECKING:
@@ -87,13 +87,8 @@ class ScheduleService:
             return {}
 
     def persist(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
         data = json.dumps({"offsetTable": {str(k): v for k, v in sorted(self.offsets.items())}})
-        with open(tmp, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomically(self.path, data.encode())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="replog-schedule", daemon=True)

@@ -442,7 +442,7 @@ def _base_image(crash: Crash, dest: Path) -> LastRecord:
 
 def _recover_commit_log(root: Path) -> CommitLog:
     cl = CommitLog(root, SEG, max_message_size=4 * 1024 * 1024, append_prop_crc=True,
-                   require_prop_crc=True)
+                   require_prop_crc_from=0)  # this store wrote the CRC from its start
     cl.load()
     cl.recover(True, 0)
     return cl

@@ -47,3 +47,38 @@ def test_promoted_replica_continues_queue_offsets(tmp_path: Path) -> None:
     finally:
         master.shutdown()
         slave.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_records_written_without_the_record_crc_survive_a_restart_with_it(tmp_path: Path) -> None:
+    # A store written as RocketMQ 4.x writes it (no whole-record CRC), then opened with the
+    # defaults: nothing may be cut, and records written from then on are held to the CRC.
+    old = open_store(tmp_path, enabledAppendPropCRC=False, forceVerifyPropCRC=False)
+    for i in range(50):
+        assert old.put(Message("t", b"old%d" % i), 0).ok
+    old_end = old.max_phy_offset
+    old.shutdown()
+    (tmp_path / "abort").write_text("crash")  # make the next start verify everything
+    store = open_store(tmp_path)
+    try:
+        assert store.max_phy_offset == old_end
+        assert store.recovery is not None and store.recovery.cut_bytes == 0
+        assert store.max_queue_offset("t", 0) == 50
+        last = store.put(Message("t", b"new"), 0)
+        assert last.ok
+        end = store.max_phy_offset
+    finally:
+        store.shutdown()
+    # Tear the new record inside its properties (only the record CRC can tell): cut there.
+    seg = tmp_path / "commitlog" / f"{(last.phy_offset // (16 * 1024)) * 16 * 1024:020d}"
+    data = bytearray(seg.read_bytes())
+    pos = last.phy_offset % (16 * 1024)
+    data[pos + last.wrote_bytes - 5 : pos + last.wrote_bytes] = bytes(5)
+    seg.write_bytes(bytes(data))
+    (tmp_path / "abort").write_text("crash")
+    store = open_store(tmp_path)
+    try:
+        assert store.max_phy_offset == last.phy_offset < end
+        assert store.max_queue_offset("t", 0) == 50
+    finally:
+        store.shutdown()
