@@ -1,14 +1,22 @@
 """SYNC_MASTER: make a stored put wait until enough in-sync slaves have acked it.
 
-The thin driver of ``common.ha.group_transfer_core.GroupTransferCore``::
+The driver of ``common.ha.group_transfer_core.GroupTransferCore``, run on the request server's
+I/O thread (a ``common.server.LoopWaits``: no thread of its own, no Future per put)::
 
-    put (server / flush thread)  -> replica_waiter(end_phy_offset) -> Future[PutStatus]
-    HA service thread            -> on_acks(quorum_offset)       completes, in end-offset order
-    the timer thread "replog-group-transfer" sleeps on a condition until the earliest deadline
-                                 -> FLUSH_SLAVE_TIMEOUT, in deadline order
+    master role (I/O thread)  admit(put, end_phy_offset, flushed) -> a status now, or None: the
+                              put (a ``common.server.Deferred``) is held
+    HA service thread         report_quorum(quorum_offset) after each batch of acks: stores the
+                              offset and wakes the I/O thread (one coalesced mailbox item)
+    flush thread (SYNC_FLUSH) the put's flush future completed: queued, wakes the I/O thread
+    I/O thread                poll() -> answers: every put the quorum covers, in end-offset
+                              order, and FLUSH_SLAVE_TIMEOUT for the passed deadlines, in
+                              deadline order; the server sleeps at most ``timeout_ms()``
 
-Nothing polls: acks complete waiters on the HA thread that received them; the timer thread
-waits exactly until the earliest deadline (or until a new, earlier waiter arrives).
+Nothing polls: an ack answers every put it covers in one pass of the I/O thread; the I/O
+thread's own poll timeout is the earliest deadline. Only the I/O thread touches the core; other
+threads only store a value or append to a deque and call the server's ``wake``. The HA thread
+wakes only while puts wait; ``admit`` re-reads the reported offset after registering a put, so
+an ack reported meanwhile is never missed (Dekker's order: each side writes, then reads).
 
 Statuses (``PutStatus``; the record is on the master's log in every case):
 
@@ -19,30 +27,29 @@ Statuses (``PutStatus``; the record is on the master's log in every case):
 * FLUSH_SLAVE_TIMEOUT: not acked within ``slaveTimeout`` ms. Never early: the deadline is
   computed from the admission time rounded *up* to the millisecond, and fires when the
   monotonic clock rounded *down* reaches it. Also the answer to waiters still pending when the
-  role stops (indeterminate: the record is stored, its replication unknown).
+  role stops or the server's loop ends (indeterminate: the record is stored, its replication
+  unknown).
 * OS_PAGE_CACHE_BUSY (SYSTEM_BUSY): already ``maxInflightRequests`` waiters.
 
-Lock order: callers of ``in_sync`` / ``quorum`` (the HA service's lock) are never called while
-this module's lock is held, and futures are completed outside it (their callbacks run the
-master role's reply path).
+Under SYNC_FLUSH both waits run together: the put is answered once both are known, with the
+flush's status if that failed (FLUSH_DISK_TIMEOUT), else the replica's. A put whose flush is
+still unknown when the server's loop ends is answered FLUSH_DISK_TIMEOUT.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
-import logging
+import functools
 import math
-import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 
 from common.config import BrokerConfig
 from common.errors import PutStatus
 from common.ha.group_transfer_core import Admission, GroupTransferCore, needed_acks
-
-log = logging.getLogger("replog.group_transfer")
-
-JOIN_TIMEOUT_S = 5.0
+from common.protocol import Response
+from common.server import Answers, Deferred, LoopWaits
 
 _ADMISSION_STATUS = {
     Admission.SEND_OK: PutStatus.PUT_OK,
@@ -51,24 +58,45 @@ _ADMISSION_STATUS = {
 }
 
 
+class ReplicaPut(Deferred):
+    """A SYNC put held for its replica ack (and its flush); ``reply`` is the role's answer."""
+
+    __slots__ = ("flush_status", "replica_status")
+
+    def __init__(self, owner: LoopWaits) -> None:
+        super().__init__(owner)
+        self.flush_status: PutStatus | None = None
+        self.replica_status: PutStatus | None = None
+
+    def reply(self, status: PutStatus) -> Response:
+        raise NotImplementedError
+
+    def answer(self) -> tuple[Deferred, Response]:
+        flush = self.flush_status
+        replica = self.replica_status
+        assert flush is not None and replica is not None
+        return self, self.reply(flush if flush is not PutStatus.PUT_OK else replica)
+
+
 class GroupTransfer:
-    """Replica waits of one master term; ``start`` the timer thread, ``stop`` to end it."""
+    """Replica waits of one master term, driven by the request server's I/O thread."""
 
     def __init__(
         self,
         cfg: BrokerConfig,
         in_sync: Callable[[], int],
-        quorum: Callable[[int], int],
         clock: Callable[[], float] = time.monotonic,
     ):
         self._core = GroupTransferCore.from_config(cfg)
         self._needed = needed_acks(cfg)
         self._in_sync = in_sync
-        self._quorum = quorum
         self._clock = clock
-        self._cond = threading.Condition(threading.Lock())
+        self._quorum = -1  # the latest quorum offset the HA thread reported
+        self._flushed: collections.deque[tuple[ReplicaPut, PutStatus]] = collections.deque()
+        self._awaiting_flush: set[ReplicaPut] = set()  # replica answered, flush not yet
+        self._wake: Callable[[LoopWaits], None] | None = None
+        self._armed = False  # a wake is posted and its poll has not started yet
         self._stopped = False
-        self._thread: threading.Thread | None = None
         self.timeouts = 0
         self.not_available = 0
 
@@ -78,87 +106,124 @@ class GroupTransfer:
 
     @property
     def pending(self) -> int:
-        with self._cond:
-            return self._core.pending
+        return self._core.pending + len(self._awaiting_flush)
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="replog-group-transfer", daemon=True)
-        self._thread.start()
+    # ---- other threads -----------------------------------------------------------------------
+    def report_quorum(self, quorum_offset: int) -> None:
+        """HA thread: ``needed`` in-sync slaves now hold ``quorum_offset`` (after AcksAdvanced)."""
+        self._quorum = quorum_offset
+        if self._core.pending:  # read after the write above; admit does the mirror image
+            self._kick()
 
     def stop(self) -> None:
-        """End the timer thread; waiters still pending get FLUSH_SLAVE_TIMEOUT."""
-        with self._cond:
-            self._stopped = True
-            left = self._core.cancel_all()
-            self._cond.notify_all()
-        _complete(left, PutStatus.FLUSH_SLAVE_TIMEOUT)
-        if self._thread is not None:
-            self._thread.join(JOIN_TIMEOUT_S)
-            if self._thread.is_alive():
-                log.error("event=group_transfer_thread_stuck")
+        """Any thread (the role stops): puts still waiting get FLUSH_SLAVE_TIMEOUT, and so do
+        later ones, at once."""
+        self._stopped = True
+        self._kick()
 
-    # ---- inputs ------------------------------------------------------------------------------
-    def replica_waiter(self, end_phy_offset: int) -> concurrent.futures.Future[PutStatus]:
-        """The wait for a put whose bytes end at ``end_phy_offset`` (MasterRole's hook)."""
-        fut: concurrent.futures.Future[PutStatus] = concurrent.futures.Future()
-        if self._needed <= 0:
-            fut.set_result(PutStatus.PUT_OK)
-            return fut
-        in_sync = self._in_sync()  # the HA service's lock, taken before ours (lock order)
-        quorum = self._quorum(self._needed)
-        now_ms = math.ceil(self._clock() * 1000)  # rounded up: a deadline is never early
-        with self._cond:
-            if self._stopped:
-                admission = None
-                acked: list[Hashable] = []
-            else:
-                acked = self._core.on_acks(quorum)
-                before = self._core.next_deadline_ms()
-                admission = self._core.admit(fut, end_phy_offset, now_ms, in_sync, self._needed)
-                if admission is Admission.WAIT and before is None:
-                    self._cond.notify()  # the timer thread was idle (a later deadline can wait)
-        _complete(acked, PutStatus.PUT_OK)
-        if admission is None:
-            fut.set_result(PutStatus.FLUSH_SLAVE_TIMEOUT)
-        elif admission is not Admission.WAIT:
-            if admission is Admission.SLAVE_NOT_AVAILABLE:
-                self.not_available += 1
-            fut.set_result(_ADMISSION_STATUS[admission])
-        return fut
+    def _on_flushed(self, put: ReplicaPut, flushed: concurrent.futures.Future[PutStatus]) -> None:
+        self._flushed.append((put, _status_of(flushed)))  # flush thread (or this one, if done)
+        self._kick()
 
-    def on_acks(self, quorum_offset: int) -> None:
-        """The offset ``needed`` in-sync slaves now hold (HA thread, after AcksAdvanced)."""
-        with self._cond:
-            done = self._core.on_acks(quorum_offset)
-        _complete(done, PutStatus.PUT_OK)
+    def _kick(self) -> None:
+        wake = self._wake
+        if wake is not None and not self._armed:
+            self._armed = True
+            wake(self)
 
-    # ---- the timer thread --------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                expired = self._wait_for_deadline()
-                if expired is None:
-                    return
-            self.timeouts += len(expired)
-            _complete(expired, PutStatus.FLUSH_SLAVE_TIMEOUT)
+    # ---- the I/O thread ----------------------------------------------------------------------
+    def bind(self, wake: Callable[[LoopWaits], None]) -> None:
+        self._wake = wake
+        if self._flushed or self._stopped or self._quorum > self._core.acked_offset:
+            self._kick()  # reported before the server could be woken
 
-    def _wait_for_deadline(self) -> list[Hashable] | None:
-        """Sleep (lock held by the caller) until a deadline passes; None once stopped."""
-        while not self._stopped:
-            deadline = self._core.next_deadline_ms()
-            now_ms = math.floor(self._clock() * 1000)
-            if deadline is None:
-                self._cond.wait()
-            elif now_ms < deadline:
-                self._cond.wait((deadline - now_ms) / 1000)
-            else:
-                return self._core.tick(now_ms)
+    def admit(
+        self, put: ReplicaPut, end_phy_offset: int, flushed: concurrent.futures.Future[PutStatus]
+    ) -> PutStatus | None:
+        """The put's status now, or None: ``put`` is held and a later ``poll`` answers it."""
+        if flushed.done():
+            put.flush_status = _status_of(flushed)
+            if put.flush_status is not PutStatus.PUT_OK:
+                return put.flush_status
+            return self._admit_replica(put, end_phy_offset)
+        replica = self._admit_replica(put, end_phy_offset)
+        if replica is not None:
+            put.replica_status = replica
+            self._awaiting_flush.add(put)
+        flushed.add_done_callback(functools.partial(self._on_flushed, put))
         return None
 
+    def _admit_replica(self, put: ReplicaPut, end_phy_offset: int) -> PutStatus | None:
+        if self._stopped:
+            return PutStatus.FLUSH_SLAVE_TIMEOUT
+        if self._needed <= 0 or end_phy_offset <= self._quorum:
+            return PutStatus.PUT_OK  # already acked (the core's own mark may lag the report)
+        core = self._core
+        if not core.pending:
+            core.on_acks(self._quorum)  # nobody waits: just the high-water mark
+        now_ms = math.ceil(self._clock() * 1000)  # rounded up: a deadline is never early
+        admission = core.admit(put, end_phy_offset, now_ms, self._in_sync(), self._needed)
+        if admission is Admission.WAIT:
+            if self._quorum > core.acked_offset:
+                self._kick()  # reported while this put was being registered
+            return None
+        if admission is Admission.SLAVE_NOT_AVAILABLE:
+            self.not_available += 1
+        return _ADMISSION_STATUS[admission]
 
-def _complete(tokens: list[Hashable], status: PutStatus) -> None:
-    for token in tokens:
-        fut = token
-        assert isinstance(fut, concurrent.futures.Future)
-        if not fut.done():
-            fut.set_result(status)
+    def poll(self) -> Answers:
+        """Every held put that reports, passed deadlines or a stop have settled."""
+        self._armed = False  # before reading the reports: a later report wakes again
+        answers: Answers = []
+        while self._flushed:
+            put, status = self._flushed.popleft()
+            put.flush_status = status
+            if put.replica_status is not None:
+                self._awaiting_flush.discard(put)
+                answers.append(put.answer())
+        core = self._core
+        if core.pending:
+            if self._quorum > core.acked_offset:
+                self._replicated(core.on_acks(self._quorum), PutStatus.PUT_OK, answers)
+            deadline = core.next_deadline_ms()
+            now_ms = math.floor(self._clock() * 1000)
+            if deadline is not None and now_ms >= deadline:
+                expired = core.tick(now_ms)
+                self.timeouts += len(expired)
+                self._replicated(expired, PutStatus.FLUSH_SLAVE_TIMEOUT, answers)
+            if self._stopped:
+                self._replicated(core.cancel_all(), PutStatus.FLUSH_SLAVE_TIMEOUT, answers)
+        return answers
+
+    def timeout_ms(self) -> int | None:
+        deadline = self._core.next_deadline_ms()
+        if deadline is None:
+            return None
+        return max(0, math.ceil(deadline - self._clock() * 1000))
+
+    def release_all(self) -> Answers:
+        """The server's loop ends: answer every held put (indeterminate statuses)."""
+        answers = self.poll()
+        self._replicated(self._core.cancel_all(), PutStatus.FLUSH_SLAVE_TIMEOUT, answers)
+        for put in self._awaiting_flush:
+            put.flush_status = PutStatus.FLUSH_DISK_TIMEOUT
+            answers.append(put.answer())
+        self._awaiting_flush.clear()
+        return answers
+
+    def _replicated(self, tokens: list[object], status: PutStatus, answers: Answers) -> None:
+        for token in tokens:
+            put = token
+            assert isinstance(put, ReplicaPut)
+            put.replica_status = status
+            if put.flush_status is None:
+                self._awaiting_flush.add(put)
+            else:
+                answers.append(put.answer())
+
+
+def _status_of(fut: concurrent.futures.Future[PutStatus]) -> PutStatus:
+    try:
+        return fut.result()
+    except Exception:  # noqa: BLE001 - a failed wait is reported, the record is already stored
+        return PutStatus.UNKNOWN_ERROR

@@ -10,8 +10,9 @@ One thread, "replog-ha-service", owns the socket and feeds the core (under ``_lo
 
 and carries out the actions in order: ``Send`` and ``ReadAndSend`` (bytes read with
 ``store.read_committed`` at send time, straight from the mmap, never decoded), ``Drop``
-(logged), ``AcksAdvanced`` (-> ``GroupTransfer.on_acks(quorum)``), ``Fenced`` (logged: a
-slave knows a newer epoch, failover's business).
+(logged), ``AcksAdvanced`` (-> ``GroupTransfer.report_quorum(quorum)``, once per batch of
+frames: that stores the offset and wakes the request server's I/O thread, which answers every
+SYNC put it covers), ``Fenced`` (logged: a slave knows a newer epoch, failover's business).
 
 Streaming starts as soon as bytes are appended: the append listener (called on the putting
 thread, outside the put lock) writes one byte into a non-blocking self-pipe unless a wake-up is
@@ -28,13 +29,13 @@ socket is writable again; EHOSTUNREACH or an overflowing backlog disconnects the
 core. Incoming messages are capped with ``MAXMSGSIZE``.
 
 ``create(cfg, store, role_name)`` is the factory ``common/cli.py`` calls for a master role;
-``build_master_replication`` returns ``(service, replica_waiter or None)``.
+``build_master_replication`` returns ``(service, replica waits or None)``: the ``GroupTransfer``
+the master role admits SYNC puts into, on the request server's I/O thread.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import errno
 import logging
@@ -47,7 +48,6 @@ from typing import Any
 import zmq
 
 from common.config import BrokerConfig
-from common.errors import PutStatus
 from common.ha import master_core as mc
 from common.ha import term
 from common.ha.protocol import HAProtocolError, Limits, decode
@@ -107,14 +107,7 @@ class HaService:
         self.stats = HaServiceStats()
         self.group_transfer: GroupTransfer | None = None
         if role_name == "SYNC_MASTER":
-            self.group_transfer = GroupTransfer(
-                cfg, self.in_sync_count, self.acked_offset_quorum, clock
-            )
-
-    @property
-    def replica_waiter(self) -> Callable[[int], concurrent.futures.Future[PutStatus]] | None:
-        """MasterRole's hook: the SYNC wait, or None for an ASYNC_MASTER."""
-        return self.group_transfer.replica_waiter if self.group_transfer is not None else None
+            self.group_transfer = GroupTransfer(cfg, self.in_sync_count, clock)
 
     @property
     def epoch(self) -> int:
@@ -154,8 +147,6 @@ class HaService:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        if self.group_transfer is not None:
-            self.group_transfer.start()
         self._store.add_append_listener(self._on_append)
         self._thread = threading.Thread(target=self._run, name="replog-ha-service", daemon=True)
         self._thread.start()
@@ -353,7 +344,7 @@ class HaService:
                 )
         if acks_advanced and self.group_transfer is not None:
             gt = self.group_transfer
-            gt.on_acks(self.acked_offset_quorum(gt.needed))
+            gt.report_quorum(self.acked_offset_quorum(gt.needed))
 
     def _send_or_park(self, sock: zmq.Socket[Any], action: mc.Send | mc.ReadAndSend) -> None:
         queue = self._backlog.get(action.peer_id)
@@ -454,12 +445,12 @@ def _drain(fd: int) -> None:
 # ---- factories (called from the composition root, common/cli.py) -----------------------------
 def build_master_replication(
     cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER"
-) -> tuple[HaService, Callable[[int], concurrent.futures.Future[PutStatus]] | None]:
-    """The HA service of a master term and, for SYNC_MASTER, its replica waiter."""
+) -> tuple[HaService, GroupTransfer | None]:
+    """The HA service of a master term and, for SYNC_MASTER, its replica waits."""
     service = HaService(cfg, store, role_name)
-    return service, service.replica_waiter
+    return service, service.group_transfer
 
 
 def create(cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER") -> HaService:
-    """``common/cli.py``'s hook: the service, carrying ``replica_waiter`` (None when ASYNC)."""
+    """``common/cli.py``'s hook: the service, carrying ``group_transfer`` (None when ASYNC)."""
     return build_master_replication(cfg, store, role_name)[0]

@@ -5,18 +5,20 @@ A put goes (on the server's I/O thread)::
     topic check (auto-create with defaultTopicQueueNums, persisted in config/topics.json)
     -> store.put_nowait / put_batch_nowait   append now, under the store's put lock
     -> pending.flushed                        FLUSH_DISK_TIMEOUT under SYNC_FLUSH, else done
-    -> replica_waiter(end_phy_offset)         SYNC_MASTER only: Future[PutStatus] from
-                                              master/group_transfer.py (FLUSH_SLAVE_TIMEOUT,
-                                              SLAVE_NOT_AVAILABLE)
+    -> replica_waits.admit(put, end, flushed) SYNC_MASTER only (master/group_transfer.py): a
+                                              status now, or the put is held as a
+                                              ``common.server.Deferred`` that the I/O thread
+                                              answers when acks cover it (FLUSH_SLAVE_TIMEOUT,
+                                              SLAVE_NOT_AVAILABLE); the flush wait runs alongside
     -> Response (SUCCESS or the status code, with the offsets: ``queueId``, ``queueOffset`` and
        ``commitLogOffset`` of the first record, ``storeHost`` (the first 16 hex digits of every
        msgId: store IP and port) and, for more than one record, ``offsets`` (each record's
        CommitLog offset). The client builds each msgId as ``storeHost + "%016X" % offset``,
        RocketMQ's offsetMsgId, so the broker formats no per-message strings.)
 
-Hooks for replication (master/ha_service.py, master/group_transfer.py): ``replica_waiter`` and
+Hooks for replication (master/ha_service.py, master/group_transfer.py): ``replica_waits`` and
 an ``ha_service`` with ``start()``, ``stop()`` and ``slaves() -> list[dict]`` (address, ackOffset,
-lagBytes, inSync). A SYNC_MASTER without a replica waiter cannot get any slave's ack, so its
+lagBytes, inSync). A SYNC_MASTER without replica waits cannot get any slave's ack, so its
 stored puts answer SLAVE_NOT_AVAILABLE (the message is stored, RocketMQ's meaning).
 """
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from common.broker import TopicTable
@@ -33,8 +34,7 @@ from common.errors import PutStatus, ResponseCode
 from common.message import Message, encode_msg_id
 from common.protocol import Request, RequestCode, Response
 from common.server import Reply, reply
-
-ReplicaWaiter = Callable[[int], "concurrent.futures.Future[PutStatus]"]
+from master.group_transfer import GroupTransfer, ReplicaPut
 
 # store PutStatus -> response code (RocketMQ SendMessageProcessor)
 PUT_CODES: dict[PutStatus, ResponseCode] = {
@@ -68,7 +68,7 @@ class MasterRole:
         store: Any,
         topics: TopicTable,
         role_name: str = "ASYNC_MASTER",
-        replica_waiter: ReplicaWaiter | None = None,
+        replica_waits: GroupTransfer | None = None,
         ha_service: HaService | None = None,
     ):
         if role_name not in ("SYNC_MASTER", "ASYNC_MASTER"):
@@ -77,7 +77,7 @@ class MasterRole:
         self.store = store
         self.topics = topics
         self._name = role_name
-        self.replica_waiter = replica_waiter
+        self.replica_waits = replica_waits
         self.ha_service = ha_service
 
     @property
@@ -159,37 +159,44 @@ class MasterRole:
         if len(result.record_offsets) > 1:
             fields["offsets"] = list(result.record_offsets)
         flushed: concurrent.futures.Future[PutStatus] = pending.flushed
-        if self._name == "ASYNC_MASTER" and flushed.done():
-            return _put_reply(req, flushed.result(), fields)
-        out: concurrent.futures.Future[Response] = concurrent.futures.Future()
         end = result.phy_offset + result.wrote_bytes
-        flushed.add_done_callback(lambda f: self._after_flush(req, f, end, fields, out))
+        waits = self.replica_waits
+        if self._name == "SYNC_MASTER" and waits is not None:
+            put = _SyncPut(waits, req, fields)
+            status = waits.admit(put, end, flushed)
+            return put if status is None else _put_reply(req, status, fields)
+        if flushed.done():
+            return self._after_flush(req, _status_of(flushed), fields)
+        out: concurrent.futures.Future[Response] = concurrent.futures.Future()
+        flushed.add_done_callback(
+            lambda f: out.set_result(self._after_flush(req, _status_of(f), fields))
+        )
         return out
 
-    def _after_flush(
-        self,
-        req: Request,
-        flushed: concurrent.futures.Future[PutStatus],
-        end: int,
-        fields: dict[str, Any],
-        out: concurrent.futures.Future[Response],
-    ) -> None:
-        status = _status_of(flushed)
+    def _after_flush(self, req: Request, status: PutStatus, fields: dict[str, Any]) -> Response:
+        """ASYNC_MASTER, or a SYNC_MASTER with no replica waits (no slave can acknowledge)."""
         if status != PutStatus.PUT_OK or self._name == "ASYNC_MASTER":
-            out.set_result(_put_reply(req, status, fields))
-            return
-        if self.replica_waiter is None:
-            out.set_result(
-                _put_reply(
-                    req,
-                    PutStatus.SLAVE_NOT_AVAILABLE,
-                    fields,
-                    "no replication service: no slave can acknowledge",
-                )
-            )
-            return
-        waited = self.replica_waiter(end)
-        waited.add_done_callback(lambda w: out.set_result(_put_reply(req, _status_of(w), fields)))
+            return _put_reply(req, status, fields)
+        return _put_reply(
+            req,
+            PutStatus.SLAVE_NOT_AVAILABLE,
+            fields,
+            "no replication service: no slave can acknowledge",
+        )
+
+
+class _SyncPut(ReplicaPut):
+    """A SYNC put held on the I/O thread until its replica ack (and flush) are known."""
+
+    __slots__ = ("fields", "req")
+
+    def __init__(self, owner: GroupTransfer, req: Request, fields: dict[str, Any]) -> None:
+        super().__init__(owner)
+        self.req = req
+        self.fields = fields
+
+    def reply(self, status: PutStatus) -> Response:
+        return _put_reply(self.req, status, self.fields)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,7 +1,8 @@
 """SYNC_MASTER waits for slave acks, as pure logic (no threads, no clock of its own).
 
 A SYNC put that appended bytes ending at ``end_phy_offset`` is *admitted* with a token chosen
-by the driver (``master/group_transfer.py``), which later completes the token's future:
+by the driver (``master/group_transfer.py``, run on the request loop), which later answers the
+put that token stands for:
 
     admit(token, end_phy_offset, now_ms, in_sync_slaves, needed) -> Admission
         SEND_OK               nothing to wait for (needed == 0, or already acked)

@@ -112,6 +112,43 @@ def test_sync_slave_paused_times_out_in_window_then_recovers(tmp_path: Path) -> 
         assert_identical(master, slave, 0, end)
 
 
+@pytest.mark.timeout(120)
+def test_sync_flush_and_sync_master_wait_for_both(tmp_path: Path) -> None:
+    """SYNC_FLUSH + SYNC_MASTER: the flush and the replica waits run together; a put is SEND_OK
+    only with both, and a paused slave still times out in [slaveTimeout, +250 ms]."""
+    master, slave = master_and_slave(
+        tmp_path, slaveTimeout=SLAVE_TIMEOUT_MS, flushDiskType="SYNC_FLUSH"
+    )
+    with brokers(master, slave):
+        wait_in_sync(master)
+        with Producer([master.address], retries=0, timeout_ms=10_000) as p:
+            acked_end = 0
+            for i in range(50):
+                r = p.send("t", f"both{i}".encode() * 10, queue_id=0)
+                assert r.status == SendStatus.SEND_OK, r
+                acked_end = max(acked_end, r.commit_log_offset + 1)
+            results = p.send_batch("t", [b"x" * 100] * 64, queue_id=0)
+            assert {r.status for r in results} == {SendStatus.SEND_OK}
+            status = master.status()
+            assert status["flushedPhyOffset"] >= acked_end
+            assert status["slaves"][0]["ackOffset"] >= acked_end
+            stop_process(slave.pid)
+            try:
+                status_, ms = timed_send(p, b"paused" * 100)
+                assert status_ == SendStatus.FLUSH_SLAVE_TIMEOUT
+                assert SLAVE_TIMEOUT_MS <= ms <= SLAVE_TIMEOUT_MS + LATE_MS, ms
+            finally:
+                os.kill(slave.pid, signal.SIGCONT)
+            wait_for(
+                lambda: timed_send(p, b"after")[0] == SendStatus.SEND_OK,
+                2.0,
+                "SEND_OK after SIGCONT",
+                step_s=0,
+            )
+        end = wait_converged(master, slave)
+        assert_identical(master, slave, 0, end)
+
+
 @pytest.mark.timeout(180)
 def test_sync_link_cut_times_out_in_window_then_recovers(tmp_path: Path) -> None:
     master_port = free_port()
