@@ -38,6 +38,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from common.config import BrokerConfig
 from common.errors import ResponseCode
+from common.files import write_atomically
 from common.ha import epochs, term
 from common.protocol import Request, Response
 from common.server import Reply, RequestServer, log_event, reply
@@ -55,18 +56,7 @@ PERM_READ_WRITE = 6
 def atomic_write_json(path: Path, value: Any) -> None:
     """Write JSON so that a crash leaves either the old or the new file, never a torn one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(path.name + ".tmp")
-    data = json.dumps(value, indent=2, sort_keys=True).encode("utf-8")
-    with open(temp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomically(path, json.dumps(value, indent=2, sort_keys=True).encode("utf-8"))
 
 
 def read_json(path: Path) -> Any:

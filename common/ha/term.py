@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from common.files import write_atomically
 from common.ha import epochs as ep
 from common.ha.epochs import EpochHistory
 
@@ -69,18 +70,7 @@ def record_learned_epoch(store_root: str | os.PathLike[str], epoch: int) -> None
     known = learned_epoch(store_root)
     if known is not None and epoch <= known:
         return
-    path = learned_epoch_path(store_root)
-    temp = path.with_name(LEARNED_FILE + ".tmp")
-    with open(temp, "wb") as f:
-        f.write(f"{epoch}\n".encode("ascii"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomically(learned_epoch_path(store_root), f"{epoch}\n".encode("ascii"))
 
 
 def master_term_history(

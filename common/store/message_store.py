@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from common.config import BrokerConfig, parse_delay_levels
 from common.errors import CorruptionError, GetStatus, PutStatus, StoreError
+from common.files import write_atomically
 from common.message import (
     PROPERTY_WAIT,
     SCHEDULE_TOPIC,
@@ -36,7 +37,6 @@ from common.store.checkpoint import AbortFile, StoreCheckpoint, StoreLock
 from common.store.cleanup import CleanService
 from common.store.commit_log import CommitLog, PutResult, RecoveryReport, to_message
 from common.store.consume_queue import ConsumeQueueStore
-from common.store.files import write_atomically
 from common.store.flush import FlushWatcher, GroupCommitService, PeriodicFlushService, done_future
 from common.store.index import IndexService
 from common.store.reput import ArrivalListener, DispatchRequest, ReputService

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.errors import PutStatus
+from common.files import write_atomically
 from common.message import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
@@ -30,7 +31,6 @@ from common.message import (
     Message,
     MessageExt,
 )
-from common.store.files import write_atomically
 from common.store.reput import SCHEDULE_SOURCE
 
 if TYPE_CHECKING:
