@@ -201,6 +201,8 @@ class BrokerStatus:
     topics: int
     server: dict[str, Any]
     store: dict[str, Any]
+    replication: dict[str, Any]  # a slave's view of its master: state, lagBytes, resyncs...
+    refusedWrites: int
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -402,6 +404,8 @@ class Broker:
             topics=len(self.topics.topics()),
             server=self.server.stats.figures(),
             store=_plain(store.snapshot()),
+            replication=dict(role_fields.get("replication", {})),
+            refusedWrites=int(role_fields.get("refusedWrites", 0)),
         )
 
     def epoch(self) -> int:

@@ -49,7 +49,14 @@ class SlaveRole:
         return str(getter()) if callable(getter) else self.cfg.haMasterAddress
 
     def status_fields(self) -> dict[str, Any]:
-        return {"masterAddress": self.master_address(), "slaves": [], "refusedWrites": self.refused}
+        getter = getattr(self.ha_client, "status", None)
+        replication = getter() if callable(getter) else {}
+        return {
+            "masterAddress": self.master_address(),
+            "slaves": [],
+            "refusedWrites": self.refused,
+            "replication": replication,
+        }
 
     def handle_write(self, req: Request) -> Response:
         self.refused += 1

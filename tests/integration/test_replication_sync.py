@@ -298,5 +298,13 @@ def test_write_to_a_replicating_slave_is_refused_and_changes_nothing(tmp_path: P
                 )
                 assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE, resp
                 assert "SLAVE" in resp.remark and slave.cfg.haMasterAddress in resp.remark
-        assert slave.status()["maxPhyOffset"] == end == master.status()["maxPhyOffset"]
+        status = slave.status()
+        assert status["maxPhyOffset"] == end == master.status()["maxPhyOffset"]
+        assert status["refusedWrites"] == 100
+        assert status["masterAddress"] == slave.cfg.haMasterAddress
+        repl = wait_for(
+            lambda: (r := slave.status()["replication"])["masterMaxPhyOffset"] == end and r,
+            10, "the slave to hear the master's max offset",
+        )
+        assert repl["lagBytes"] == 0 and repl["maxPhyOffset"] == end
         assert_identical(master, slave, 0, end)
