@@ -68,7 +68,10 @@ def read_json(path: Path) -> Any:
         return None
     if len(raw) > MAX_CONFIG_FILE_BYTES:
         raise ValueError(f"{path} is larger than {MAX_CONFIG_FILE_BYTES} bytes")
-    return json.loads(raw)
+    try:
+        return json.loads(raw)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
+        raise ValueError(f"{path} is not valid JSON ({e}); restore or remove it") from None
 
 
 # ---- topics and consumer offsets ---------------------------------------------------------------
@@ -301,6 +304,17 @@ class Broker:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self.store.start()
+        try:
+            self._start_serving()
+        except BaseException:
+            # a clean refusal: stop what started, flush, remove abort, release the lock
+            if self.role is not None:
+                self.role.stop()
+            self.server.stop(timeout_s=2.0)
+            self.store.shutdown()
+            raise
+
+    def _start_serving(self) -> None:
         self.topics.merge_seen(self.store.topic_queues())
         self.role = self.role_factory(self.cfg.brokerRole, self)
         self.role.start()

@@ -38,7 +38,7 @@ from rich.table import Table
 
 from common.client import Admin, Consumer, Producer, SendResult
 from common.config import KNOWN_KEYS, dump_yaml, load_config
-from common.errors import BrokerError, ConfigError, SendStatus
+from common.errors import BrokerError, ConfigError, SendStatus, StoreError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_SERVERS = "127.0.0.1:10911"
@@ -85,8 +85,13 @@ def run_broker(config_path: str, overrides: Sequence[str]) -> int:
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
         stream=sys.stderr,
     )
-    broker = Broker(cfg, MessageStore(cfg), make_role)
-    broker.serve_forever()
+    try:
+        broker = Broker(cfg, MessageStore(cfg), make_role)
+        broker.serve_forever()
+    except (StoreError, ValueError, OSError) as e:
+        logging.getLogger("replog.broker").error("event=broker_start_failed error=%r", str(e))
+        err.print(f"replog broker: cannot start: {e}", soft_wrap=True)
+        return EXIT_FAILED
     return EXIT_OK
 
 

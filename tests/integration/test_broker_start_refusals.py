@@ -1,0 +1,46 @@
+"""A broker whose small state files are damaged refuses to start with one clear line naming the
+file, exits 1 at once, and leaves its store as a clean shutdown would (no abort file)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from broker_harness import REPO, BrokerProcess, brokers
+
+from common.client import Producer
+from common.errors import SendStatus
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("damaged", ["config/consumerOffset.json", "config/topics.json",
+                                     "epochFileCheckpoint"])
+def test_damaged_state_file_is_refused_clearly(tmp_path: Path, damaged: str) -> None:
+    broker = BrokerProcess(tmp_path / "b", brokerRole="ASYNC_MASTER")
+    with brokers(broker), Producer([broker.address]) as p:
+        assert p.send("t", b"kept").status is SendStatus.SEND_OK
+        p.queue_nums("t")  # topics.json now exists
+        assert broker.terminate() == 0  # a clean stop: no abort file
+    assert not (broker.store_root / "abort").exists()
+    path = broker.store_root / damaged
+    good = path.read_bytes() if path.exists() else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\xff\x00 not json, not an epoch file \x80")
+    config = broker.config_path
+    done = subprocess.run([sys.executable, "-m", "common.cli", "broker", "-c", str(config)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr[-2000:]
+    line = [x for x in done.stderr.splitlines() if "cannot start" in x]
+    assert line and (path.name in line[0] or "epoch" in line[0]), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert not (broker.store_root / "abort").exists()
+    if good is not None:
+        path.write_bytes(good)
+    else:
+        path.unlink()
+    with brokers(broker), Producer([broker.address]) as p:
+        assert p.send("t", b"after").status is SendStatus.SEND_OK
