@@ -7,6 +7,8 @@ Measured for 128 B and 1 KiB bodies, in one run:
 | sync      | ``Producer.send``, 1 in flight       | pyzmq DEALER/ROUTER echo, 1 in flight;    |
 |           |                                      | Redis XADD one at a time                  |
 | async64   | ``Producer.send_async``, 64 in flight| echo, 64 in flight; Redis XADD pipelined 64|
+|           | (keyless: the producer's own sticky  |                                           |
+|           | queue choice, as Kafka's producer)   |                                           |
 | batch64   | ``Producer.send_batch`` of 64        | echo of 64-frame messages; Redis pipe 64  |
 
 The broker (ASYNC_MASTER, ASYNC_FLUSH), the echo server and ``redis-server`` (Debian's, started
@@ -150,7 +152,7 @@ def replog_async(p: Producer, size: int, count: int) -> Figure:
     for i in range(count):
         window.acquire()
         t0 = time.perf_counter()
-        p.send_async("bench", body, queue_id=i % 4).add_done_callback(
+        p.send_async("bench", body).add_done_callback(  # the producer picks queues (sticky)
             lambda f, t0=t0: finished(t0, f)
         )
     done.wait(120)

@@ -820,6 +820,9 @@ class Producer(_Base):
         )
         self.max_message_size = max_message_size
         self._rr = itertools.count()
+        self._batch_size = max(1, batch_size)
+        self._sticky: dict[str, tuple[int, int]] = {}  # topic -> (queue, sends left on it)
+        self._sticky_lock = threading.Lock()
         self._retry_pool = concurrent.futures.ThreadPoolExecutor(1, "replog-producer-retry")
 
     def close(self) -> None:
@@ -929,10 +932,25 @@ class Producer(_Base):
             return queue_id
         return next(self._rr) % self._cluster.queue_nums(topic)
 
+    def _sticky_queue(self, topic: str) -> int:
+        """Kafka's sticky partitioner: keyless async sends stay on one queue for a batch's
+        worth of messages, so that concurrent sends coalesce into full batches, then move on
+        round-robin (load still spreads over every queue)."""
+        with self._sticky_lock:
+            queue_id, left = self._sticky.get(topic, (-1, 0))
+            if left <= 0:
+                queue_id = next(self._rr) % self._cluster.queue_nums(topic)
+                left = self._batch_size
+            self._sticky[topic] = (queue_id, left - 1)
+            return queue_id
+
     def _route(self, item: _Item) -> None:
         """Pick the master and the queue for a message (may discover: not on the I/O thread)."""
         item.address = self._cluster.master()
-        item.queue_id = self._queue(item.topic, item.fixed_queue)
+        if item.fixed_queue is not None:
+            item.queue_id = item.fixed_queue
+        else:
+            item.queue_id = self._sticky_queue(item.topic)
         item.enqueued = time.monotonic()
 
     def _on_item_error(self, item: _Item, err: BrokerError) -> None:
