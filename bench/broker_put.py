@@ -23,7 +23,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,15 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import _support
 import zmq
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from common.cli import broker_env
-from common.client import Admin, Producer
-from common.config import dump_yaml, load_config
-from common.errors import BrokerError
+from common.client import Producer
 
 SCALE = float(os.environ.get("REPLOG_BENCH_SCALE", "1.0"))
 SIZES = (128, 1024)
@@ -74,47 +68,9 @@ def n(count: int) -> int:
     return max(BATCH, int(count * SCALE))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-# ---- replog -------------------------------------------------------------------------------------
-
-
 def start_broker(home: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cfg = load_config(
-        None,
-        (),
-        env={},
-        listenPort=port,
-        haListenPort=free_port(),
-        storePathRootDir=str(home / "store"),
-        brokerRole="ASYNC_MASTER",
-        flushDiskType="ASYNC_FLUSH",
-        mappedFileSizeCommitLog=256 * 1024 * 1024,
-    )
-    (home / "broker.yaml").write_text(dump_yaml(cfg))
-    log = open(home / "broker.log", "ab")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "common.cli", "broker", "-c", str(home / "broker.yaml")],
-        cwd=REPO,
-        stdout=log,
-        stderr=log,
-        env=broker_env(),
-    )
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    with Admin([address], timeout_ms=500, retries=0) as admin:
-        while True:
-            try:
-                admin.status(address)
-                return proc, address
-            except BrokerError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((home / "broker.log").read_text()[-3000:]) from None
+    return _support.start_broker(home, brokerRole="ASYNC_MASTER", flushDiskType="ASYNC_FLUSH",
+                                 mappedFileSizeCommitLog=256 * 1024 * 1024)
 
 
 def replog_sync(p: Producer, size: int, count: int) -> Figure:
@@ -219,7 +175,7 @@ def start_redis(home: Path) -> tuple[subprocess.Popen[bytes] | None, int]:
     binary = shutil.which("redis-server")
     if binary is None:
         return None, 0
-    port = free_port()
+    port = _support.free_port()
     proc = subprocess.Popen(
         [
             binary,
@@ -297,7 +253,7 @@ def main() -> int:
     try:
         broker, address = start_broker(home)
         children.append(lambda: _stop(broker))
-        echo_port = free_port()
+        echo_port = _support.free_port()
         ready = multiprocessing.Event()
         echo = multiprocessing.Process(target=_echo_server, args=(echo_port, ready), daemon=True)
         echo.start()

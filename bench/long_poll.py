@@ -10,50 +10,18 @@ the start of that send to the pull's answer (so the send's own round trip is inc
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import _support
 
-from common.client import Admin, Consumer, Producer
-from common.errors import BrokerError, PullStatus
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_broker(home: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    conf = home / "broker.yaml"
-    conf.write_text(f"brokerRole: ASYNC_MASTER\nlistenPort: {port}\nhaListenPort: {free_port()}\n"
-                    f"storePathRootDir: {home / 'store'}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REPLOG_")}
-    proc = subprocess.Popen([sys.executable, "-m", "common.cli", "broker", "-c", str(conf)],
-                            cwd=REPO, env=env, stderr=subprocess.DEVNULL)
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    with Admin([address], timeout_ms=1000, retries=0) as admin:
-        while True:
-            try:
-                admin.status(address)
-                return proc, address
-            except BrokerError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    proc.kill()
-                    raise RuntimeError("broker did not start") from None
-                time.sleep(0.05)
+from common.client import Consumer, Producer
+from common.errors import PullStatus
 
 
 def _send_later(producer: Producer, sent_at: list[float]) -> None:
@@ -86,7 +54,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=50)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as home:
-        proc, address = start_broker(Path(home))
+        proc, address = _support.start_broker(Path(home), brokerRole="ASYNC_MASTER")
         try:
             lat = measure(address, args.rounds)
         finally:

@@ -1,0 +1,75 @@
+"""What the benchmark scripts share: free ports and broker processes that answer."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from common.cli import broker_env
+from common.client import Admin
+from common.config import dump_yaml, load_config
+from common.errors import BrokerError
+
+
+def free_port(span: int = 1) -> int:
+    """A port p with p..p+span-1 free right now on 127.0.0.1."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + span < 65535 and all(_is_free(port + i) for i in range(1, span)):
+            return port
+    raise RuntimeError("no free port range found")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def write_config(home: Path, **fields: Any) -> Path:
+    """``home/broker.yaml`` from typed fields (validated like any broker config)."""
+    home.mkdir(parents=True, exist_ok=True)
+    fields.setdefault("storePathRootDir", str(home / "store"))
+    path = home / "broker.yaml"
+    path.write_text(dump_yaml(load_config(None, (), env={}, **fields)))
+    return path
+
+
+def launch(home: Path, address: str, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
+    """Run ``replog broker -c home/broker.yaml`` (log in home/broker.log) until it answers."""
+    with open(home / "broker.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "common.cli", "broker", "-c", str(home / "broker.yaml")],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=broker_env(),
+        )
+    deadline = time.monotonic() + timeout_s
+    with Admin([address], timeout_ms=500, retries=0) as admin:
+        while True:
+            try:
+                admin.status(address)
+                return proc
+            except BrokerError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError((home / "broker.log").read_text()[-3000:]) from None
+
+
+def start_broker(home: Path, **fields: Any) -> tuple[subprocess.Popen[bytes], str]:
+    """A broker on fresh ports (client and HA) with ``fields``; returns it and its address."""
+    port = free_port(2)
+    write_config(home, listenPort=port, haListenPort=port + 1, **fields)
+    address = f"127.0.0.1:{port}"
+    return launch(home, address), address
