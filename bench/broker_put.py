@@ -19,6 +19,8 @@ scales the message counts.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import multiprocessing
 import os
 import shutil
@@ -26,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from pathlib import Path
 import _support
 import zmq
 
-from common.client import Producer
+from common.client import Producer, SendResult
 
 SCALE = float(os.environ.get("REPLOG_BENCH_SCALE", "1.0"))
 SIZES = (128, 1024)
@@ -85,36 +86,23 @@ def replog_sync(p: Producer, size: int, count: int) -> Figure:
 
 
 def replog_async(p: Producer, size: int, count: int) -> Figure:
+    """``send_async`` with at most WINDOW sends outstanding, the way a pipelining caller keeps
+    a window: when it is full, wait for the oldest. Latencies come from done-callbacks."""
     body = b"x" * size
-    window = threading.BoundedSemaphore(WINDOW)
+    clock = time.perf_counter
     lat: list[float] = []
-    errors: list[BaseException] = []
-    done = threading.Event()
-    remaining = [count]
-    lock = threading.Lock()
-
-    def finished(t0: float, f: object) -> None:
-        lat.append((time.perf_counter() - t0) * 1000)
-        exc = f.exception()  # type: ignore[attr-defined]
-        if exc is not None:
-            errors.append(exc)
-        window.release()
-        with lock:
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                done.set()
-
-    start = time.perf_counter()
-    for i in range(count):
-        window.acquire()
-        t0 = time.perf_counter()
-        p.send_async("bench", body).add_done_callback(  # the producer picks queues (sticky)
-            lambda f, t0=t0: finished(t0, f)
-        )
-    done.wait(120)
-    if errors:
-        raise errors[0]
-    return Figure("async64", count, time.perf_counter() - start, lat, size)
+    window: collections.deque[concurrent.futures.Future[SendResult]] = collections.deque()
+    start = clock()
+    for _ in range(count):
+        if len(window) >= WINDOW:
+            window.popleft().result(120)  # raises the send's error, if any
+        t0 = clock()
+        fut = p.send_async("bench", body)  # the producer picks queues (sticky)
+        fut.add_done_callback(lambda _f, t0=t0: lat.append((clock() - t0) * 1000))
+        window.append(fut)
+    for fut in window:
+        fut.result(120)
+    return Figure("async64", count, clock() - start, lat, size)
 
 
 def replog_batch(p: Producer, size: int, count: int) -> Figure:

@@ -10,6 +10,11 @@ Threads and sockets::
   Sockets use ``ZMQ_IMMEDIATE`` so a request is never parked for a broker that is down (it waits
   in a bounded backlog until the connection is up or its deadline passes) and heartbeats so a
   frozen broker is noticed.
+* A blocking call (``send``, ``send_batch``, ``pull``, ``status``...) runs on the calling
+  thread's own socket and first polls for its answer without sleeping, up to ``spin_us``
+  (default 300 us), while recent answers have come that fast: waking a sleeping thread costs
+  about as much as a loopback round trip on a VM. Slow answers (a SYNC_MASTER put, a long
+  poll) turn this off by themselves; ``spin_us=0`` turns it off for good.
 * Every request has a deadline (``timeout_ms``, default 10 s: longer than the broker's
   ``slaveTimeout`` and ``syncFlushTimeout`` so FLUSH_SLAVE_TIMEOUT and FLUSH_DISK_TIMEOUT reach the
   caller). A missed deadline raises ``ClientTimeoutError`` (a retriable ``BrokerError``; the send's
@@ -53,6 +58,7 @@ from common.protocol import (
 
 DEFAULT_TIMEOUT_MS = 10_000
 DISCOVERY_TIMEOUT_MS = 2_000
+DEFAULT_SPIN_US = 300  # call_sync polls without sleeping this long while answers come sooner
 MAX_BACKOFF_S = 1.0
 RECV_BURST = 1024  # messages read from one socket before looking at the others
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
@@ -281,8 +287,11 @@ class Transport:
         max_batches_in_flight: int = 1,
         max_in_flight: int = 65_536,
         batch_timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        spin_us: int = DEFAULT_SPIN_US,
     ):
         self._batch_timeout_ms = batch_timeout_ms
+        self._spin_s = max(0, spin_us) / 1e6
+        self._rtt_s = 0.0  # moving average of call_sync round trips
         self.on_degraded: Callable[[str], None] | None = None  # set by the cluster view
         self._ctx = zmq.Context(io_threads=1)
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
@@ -355,6 +364,12 @@ class Transport:
                 left_ms = int((deadline - time.monotonic()) * 1000)
                 if left_ms <= 0 or not sock.poll(left_ms, zmq.POLLOUT):
                     raise ClientTimeoutError(address, timeout_ms) from None
+        sent = time.perf_counter()
+        if self._spin_s > 0.0 and self._rtt_s < self._spin_s:
+            resp = self._spin_for(sock, opaque, sent + min(self._spin_s, timeout_ms / 1000))
+            if resp is not None:
+                self._note_rtt(time.perf_counter() - sent)
+                return resp
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0 or not sock.poll(left_ms):
@@ -364,7 +379,34 @@ class Transport:
             except ProtocolError:
                 continue
             if resp.opaque == opaque:
+                self._note_rtt(time.perf_counter() - sent)
                 return resp
+
+    def _spin_for(self, sock: zmq.Socket[bytes], opaque: int, until: float) -> Response | None:
+        """Poll ``sock`` without sleeping until ``until``: the answer, or None (then block).
+
+        Waking a thread that sleeps in poll() costs tens of microseconds on a VM (often a
+        cross-CPU interrupt), as much as a whole loopback round trip; a caller that spins
+        for an answer expected within ``spin_us`` skips that wake-up (an adaptive mutex's
+        trick). ``call_sync`` spins only while the recent round trips fit in the budget, so a
+        slow path (a SYNC_MASTER put, a long poll) costs no CPU."""
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                if time.perf_counter() >= until:
+                    return None
+                continue
+            try:
+                resp = decode_response(frames, CLIENT_LIMITS)
+            except ProtocolError:
+                continue
+            if resp.opaque == opaque:
+                return resp
+
+    def _note_rtt(self, seconds: float) -> None:
+        """Moving average of ``call_sync`` round trips (races between threads are harmless)."""
+        self._rtt_s += (seconds - self._rtt_s) / 8.0
 
     def _direct_socket(self, address: str) -> zmq.Socket[bytes]:
         sockets: dict[str, zmq.Socket[bytes]] | None = getattr(self._local, "sockets", None)
@@ -807,11 +849,13 @@ class Producer(_Base):
         max_batches_in_flight: int = 1,
         max_pending: int = 65_536,
         max_message_size: int = 4 * 1024 * 1024,
+        spin_us: int = DEFAULT_SPIN_US,
     ):
         super().__init__(
             servers,
             timeout_ms,
             retries,
+            spin_us=spin_us,
             batch_size=batch_size,
             linger_ms=linger_ms,
             max_batches_in_flight=max_batches_in_flight,
@@ -995,8 +1039,9 @@ class Consumer(_Base):
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         retries: int = 2,
         read_from: str | None = None,
+        spin_us: int = DEFAULT_SPIN_US,
     ):
-        super().__init__(servers, timeout_ms, retries)
+        super().__init__(servers, timeout_ms, retries, spin_us=spin_us)
         self.group = group
         self.read_from = read_from  # a fixed broker to read from (e.g. a slave); None = master
 

@@ -1,0 +1,160 @@
+"""The client's blocking call path (``Transport.call_sync``) against a scripted ROUTER.
+
+``call_sync`` first polls without sleeping for up to ``spin_us`` (while recent round trips fit
+in that budget), then blocks. These tests pin the behaviour that matters to callers: the right
+answer is returned on both paths, answers to other requests are skipped, a slow peer turns
+spinning off, ``spin_us=0`` never spins, and the deadline still holds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import msgpack
+import pytest
+import zmq
+
+from common.client import ClientTimeoutError, Transport
+from common.protocol import RequestCode, ResponseCode, encode_response
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+class ScriptedBroker:
+    """A ROUTER thread answering each request after ``delay_s``; ``decoy`` first sends an answer
+    with another opaque id (an earlier, timed-out call's late answer)."""
+
+    def __init__(self) -> None:
+        self.delay_s = 0.0
+        self.decoy = False
+        self.silent = False
+        self.served = 0
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"127.0.0.1:{port}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._sock.poll(50):
+                continue
+            identity, header, *_ = self._sock.recv_multipart()
+            _, _, opaque, _ = msgpack.unpackb(header)
+            if self.silent:
+                continue
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            if self.decoy:
+                self._sock.send_multipart([identity, *encode_response(ResponseCode.SUCCESS,
+                                                                      opaque + 1000)])
+            self._sock.send_multipart(
+                [identity, *encode_response(ResponseCode.SUCCESS, opaque, "", {"echo": opaque})]
+            )
+            self.served += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close(0)
+        self._ctx.term()
+
+
+@pytest.fixture
+def broker() -> Iterator[ScriptedBroker]:
+    b = ScriptedBroker()
+    yield b
+    b.close()
+
+
+def _transport(spin_us: int) -> Transport:
+    return Transport(name="test-transport", spin_us=spin_us)
+
+
+class SpinCounter:
+    """Wraps ``Transport._spin_for`` to count how often a call spun and how often that found
+    the answer."""
+
+    def __init__(self, t: Transport) -> None:
+        self.calls = 0
+        self.hits = 0
+        inner = t._spin_for
+
+        def counted(*args: object) -> object:
+            self.calls += 1
+            resp = inner(*args)  # type: ignore[arg-type]
+            self.hits += resp is not None
+            return resp
+
+        t._spin_for = counted  # type: ignore[method-assign]
+
+
+def test_fast_answers_are_taken_while_spinning(broker: ScriptedBroker) -> None:
+    t = _transport(spin_us=50_000)  # generous: any loopback answer lands within it
+    try:
+        spins = SpinCounter(t)
+        for _ in range(20):
+            resp = t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
+            assert resp.code == ResponseCode.SUCCESS
+            assert resp.fields["echo"] == resp.opaque
+        assert spins.calls == 20
+        assert spins.hits >= 19  # the first may wait for the connection
+    finally:
+        t.close()
+
+
+def test_an_answer_to_another_request_is_skipped_while_spinning(broker: ScriptedBroker) -> None:
+    broker.decoy = True
+    t = _transport(spin_us=50_000)
+    try:
+        for _ in range(5):
+            resp = t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
+            assert resp.fields["echo"] == resp.opaque
+    finally:
+        t.close()
+
+
+def test_a_slow_peer_is_waited_for_blocking_and_turns_spinning_off(broker: ScriptedBroker) -> None:
+    t = _transport(spin_us=300)
+    try:
+        t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)  # connect
+        broker.delay_s = 0.01  # 10 ms: far beyond the 300 us budget
+        spins = SpinCounter(t)
+        for _ in range(30):
+            resp = t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
+            assert resp.fields["echo"] == resp.opaque  # the blocking path answers correctly
+        assert spins.hits == 0
+        # the moving average passed the budget after a few calls: later calls do not spin
+        assert spins.calls < 10
+        assert t._rtt_s > 300e-6
+    finally:
+        t.close()
+
+
+def test_spin_us_zero_never_spins(broker: ScriptedBroker) -> None:
+    t = _transport(spin_us=0)
+    try:
+        spins = SpinCounter(t)
+        for _ in range(5):
+            assert t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000).opaque > 0
+        assert spins.calls == 0
+    finally:
+        t.close()
+
+
+def test_the_deadline_holds_after_spinning(broker: ScriptedBroker) -> None:
+    t = _transport(spin_us=50_000)
+    try:
+        t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
+        broker.silent = True
+        started = time.monotonic()
+        with pytest.raises(ClientTimeoutError):
+            t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=200)
+        assert 0.15 <= time.monotonic() - started < 2.0
+    finally:
+        t.close()
