@@ -4,6 +4,12 @@ When the log asks for the segment starting at ``start``, the service hands over 
 prepared (or creates it inline on a miss) and queues ``start + size`` and ``start + 2*size`` for
 a background thread, so that rolling to a new segment never waits for file creation and, with
 ``warmMapedFileEnable``, for the page faults of a fresh mapping.
+
+Without warm-up the same thread keeps the pages just ahead of the writer faulted in: the log asks
+``prefault(segment, upto)`` every PREFAULT_STEP bytes written, and a prepared segment gets its
+first PREFAULT_AHEAD bytes. Each 4 KiB page faulted by the writer itself costs it ~9 us on this VM
+(``MappedFile.prefault`` does it with one madvise per 4 MiB, GIL released); the zero pages it
+dirties ahead are at most PREFAULT_AHEAD per segment.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ log = logging.getLogger("replog.store")
 
 AHEAD = 2  # segments prepared ahead of the one in use
 MAX_QUEUED = 4
+PREFAULT_AHEAD = 16 << 20  # bytes kept faulted in past the write position
+PREFAULT_STEP = 4 << 20  # written bytes between two requests
 
 
 class AllocateService:
@@ -29,6 +37,7 @@ class AllocateService:
         self._ready: dict[int, MappedFile] = {}
         self._wanted: list[int] = []
         self._creating = -1
+        self._prefault: tuple[MappedFile, int] | None = None  # the newest request only
         self._cond = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="replog-allocate", daemon=True)
@@ -60,26 +69,43 @@ class AllocateService:
         self.misses += 1
         return self._make(start)
 
-    def _make(self, start: int) -> MappedFile:
+    def prefault(self, mf: MappedFile, upto: int) -> None:
+        """Putting thread: have ``mf`` faulted in up to ``upto`` soon (replaces an older ask)."""
+        with self._cond:
+            self._prefault = (mf, upto)
+            self._cond.notify_all()
+
+    def _make(self, start: int, ahead: int = 0) -> MappedFile:
         mf = MappedFile(self.directory / file_name(start), self.file_size)
         if self.warm:
             mf.warm(self.sync_warm)
+        elif ahead:
+            mf.prefault(ahead)
         return mf
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopped and not self._wanted:
+                while not self._stopped and not self._wanted and self._prefault is None:
                     self._cond.wait()
                 if self._stopped:
                     return
+                ask, self._prefault = self._prefault, None
+            if ask is not None:
+                try:
+                    ask[0].prefault(ask[1])
+                except OSError as e:  # not fatal: the writer faults the pages itself
+                    log.warning("event=prefault_failed segment=%s error=%s", ask[0].path.name, e)
+            with self._cond:
+                if self._stopped or not self._wanted:
+                    continue
                 start = self._wanted.pop(0)
                 if start in self._ready:
                     continue
                 self._creating = start
             mf = None
             try:
-                mf = self._make(start)
+                mf = self._make(start, PREFAULT_AHEAD)
             except OSError as e:
                 log.error("event=preallocate_failed segment=%s error=%s", file_name(start), e)
             with self._cond:

@@ -30,7 +30,8 @@ from common.message import (
     host_bytes,
 )
 from common.store import record
-from common.store.allocate import AllocateService
+from common.store.allocate import PREFAULT_AHEAD, PREFAULT_STEP, AllocateService
+from common.store.mapped_file import MappedFile
 from common.store.mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger("replog.store")
@@ -127,6 +128,8 @@ class CommitLog:
         self.queue = MappedFileQueue(
             Path(root) / "commitlog", file_size, creator=allocate.get if allocate else None
         )
+        self._allocate = allocate
+        self._prefault_asked = (-1, 0)  # (segment start, populated-up-to last asked for)
         self.store_ip = host_bytes(store_ip)
         self.store_port = store_port
         self.put_lock = threading.Lock()
@@ -296,6 +299,7 @@ class CommitLog:
             self._lock_since = 0.0
         phy = base + first_pos
         end = base + pos
+        self._prefault(mf)
         for listener in self.append_listeners:
             listener(end)
         count = len(items)
@@ -304,6 +308,18 @@ class CommitLog:
             offsets = tuple(_offsets(phy, items))
         return PutResult(PutStatus.PUT_OK, phy, end - phy, queue_id, first_queue_offset, ts,
                          count, offsets, store_ip, store_port)
+
+    def _prefault(self, mf: MappedFile) -> None:
+        """Keep PREFAULT_AHEAD bytes past the write position faulted in, on the allocate
+        thread (asked again after each PREFAULT_STEP written; a miss just faults as before)."""
+        if self._allocate is None:
+            return
+        upto = mf.wrote_position + PREFAULT_AHEAD
+        start, asked = self._prefault_asked
+        if start == mf.file_from_offset and upto - asked < PREFAULT_STEP:
+            return
+        self._prefault_asked = (mf.file_from_offset, upto)
+        self._allocate.prefault(mf, upto)
 
     # ---- replication ------------------------------------------------------------------------
     def append_replicated(self, phy_offset: int, data: bytes | memoryview) -> int:
@@ -330,6 +346,7 @@ class CommitLog:
                 view = view[n:]
                 cursor += n
             new_max = cursor
+        self._prefault(mf)
         for listener in self.append_listeners:
             listener(new_max)
         return new_max

@@ -54,6 +54,7 @@ from struct import Struct
 
 from common.errors import StoreError
 from common.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, java_hash
+from common.store import native
 
 log = logging.getLogger("replog.store")
 
@@ -178,6 +179,7 @@ class IndexFile:
         self.file_size = index_file_size(max_hash_slot_num, max_index_num)
         self._entries_at = HEADER_SIZE + SLOT.size * max_hash_slot_num
         self._mm = _map(self.path, self.file_size, create)
+        self._addr = native.address_of(self._mm)
         self._lock = threading.Lock()  # flush vs close
         self.dirty = create
         if create:
@@ -331,7 +333,7 @@ class IndexFile:
             if self._mm.closed:
                 return
             self.dirty = False
-            self._mm.flush()
+            native.msync(self._mm, self._addr, 0, self.file_size)  # GIL released (under _lock)
 
     def close(self) -> None:
         with self._lock:

@@ -11,6 +11,11 @@ position (``committed_position`` is kept as an alias for readers of the referenc
 
 A mapped file is never shrunk with ftruncate while mapped (touching a page past EOF raises
 SIGBUS); truncation zeroes the bytes and msyncs them instead, so truncated data is gone on disk.
+
+msync and page population go through ``common.store.native`` (the GIL is released for them);
+a native call pins the mapping and ``close`` waits for the pins, so nothing touches an address
+after it is unmapped. ``prefault(upto)`` populates pages ahead of the writer (the allocate
+service calls it off the put path), ``populated`` is how far that has got.
 """
 
 from __future__ import annotations
@@ -18,12 +23,17 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from common.errors import StoreError
+from common.store import native
 
 OS_PAGE_SIZE = 4096
 WARM_CHUNK = 1 << 20
+POPULATE_CHUNK = 4 << 20  # pages faulted in per native call (the mapping is pinned meanwhile)
+CLOSE_WAIT_S = 10.0
+_CLOSED = object()  # what a pinned call returns once the file is closed
 NAME_DIGITS = 20
 
 
@@ -57,10 +67,14 @@ class MappedFile:
         finally:
             os.close(fd)
         self._view = memoryview(self._mm)
+        self._addr = native.address_of(self._mm)
         self.wrote_position = 0
         self.flushed_position = 0
+        self.populated = 0  # pages below this were faulted in ahead of the writer
         self.store_timestamp = 0  # store time of the last record appended (checkpoint)
         self._flush_lock = threading.Lock()
+        self._life = threading.Condition()  # guards available and _pins
+        self._pins = 0  # native calls in progress on this mapping
         self.available = True
 
     # ---- positions ------------------------------------------------------------------------
@@ -135,23 +149,62 @@ class MappedFile:
             if least_pages > 0 and not self.is_full() and self.dirty_pages() < least_pages:
                 return self.flushed_position
             start = (self.flushed_position // OS_PAGE_SIZE) * OS_PAGE_SIZE
-            self._mm.flush(start, target - start)
+            if not self._sync(start, target - start):
+                return self.flushed_position  # closed meanwhile: nothing left to write
             self.flushed_position = target
             return target
 
+    def _sync(self, start: int, length: int) -> bool:
+        """msync ``[start, start+length)`` with the GIL released; False if already closed."""
+        return self._pinned(self._msync, start, length) is not _CLOSED
+
+    def _msync(self, addr: int | None, start: int, length: int) -> None:
+        native.msync(self._mm, addr, start, length)
+
+    def _pinned(self, call: Callable[..., object], *args: int) -> object:
+        """``call(address, *args)`` with the mapping pinned (``close`` waits for it), or
+        ``_CLOSED`` without calling once the file is closed."""
+        with self._life:
+            if not self.available:
+                return _CLOSED
+            self._pins += 1
+        try:
+            return call(self._addr, *args)
+        finally:
+            with self._life:
+                self._pins -= 1
+                if not self._pins:
+                    self._life.notify_all()
+
+    def prefault(self, upto: int) -> int:
+        """Fault pages in up to ``upto`` (one thread at a time: the allocate service); returns
+        the new ``populated``, unchanged where the kernel cannot populate."""
+        upto = min(upto, self.file_size)
+        while self.populated < upto:
+            start = self.populated
+            length = min(POPULATE_CHUNK, upto - start)
+            if self._pinned(native.populate_write, start, length) is not True:
+                break
+            self.populated = start + length
+        return self.populated
+
     def warm(self, sync: bool) -> None:
         """Touch every page (RocketMQ warmMapedFile) so first writes do not fault."""
-        # 1 MiB of zeros at a time: the page faults happen in C, and the GIL is free between
-        # chunks (a per-page Python loop held it through thousands of faults).
+        if self.prefault(self.file_size) >= self.file_size:  # one native call per 4 MiB
+            if sync:
+                self._sync(0, self.file_size)
+            return
+        # No MADV_POPULATE_WRITE: 1 MiB of zeros at a time: the page faults happen in C, and
+        # the GIL is free between chunks (a per-page Python loop held it through thousands).
         view = self._view
         chunk = bytes(WARM_CHUNK)
         for pos in range(0, self.file_size, WARM_CHUNK):
             end = min(pos + WARM_CHUNK, self.file_size)
             view[pos:end] = chunk[: end - pos]
             if sync and (pos // WARM_CHUNK) % 16 == 15:
-                self._mm.flush(pos + WARM_CHUNK - 16 * WARM_CHUNK, 16 * WARM_CHUNK)
+                self._sync(pos + WARM_CHUNK - 16 * WARM_CHUNK, 16 * WARM_CHUNK)
         if sync:
-            self._mm.flush()
+            self._sync(0, self.file_size)
         if hasattr(mmap, "MADV_WILLNEED"):
             self._mm.madvise(mmap.MADV_WILLNEED)
 
@@ -163,7 +216,7 @@ class MappedFile:
         # Also make durable what was kept below the cut but not yet flushed.
         start = (min(self.flushed_position, pos) // OS_PAGE_SIZE) * OS_PAGE_SIZE
         if end > start:
-            self._mm.flush(start, end - start)
+            self._sync(start, end - start)
         self.set_positions(pos)
 
     def zero_tail_if_dirty(self, pos: int) -> int:
@@ -185,14 +238,17 @@ class MappedFile:
             return 0
         view[pos:last_dirty] = bytes(last_dirty - pos)
         start = (pos // OS_PAGE_SIZE) * OS_PAGE_SIZE
-        self._mm.flush(start, last_dirty - start)
+        self._sync(start, last_dirty - start)
         return last_dirty - pos
 
     # ---- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
-        if not self.available:
-            return
-        self.available = False
+        with self._life:
+            if not self.available:
+                return
+            self.available = False
+            if not self._life.wait_for(lambda: self._pins == 0, CLOSE_WAIT_S):
+                return  # a native call is stuck on the disk: leave the mapping mapped
         try:
             self._view.release()
             self._mm.close()

@@ -1,0 +1,142 @@
+"""Segments' native calls: msync and page population with the GIL released, pinned mappings.
+
+``MappedFile`` flushes through ``common.store.native`` (msync via ctypes) and populates pages
+ahead of the writer; a native call pins the mapping so that ``close`` never unmaps under it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from common.message import Message
+from common.store import native
+from common.store.allocate import PREFAULT_AHEAD, AllocateService
+from common.store.commit_log import CommitLog
+from common.store.mapped_file import MappedFile, file_name
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+SIZE = 1 << 20
+
+
+def _segment(tmp_path: Path, start: int = 0, size: int = SIZE) -> MappedFile:
+    return MappedFile(tmp_path / file_name(start), size)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="libc msync/madvise through ctypes")
+def test_a_writable_mapping_has_an_address(tmp_path: Path) -> None:
+    mf = _segment(tmp_path)
+    try:
+        assert isinstance(mf._addr, int) and mf._addr % 4096 == 0
+    finally:
+        mf.close()
+
+
+def test_flush_writes_the_bytes_and_the_file_can_still_be_closed(tmp_path: Path) -> None:
+    mf = _segment(tmp_path)
+    mf.append(b"A" * 5000)
+    assert mf.flush() == 5000
+    assert mf.flushed_position == 5000
+    with open(mf.path, "rb") as f:  # through the page cache: the same bytes
+        assert f.read(5000) == b"A" * 5000
+    mf.close()  # no BufferError: the address export was released at once
+    assert not mf.available
+
+
+def test_prefault_keeps_contents_and_reports_how_far_it_got(tmp_path: Path) -> None:
+    mf = _segment(tmp_path, size=8 << 20)
+    try:
+        mf.append(b"keep" * 1000)
+        got = mf.prefault(6 << 20)
+        if got == 0:
+            pytest.skip("kernel without MADV_POPULATE_WRITE")
+        assert got == 6 << 20
+        assert mf.prefault(100 << 20) == 8 << 20  # clipped to the file
+        assert bytes(mf.view(0, 4000)) == b"keep" * 1000
+        assert bytes(mf.view(4000, 4096)) == bytes(4096)  # populated pages read as zeros
+        mf.append(b"more")
+        assert bytes(mf.view(4000, 4)) == b"more"
+    finally:
+        mf.close()
+
+
+def test_close_waits_for_a_native_call_in_progress(tmp_path: Path) -> None:
+    mf = _segment(tmp_path)
+    inside = threading.Event()
+    release = threading.Event()
+
+    def slow_call(addr: int | None) -> str:
+        inside.set()
+        release.wait(10)
+        return "done"
+
+    results: list[object] = []
+    caller = threading.Thread(target=lambda: results.append(mf._pinned(slow_call)))
+    caller.start()
+    assert inside.wait(5)
+    closed = threading.Event()
+    closer = threading.Thread(target=lambda: (mf.close(), closed.set()))
+    closer.start()
+    time.sleep(0.05)  # give close every chance to (wrongly) go ahead
+    assert not closed.is_set()
+    release.set()
+    assert closed.wait(5)
+    caller.join(5)
+    closer.join(5)
+    assert results == ["done"]
+
+
+def test_a_closed_segment_is_not_touched(tmp_path: Path) -> None:
+    mf = _segment(tmp_path)
+    mf.append(b"x" * 100)
+    mf.close()
+    assert mf.flush() == 0  # nothing written after close; no error either
+    assert mf.prefault(SIZE) == 0
+
+
+def test_the_allocate_service_keeps_pages_ahead_of_the_writer(tmp_path: Path) -> None:
+    if native._libc is None:
+        pytest.skip("no libc")
+    size = 64 << 20
+    (tmp_path / "commitlog").mkdir()
+    allocate = AllocateService(tmp_path / "commitlog", size)
+    allocate.start()
+    log = CommitLog(tmp_path, size, max_message_size=1 << 20, allocate=allocate)
+    try:
+        log.put(Message("t", b"m" * 1000), 0)
+        mf = log.queue.last()
+        assert mf is not None
+        deadline = time.monotonic() + 10
+        while mf.populated < mf.wrote_position + PREFAULT_AHEAD and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if mf.populated == 0:
+            pytest.skip("kernel without MADV_POPULATE_WRITE")
+        assert mf.populated >= mf.wrote_position + PREFAULT_AHEAD
+    finally:
+        allocate.shutdown()
+        log.queue.files[-1].close()
+
+
+def test_prepared_segments_start_populated(tmp_path: Path) -> None:
+    size = 32 << 20
+    (tmp_path / "commitlog").mkdir()
+    allocate = AllocateService(tmp_path / "commitlog", size)
+    allocate.start()
+    try:
+        first = allocate.get(0)  # queues the next two segments
+        deadline = time.monotonic() + 10
+        while size not in allocate._ready and time.monotonic() < deadline:
+            time.sleep(0.01)
+        nxt = allocate.get(size)
+        if nxt.populated == 0:
+            pytest.skip("kernel without MADV_POPULATE_WRITE")
+        assert nxt.populated == min(size, PREFAULT_AHEAD)
+        first.close()
+        nxt.close()
+    finally:
+        allocate.shutdown()
