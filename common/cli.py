@@ -68,7 +68,10 @@ def make_role(role_name: str, broker: Any) -> Any:
     from master.ha_service import build_master_replication
     from master.role import MasterRole
 
-    service, waiter = build_master_replication(broker.cfg, broker.store, role_name)
+    # the request server's I/O thread drives the HA socket itself (no thread hand-off per put)
+    service, waiter = build_master_replication(
+        broker.cfg, broker.store, role_name, host=broker.server
+    )
     return MasterRole(broker.cfg, broker.store, broker.topics, role_name, waiter, service)
 
 

@@ -3,11 +3,12 @@
 Threads::
 
     clients --tcp--> ROUTER  (owned by the I/O thread: recv, decode, dispatch, send)
+    slaves  --tcp--> participants' sockets (e.g. the master's HA ROUTER), polled alongside
                         ^
                         |  Mailbox: bounded deque of completions + coalesced arrival notices,
                         |  and a self-pipe the I/O thread polls beside the ROUTER
     other threads ------+  (flush futures of store.put_nowait, replica waits, reput's
-                           arrival listener for long polling, admin work)
+                           arrival listener for long polling, admin work, attach/detach)
 
 * Only the I/O thread touches the socket. A processor answers at once (a ``Response``), hands
   back a ``concurrent.futures.Future[Response]`` (when it completes, on whatever thread, its
@@ -20,6 +21,14 @@ Threads::
   every held request (``owner.release_all``) when it ends. (A self-pipe rather than an inproc
   socket: any thread can write it without owning a ZeroMQ socket, which keeps shutdown free of
   per-thread sockets.)
+* Loop participants (``common.loop``; the master's HA service): ``attach``/``detach`` (any
+  thread, through the mailbox; ``detach`` returns once the participant's ``close`` ran here)
+  put a component's sockets into this loop. After each burst of requests the loop calls their
+  ``after_burst`` before reput (the HA service streams the new bytes at once), their
+  ``on_events`` when their sockets are ready and ``on_timer`` at their ``timeout_ms``. An
+  owner woken on this thread (``wake`` called from a participant reading an ack) is polled in
+  the same pass, with no mailbox item: an ack answers the SYNC puts it covers right there. When
+  the loop ends it closes every participant still attached.
 * Requests are pipelined: answers carry the request's opaque id, in completion order.
 * In-flight requests (waiting futures and parked long polls) are bounded by
   ``maxInflightRequests``; past that a request is answered SYSTEM_BUSY at once, so no queue grows
@@ -49,6 +58,7 @@ from typing import Any, ClassVar, Protocol
 import zmq
 
 from common.errors import BrokerError, GetStatus, PullStatus, ResponseCode
+from common.loop import LoopParticipant, Participants
 from common.message import tags_code
 from common.protocol import (
     Limits,
@@ -205,6 +215,8 @@ class ServerStats:
     bad_requests: int = 0
     inflight: int = 0
     long_polls: int = 0
+    wakes_inline: int = 0  # owners woken on the I/O thread itself (e.g. by an HA ack)
+    wakes_posted: int = 0  # owners woken from another thread, through the mailbox
 
     def figures(self) -> dict[str, Any]:
         return {
@@ -221,6 +233,8 @@ class ServerStats:
             "badRequests": self.bad_requests,
             "inflight": self.inflight,
             "longPolls": self.long_polls,
+            "wakesInline": self.wakes_inline,
+            "wakesPosted": self.wakes_posted,
         }
 
 
@@ -335,6 +349,9 @@ class RequestServer:
         self._deadlines: list[tuple[float, int, tuple[str, int]]] = []
         self._waits: set[LoopWaits] = set()  # owners holding Deferreds
         self._waits_due = float("inf")  # monotonic time of the owners' earliest deadline
+        self._due_owners: list[LoopWaits] = []  # woken on the I/O thread: poll this pass
+        self._participants = Participants(self._mailbox.post)  # common/loop.py
+        self._io_ident = 0
         self._ctx = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
@@ -382,8 +399,19 @@ class RequestServer:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
+    # -- loop participants (any thread; common/loop.py) ----------------------------------------
+    def attach(self, participant: LoopParticipant) -> None:
+        """Drive ``participant`` on the I/O thread from its next pass (before ``start`` too)."""
+        self._participants.attach(participant)
+
+    def detach(self, participant: LoopParticipant, timeout_s: float) -> bool:
+        """Stop driving ``participant``; True once its ``close`` ran on the I/O thread (also
+        when the loop ended first: it closes every participant); False after ``timeout_s``."""
+        return self._participants.detach(participant, timeout_s)
+
     # -- the I/O thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        self._io_ident = threading.get_ident()
         try:
             sock = self._ctx.socket(zmq.ROUTER)
             sock.setsockopt(zmq.LINGER, 1000)
@@ -396,6 +424,7 @@ class RequestServer:
             sock.bind(self.bind)
         except zmq.ZMQError as e:
             self._bind_error = OSError(f"cannot bind {self.bind}: {e}")
+            self._participants.end()
             self._bound.set()
             self._ctx.term()
             return
@@ -405,24 +434,38 @@ class RequestServer:
         try:
             self._loop(sock)
         finally:
+            self._participants.end()
             sock.close(linger=500)
             self._ctx.term()
             self._mailbox.close()
             log_event(log, "server_stopped", inflight=self.stats.inflight)
 
     def _loop(self, sock: zmq.Socket[bytes]) -> None:
+        participants = self._participants
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._mailbox.fileno(), zmq.POLLIN)
+        participants.begin(poller)
         while True:
-            events = dict(poller.poll(self._poll_timeout_ms()))
+            timeout = self._poll_timeout_ms()
+            if participants.active:
+                wait_ms = participants.prepare(poller, time.monotonic())
+                if wait_ms is not None:
+                    timeout = max(0, min(timeout, wait_ms))
+            events = dict(poller.poll(timeout))
             if self._mailbox.fileno() in events:
                 self._handle_mailbox(sock)
+            if participants.polled:
+                participants.on_events(events)
+                self._poll_due(sock)  # e.g. acks read just now: answer the puts they cover
             if sock in events:
                 self._receive(sock)
-                self._dispatch_appended()
+                self._after_burst()
             now = time.monotonic()
+            if participants.active:
+                participants.on_timers(now)
             self._expire_polls(sock, now)
+            self._poll_due(sock)
             if now >= self._waits_due:
                 for owner in list(self._waits):
                     self._poll_waits(sock, owner)
@@ -430,11 +473,18 @@ class RequestServer:
                 self._release_waits(sock)
                 return
 
-    def _dispatch_appended(self) -> None:
-        """Run reput here after a burst of requests, so puts need no cross-thread wake-up."""
+    def _after_burst(self) -> None:
+        """After a burst of requests: participants first (the HA service streams the new bytes
+        to the slaves, whose acks the SYNC puts wait for), then reput, here, so puts need no
+        cross-thread wake-up."""
+        self._participants.after_burst()
         dispatch = getattr(self.services.store, "dispatch_inline", None)
         if dispatch is not None:
             dispatch()
+
+    def _poll_due(self, sock: zmq.Socket[bytes]) -> None:
+        while self._due_owners:
+            self._poll_waits(sock, self._due_owners.pop())
 
     def _should_exit(self) -> bool:
         if self._stopped.is_set():
@@ -529,8 +579,14 @@ class RequestServer:
             owner.bind(self._wake_owner)
 
     def _wake_owner(self, owner: LoopWaits) -> None:
-        """Any thread: have the I/O thread run ``owner.poll`` (the owner coalesces its wakes)."""
-        self._mailbox.post(_Wake(owner))
+        """Any thread: have the I/O thread run ``owner.poll`` (the owner coalesces its wakes).
+        On the I/O thread itself (an HA ack read by a participant) it is polled in this pass."""
+        if threading.get_ident() == self._io_ident:
+            self.stats.wakes_inline += 1
+            self._due_owners.append(owner)
+        else:
+            self.stats.wakes_posted += 1
+            self._mailbox.post(_Wake(owner))
 
     def _poll_waits(self, sock: zmq.Socket[bytes], owner: LoopWaits) -> None:
         self._send_answers(sock, owner.poll())
@@ -615,6 +671,8 @@ class RequestServer:
                 self._complete(sock, item)
             elif isinstance(item, _Wake):
                 self._poll_waits(sock, item.owner)
+            elif self._participants.handle(item):
+                pass
             elif item[0] == "drain":
                 self._answer_all_parked(sock)
         for key, max_offset in arrivals.items():

@@ -5,8 +5,10 @@ I/O thread (a ``common.server.LoopWaits``: no thread of its own, no Future per p
 
     master role (I/O thread)  admit(put, end_phy_offset, flushed) -> a status now, or None: the
                               put (a ``common.server.Deferred``) is held
-    HA service thread         report_quorum(quorum_offset) after each batch of acks: stores the
-                              offset and wakes the I/O thread (one coalesced mailbox item)
+    HA service (I/O thread)   report_quorum(quorum_offset) after each batch of acks: stores the
+                              offset and wakes the owner; the HA socket is polled by the I/O
+                              thread itself, so the server polls us in that same pass (no
+                              mailbox item; from any other thread it would be one)
     flush thread (SYNC_FLUSH) the put's flush future completed: queued, wakes the I/O thread
     I/O thread                poll() -> answers: every put the quorum covers, in end-offset
                               order, and FLUSH_SLAVE_TIMEOUT for the passed deadlines, in
@@ -14,9 +16,10 @@ I/O thread (a ``common.server.LoopWaits``: no thread of its own, no Future per p
 
 Nothing polls: an ack answers every put it covers in one pass of the I/O thread; the I/O
 thread's own poll timeout is the earliest deadline. Only the I/O thread touches the core; other
-threads only store a value or append to a deque and call the server's ``wake``. The HA thread
-wakes only while puts wait; ``admit`` re-reads the reported offset after registering a put, so
-an ack reported meanwhile is never missed (Dekker's order: each side writes, then reads).
+threads (the flush thread; an HA service on a thread of its own) only store a value or append
+to a deque and call the server's ``wake``. A report wakes only while puts wait; ``admit``
+re-reads the reported offset after registering a put, so an ack reported meanwhile is never
+missed (Dekker's order: each side writes, then reads).
 
 Statuses (``PutStatus``; the record is on the master's log in every case):
 
@@ -91,7 +94,7 @@ class GroupTransfer:
         self._needed = needed_acks(cfg)
         self._in_sync = in_sync
         self._clock = clock
-        self._quorum = -1  # the latest quorum offset the HA thread reported
+        self._quorum = -1  # the latest quorum offset the HA service reported
         self._flushed: collections.deque[tuple[ReplicaPut, PutStatus]] = collections.deque()
         self._awaiting_flush: set[ReplicaPut] = set()  # replica answered, flush not yet
         self._wake: Callable[[LoopWaits], None] | None = None
@@ -108,9 +111,9 @@ class GroupTransfer:
     def pending(self) -> int:
         return self._core.pending + len(self._awaiting_flush)
 
-    # ---- other threads -----------------------------------------------------------------------
+    # ---- reports (any thread) ----------------------------------------------------------------
     def report_quorum(self, quorum_offset: int) -> None:
-        """HA thread: ``needed`` in-sync slaves now hold ``quorum_offset`` (after AcksAdvanced)."""
+        """HA service: ``needed`` in-sync slaves now hold ``quorum_offset`` (AcksAdvanced)."""
         self._quorum = quorum_offset
         if self._core.pending:  # read after the write above; admit does the mirror image
             self._kick()

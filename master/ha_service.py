@@ -1,25 +1,34 @@
 """The master's HA service: a ZeroMQ ROUTER on ``haListenPort`` driving ``MasterCore``.
 
-One thread, "replog-ha-service", owns the socket and feeds the core (under ``_lock``, because
-``slaves()`` and the SYNC waits read the core from other threads)::
+A loop participant (``common.loop``): it owns the socket but no thread. With a request server
+(``build_master_replication(..., host=broker.server)``, what ``common/cli.py`` does) the
+server's I/O thread, "replog-io", polls the HA socket beside the client ROUTER and calls::
 
-    ROUTER  (recv)       decode -> core.on_frame / on_bad_frame
-    wake pipe            the store's append listener wrote a byte -> core.on_log_advanced(max)
-    poll timeout         core.next_deadline_ms -> core.tick (heartbeats, silent peers);
-                         store.min_phy_offset grew -> core.on_log_trimmed
+    after_burst        after each burst of client requests (puts were appended on that very
+                       thread): store.max_phy_offset -> core.on_log_advanced -> DATA frames
+                       go out at once; no pipe, no other thread
+    on_events          ROUTER readable: decode -> core.on_frame / on_bad_frame; writable while
+                       a peer's backlog waits: flush it
+    timeout_ms/on_timer core.next_deadline_ms -> core.tick (heartbeats, silent peers);
+                       store.min_phy_offset grew -> core.on_log_trimmed; transfer rates;
+                       backlog retries; at least every MAX_POLL_MS
+    wake (any thread)  an append made on another thread (the schedule service): the host then
+                       runs after_burst (one coalesced mailbox item)
 
-and carries out the actions in order: ``Send`` and ``ReadAndSend`` (bytes read with
+Without a request server it runs on a thread of its own, "replog-ha-service"
+(``common.loop.ParticipantThread``), with the same calls. The core is read under ``_lock``
+because ``slaves()`` and the status/metrics threads read it from elsewhere.
+
+Actions are carried out in order: ``Send`` and ``ReadAndSend`` (bytes read with
 ``store.read_committed`` at send time, straight from the mmap, never decoded), ``Drop``
 (logged), ``AcksAdvanced`` (-> ``GroupTransfer.report_quorum(quorum)``, once per batch of
-frames: that stores the offset and wakes the request server's I/O thread, which answers every
-SYNC put it covers), ``Fenced`` (logged: a slave knows a newer epoch, failover's business).
+frames: on the I/O thread that stores the offset and has the server poll the replica waits in
+the same pass, answering every SYNC put the quorum covers), ``Fenced`` (logged: a slave knows
+a newer epoch, failover's business).
 
-Streaming starts as soon as bytes are appended: the append listener (called on the putting
-thread, outside the put lock) writes one byte into a non-blocking self-pipe unless a wake-up is
-already pending, and the thread then reads ``store.max_phy_offset`` (clearing the flag first,
-so no append is missed). No polling of the log. While no slave is connected the listener does
-nothing (a wake-up per put would cost the request loop a thread switch for no one); the thread
-reads the max before each HELLO and once more right after the first slave appears.
+Appends on the host's own thread need no signal (``after_burst`` follows them); the append
+listener only wakes the host for appends made on other threads, and only while a slave is
+connected (a connecting slave's HELLO reads the log max anyway).
 
 Bounds: at most ``haWindowBytes`` unacked per slave (the core), ``SNDHWM`` messages queued per
 peer in ZeroMQ, ``ROUTER_MANDATORY`` so a full peer says EAGAIN and a gone one EHOSTUNREACH
@@ -28,9 +37,13 @@ backlog (bounded; its reads are deferred, so no log bytes are held) that is retr
 socket is writable again; EHOSTUNREACH or an overflowing backlog disconnects the peer in the
 core. Incoming messages are capped with ``MAXMSGSIZE``.
 
-``create(cfg, store, role_name)`` is the factory ``common/cli.py`` calls for a master role;
-``build_master_replication`` returns ``(service, replica waits or None)``: the ``GroupTransfer``
-the master role admits SYNC puts into, on the request server's I/O thread.
+Lifecycle: ``start`` records the term's epoch, binds (a bind error raises here) and attaches
+to the host; ``stop`` detaches, which returns once the socket is closed on the host's thread,
+then releases the SYNC waiters and terminates the service's ZeroMQ context.
+
+``create(cfg, store, role_name, host)`` is the factory ``common/cli.py`` calls for a master
+role; ``build_master_replication`` returns ``(service, replica waits or None)``: the
+``GroupTransfer`` the master role admits SYNC puts into, on the request server's I/O thread.
 """
 
 from __future__ import annotations
@@ -39,10 +52,9 @@ import collections
 import dataclasses
 import errno
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -51,13 +63,14 @@ from common.config import BrokerConfig
 from common.ha import master_core as mc
 from common.ha import term
 from common.ha.protocol import HAProtocolError, Limits, decode
+from common.loop import LoopHost, ParticipantThread
 from common.server import log_event
 from master.group_transfer import GroupTransfer
 
 log = logging.getLogger("replog.ha_service")
 
-RECV_BURST = 256  # slave messages handled before the log and the timers are looked at again
-MAX_POLL_MS = 1000  # longest sleep: min-offset (retention) checks and stop responsiveness
+RECV_BURST = 256  # slave messages handled before the host looks at anything else
+MAX_POLL_MS = 1000  # longest between timers: min-offset (retention) checks, transfer rates
 BACKLOG_RETRY_MS = 5  # after a backlog flush that made no progress
 JOIN_TIMEOUT_S = 5.0
 RATE_SAMPLE_MS = 1000
@@ -75,7 +88,7 @@ class HaServiceStats:
 
 
 class HaService:
-    """Replication service of one master term."""
+    """Replication service of one master term; a ``common.loop.LoopParticipant``."""
 
     def __init__(
         self,
@@ -84,21 +97,22 @@ class HaService:
         role_name: str = "SYNC_MASTER",
         clock: Callable[[], float] = time.monotonic,
         bind_host: str = "0.0.0.0",
+        host: LoopHost | None = None,
     ):
         self._cfg = cfg
         self._store = store
         self._clock = clock
         self._bind = f"tcp://{bind_host}:{cfg.ha_port}"
         self._limits = Limits.from_config(cfg)
+        self._host = host
         self._lock = threading.Lock()
         self._core: mc.MasterCore | None = None
-        self._thread: threading.Thread | None = None
         self._ctx: zmq.Context[Any] | None = None
         self._sock: zmq.Socket[Any] | None = None
-        self._wake_r = self._wake_w = -1
-        self._wake_pending = False
-        self._wake_lock = threading.Lock()  # the write end is never used after it is closed
-        self._streaming = False  # a slave is connected: appends must wake the thread
+        self._items: tuple[tuple[zmq.Socket[Any], int], ...] = ()
+        self._wake: Callable[[], None] | None = None
+        self._loop_ident = 0  # the host's thread: its appends need no wake
+        self._streaming = False  # a slave is connected: appends elsewhere must wake the host
         self._stopping = False
         self._backlog: dict[bytes, collections.deque[mc.Send | mc.ReadAndSend]] = {}
         self._backlog_cap = 4 * (cfg.haWindowBytes // max(1, cfg.haTransferBatchSize)) + 64
@@ -114,9 +128,9 @@ class HaService:
         with self._lock:
             return self._core.epoch if self._core is not None else 0
 
-    # ---- lifecycle ---------------------------------------------------------------------------
+    # ---- lifecycle (any thread) --------------------------------------------------------------
     def start(self) -> None:
-        """Record the master term's epoch, bind, and start streaming."""
+        """Record the master term's epoch, bind, and hand the socket to the host."""
         store = self._store
         history = term.begin_master_term(
             self._cfg.store_root, int(store.min_phy_offset), int(store.max_phy_offset)
@@ -142,14 +156,21 @@ class HaService:
         except zmq.ZMQError as e:
             sock.close(0)
             self._ctx.term()
+            self._ctx = None
             raise OSError(f"HA service cannot bind {self._bind}: {e}") from e
         self._sock = sock
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._items = ((sock, zmq.POLLIN),)
         self._store.add_append_listener(self._on_append)
-        self._thread = threading.Thread(target=self._run, name="replog-ha-service", daemon=True)
-        self._thread.start()
+        if self._host is None:
+            self._host = ParticipantThread("replog-ha-service")
+        try:
+            self._host.attach(self)
+        except BaseException:  # e.g. the request server stopped meanwhile
+            self._sock = None
+            sock.close(0)
+            self._ctx.term()
+            self._ctx = None
+            raise
         log_event(
             log,
             "ha_service_started",
@@ -158,28 +179,22 @@ class HaService:
             epochStart=history[-1].start_phy_offset,
             maxPhyOffset=store.max_phy_offset,
             sync=self.group_transfer is not None,
+            host=type(self._host).__name__,
         )
 
     def stop(self) -> None:
-        """Stop the thread (bounded join), close the socket with linger 0, release waiters."""
+        """Detach from the host (returns once the socket is closed), release the waiters."""
         if self._stopping:
             return
         self._stopping = True
-        with self._wake_lock:
-            if self._wake_w >= 0:
-                _poke(self._wake_w)
-        if self._thread is not None:
-            self._thread.join(JOIN_TIMEOUT_S)
-            if self._thread.is_alive():
-                log_event(log, "ha_service_thread_stuck", logging.ERROR)
+        closed = True
+        if self._host is not None and self._sock is not None:
+            closed = self._host.detach(self, JOIN_TIMEOUT_S)
+            if not closed:
+                log_event(log, "ha_service_detach_stuck", logging.ERROR)
         if self.group_transfer is not None:
             self.group_transfer.stop()
-        with self._wake_lock:
-            for fd in (self._wake_r, self._wake_w):
-                if fd >= 0:
-                    os.close(fd)
-            self._wake_r = self._wake_w = -1
-        if self._ctx is not None and (self._thread is None or not self._thread.is_alive()):
+        if self._ctx is not None and closed:
             self._ctx.term()
         log_event(log, "ha_service_stopped", sent=self.stats.bytes_sent)
 
@@ -212,48 +227,38 @@ class HaService:
 
     # ---- the append listener (putting threads) -----------------------------------------------
     def _on_append(self, _max_phy_offset: int) -> None:
-        if not self._streaming or self._wake_pending or self._stopping:
-            return  # no slave: nobody to stream to (the thread reads the max when one comes)
-        self._wake_pending = True
-        with self._wake_lock:
-            if self._wake_w >= 0:
-                _poke(self._wake_w)
+        if not self._streaming or self._stopping:
+            return  # no slave: nobody to stream to (a HELLO reads the max anyway)
+        if threading.get_ident() == self._loop_ident:
+            return  # the host's own put: its after_burst streams it
+        wake = self._wake
+        if wake is not None:
+            wake()
 
-    # ---- the service thread ------------------------------------------------------------------
-    def _run(self) -> None:
+    # ---- the loop participant (the host's thread) --------------------------------------------
+    def bind(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self._loop_ident = threading.get_ident()
+
+    def poll_items(self) -> Sequence[tuple[zmq.Socket[Any], int]]:
+        return self._items
+
+    def after_burst(self) -> None:
         sock = self._sock
         assert sock is not None
-        try:
-            self._loop(sock)
-        except Exception:  # a dead HA thread must be loud; SYNC waits then time out
-            log.exception("event=ha_service_crashed")
-        finally:
-            sock.close(0)
-
-    def _loop(self, sock: zmq.Socket[Any]) -> None:
-        poller = zmq.Poller()
-        poller.register(self._wake_r, zmq.POLLIN)
-        poller.register(sock, zmq.POLLIN)
-        while not self._stopping:
-            want_out = bool(self._backlog) and not self._backlog_stalled
-            poller.modify(sock, zmq.POLLIN | (zmq.POLLOUT if want_out else 0))
-            events = dict(poller.poll(self._poll_timeout_ms()))
-            if self._stopping:
-                return
-            if self._wake_r in events:
-                _drain(self._wake_r)
-            actions = self._log_actions()
-            if events.get(sock, 0) & zmq.POLLIN:
-                actions.extend(self._receive(sock))
-            was_streaming = self._streaming
-            actions.extend(self._timer_actions())  # updates _streaming from the core's peers
-            if self._streaming and not was_streaming:
-                actions.extend(self._log_actions())  # appends since the read above woke nobody
-            if self._backlog:
-                self._flush_backlogs(sock)
+        actions = self._log_actions()
+        if actions:
             self._execute(sock, actions)
 
-    def _poll_timeout_ms(self) -> int:
+    def on_events(self, sock: zmq.Socket[Any], events: int) -> None:
+        actions = self._log_actions()
+        if events & zmq.POLLIN:
+            actions.extend(self._receive(sock))
+        if self._backlog:
+            self._flush_backlogs(sock)
+        self._execute(sock, actions)
+
+    def timeout_ms(self) -> int:
         timeout = MAX_POLL_MS
         with self._lock:
             deadline = self._core.next_deadline_ms() if self._core is not None else None
@@ -263,8 +268,22 @@ class HaService:
             timeout = min(timeout, BACKLOG_RETRY_MS)
         return timeout
 
+    def on_timer(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        actions = self._log_actions()
+        actions.extend(self._timer_actions())
+        if self._backlog:
+            self._flush_backlogs(sock)
+        self._execute(sock, actions)
+
+    def close(self) -> None:
+        self._wake = None
+        if self._sock is not None:
+            self._sock.close(0)
+
+    # ---- inputs ------------------------------------------------------------------------------
     def _log_actions(self) -> list[mc.MasterAction]:
-        self._wake_pending = False  # before reading the max: a later append wakes us again
         max_phy_offset = int(self._store.max_phy_offset)
         with self._lock:
             assert self._core is not None
@@ -308,7 +327,6 @@ class HaService:
             if deadline is not None and deadline <= now_ms:
                 actions.extend(core.tick(now_ms))
             snaps = core.slaves()
-        self._streaming = bool(snaps)
         self._sample_rates(snaps, now_ms)
         return actions
 
@@ -345,6 +363,23 @@ class HaService:
         if acks_advanced and self.group_transfer is not None:
             gt = self.group_transfer
             gt.report_quorum(self.acked_offset_quorum(gt.needed))
+        self._after_actions(sock)
+
+    def _after_actions(self, sock: zmq.Socket[Any]) -> None:
+        """Peers or backlogs may have changed: what to poll for, whether appends must wake."""
+        want_out = bool(self._backlog) and not self._backlog_stalled
+        flags = zmq.POLLIN | zmq.POLLOUT if want_out else zmq.POLLIN
+        if self._items[0][1] != flags:
+            self._items = ((sock, flags),)
+        with self._lock:
+            assert self._core is not None
+            streaming = self._core.peer_count > 0
+        if streaming and not self._streaming:
+            self._streaming = True  # before reading the max: a later append elsewhere wakes
+            actions = self._log_actions()
+            if actions:
+                self._execute(sock, actions)
+        self._streaming = streaming
 
     def _send_or_park(self, sock: zmq.Socket[Any], action: mc.Send | mc.ReadAndSend) -> None:
         queue = self._backlog.get(action.peer_id)
@@ -427,30 +462,18 @@ class HaService:
         return int(self._clock() * 1000)
 
 
-def _poke(fd: int) -> None:
-    try:
-        os.write(fd, b"\0")
-    except (BlockingIOError, OSError):
-        pass  # the pipe is full (a wake-up is pending anyway) or closed (stopping)
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except (BlockingIOError, OSError):
-        pass
-
-
 # ---- factories (called from the composition root, common/cli.py) -----------------------------
 def build_master_replication(
-    cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER"
+    cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None
 ) -> tuple[HaService, GroupTransfer | None]:
-    """The HA service of a master term and, for SYNC_MASTER, its replica waits."""
-    service = HaService(cfg, store, role_name)
+    """The HA service of a master term and, for SYNC_MASTER, its replica waits. ``host``: the
+    request server whose I/O thread drives it (None: a thread of its own)."""
+    service = HaService(cfg, store, role_name, host=host)
     return service, service.group_transfer
 
 
-def create(cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER") -> HaService:
+def create(
+    cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None
+) -> HaService:
     """``common/cli.py``'s hook: the service, carrying ``group_transfer`` (None when ASYNC)."""
-    return build_master_replication(cfg, store, role_name)[0]
+    return build_master_replication(cfg, store, role_name, host)[0]

@@ -22,7 +22,10 @@ and epoch file with the next session: the store is the truth, and the new HELLO 
 Acks: the core acks after every append; within one burst of received frames the driver sends
 only the newest ack (acks are cumulative), and at least every ``haWindowBytes / 4`` appended
 bytes so the master's window never stalls on us. "Acked" means in this slave's page cache; its
-disk flush follows its own ``flushDiskType``.
+disk flush follows its own ``flushDiskType``. Only after the ack is sent does this thread
+dispatch what it appended (``store.dispatch_inline``: ConsumeQueue and index entries, which is
+reput's work): its appends do not wake the reput thread, which would otherwise compete for the
+GIL between the append and the ack (a SYNC put on the master waits for that ack).
 
 Sessions: the first is the wall clock in ms, so a restarted slave (SIGKILL) always says a
 session greater than any it used before; it resumes from its own max offset (never zero unless
@@ -103,6 +106,7 @@ class HaClient:
         self._stopping = False
         self._pending_ack: tuple[bytes | memoryview, ...] | None = None
         self._unacked_bytes = 0
+        self._undispatched = False  # appended since the last dispatch_inline
         self.stats = HaClientStats()
 
     def master_address(self) -> str:
@@ -184,6 +188,9 @@ class HaClient:
             log.exception("event=ha_client_crashed")
         finally:
             self._close()
+            end = getattr(self._store, "end_inline_dispatch", None)
+            if end is not None:
+                end()
 
     def _loop(self) -> None:
         while not self._stopping:
@@ -202,6 +209,8 @@ class HaClient:
                 self._receive(sock)
             self._tick()
             self._flush_ack()
+            if self._undispatched:
+                self._dispatch_appended()
 
     def _poll_timeout_ms(self) -> int:
         with self._lock:
@@ -273,6 +282,7 @@ class HaClient:
             self.stats.bytes_appended += len(action.data)
             self.stats.frames_appended += 1
             self._unacked_bytes += len(action.data)
+            self._undispatched = True
         elif isinstance(action, sc.SendToMaster):
             if action.frames[0][:2] == _ACK_PREFIX:
                 self._pending_ack = action.frames
@@ -319,6 +329,13 @@ class HaClient:
             self._unacked_bytes = 0
             self.stats.acks_sent += 1
             self._send(frames)
+
+    def _dispatch_appended(self) -> None:
+        """After the ack went out: index this burst's appends here (reput was not woken)."""
+        self._undispatched = False
+        dispatch = getattr(self._store, "dispatch_inline", None)
+        if dispatch is not None:
+            dispatch()
 
     def _send(self, frames: tuple[bytes | memoryview, ...]) -> None:
         assert self._sock is not None

@@ -184,6 +184,10 @@ class MasterCore:
     def min_phy_offset(self) -> int:
         return self._min
 
+    @property
+    def peer_count(self) -> int:
+        return len(self._peers)
+
     def in_sync_count(self) -> int:
         return sum(1 for p in self._peers.values() if self._in_sync(p))
 

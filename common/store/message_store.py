@@ -332,9 +332,16 @@ class MessageStore:
         self._last_dispatch_ts = store_timestamp
 
     def dispatch_inline(self) -> int:
-        """Make what this thread appended visible now (request loops, after each burst)."""
-        self.reput.inline_thread = threading.get_ident()
+        """Make what this thread appended visible now (request loops, after each burst).
+
+        From the first call on, this thread's appends no longer wake the reput thread: it
+        promises to call this after each of its bursts until ``end_inline_dispatch``."""
+        self.reput.inline_threads.add(threading.get_ident())
         return self.reput.dispatch_inline()
+
+    def end_inline_dispatch(self) -> None:
+        """The calling thread ends: a later thread with its (recycled) ident wakes reput."""
+        self.reput.inline_threads.discard(threading.get_ident())
 
     def add_arrival_listener(self, listener: ArrivalListener) -> None:
         self.reput.arrival_listeners.append(listener)

@@ -3,7 +3,9 @@
 A background thread reads every whole record past ``dispatched_phy_offset`` and appends its
 ConsumeQueue entry (offset, size, tagsCode) and its index keys. It is woken by every append
 (a put on a master, replicated bytes on a slave), so a message is visible to pulls within
-about a millisecond; arrival listeners (long polling) are told per queue.
+about a millisecond; arrival listeners (long polling) are told per queue. A thread that
+dispatches its own appends right after each burst (``dispatch_inline``: the request server's
+I/O thread, a slave's HA client thread) wakes nobody.
 """
 
 from __future__ import annotations
@@ -118,11 +120,13 @@ class ReputService:
         self._lock = threading.Lock()  # one dispatcher at a time (thread or catch-up)
         self.arrival_listeners: list[ArrivalListener] = []
         self.dispatched = 0
-        self.inline_thread = 0  # ident of a thread that dispatches its own appends
+        # idents of threads that dispatch their own appends right after each burst (the
+        # request server's I/O thread, a slave's HA client thread): their appends wake nobody
+        self.inline_threads: set[int] = set()
 
     def wake(self, _max_offset: int = 0) -> None:
-        if threading.get_ident() == self.inline_thread:
-            return  # that thread dispatches itself right after its burst of puts
+        if threading.get_ident() in self.inline_threads:
+            return  # that thread dispatches itself right after its burst of appends
         if not self._wake.is_set():  # Event.set takes a lock; most puts find it set already
             self._wake.set()
 

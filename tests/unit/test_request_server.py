@@ -12,8 +12,7 @@ import socket
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -21,9 +20,7 @@ import pytest
 import zmq
 
 from common.broker import Broker
-from common.cli import make_role
 from common.client import Admin, Consumer, Producer
-from common.config import BrokerConfig, load_config
 from common.errors import BrokerError, GetStatus, PullStatus, PutStatus, ResponseCode, SendStatus
 from common.message import Message, encode_msg_id, encode_properties, host_bytes, tags_code
 from common.protocol import PROTOCOL_VERSION, RequestCode, decode_record, decode_response
@@ -94,6 +91,7 @@ class FakeStore:
         )
         phy, qoff = self.phy, len(entries)
         self.by_phy[phy] = bytes(raw)
+        self.log.append(bytes(raw))  # the CommitLog bytes, in order (what the HA service reads)
         entries.append(phy)
         self.phy += len(raw)
         return phy, qoff, len(raw)
@@ -189,31 +187,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def make_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
-    brokers: list[Broker] = []
-
-    def start(**fields: Any) -> Broker:
-        listen = free_port()
-        ha = free_port()
-        while ha in (listen, listen + 1):
-            ha = free_port()
-        defaults: dict[str, Any] = {
-            "listenPort": listen,
-            "haListenPort": ha,  # listen + 1 is not known to be free
-            "storePathRootDir": str(tmp_path / f"b{len(brokers)}"),
-        }
-        cfg: BrokerConfig = load_config(None, (), env={}, **{**defaults, **fields})
-        broker = Broker(cfg, FakeStore(), make_role)
-        broker.start()
-        brokers.append(broker)
-        return broker
-
-    yield start
-    for b in brokers:
-        b.shutdown()
 
 
 def addr(broker: Broker) -> str:

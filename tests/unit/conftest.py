@@ -1,0 +1,41 @@
+"""Shared unit fixtures: brokers on the in-memory store with the real roles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.broker import Broker
+from common.cli import make_role
+from common.config import BrokerConfig, load_config
+
+
+@pytest.fixture
+def make_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
+    """Brokers on ``test_request_server.FakeStore`` with the real roles (``make_role``)."""
+    from test_request_server import FakeStore, free_port
+
+    brokers: list[Broker] = []
+
+    def start(**fields: Any) -> Broker:
+        listen = free_port()
+        ha = free_port()
+        while ha in (listen, listen + 1):
+            ha = free_port()
+        defaults: dict[str, Any] = {
+            "listenPort": listen,
+            "haListenPort": ha,  # listen + 1 is not known to be free
+            "storePathRootDir": str(tmp_path / f"b{len(brokers)}"),
+        }
+        cfg: BrokerConfig = load_config(None, (), env={}, **{**defaults, **fields})
+        broker = Broker(cfg, FakeStore(), make_role)
+        broker.start()
+        brokers.append(broker)
+        return broker
+
+    yield start
+    for b in brokers:
+        b.shutdown()
