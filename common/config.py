@@ -68,6 +68,8 @@ class BrokerConfig:
     haSendHeartbeatInterval: int = 5000
     haHousekeepingInterval: int = 20_000
     haWindowBytes: int = 4 * 1024 * 1024
+    haFlowControlEnable: bool = False  # RocketMQ 5: cap each slave's transfer rate
+    maxHaTransferByteInSecond: int = 100 * 1024 * 1024
     # retention
     fileReservedTime: int = 72
     deleteWhen: str = "04"
@@ -132,6 +134,9 @@ class BrokerConfig:
         _require(self.maxHashSlotNum > 0 and self.maxIndexNum > 1, "maxIndexNum", "must be > 1")
         for key in ("listenPort", "haListenPort", "metricsPort"):
             _require(0 <= getattr(self, key) <= 65535, key, "must be a port number")
+        _require(self.maxHaTransferByteInSecond >= 100 * self.haTransferBatchSize,
+                 "maxHaTransferByteInSecond", "must be >= 100 x haTransferBatchSize (it is "
+                 "enforced per 10 ms)")
         parse_delay_levels(self.messageDelayLevel)
 
 

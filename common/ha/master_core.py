@@ -23,7 +23,12 @@ and carries out, in order, the actions each call returns:
 
 The core never holds log bytes. Per slave it keeps the next offset to send, the last ack, the
 time it was last heard from and last sent to. At most ``haWindowBytes`` are in flight
-(sent, not acked) per slave, in DATA frames of at most ``haTransferBatchSize`` bytes.
+(sent, not acked) per slave, in DATA frames of at most ``haTransferBatchSize`` bytes. With
+``haFlowControlEnable`` (RocketMQ 5's flow control, off by default) each slave is also sent at
+most ``maxHaTransferByteInSecond`` per second, counted in 10 ms slices (a far-behind slave's
+catch-up then cannot take the master's CPU and disk from its clients; slices of 100 ms sent
+bursts that held client requests up to 5 ms at 32 MB/s); a held-back peer's next
+slice is a ``next_deadline_ms``, and ``tick`` sends what it allows.
 
 Rules (RocketMQ issues in brackets): an ack beyond what was sent drops the peer [#3015]; an ack
 going backwards is refused (ignored and counted); a HELLO whose offsets the master cannot serve
@@ -59,6 +64,7 @@ from common.ha.protocol import (
 
 PeerId: TypeAlias = bytes
 DEFAULT_MAX_PEERS = 16
+FLOW_SLICE_MS = 10  # haFlowControlEnable: the allowance is maxHaTransferByteInSecond / 100 per slice
 
 
 # ---- actions ---------------------------------------------------------------------------------
@@ -140,6 +146,8 @@ class _Peer:
     last_heard_ms: int
     last_sent_ms: int
     refused_acks: int = 0
+    flow_slice_ms: int = -FLOW_SLICE_MS  # start of the current flow-control slice
+    flow_sent: int = 0  # bytes sent in that slice
 
 
 def _error(peer_id: PeerId, session: int, code: ResponseCode, reason: str,
@@ -204,10 +212,13 @@ class MasterCore:
         return tuple(self._snapshot(p) for p in self._peers.values())
 
     def next_deadline_ms(self) -> int | None:
-        """When ``tick`` next has something to do (None: no peers)."""
+        """When ``tick`` next has something to do (None: no peers): a heartbeat, a silent
+        peer, or the next flow-control slice of a peer held back by it."""
         times = [min(p.last_sent_ms + self._cfg.haSendHeartbeatInterval,
                      p.last_heard_ms + self._cfg.haHousekeepingInterval + 1)
                  for p in self._peers.values()]
+        times += [p.flow_slice_ms + FLOW_SLICE_MS for p in self._peers.values()
+                  if self._held_by_flow_control(p)]
         return min(times) if times else None
 
     # ---- inputs ------------------------------------------------------------------------------
@@ -305,6 +316,8 @@ class MasterCore:
                 beat = Heartbeat(peer.session, self.epoch, self._max, peer.next_phy_offset)
                 actions.append(Send(peer.peer_id, (encode_header(beat),)))
                 peer.last_sent_ms = self._now_ms
+            if peer.peer_id in self._peers and self._cfg.haFlowControlEnable:
+                actions.extend(self._fill(peer))  # a new slice may allow more
         return actions
 
     def disconnect(self, peer_id: PeerId, reason: str) -> list[MasterAction]:
@@ -406,6 +419,7 @@ class MasterCore:
             actions.append(ReadAndSend(peer.peer_id, peer.session, entry.epoch,
                                        entry.start_phy_offset, peer.next_phy_offset, length))
             peer.next_phy_offset += length
+            peer.flow_sent += length
         if actions:
             peer.last_sent_ms = self._now_ms
         return actions
@@ -420,4 +434,25 @@ class MasterCore:
             self._max - phy_offset,
             segment - phy_offset % segment,
             ep.entry_end(self._history, index, self._max) - phy_offset,
+            self._flow_allowance(peer),
         )
+
+    def _flow_allowance(self, peer: _Peer) -> int:
+        """Bytes ``peer`` may still be sent in the current slice (RocketMQ 5's FlowMonitor:
+        ``maxHaTransferByteInSecond`` when ``haFlowControlEnable``, here enforced per 10 ms
+        slice so that a catch-up never bursts a whole second's worth at once)."""
+        if not self._cfg.haFlowControlEnable:
+            return self._cfg.haTransferBatchSize
+        if self._now_ms - peer.flow_slice_ms >= FLOW_SLICE_MS:
+            peer.flow_slice_ms = self._now_ms
+            peer.flow_sent = 0
+        per_slice = self._cfg.maxHaTransferByteInSecond * FLOW_SLICE_MS // 1000
+        return max(0, per_slice - peer.flow_sent)
+
+    def _held_by_flow_control(self, peer: _Peer) -> bool:
+        """Flow control alone keeps bytes the window would allow from ``peer``."""
+        if not self._cfg.haFlowControlEnable:
+            return False
+        wanted = min(self._max, peer.ack_offset + self._cfg.haWindowBytes)
+        per_slice = self._cfg.maxHaTransferByteInSecond * FLOW_SLICE_MS // 1000
+        return peer.next_phy_offset < wanted and peer.flow_sent >= per_slice

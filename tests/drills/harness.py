@@ -527,7 +527,10 @@ class Drill:
         stats = [n.status() for n in nodes]
         lo = max(s["minPhyOffset"] for s in stats)
         hi = min(s["maxPhyOffset"] for s in stats)
-        digests = {n.name: commitlog_digest(n.store_root, lo, hi, SEGMENT_BYTES) for n in nodes}
+        digests = {
+            n.name: commitlog_digest(n.store_root, lo, hi, n.fields["mappedFileSizeCommitLog"])
+            for n in nodes
+        }
         identical = len(set(digests.values())) == 1
         return {"range": [lo, hi], "identical": identical}
 

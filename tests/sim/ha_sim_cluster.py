@@ -177,6 +177,8 @@ class Cluster:
             haSendHeartbeatInterval=HEARTBEAT_MS, haHousekeepingInterval=HOUSEKEEPING_MS,
             haMaxGapNotInSync=r.choice([500, 1 << 20]), slaveTimeout=SLAVE_TIMEOUT_MS,
             inSyncReplicas=self.needed + 1,
+            haFlowControlEnable=r.random() < 0.3,
+            maxHaTransferByteInSecond=r.choice([100 * batch, 400 * batch]),
         )
 
     def _build_master(self) -> None:
@@ -234,13 +236,20 @@ class Cluster:
                           f"(replay: REPLOG_SIM_SEED={self.seed})")
 
     # ---- the run -----------------------------------------------------------------------------
+    def _heal_limit_ms(self) -> int:
+        """HEAL_LIMIT_MS, plus under flow control the time the capped rate needs to resend
+        the whole log (a slave may have to start over)."""
+        if not self.cfg.haFlowControlEnable:
+            return HEAL_LIMIT_MS
+        return HEAL_LIMIT_MS + len(self.master_log) * 1000 // self.cfg.maxHaTransferByteInSecond
+
     def run(self) -> Stats:
         for slave in self.slaves:
             self._slave_actions(slave, slave.core.start(self.now_ms))
         self._loop(until_ms=FAULT_PHASE_MS, puts=True)
         self.net.faults.active = False  # heal: FIFO links, no loss, short delays
         self.net.faults.delay_max_ms = min(self.net.faults.delay_max_ms, HEALED_DELAY_MAX_MS)
-        self._loop(until_ms=FAULT_PHASE_MS + HEAL_LIMIT_MS, puts=False)
+        self._loop(until_ms=FAULT_PHASE_MS + self._heal_limit_ms(), puts=False)
         self._check_converged()
         self.stats.messages = self.net.sent
         return self.stats

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from common.config import BrokerConfig
-from common.errors import ResponseCode
+from common.errors import ConfigError, ResponseCode
 from common.ha import master_core as mc
 from common.ha import slave_core as sc
 from common.ha.epochs import EpochEntry as E
@@ -194,6 +194,37 @@ def test_acks_advance_and_refill_the_window() -> None:
     snap = m.slaves()[0]
     assert (snap.ack_offset, snap.next_phy_offset, snap.lag_bytes) == (150, 450, 850)
     assert m.on_ack(P1, Ack(1, 150), now_ms=6) == []  # a heartbeat ack: nothing new
+
+
+def test_flow_control_caps_each_10ms_slice_and_resumes_at_the_next() -> None:
+    m = _master(max_phy_offset=100_000, haWindowBytes=50_000, haFlowControlEnable=True,
+                maxHaTransferByteInSecond=30_000)  # 300 bytes per 10 ms slice
+    reads = _of(m.on_hello(P1, _hello(), now_ms=10), mc.ReadAndSend)
+    assert sum(r.length for r in reads) == 300
+    assert m.next_deadline_ms() == 20  # the next slice, before any heartbeat
+    assert _of(m.on_ack(P1, Ack(1, 300), now_ms=15), mc.ReadAndSend) == []  # held back
+    assert _of(m.tick(19), mc.ReadAndSend) == []
+    more = _of(m.tick(20), mc.ReadAndSend)
+    assert [(r.phy_offset, r.length) for r in more] == [(300, 100), (400, 100), (500, 100)]
+    # over 1 s of slices: 100 x 300 bytes, the configured rate
+    sent = 600
+    for t in range(30, 1010, 10):
+        m.on_ack(P1, Ack(1, sent), now_ms=t - 1)
+        sent += sum(r.length for r in _of(m.tick(t), mc.ReadAndSend))
+    assert sent == 30_000
+
+
+def test_without_flow_control_the_window_alone_limits() -> None:
+    m = _master(max_phy_offset=100_000, haWindowBytes=50_000, maxHaTransferByteInSecond=3000)
+    reads = _of(m.on_hello(P1, _hello(), now_ms=10), mc.ReadAndSend)
+    assert sum(r.length for r in reads) == 50_000
+    assert m.next_deadline_ms() == 10 + HB_MS
+
+
+def test_flow_control_rate_must_allow_a_batch_per_slice() -> None:
+    with pytest.raises(ConfigError, match="maxHaTransferByteInSecond"):
+        _cfg(haFlowControlEnable=True, maxHaTransferByteInSecond=9999,
+             mappedFileSizeCommitLog=4096).validate()
 
 
 def test_impossible_ack_drops_the_peer() -> None:  # RocketMQ #3015

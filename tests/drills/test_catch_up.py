@@ -1,0 +1,160 @@
+"""Slave far behind catches up (RELIABILITY 4.1 row 11), PR tier.
+
+An ASYNC_MASTER and its slave run a steady put workload through the client. The slave is
+SIGSTOPped while ``DRILL_CATCHUP_MB`` (default 128; the nightly figure is 2048) more MiB are
+written to the master, then resumed while the workload goes on. The drill reports the catch-up
+rate (MB/s, from the slave's offset over time), the master's put latency before and during the
+catch-up, and the growth of the master's anonymous memory (the log is streamed in chunks
+straight from the mapping; file pages read through the mapping show in RssFile, which is
+reported, not judged). It ends like every drill: drain, byte comparison, total-queue check.
+
+Two runs. *flow-control*: ``haFlowControlEnable`` with ``maxHaTransferByteInSecond`` = 24 MiB/s,
+the setting under which row 11's "master put p99 under 2x the baseline" holds on this 2-core
+box, where the slave's catch-up competes with the master for the same CPUs. *uncapped*: the
+catch-up at full speed (about 250 MB/s here); its put p99 (about 10x the baseline) is reported,
+not judged. The p99 criterion compares with ``max(baseline p99, 1 ms)``: a synchronous Python
+client's baseline is well under a millisecond here and one scheduler hiccup on this VM is
+about that long.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Drill, Node, ProducerWorker
+from replication_harness import wait_for
+
+from common.client import Producer
+
+pytestmark = [pytest.mark.drill, pytest.mark.integration]
+
+CATCHUP_MB = int(os.environ.get("DRILL_CATCHUP_MB", "128"))
+SEGMENT = 32 * 1024 * 1024
+PRODUCERS = 2
+RATE = 100.0  # puts/s per producer: the load that goes on through the catch-up
+BASELINE_S = 4.0
+RATE_FLOOR_MB_S = 20.0  # RELIABILITY row 11's calibration floor
+ANON_GROWTH_LIMIT = 64 * 1024 * 1024
+P99_FACTOR = 2.0  # row 11: master put p99 during catch-up under 2x the baseline
+FILL_BODY = 16 * 1024
+CAP = 24 * 1024 * 1024  # maxHaTransferByteInSecond of the capped run
+
+
+def _memory(pid: int) -> dict[str, int]:
+    """RssAnon and RssFile of ``pid`` in bytes (/proc/<pid>/status)."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def _put_latencies_ms(events: list[dict[str, Any]], t0: float, t1: float) -> list[float]:
+    """Latencies of the puts invoked in [t0, t1) that got SEND_OK."""
+    invoked: dict[str, float] = {}
+    out = []
+    for e in events:
+        if e["op"] != "put":
+            continue
+        if e["type"] == "invoke":
+            invoked[e["msg_id"]] = e["t"]
+        elif e["type"] == "ok":
+            t = invoked.get(e["msg_id"])
+            if t is not None and t0 <= t < t1:
+                out.append((e["t"] - t) * 1000)
+    return sorted(out)
+
+
+def _p99(values: list[float]) -> float:
+    return values[min(len(values) - 1, int(0.99 * len(values)))] if values else 0.0
+
+
+def _fill(master: Node, total: int) -> None:
+    """``total`` bytes more on the master's log, as fast as the broker takes them."""
+    body = os.urandom(FILL_BODY)
+    target = master.status()["maxPhyOffset"] + total
+    with Producer([master.address], timeout_ms=30_000, retries=0) as p:
+        while master.status()["maxPhyOffset"] < target:
+            for _ in range(8):
+                p.send_batch("fill", [body] * 64, queue_id=0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("capped", [True, False], ids=["flow-control", "uncapped"])
+def test_a_slave_far_behind_catches_up_under_load(tmp_path: Path, capped: bool) -> None:
+    flow = {"haFlowControlEnable": True, "maxHaTransferByteInSecond": CAP} if capped else {}
+    with Drill("slave-catch-up" + ("-capped" if capped else ""), tmp_path) as drill:
+        ha = {"mappedFileSizeCommitLog": SEGMENT, **flow}
+        m = drill.node("m", slave_id=1, **ha)
+        s = drill.node("s", slave_id=2, **ha)
+        m.start("ASYNC_MASTER")
+        s.start("SLAVE", master=m)
+        drill.wait_slave_in_sync(m)
+        servers = [m.address, s.address]
+        for i in range(PRODUCERS):
+            drill.add_worker(ProducerWorker(drill.history, servers, f"p{i}", RATE,
+                                            seed=drill.seed))
+        threading.Event().wait(1.0)  # connections up: keep discovery out of the baseline
+        t_base = drill.history.now()
+        threading.Event().wait(BASELINE_S)
+        baseline = _put_latencies_ms(drill.history.events, t_base, drill.history.now())
+        mem_before = _memory(m.pid)
+
+        s.pause()
+        _fill(m, CATCHUP_MB * 1024 * 1024)
+        slave_view = m.status()["slaves"][0]  # the slave is stopped: ask the master
+        target = m.status()["maxPhyOffset"]
+        start_offset = int(slave_view["ackOffset"])
+        t_resume = drill.history.now()
+        s.resume()
+
+        samples: list[tuple[float, int]] = []
+        peak = dict(mem_before)
+
+        def caught_up() -> bool:
+            offset = int(s.status()["maxPhyOffset"])
+            samples.append((drill.history.now(), offset))
+            for key, value in _memory(m.pid).items():
+                peak[key] = max(peak[key], value)
+            return offset >= target
+
+        wait_for(caught_up, 240, f"the slave to reach {target}", step_s=0.1)
+        t_done = drill.history.now()
+        during = _put_latencies_ms(drill.history.events, t_resume, t_done)
+        # from the first sample that moved: the time to reconnect is not transfer time
+        moving = [(t, o) for t, o in samples if o > start_offset] or samples
+        seconds = max(t_done - moving[0][0], 1e-3)
+        rate = (target - moving[0][1]) / seconds / 1e6
+        drill.extra.update(
+            catch_up_bytes=target - start_offset,
+            catch_up_mb_s=round(rate, 1),
+            catch_up_s=round(t_done - t_resume, 2),
+            put_p99_baseline_ms=round(_p99(baseline), 2),
+            put_p99_during_ms=round(_p99(during), 2),
+            puts_during=len(during),
+            master_anon_growth_mb=round((peak["RssAnon"] - mem_before["RssAnon"]) / 2**20, 1),
+            master_file_growth_mb=round((peak["RssFile"] - mem_before["RssFile"]) / 2**20, 1),
+        )
+
+        def checks(summary: dict[str, Any]) -> list[str]:
+            problems = []
+            if rate < RATE_FLOOR_MB_S:
+                problems.append(f"catch-up {rate:.1f} MB/s < {RATE_FLOOR_MB_S} MB/s")
+            if peak["RssAnon"] - mem_before["RssAnon"] >= ANON_GROWTH_LIMIT:
+                problems.append(f"master anonymous memory grew {summary['master_anon_growth_mb']}"
+                                " MiB during the catch-up")
+            if len(during) < 10:
+                problems.append(f"only {len(during)} puts answered during the catch-up")
+            elif capped and _p99(during) > P99_FACTOR * max(_p99(baseline), 1.0):
+                problems.append(f"put p99 {_p99(during):.2f} ms during catch-up > "
+                                f"{P99_FACTOR}x baseline {_p99(baseline):.2f} ms")
+            return problems
+
+        result = drill.finish(m, [s], extra_checks=checks)
+        assert result["verdict"] == "pass", result["problems"]
