@@ -244,6 +244,8 @@ class HaService:
         return self._items
 
     def after_burst(self) -> None:
+        if not self._streaming:
+            return  # no slave: nothing to stream (a HELLO reads the max before it is served)
         sock = self._sock
         assert sock is not None
         actions = self._log_actions()
