@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -73,3 +74,34 @@ def start_broker(home: Path, **fields: Any) -> tuple[subprocess.Popen[bytes], st
     write_config(home, listenPort=port, haListenPort=port + 1, **fields)
     address = f"127.0.0.1:{port}"
     return launch(home, address), address
+
+
+def start_redis(home: Path, port: int, replica_of: int = 0) -> subprocess.Popen[bytes] | None:
+    """Debian's ``redis-server`` on ``port``, persistence off (a replica of ``replica_of`` if
+    given), once it answers PING; None when it is not installed or does not come up."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        return None
+    args = [binary, "--port", str(port), "--save", "", "--appendonly", "no",
+            "--dir", str(home), "--bind", "127.0.0.1"]
+    if replica_of:
+        args += ["--replicaof", "127.0.0.1", str(replica_of)]
+    home.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    try:
+        while True:
+            try:
+                client.ping()
+                return proc
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait(10)
+                    return None
+                time.sleep(0.02)
+    finally:
+        client.close()

@@ -160,40 +160,9 @@ def echo_run(
 
 
 def start_redis(home: Path) -> tuple[subprocess.Popen[bytes] | None, int]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        return None, 0
     port = _support.free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(home),
-            "--bind",
-            "127.0.0.1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    import redis
-
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            client.close()
-            return proc, port
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                return None, 0
+    proc = _support.start_redis(home, port)
+    return proc, port if proc is not None else 0
 
 
 def redis_run(port: int, size: int, count: int, pipeline: int) -> Figure:

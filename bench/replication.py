@@ -294,33 +294,19 @@ def lag_under_load(home: Path, rate: float, seconds: float) -> tuple[list[int], 
 
 
 # ---- 5. redis ---------------------------------------------------------------------------------
-def start_redis(home: Path, port: int, replica_of: int = 0) -> subprocess.Popen[bytes]:
-    args = [
-        shutil.which("redis-server") or "redis-server",
-        "--port",
-        str(port),
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        str(home),
-        "--bind",
-        "127.0.0.1",
-    ]
-    if replica_of:
-        args += ["--replicaof", "127.0.0.1", str(replica_of)]
-    home.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def redis_figures(home: Path, count: int) -> dict[str, Figure] | None:
     if shutil.which("redis-server") is None:
         return None
     import redis
 
     mport, rport = _support.free_port(1), _support.free_port(1)
-    procs = [start_redis(home / "redis-m", mport), start_redis(home / "redis-r", rport, mport)]
+    started = [_support.start_redis(home / "redis-m", mport),
+               _support.start_redis(home / "redis-r", rport, mport)]
+    procs = [p for p in started if p is not None]
+    if len(procs) < 2:
+        for p in procs:
+            p.kill()
+        return None
     try:
         client = redis.Redis(port=mport)
         wait_until(
