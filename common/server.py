@@ -73,6 +73,7 @@ from common.protocol import (
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
+CLOSE_LINGER_MS = 2000  # answers sent while draining get this long to leave on a loaded box
 PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 
 
@@ -435,7 +436,7 @@ class RequestServer:
             self._loop(sock)
         finally:
             self._participants.end()
-            sock.close(linger=500)
+            sock.close(linger=CLOSE_LINGER_MS)
             self._ctx.term()
             self._mailbox.close()
             log_event(log, "server_stopped", inflight=self.stats.inflight)

@@ -1,7 +1,7 @@
 """Slave far behind catches up (RELIABILITY 4.1 row 11), PR tier.
 
 An ASYNC_MASTER and its slave run a steady put workload through the client. The slave is
-SIGSTOPped while ``DRILL_CATCHUP_MB`` (default 128; the nightly figure is 2048) more MiB are
+SIGSTOPped while ``DRILL_CATCHUP_MB`` (default 192; the nightly figure is 2048) more MiB are
 written to the master, then resumed while the workload goes on. The drill reports the catch-up
 rate (MB/s, from the slave's offset over time), the master's put latency before and during the
 catch-up, and the growth of the master's anonymous memory (the log is streamed in chunks
@@ -14,7 +14,9 @@ box, where the slave's catch-up competes with the master for the same CPUs. *unc
 catch-up at full speed (about 250 MB/s here); its put p99 (about 10x the baseline) is reported,
 not judged. The p99 criterion compares with ``max(baseline p99, 1 ms)``: a synchronous Python
 client's baseline is well under a millisecond here and one scheduler hiccup on this VM is
-about that long.
+about that long. The load (2 x 250 puts/s) and the windows (8 s baseline, ~8 s capped catch-up)
+give each p99 some 4 000 samples: with ~1 000, a few scheduler stalls of this shared VM decided
+it (one CI run failed so, 4.6 ms against 2.1 ms).
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ from common.client import Producer
 
 pytestmark = [pytest.mark.drill, pytest.mark.integration]
 
-CATCHUP_MB = int(os.environ.get("DRILL_CATCHUP_MB", "128"))
+CATCHUP_MB = int(os.environ.get("DRILL_CATCHUP_MB", "192"))
 SEGMENT = 32 * 1024 * 1024
 PRODUCERS = 2
-RATE = 100.0  # puts/s per producer: the load that goes on through the catch-up
-BASELINE_S = 6.0
+RATE = 250.0  # puts/s per producer: the load that goes on through the catch-up
+BASELINE_S = 8.0
 RATE_FLOOR_MB_S = 20.0  # RELIABILITY row 11's calibration floor
 ANON_GROWTH_LIMIT = 64 * 1024 * 1024
 P99_FACTOR = 2.0  # row 11: master put p99 during catch-up under 2x the baseline
