@@ -339,6 +339,7 @@ class CommitLog:
                 )
             view = memoryview(data)
             cursor = phy_offset
+            mf = None
             while view:
                 mf = self.queue.last_for_write(cursor)
                 n = min(len(view), mf.remaining())
@@ -346,7 +347,8 @@ class CommitLog:
                 view = view[n:]
                 cursor += n
             new_max = cursor
-        self._prefault(mf)
+        if mf is not None:
+            self._prefault(mf)
         for listener in self.append_listeners:
             listener(new_max)
         return new_max

@@ -278,7 +278,11 @@ class MessageStore:
         for service in reversed(self._services):
             service.shutdown()  # type: ignore[attr-defined]
         self._services.clear()
-        self.reput.catch_up()
+        try:
+            self.reput.catch_up()
+        except CorruptionError as e:  # still flush and release: the abort file stays, so the
+            # next start recovers (and cuts the log at this record)
+            log.error("event=shutdown_undispatched offset=%d reason=%s", e.phy_offset, e.reason)
         self.allocate.shutdown()
         self._flush_commit_log(0)
         self._flush_indexes(0)

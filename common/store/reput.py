@@ -135,12 +135,18 @@ class ReputService:
 
         A request loop calls this after each burst of puts: the records become visible without
         waking another thread (and paying its GIL hand-off) for every put.
+        A record that fails its checks is left to the reput thread, which logs it and retries
+        once a second: the calling thread (the broker's I/O thread, a slave's HA client) goes on
+        serving.
         """
         if not self._lock.acquire(blocking=False):
             self._wake.set()  # the thread is mid-pass: make it look again when done
             return 0
         try:
             return self._dispatch_locked()
+        except CorruptionError:
+            self._wake.set()
+            return 0
         finally:
             self._lock.release()
 

@@ -140,3 +140,17 @@ def test_prepared_segments_start_populated(tmp_path: Path) -> None:
         nxt.close()
     finally:
         allocate.shutdown()
+
+
+def test_an_empty_replicated_append_changes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "commitlog").mkdir()
+    allocate = AllocateService(tmp_path / "commitlog", SIZE)
+    allocate.start()
+    log = CommitLog(tmp_path, SIZE, max_message_size=1 << 16, allocate=allocate)
+    try:
+        assert log.append_replicated(0, b"") == 0  # no segment written: nothing to prefault
+        assert log.append_replicated(0, b"abc") == 3
+        assert log.append_replicated(3, b"") == 3
+    finally:
+        allocate.shutdown()
+        log.queue.files[-1].close()

@@ -82,3 +82,24 @@ def test_records_written_without_the_record_crc_survive_a_restart_with_it(tmp_pa
         assert store.max_queue_offset("t", 0) == 50
     finally:
         store.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_corrupt_replicated_record_does_not_raise_from_inline_dispatch(tmp_path: Path) -> None:
+    """The HA client thread indexes what it appended (``dispatch_inline``); a record that fails
+    reput's checks must not kill that thread: it returns, the reput thread reports it."""
+    slave = open_store(tmp_path / "s", brokerRole="SLAVE", brokerId=1)
+    try:
+        garbage = (200).to_bytes(4, "big") + b"\xde\xad\xbe\xef" + bytes(192)  # bad magic
+        slave.append_replicated(0, garbage)
+        assert slave.dispatch_inline() == 0
+        assert slave.dispatched_phy_offset == 0  # nothing past the bad record is indexed
+    finally:
+        slave.end_inline_dispatch()
+        slave.shutdown()  # completes (flush, checkpoint, lock released) and keeps the abort file
+    assert (tmp_path / "s" / "abort").exists()
+    again = open_store(tmp_path / "s", brokerRole="SLAVE", brokerId=1)  # the lock was released
+    try:
+        assert again.max_phy_offset == 0  # recovery cut the log at the bad record
+    finally:
+        again.shutdown()
