@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,36 @@ def start_redis(home: Path, port: int, replica_of: int = 0) -> subprocess.Popen[
                 time.sleep(0.02)
     finally:
         client.close()
+
+
+@dataclass
+class Figure:
+    """``msgs`` messages of ``size`` bytes in ``seconds``, with per-request latencies."""
+
+    name: str
+    msgs: int
+    seconds: float
+    latencies_ms: list[float]
+    size: int
+
+    @property
+    def rate(self) -> float:
+        return self.msgs / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_s(self) -> float:
+        return self.rate * self.size / 1e6
+
+    def pct(self, q: float) -> float:
+        values = sorted(self.latencies_ms)
+        return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+    def line(self, ref: Figure | None = None, width: int = 18) -> str:
+        """One report line; with ``ref``, the ratio of the rates."""
+        text = (
+            f"  {self.name:<{width}} {self.rate:>10.0f} msg/s {self.mb_s:>8.2f} MB/s "
+            f"p50 {self.pct(0.5):>7.3f} ms p99 {self.pct(0.99):>7.3f} ms"
+        )
+        if ref is not None and ref.rate > 0:
+            text += f"   {self.rate / ref.rate:>5.2f}x {ref.name}"
+        return text

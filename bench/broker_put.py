@@ -30,11 +30,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import _support
 import zmq
+from _support import Figure
 
 from common.client import Producer, SendResult
 
@@ -42,27 +42,6 @@ SCALE = float(os.environ.get("REPLOG_BENCH_SCALE", "1.0"))
 SIZES = (128, 1024)
 WINDOW = 64
 BATCH = 64
-
-
-@dataclass
-class Figure:
-    name: str
-    msgs: int
-    seconds: float
-    latencies_ms: list[float]
-    size: int
-
-    @property
-    def rate(self) -> float:
-        return self.msgs / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def mb_s(self) -> float:
-        return self.rate * self.size / 1e6
-
-    def pct(self, q: float) -> float:
-        values = sorted(self.latencies_ms)
-        return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
 def n(count: int) -> int:
@@ -194,16 +173,6 @@ def redis_run(port: int, size: int, count: int, pipeline: int) -> Figure:
 # ---- report ---------------------------------------------------------------------------------------
 
 
-def line(f: Figure, ref: Figure | None = None) -> str:
-    text = (
-        f"  {f.name:<18} {f.rate:>10.0f} msg/s {f.mb_s:>8.2f} MB/s "
-        f"p50 {f.pct(0.5):>7.3f} ms p99 {f.pct(0.99):>7.3f} ms"
-    )
-    if ref is not None and ref.rate > 0:
-        text += f"   {f.rate / ref.rate:>5.2f}x {ref.name}"
-    return text
-
-
 def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="replog-bench-"))
     children: list[Callable[[], None]] = []
@@ -245,10 +214,10 @@ def run_size(p: Producer, size: int, echo_port: int, redis_port: int) -> None:
         r1 = redis_run(redis_port, size, n(5000), 1)
         r64 = redis_run(redis_port, size, n(50_000), BATCH)
     for f, refs in ((sync, (echo1, r1)), (asy, (echo64, r64)), (batch, (echob, r64))):
-        print(line(f))
+        print(f.line())
         for ref in refs:
             if ref is not None:
-                print("    vs" + line(ref)[1:] + f"   ratio {f.rate / ref.rate:.2f}x")
+                print("    vs" + ref.line()[1:] + f"   ratio {f.rate / ref.rate:.2f}x")
     if r1 is None:
         print("  (redis-server not installed: Redis references skipped)")
 

@@ -31,45 +31,19 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import _support
 import zmq
+from _support import Figure
 
 from common.client import Admin, Producer
 from common.errors import SendStatus
 
 BODY = 1024
 FRAME = 32 * 1024
-
-
-@dataclass
-class Figure:
-    name: str
-    msgs: int
-    seconds: float
-    latencies_ms: list[float]
-
-    @property
-    def rate(self) -> float:
-        return self.msgs / self.seconds if self.seconds > 0 else 0.0
-
-    def pct(self, q: float) -> float:
-        if not self.latencies_ms:
-            return 0.0
-        s = sorted(self.latencies_ms)
-        return s[min(len(s) - 1, int(q * len(s)))]
-
-    def line(self, ref: Figure | None = None) -> str:
-        text = (
-            f"  {self.name:<28} {self.rate:>9.0f} msg/s {self.rate * BODY / 1e6:>7.1f} MB/s"
-            f"  p50 {self.pct(0.5):>7.3f} ms  p99 {self.pct(0.99):>7.3f} ms"
-        )
-        if ref is not None and ref.rate > 0:
-            text += f"  {self.rate / ref.rate:>5.2f}x {ref.name}"
-        return text
+WIDTH = 28  # name column of the report
 
 
 class Broker:
@@ -196,7 +170,7 @@ def sends(p: Producer, count: int, name: str) -> Figure:
         r = p.send("bench", body, queue_id=0)
         lat.append((time.perf_counter() - t) * 1000)
         assert r.status == SendStatus.SEND_OK, r.status
-    return Figure(name, count, time.perf_counter() - t0, lat)
+    return Figure(name, count, time.perf_counter() - t0, lat, BODY)
 
 
 def in_flight(p: Producer, count: int, window: int, name: str, rate: float = 0.0) -> Figure:
@@ -233,7 +207,7 @@ def in_flight(p: Producer, count: int, window: int, name: str, rate: float = 0.0
     done.wait(300)
     if bad:
         raise RuntimeError(f"{name}: {len(bad)} sends not SEND_OK, e.g. {bad[0]}")
-    return Figure(name, count, time.perf_counter() - t0, lat)
+    return Figure(name, count, time.perf_counter() - t0, lat, BODY)
 
 
 def batches(p: Producer, count: int, name: str) -> Figure:
@@ -245,7 +219,7 @@ def batches(p: Producer, count: int, name: str) -> Figure:
         rs = p.send_batch("bench", bodies, queue_id=0)
         lat.append((time.perf_counter() - t) * 1000)
         assert rs[0].status == SendStatus.SEND_OK, rs[0].status
-    return Figure(name, count // 64 * 64, time.perf_counter() - t0, lat)
+    return Figure(name, count // 64 * 64, time.perf_counter() - t0, lat, BODY)
 
 
 def put_figures(home: Path, role: str, count: int) -> dict[str, Figure]:
@@ -330,7 +304,7 @@ def redis_figures(home: Path, count: int) -> dict[str, Figure] | None:
             client.xadd("bench", {"b": body})
             assert client.wait(1, 1000) >= 1
             lat.append((time.perf_counter() - t) * 1000)
-        one = Figure("redis XADD+WAIT 1", count // 4, time.perf_counter() - t0, lat)
+        one = Figure("redis XADD+WAIT 1", count // 4, time.perf_counter() - t0, lat, BODY)
         lat = []
         t0 = time.perf_counter()
         for _ in range(count * 2 // 64):
@@ -341,7 +315,7 @@ def redis_figures(home: Path, count: int) -> dict[str, Figure] | None:
             pipe.execute()
             assert client.wait(1, 1000) >= 1
             lat.append((time.perf_counter() - t) * 1000)
-        batch = Figure("redis XADD x64+WAIT 1", count * 2 // 64 * 64, time.perf_counter() - t0, lat)
+        batch = Figure("redis XADD x64+WAIT 1", count * 2 // 64 * 64, time.perf_counter() - t0, lat, BODY)
         client.close()
         replica.close()
         return {"1": one, "batch": batch}
@@ -398,8 +372,8 @@ def main() -> int:
         asyn = put_figures(home, "ASYNC_MASTER", args.count)
         print("(2) put throughput, 1 KiB bodies, master + 1 slave")
         for key in ("1", "16", "64", "batch"):
-            print(asyn[key].line())
-            print(sync[key].line(asyn[key]))
+            print(asyn[key].line(width=WIDTH))
+            print(sync[key].line(asyn[key], WIDTH))
         ratio = sync["64"].rate / asyn["64"].rate
         print(f"    SYNC/ASYNC at 64 in flight: {ratio:.0%} (target >= 70%)")
         print(
@@ -420,10 +394,10 @@ def main() -> int:
             print("(5) redis-server not installed: no reference")
         else:
             print("(5) Redis master + replica")
-            print(redis["1"].line())
-            print(redis["batch"].line())
-            print(sync["1"].line(redis["1"]) + "  (target >= 1.5x)")
-            print(sync["batch"].line(redis["batch"]) + "  (target >= 2x)")
+            print(redis["1"].line(width=WIDTH))
+            print(redis["batch"].line(width=WIDTH))
+            print(sync["1"].line(redis["1"], WIDTH) + "  (target >= 1.5x)")
+            print(sync["batch"].line(redis["batch"], WIDTH) + "  (target >= 2x)")
         return 0
     finally:
         shutil.rmtree(home, ignore_errors=True)
