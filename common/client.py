@@ -40,7 +40,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import zmq
 
@@ -96,8 +96,9 @@ class ClientTimeoutError(BrokerError):
 # ---- results --------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class SendResult:
+class SendResult(NamedTuple):
+    """One message's outcome (immutable; a tuple, so that a batch of them is cheap to make)."""
+
     status: SendStatus
     msg_id: str
     queue_id: int
@@ -151,9 +152,10 @@ def send_results(topic: str, resp: Response) -> list[SendResult]:
         raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed send answer {fields!r:.200}")
     queue_id = int(fields.get("queueId", -1))
     first = int(fields.get("queueOffset", -1))
-    make = SendResult
+    make = tuple.__new__  # SendResult's fields in order, without its Python-level __new__
+    cls = SendResult
     return [
-        make(status, f"{prefix}{phy:016X}", queue_id, first + i, phy, topic)
+        make(cls, (status, f"{prefix}{phy:016X}", queue_id, first + i, phy, topic))
         for i, phy in enumerate(offsets)
     ]
 
@@ -506,7 +508,10 @@ class Transport:
                 self._start_call(entry)
             else:
                 key = (entry.address, entry.topic, entry.queue_id)
-                self._batches.setdefault(key, _QueueBatch()).items.append(entry)
+                batch = self._batches.get(key)
+                if batch is None:
+                    batch = self._batches[key] = _QueueBatch()
+                batch.items.append(entry)
                 self._ready.add(key)
 
     def _socket(self, address: str) -> zmq.Socket[bytes]:
@@ -723,6 +728,9 @@ class _Cluster:
             self._master = None
 
     def master(self) -> str:
+        master = self._master  # the common case needs no lock: a str is read whole
+        if master is not None:
+            return master
         with self._lock:
             if self._master is None:
                 self._master = self._discover()
@@ -905,19 +913,18 @@ class Producer(_Base):
         self, topic: str, bodies: Sequence[bytes | Message], queue_id: int | None = None
     ) -> list[SendResult]:
         """All messages in one request: one append, dense queue offsets, one acknowledgement."""
-        msgs = [b if isinstance(b, Message) else Message(topic, b) for b in bodies]
-        if not msgs:
+        if not bodies:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "empty batch", False)
-        for m in msgs:
-            self._check(m)
-            if m.topic != topic:
-                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch holds one topic", False)
-        metas = [_message_meta(m) for m in msgs]
         fields: dict[str, Any] = {"topic": topic}
-        if any(m is not None for m in metas):
-            fields["meta"] = metas
-
-        packed = pack_bodies(fields, [m.body for m in msgs])
+        if all(type(b) is bytes for b in bodies):  # plain bodies: no Message, no meta each
+            plain = list(cast("Sequence[bytes]", bodies))
+            self._check_body(topic, b"")
+            longest = max(map(len, plain))
+            if longest > self.max_message_size:
+                self._check_body(topic, next(b for b in plain if len(b) == longest))
+            packed = pack_bodies(fields, plain)
+        else:
+            packed = self._pack_messages(topic, bodies, fields)
 
         def attempt(address: str) -> list[SendResult]:
             qid = self._queue(topic, queue_id)
@@ -927,6 +934,19 @@ class Producer(_Base):
             return send_results(topic, resp)
 
         return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+    def _pack_messages(
+        self, topic: str, bodies: Sequence[bytes | Message], fields: dict[str, Any]
+    ) -> list[bytes]:
+        msgs = [b if isinstance(b, Message) else Message(topic, b) for b in bodies]
+        for m in msgs:
+            self._check(m)
+            if m.topic != topic:
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch holds one topic", False)
+        metas = [_message_meta(m) for m in msgs]
+        if any(m is not None for m in metas):
+            fields["meta"] = metas
+        return pack_bodies(fields, [m.body for m in msgs])
 
     def send_async(
         self,

@@ -223,9 +223,11 @@ def _put_reply(
     return reply(req, code, remark or f"put failed after append: {status.value}")
 
 
-def _batch_messages(topic: str, bodies: list[bytes], meta: list[Any] | None) -> list[Message]:
+def _batch_messages(
+    topic: str, bodies: list[bytes], meta: list[Any] | None
+) -> list[Message] | list[bytes]:
     if meta is None:
-        return [Message(topic, body) for body in bodies]
+        return bodies  # bodies alone: the store prepares them without a Message each
     return [
         Message(topic, body, tags, keys, dict(props), flag)
         for body, (tags, keys, props, flag) in zip(bodies, meta, strict=True)

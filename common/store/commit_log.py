@@ -11,12 +11,13 @@ offset they had there, so its log is byte-identical.
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -101,12 +102,20 @@ class RecoveryReport:
 to_message = record.decode_message  # the store's name for it
 
 
-def _offsets(phy: int, items: list[tuple]) -> list[int]:
-    out = []
-    for item in items:
-        out.append(phy)
-        phy += item[0]
-    return out
+class WriteDigest(NamedTuple):
+    """What reput needs of one write whose records carry no user properties: their ConsumeQueue
+    entries ``(phy, size, tagsCode 0)``, so reput need not parse back what was just encoded."""
+
+    start: int
+    end: int
+    topic: str
+    queue_id: int
+    first_queue_offset: int
+    entries: list[tuple[int, int, int]]
+    store_timestamp: int
+
+
+DIGESTS_KEPT = 1024  # a reput further behind than this parses the records instead
 
 
 class CommitLog:
@@ -145,6 +154,8 @@ class CommitLog:
         # Records at or after this offset must carry the whole-record CRC (None: none must).
         self.require_prop_crc_from = require_prop_crc_from
         self._crc_len = record.PROP_CRC_LEN if append_prop_crc else 0
+        # Appended under the put lock, taken by reput (deque ends are thread-safe).
+        self.digests: collections.deque[WriteDigest] = collections.deque(maxlen=DIGESTS_KEPT)
 
     # ---- offsets ----------------------------------------------------------------------------
     @property
@@ -230,18 +241,38 @@ class CommitLog:
         born = born_timestamp or time.time_ns() // 1_000_000
         return self._write(msg.topic, queue_id, [item], item[0], born, born_ip, born_port)
 
-    def put_batch(self, topic: str, queue_id: int, msgs: list[Message], born_ip: bytes = LOCALHOST,
-                  born_port: int = 0, born_timestamp: int = 0) -> PutResult:
+    def put_batch(self, topic: str, queue_id: int, msgs: Sequence[Message | bytes],
+                  born_ip: bytes = LOCALHOST, born_port: int = 0,
+                  born_timestamp: int = 0) -> PutResult:
+        """Many records to one queue in one write. A ``bytes`` entry is a body without
+        properties or flag (the common case, prepared here without a Message per body)."""
         if not msgs:
             return refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
         topic_part = self._topic_part(topic)
         if isinstance(topic_part, PutResult):
             return topic_part
+        crc_len = self._crc_len
+        plain_tail = topic_part + crc_len.to_bytes(2, "big") + (
+            record.PROP_CRC_PLACEHOLDER if crc_len else b"")
+        plain_fixed = record.FIXED_BYTES - 1 + len(topic_part) + crc_len
+        plain_max = min(self.max_message_size,
+                        self.file_size - record.END_FILE_MIN_BLANK - plain_fixed,
+                        self.max_message_size + record.RECORD_SLACK_BYTES - plain_fixed)
+        if not self.writeable or not 0 <= queue_id <= 0x7FFFFFFF:
+            plain_max = -1  # every body goes through _prepare, which refuses with the reason
+        crc32 = zlib.crc32
         items = []
         total = 0
         prepare = self._prepare
         for msg in msgs:
-            if msg.topic != topic:
+            if type(msg) is bytes and len(msg) <= plain_max:
+                size = plain_fixed + len(msg)
+                items.append((size, crc32(msg) & 0x7FFFFFFF, 0, msg, plain_tail))
+                total += size
+                continue
+            if not isinstance(msg, Message):
+                msg = Message(topic, bytes(msg))
+            elif msg.topic != topic:
                 return refused(PutStatus.MESSAGE_ILLEGAL, "a batch must hold one topic")
             item = prepare(msg, topic_part, queue_id)
             if isinstance(item, PutResult):
@@ -256,15 +287,24 @@ class CommitLog:
 
     def _write(self, topic: str, queue_id: int, items: list[tuple], total: int, born: int,
                born_ip: bytes, born_port: int) -> PutResult:
-        """Encode the records straight into the last segment under the put lock."""
+        """Encode the records under the put lock and copy them into the last segment at once.
+
+        Each record is built as bytes (header, body, topic and properties, then the whole-record
+        CRC over them) and the write is one slice assignment into the mapping. When no record
+        carries user properties, the write also leaves a WriteDigest for reput.
+        """
         since = self._lock_since
         if since and time.monotonic() - since > self._busy_s:
             return refused(PutStatus.OS_PAGE_CACHE_BUSY, "put lock held too long (disk stalled?)")
         key = (topic, queue_id)
-        pack = record.HEADER.pack_into
+        pack = record.HEADER.pack
         magic = record.MAGIC_V1
         store_ip, store_port = self.store_ip, self.store_port
-        seal = record.seal if self._crc_len else None
+        sealed = bool(self._crc_len)
+        crc32 = zlib.crc32
+        crc_prefix = record.PROP_CRC_PREFIX
+        topic_part = self._topic_part(topic)
+        plain_tail = len(topic_part) + 2 + self._crc_len if isinstance(topic_part, bytes) else -1
         with self.put_lock:
             self._lock_since = time.monotonic()
             try:
@@ -280,22 +320,33 @@ class CommitLog:
             base = mf.file_from_offset
             pos = first_pos = mf.wrote_position
             ts = time.time_ns() // 1_000_000
-            buf = mf.buffer
+            parts: list[bytes] = []
+            put_part = parts.append
+            entries: list[tuple[int, int, int]] = []
+            plain = True
             for size, crc, flag, body, tail in items:
-                pack(buf, pos, size, magic, crc, queue_id, flag, queue_offset, base + pos, 0,
-                     born, born_ip, born_port, ts, store_ip, store_port, 0, 0, len(body))
-                p = pos + 88
-                q = p + len(body)
-                buf[p:q] = body
-                buf[q : pos + size] = tail
-                if seal:
-                    seal(buf, pos, size)
+                phy = base + pos
+                head = pack(size, magic, crc, queue_id, flag, queue_offset, phy, 0, born, born_ip,
+                            born_port, ts, store_ip, store_port, 0, 0, len(body))
+                if sealed:
+                    rec = head + body + tail[:-record.PROP_CRC_LEN]
+                    whole = crc32(rec) & 0x7FFFFFFF
+                    put_part(rec + crc_prefix + record.crc_digits(whole) + b"\x02")
+                else:
+                    put_part(head + body + tail)
+                entries.append((phy, size, 0))
+                plain = plain and len(tail) == plain_tail
                 pos += size
                 queue_offset += 1
+            mf.buffer[first_pos:pos] = b"".join(parts)
             mf.wrote_position = pos
             mf.store_timestamp = ts
             self.topic_queue_table[key] = queue_offset
             self.last_store_timestamp = ts
+            if plain:
+                self.digests.append(
+                    WriteDigest(base + first_pos, base + pos, topic, queue_id, first_queue_offset,
+                                entries, ts))
             self._lock_since = 0.0
         phy = base + first_pos
         end = base + pos
@@ -305,9 +356,28 @@ class CommitLog:
         count = len(items)
         offsets: tuple[int, ...] = ()
         if count > 1:
-            offsets = tuple(_offsets(phy, items))
+            offsets = tuple([entry[0] for entry in entries])
         return PutResult(PutStatus.PUT_OK, phy, end - phy, queue_id, first_queue_offset, ts,
                          count, offsets, store_ip, store_port)
+
+    def take_digest(self, phy: int, end: int) -> WriteDigest | None:
+        """The digest of the write that starts at ``phy`` and ends by ``end``, if one was kept;
+        digests of writes before ``phy`` (dispatched by parsing) are dropped on the way."""
+        digests = self.digests
+        while digests:
+            digest = digests[0]
+            if digest.start > phy:
+                return None
+            digests.popleft()
+            if digest.start == phy:
+                return digest if digest.end <= end else None
+        return None
+
+    def forget_digests_before(self, phy: int) -> None:
+        """Drop the digests of writes that reput dispatched by parsing them."""
+        digests = self.digests
+        while digests and digests[0].start < phy:
+            digests.popleft()
 
     def _prefault(self, mf: MappedFile) -> None:
         """Keep PREFAULT_AHEAD bytes past the write position faulted in, on the allocate
@@ -497,6 +567,7 @@ class CommitLog:
     def truncate(self, phy_offset: int) -> None:
         """Drop every byte at or after ``phy_offset`` (HA divergence), on disk."""
         with self.put_lock:
+            self.digests.clear()
             self.queue.truncate_dirty(phy_offset)
 
     def shutdown(self) -> None:

@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -362,7 +362,7 @@ class MessageStore:
                                      born_timestamp)
         return self._pending(result, msg.properties.get(PROPERTY_WAIT) != "false")
 
-    def put_batch_nowait(self, topic: str, queue_id: int, msgs: list[Message],
+    def put_batch_nowait(self, topic: str, queue_id: int, msgs: Sequence[Message | bytes],
                          born_host: tuple[str, int] = ("127.0.0.1", 0),
                          born_timestamp: int = 0) -> PendingPut:
         result = self.commit_log.put_batch(topic, queue_id, msgs, _cached_host(born_host[0]),
@@ -396,7 +396,7 @@ class MessageStore:
             born_timestamp: int = 0) -> PutResult:
         return self.wait_flushed(self.put_nowait(msg, queue_id, born_host, born_timestamp))
 
-    def put_batch(self, topic: str, queue_id: int, msgs: list[Message],
+    def put_batch(self, topic: str, queue_id: int, msgs: Sequence[Message | bytes],
                   born_host: tuple[str, int] = ("127.0.0.1", 0), born_timestamp: int = 0) -> PutResult:
         return self.wait_flushed(self.put_batch_nowait(topic, queue_id, msgs, born_host,
                                                        born_timestamp))

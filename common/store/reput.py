@@ -30,7 +30,7 @@ from common.message import (
     tags_code,
 )
 from common.store import record
-from common.store.commit_log import CommitLog
+from common.store.commit_log import CommitLog, WriteDigest
 
 log = logging.getLogger("replog.store")
 
@@ -180,13 +180,30 @@ class ReputService:
         end = log_.max_offset
         count = 0
         while store.dispatched_phy_offset < end:
+            digest = log_.take_digest(store.dispatched_phy_offset, end)
+            if digest is not None:
+                count += self._dispatch_digest(digest)
+                continue
             done = self._dispatch_pass(log_, end)
+            log_.forget_digests_before(store.dispatched_phy_offset)
             if done == 0:
                 self._skip_blank(end)
                 break
             count += done
         self.dispatched += count
         return count
+
+    def _dispatch_digest(self, digest: WriteDigest) -> int:
+        """A write the CommitLog described as it made it: its entries go to the ConsumeQueue
+        as they are (the same ones parsing the records would give)."""
+        store = self._store
+        entries = digest.entries
+        store.dispatch_cq(digest.topic, digest.queue_id, digest.first_queue_offset, entries)
+        store.dispatched_phy_offset = max(store.dispatched_phy_offset, digest.end)
+        for listener in self.arrival_listeners:
+            listener(digest.topic, digest.queue_id, digest.first_queue_offset + len(entries))
+        store.note_dispatched_timestamp(digest.store_timestamp)
+        return len(entries)
 
     def _dispatch_pass(self, log_: CommitLog, end: int) -> int:
         store = self._store

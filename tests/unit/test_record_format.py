@@ -349,6 +349,9 @@ def test_put_statuses(tmp_path: Path, topic: str, body: bytes, props: dict[str, 
         rb = store.put_batch(topic, 0, [Message(topic, b"ok"), Message(topic, body,
                                                                        properties=props)])
         assert rb.status is status, rb.remark
+        if not props:  # the same bodies as plain bytes take the store's Message-free path
+            rp = store.put_batch(topic, 0, [b"ok", body])
+            assert (rp.status, rp.remark) == (rb.status, rb.remark)
         if status is not PutStatus.PUT_OK:
             assert r.remark and store.max_phy_offset == before  # nothing written
             assert r.msg_id == "" and rb.msg_ids == ()
@@ -358,6 +361,29 @@ def test_put_statuses(tmp_path: Path, topic: str, body: bytes, props: dict[str, 
             b"".join(f"{k}\x01{v}\x02".encode() for k, v in props.items()))
     else:
         assert walk_log(commitlog(tmp_path), 1 << 16).records == []
+
+
+@pytest.mark.parametrize("prop_crc", [True, False])
+def test_batch_of_plain_bodies_writes_the_records_a_message_batch_writes(
+    tmp_path: Path, prop_crc: bool
+) -> None:
+    bodies = [b"", b"a", b"x" * 700, bytes(range(256))]
+    cfg = dict(mappedFileSizeCommitLog=1 << 16, enabledAppendPropCRC=prop_crc,
+               forceVerifyPropCRC=prop_crc)
+    with running(make_cfg(tmp_path / "m", **cfg)) as store:
+        assert store.put_batch("TopicA", 3, [Message("TopicA", b) for b in bodies]).ok
+    with running(make_cfg(tmp_path / "b", **cfg)) as store:
+        assert store.put_batch("TopicA", 3, [*bodies]).ok
+    as_msgs = walk_log(commitlog(tmp_path / "m"), 1 << 16).records
+    as_bytes = walk_log(commitlog(tmp_path / "b"), 1 << 16).records
+    assert len(as_bytes) == len(bodies)
+    for a, b in zip(as_msgs, as_bytes, strict=True):
+        # equal but for the timestamps (and the record CRC, which covers them)
+        assert (a.total, a.crc, a.queue_id, a.flag, a.queue_offset, a.phy_field, a.body,
+                a.topic, a.props_raw, a.sealed) == (b.total, b.crc, b.queue_id, b.flag,
+                                                    b.queue_offset, b.phy_field, b.body, b.topic,
+                                                    b.props_raw, b.sealed)
+        assert a.sealed is prop_crc
 
 
 @pytest.mark.parametrize(("length", "status"), [(32767, PutStatus.PUT_OK),

@@ -96,7 +96,10 @@ class FakeStore:
         self.phy += len(raw)
         return phy, qoff, len(raw)
 
-    def put_batch_nowait(self, topic: str, queue_id: int, msgs: list[Message], **_: Any) -> Any:
+    def put_batch_nowait(
+        self, topic: str, queue_id: int, msgs: list[Message | bytes], **_: Any
+    ) -> Any:
+        msgs = [m if isinstance(m, Message) else Message(topic, m) for m in msgs]
         with self.lock:
             placed = [self._append(m, queue_id) for m in msgs]
         first_phy, first_q, _ = placed[0]
