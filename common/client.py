@@ -37,6 +37,7 @@ import dataclasses
 import heapq
 import itertools
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -148,15 +149,21 @@ def send_results(topic: str, resp: Response) -> list[SendResult]:
     prefix = fields.get("storeHost")
     first_phy = fields.get("commitLogOffset")
     offsets = fields.get("offsets") or ([first_phy] if first_phy is not None else [])
-    if type(prefix) is not str or len(prefix) != 16 or not all(type(o) is int for o in offsets):
+    if (type(prefix) is not str or len(prefix) != 16 or not set(map(type, offsets)) <= {int}
+            or not 0 <= min(offsets, default=0) <= max(offsets, default=0) < 1 << 63):
         raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed send answer {fields!r:.200}")
     queue_id = int(fields.get("queueId", -1))
     first = int(fields.get("queueOffset", -1))
     make = tuple.__new__  # SendResult's fields in order, without its Python-level __new__
     cls = SendResult
+    if len(offsets) < 8:
+        ids = [f"{prefix}{phy:016X}" for phy in offsets]
+    else:  # one hex conversion for the whole batch, cut in 16 digits per id
+        digits = struct.pack(f">{len(offsets)}Q", *offsets).hex().upper()
+        ids = [prefix + digits[i : i + 16] for i in range(0, len(digits), 16)]
     return [
-        make(cls, (status, f"{prefix}{phy:016X}", queue_id, first + i, phy, topic))
-        for i, phy in enumerate(offsets)
+        make(cls, (status, msg_id, queue_id, first + i, phy, topic))
+        for i, (msg_id, phy) in enumerate(zip(ids, offsets, strict=True))
     ]
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -372,6 +373,7 @@ def _check_envelope(frames: Sequence[bytes], limits: Limits, max_frames: int) ->
 
 
 _UNPACK_KWARGS: dict[int, dict[str, Any]] = {}
+_INT_ONLY = {int}
 
 
 def _unpack_kwargs(max_batch_count: int) -> dict[str, Any]:
@@ -416,7 +418,8 @@ def _may_nest(header: Any) -> bool:
         if type(item) is dict:
             for value in item.values():
                 if type(value) is list:
-                    if any(isinstance(v, list | dict) for v in value):
+                    kinds = set(map(type, value))  # msgpack makes exact lists and dicts
+                    if list in kinds or dict in kinds:
                         return True
                 elif isinstance(value, list | dict):
                     return True
@@ -646,7 +649,7 @@ def _check_sizes(name: str, value: Any, limits: Limits) -> list[int]:
         raise ProtocolError(name, f"expected array, got {type(value).__name__}")
     if not 1 <= len(value) <= limits.max_batch_count:
         raise ProtocolError(name, f"{len(value)} entries, must be in [1, {limits.max_batch_count}]")
-    if not all(type(size) is int for size in value):
+    if set(map(type, value)) != _INT_ONLY:  # exact ints: a bool is not a size
         raise ProtocolError(name, "entries must be ints")
     if min(value) < 0:
         raise ProtocolError(name, "entries must be >= 0")
@@ -669,13 +672,8 @@ def _split_bodies(frames: Sequence[bytes], sizes: list[int]) -> list[bytes]:
     packed = frames[0]
     if sum(sizes) != len(packed):
         raise ProtocolError("sizes", f"add up to {sum(sizes)} bytes, the frame holds {len(packed)}")
-    bodies = []
-    pos = 0
-    for size in sizes:
-        end = pos + size
-        bodies.append(packed[pos:end])
-        pos = end
-    return bodies
+    ends = list(itertools.accumulate(sizes))
+    return [packed[start:end] for start, end in zip([0, *ends], ends)]
 
 
 def _check_meta_count(meta: list[Any] | None, bodies: int) -> None:
