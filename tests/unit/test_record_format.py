@@ -368,8 +368,8 @@ def test_batch_of_plain_bodies_writes_the_records_a_message_batch_writes(
     tmp_path: Path, prop_crc: bool
 ) -> None:
     bodies = [b"", b"a", b"x" * 700, bytes(range(256))]
-    cfg = dict(mappedFileSizeCommitLog=1 << 16, enabledAppendPropCRC=prop_crc,
-               forceVerifyPropCRC=prop_crc)
+    cfg = {"mappedFileSizeCommitLog": 1 << 16, "enabledAppendPropCRC": prop_crc,
+           "forceVerifyPropCRC": prop_crc}
     with running(make_cfg(tmp_path / "m", **cfg)) as store:
         assert store.put_batch("TopicA", 3, [Message("TopicA", b) for b in bodies]).ok
     with running(make_cfg(tmp_path / "b", **cfg)) as store:
