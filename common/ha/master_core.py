@@ -25,10 +25,13 @@ The core never holds log bytes. Per slave it keeps the next offset to send, the 
 time it was last heard from and last sent to. At most ``haWindowBytes`` are in flight
 (sent, not acked) per slave, in DATA frames of at most ``haTransferBatchSize`` bytes. With
 ``haFlowControlEnable`` (RocketMQ 5's flow control, off by default) each slave is also sent at
-most ``maxHaTransferByteInSecond`` per second, counted in 10 ms slices (a far-behind slave's
-catch-up then cannot take the master's CPU and disk from its clients; slices of 100 ms sent
-bursts that held client requests up to 5 ms at 32 MB/s); a held-back peer's next
-slice is a ``next_deadline_ms``, and ``tick`` sends what it allows.
+most ``maxHaTransferByteInSecond`` per second through a token bucket refilled every
+millisecond and holding at most two batches, so that frames leave one or two at a time (a
+far-behind slave's catch-up then cannot take the master's CPU and disk from its clients: a
+bucket per 100 ms slice sent bursts that held client requests up to 5 ms at 32 MB/s, and one
+per 10 ms still raised their p99 by ~1 ms, the slave taking each burst on the same 2 CPUs); the
+moment a held-back peer has a batch's worth again is a ``next_deadline_ms``, and ``tick`` sends
+it.
 
 Rules (RocketMQ issues in brackets): an ack beyond what was sent drops the peer [#3015]; an ack
 going backwards is refused (ignored and counted); a HELLO whose offsets the master cannot serve
@@ -64,7 +67,7 @@ from common.ha.protocol import (
 
 PeerId: TypeAlias = bytes
 DEFAULT_MAX_PEERS = 16
-FLOW_SLICE_MS = 10  # haFlowControlEnable: the allowance is maxHaTransferByteInSecond / 100 per slice
+FLOW_BURST_BATCHES = 2  # haFlowControlEnable: the bucket holds this many haTransferBatchSize
 
 
 # ---- actions ---------------------------------------------------------------------------------
@@ -146,8 +149,8 @@ class _Peer:
     last_heard_ms: int
     last_sent_ms: int
     refused_acks: int = 0
-    flow_slice_ms: int = -FLOW_SLICE_MS  # start of the current flow-control slice
-    flow_sent: int = 0  # bytes sent in that slice
+    flow_tokens: float = -1.0  # bytes the peer may be sent now (-1: a full bucket, first use)
+    flow_at_ms: int = 0  # when the bucket was last refilled
 
 
 def _error(peer_id: PeerId, session: int, code: ResponseCode, reason: str,
@@ -217,8 +220,11 @@ class MasterCore:
         times = [min(p.last_sent_ms + self._cfg.haSendHeartbeatInterval,
                      p.last_heard_ms + self._cfg.haHousekeepingInterval + 1)
                  for p in self._peers.values()]
-        times += [p.flow_slice_ms + FLOW_SLICE_MS for p in self._peers.values()
-                  if self._held_by_flow_control(p)]
+        for p in self._peers.values():
+            short = self._flow_shortfall(p)
+            if short > 0:
+                rate = self._cfg.maxHaTransferByteInSecond
+                times.append(p.flow_at_ms + max(1, -(-short * 1000 // rate)))
         return min(times) if times else None
 
     # ---- inputs ------------------------------------------------------------------------------
@@ -419,7 +425,8 @@ class MasterCore:
             actions.append(ReadAndSend(peer.peer_id, peer.session, entry.epoch,
                                        entry.start_phy_offset, peer.next_phy_offset, length))
             peer.next_phy_offset += length
-            peer.flow_sent += length
+            if self._cfg.haFlowControlEnable:
+                peer.flow_tokens -= length
         if actions:
             peer.last_sent_ms = self._now_ms
         return actions
@@ -438,21 +445,36 @@ class MasterCore:
         )
 
     def _flow_allowance(self, peer: _Peer) -> int:
-        """Bytes ``peer`` may still be sent in the current slice (RocketMQ 5's FlowMonitor:
-        ``maxHaTransferByteInSecond`` when ``haFlowControlEnable``, here enforced per 10 ms
-        slice so that a catch-up never bursts a whole second's worth at once)."""
+        """Bytes ``peer`` may be sent now (RocketMQ 5's FlowMonitor: at most
+        ``maxHaTransferByteInSecond`` when ``haFlowControlEnable``). Nothing until the bucket
+        holds a whole frame's worth, so the cap never cuts the stream into slivers."""
+        batch = self._cfg.haTransferBatchSize
         if not self._cfg.haFlowControlEnable:
-            return self._cfg.haTransferBatchSize
-        if self._now_ms - peer.flow_slice_ms >= FLOW_SLICE_MS:
-            peer.flow_slice_ms = self._now_ms
-            peer.flow_sent = 0
-        per_slice = self._cfg.maxHaTransferByteInSecond * FLOW_SLICE_MS // 1000
-        return max(0, per_slice - peer.flow_sent)
+            return batch
+        self._refill(peer)
+        tokens = int(peer.flow_tokens)
+        return tokens if tokens >= self._flow_need(peer) else 0
 
-    def _held_by_flow_control(self, peer: _Peer) -> bool:
-        """Flow control alone keeps bytes the window would allow from ``peer``."""
-        if not self._cfg.haFlowControlEnable:
-            return False
+    def _refill(self, peer: _Peer) -> None:
+        cap = FLOW_BURST_BATCHES * self._cfg.haTransferBatchSize
+        if peer.flow_tokens < 0:
+            peer.flow_tokens, peer.flow_at_ms = float(cap), self._now_ms
+            return
+        elapsed = self._now_ms - peer.flow_at_ms
+        if elapsed > 0:
+            earned = elapsed * self._cfg.maxHaTransferByteInSecond / 1000
+            peer.flow_tokens = min(float(cap), peer.flow_tokens + earned)
+            peer.flow_at_ms = self._now_ms
+
+    def _flow_need(self, peer: _Peer) -> int:
+        """The next frame's length as the window and the log allow it (0: nothing to send)."""
         wanted = min(self._max, peer.ack_offset + self._cfg.haWindowBytes)
-        per_slice = self._cfg.maxHaTransferByteInSecond * FLOW_SLICE_MS // 1000
-        return peer.next_phy_offset < wanted and peer.flow_sent >= per_slice
+        return max(0, min(self._cfg.haTransferBatchSize, wanted - peer.next_phy_offset))
+
+    def _flow_shortfall(self, peer: _Peer) -> int:
+        """Bytes the bucket lacks for the next frame the window would allow (0: not held back
+        by flow control)."""
+        if not self._cfg.haFlowControlEnable or peer.flow_tokens < 0:
+            return 0
+        need = self._flow_need(peer)
+        return max(0, need - int(peer.flow_tokens)) if need else 0

@@ -14,7 +14,10 @@ box, where the slave's catch-up competes with the master for the same CPUs. *unc
 catch-up at full speed (about 250 MB/s here); its put p99 (about 10x the baseline) is reported,
 not judged. The p99 criterion compares with ``max(baseline p99, 1 ms)``: a synchronous Python
 client's baseline is well under a millisecond here and one scheduler hiccup on this VM is
-about that long. The load (2 x 250 puts/s) and the windows (8 s baseline, ~8 s capped catch-up)
+about that long. The baseline is the higher p99 of two quiet windows, one before the slave is
+stopped and one after it caught up (as long as the catch-up took): this VM's own p99 drifts
+by more than the catch-up adds (0.9 to 1.5 ms between runs here), and one window alone made
+the verdict depend on which way it drifted. The load (2 x 250 puts/s) and the windows (8 s baseline, ~8 s capped catch-up)
 give each p99 some 4 000 samples: with ~1 000, a few scheduler stalls of this shared VM decided
 it (one CI run failed so, 4.6 ms against 2.1 ms).
 """
@@ -135,6 +138,11 @@ def test_a_slave_far_behind_catches_up_under_load(tmp_path: Path, capped: bool) 
         wait_for(caught_up, 240, f"the slave to reach {target}", step_s=0.1)
         t_done = drill.history.now()
         during = _put_latencies_ms(drill.history.events, t_resume, t_done)
+        after: list[float] = []
+        if capped:  # a second quiet window, as long as the catch-up took
+            threading.Event().wait(max(BASELINE_S / 2, t_done - t_resume))
+            after = _put_latencies_ms(drill.history.events, t_done, drill.history.now())
+        reference = max(_p99(baseline), _p99(after))
         # from the first sample that moved: the time to reconnect is not transfer time
         moving = [(t, o) for t, o in samples if o > start_offset] or samples
         seconds = max(t_done - moving[0][0], 1e-3)
@@ -144,6 +152,7 @@ def test_a_slave_far_behind_catches_up_under_load(tmp_path: Path, capped: bool) 
             catch_up_mb_s=round(rate, 1),
             catch_up_s=round(t_done - t_resume, 2),
             put_p99_baseline_ms=round(_p99(baseline), 2),
+            put_p99_after_ms=round(_p99(after), 2),
             put_p99_during_ms=round(_p99(during), 2),
             puts_during=len(during),
             master_anon_growth_mb=round((peak["RssAnon"] - mem_before["RssAnon"]) / 2**20, 1),
@@ -159,9 +168,10 @@ def test_a_slave_far_behind_catches_up_under_load(tmp_path: Path, capped: bool) 
                                 " MiB during the catch-up")
             if len(during) < 10:
                 problems.append(f"only {len(during)} puts answered during the catch-up")
-            elif capped and _p99(during) > P99_FACTOR * max(_p99(baseline), 1.0):
+            elif capped and _p99(during) > P99_FACTOR * max(reference, 1.0):
                 problems.append(f"put p99 {_p99(during):.2f} ms during catch-up > "
-                                f"{P99_FACTOR}x baseline {_p99(baseline):.2f} ms")
+                                f"{P99_FACTOR}x baseline {reference:.2f} ms (before "
+                                f"{_p99(baseline):.2f}, after {_p99(after):.2f})")
             return problems
 
         result = drill.finish(m, [s], extra_checks=checks)

@@ -196,22 +196,31 @@ def test_acks_advance_and_refill_the_window() -> None:
     assert m.on_ack(P1, Ack(1, 150), now_ms=6) == []  # a heartbeat ack: nothing new
 
 
-def test_flow_control_caps_each_10ms_slice_and_resumes_at_the_next() -> None:
+def test_flow_control_sends_at_most_two_batches_at_once_and_keeps_the_rate() -> None:
     m = _master(max_phy_offset=100_000, haWindowBytes=50_000, haFlowControlEnable=True,
-                maxHaTransferByteInSecond=30_000)  # 300 bytes per 10 ms slice
+                maxHaTransferByteInSecond=30_000)  # 30 bytes a ms; batches of 100
     reads = _of(m.on_hello(P1, _hello(), now_ms=10), mc.ReadAndSend)
-    assert sum(r.length for r in reads) == 300
-    assert m.next_deadline_ms() == 20  # the next slice, before any heartbeat
-    assert _of(m.on_ack(P1, Ack(1, 300), now_ms=15), mc.ReadAndSend) == []  # held back
-    assert _of(m.tick(19), mc.ReadAndSend) == []
-    more = _of(m.tick(20), mc.ReadAndSend)
-    assert [(r.phy_offset, r.length) for r in more] == [(300, 100), (400, 100), (500, 100)]
-    # over 1 s of slices: 100 x 300 bytes, the configured rate
-    sent = 600
-    for t in range(30, 1010, 10):
-        m.on_ack(P1, Ack(1, sent), now_ms=t - 1)
-        sent += sum(r.length for r in _of(m.tick(t), mc.ReadAndSend))
-    assert sent == 30_000
+    assert [(r.phy_offset, r.length) for r in reads] == [(0, 100), (100, 100)]  # a full bucket
+    assert m.next_deadline_ms() == 14  # 100 bytes more at 30 a ms: ceil(3.3) ms later
+    assert _of(m.on_ack(P1, Ack(1, 200), now_ms=12), mc.ReadAndSend) == []  # held back
+    assert _of(m.tick(13), mc.ReadAndSend) == []  # 90 bytes: no sliver of a frame
+    more = _of(m.tick(14), mc.ReadAndSend)
+    assert [(r.phy_offset, r.length) for r in more] == [(200, 100)]
+    # a second of ticks at each deadline: the configured rate, one frame at a time
+    sent, t, largest = 300, 14, 0
+    while t < 1014:
+        t = m.next_deadline_ms()
+        actions = m.on_ack(P1, Ack(1, sent), now_ms=t) + m.tick(t)
+        burst = sum(r.length for r in _of(actions, mc.ReadAndSend))
+        largest = max(largest, burst)
+        sent += burst
+    assert 30_000 - 100 <= sent - 200 <= 30_000 + 100
+    assert largest <= 200
+    # idle: the bucket fills to two batches, never more
+    m2 = _master(max_phy_offset=0, haFlowControlEnable=True, maxHaTransferByteInSecond=30_000)
+    m2.on_hello(P1, _hello(), now_ms=0)
+    reads = _of(m2.on_log_advanced(1000), mc.ReadAndSend)
+    assert sum(r.length for r in reads) == 200
 
 
 def test_without_flow_control_the_window_alone_limits() -> None:
