@@ -381,6 +381,7 @@ class Node:
         self.slave_id = slave_id
         self.fields = {**BROKER_DEFAULTS, **fields}
         self.proc: BrokerProcess | None = None
+        self.extra_env: dict[str, str] = {}  # e.g. a skewed wall clock (row 15)
 
     @property
     def address(self) -> str:
@@ -406,7 +407,8 @@ class Node:
             fields.update(brokerId=self.slave_id, haMasterAddress=ha_address or master.ha_address)  # type: ignore[union-attr]
         else:
             fields.update(brokerId=0, haMasterAddress="")
-        proc = BrokerProcess(self.home, listenPort=self.port, brokerRole=role, **fields)
+        proc = BrokerProcess(self.home, self.extra_env, listenPort=self.port, brokerRole=role,
+                             **fields)
         self.drill.procs.append(proc)
         self.proc = proc
         proc.start()

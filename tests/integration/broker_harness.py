@@ -48,8 +48,9 @@ def _is_free(port: int) -> bool:
 
 
 class BrokerProcess:
-    def __init__(self, home: Path, **fields: Any):
+    def __init__(self, home: Path, extra_env: dict[str, str] | None = None, **fields: Any):
         self.home = home
+        self.extra_env = dict(extra_env or {})
         self.port = fields.pop("listenPort", None) or free_port()
         defaults: dict[str, Any] = {
             "listenPort": self.port,
@@ -85,7 +86,7 @@ class BrokerProcess:
                 cwd=REPO,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_child_env(),
+                env={**_child_env(), **self.extra_env},
             )
         self.wait_ready(timeout_s)
         return self
