@@ -5,8 +5,9 @@ the old master as its slave; producers and a consumer throughout) with one broke
 30 s ahead, then 30 s behind. ``clock_skew/sitecustomize.py`` skews the broker's Python wall
 clock (``time.time``/``time_ns``, ``datetime.now``) as libfaketime would, without needing it on
 the machine; monotonic clocks are untouched. The log then holds store timestamps that jump by
-a minute at every failover. The drill checks there is no safety change: lost = 0,
-unexpected = 0, byte-identical logs; and that the skew was real (records stored by the skewed
+a minute at every failover (and the IndexFile's timestamps with them). The drill checks there is
+no safety change: lost = 0, unexpected = 0, byte-identical logs, every acknowledged key found
+through the index on both replicas; and that the skew was real (records stored by the skewed
 broker carry its clock).
 """
 
@@ -20,7 +21,7 @@ import pytest
 from harness import QUEUES, TOPIC, ConsumerWorker, Drill, Node, ProducerWorker
 from replication_harness import wait_for
 
-from common.client import Consumer
+from common.client import Admin, Consumer
 
 pytestmark = [pytest.mark.drill, pytest.mark.integration]
 
@@ -91,6 +92,19 @@ def test_sync_failovers_with_one_broker_clock_skewed(tmp_path: Path, skew: float
             summary.update(skew_s=skew, stored_by_skewed=len(skewed),
                            stored_by_plain=len(plain), messages_read=len(times))
             problems = []
+            # the IndexFile too: every acknowledged key is found on both replicas
+            acked = [e["msg_id"] for e in drill.history.events
+                     if e["op"] == "put" and e["type"] == "ok"]
+            unfound = {}
+            with Admin(servers, timeout_ms=5000, retries=1) as c:
+                for node in (master, slave):
+                    unfound[node.name] = sum(
+                        1 for m in acked
+                        if not any(x.keys == m for x in c.query_by_key(TOPIC, m,
+                                                                         address=node.address)))
+            summary.update(keys_not_found=unfound)
+            if any(unfound.values()):
+                problems.append(f"acknowledged keys missing from the index: {unfound}")
             if not skewed or not plain:
                 problems.append(f"expected records stamped by both clocks: {len(skewed)} "
                                 f"skewed, {len(plain)} plain of {len(times)}")
