@@ -9,7 +9,9 @@ Measured for 128 B and 1 KiB bodies, in one run:
 | async64   | ``Producer.send_async``, 64 in flight| echo, 64 in flight; Redis XADD pipelined 64|
 |           | (keyless: the producer's own sticky  |                                           |
 |           | queue choice, as Kafka's producer)   |                                           |
-| batch64   | ``Producer.send_batch`` of 64        | echo of 64-frame messages; Redis pipe 64  |
+| batch64   | ``Producer.send_batch`` of 64        | echo of one 64-body frame (the bodies     |
+|           |                                      | travel packed, as SEND_BATCH sends them); |
+|           |                                      | Redis pipe 64                             |
 
 The broker (ASYNC_MASTER, ASYNC_FLUSH), the echo server and ``redis-server`` (Debian's, started
 here on a free port with persistence off) each run in their own process. Prints msgs/s, MB/s,
@@ -108,15 +110,17 @@ def _echo_server(port: int, ready: multiprocessing.synchronize.Event) -> None:  
 
 
 def echo_run(
-    address: str, size: int, count: int, window: int, frames_per_msg: int, name: str
+    address: str, size: int, count: int, window: int, bodies_per_msg: int, name: str
 ) -> Figure:
+    """Requests of one header frame and one frame of ``bodies_per_msg`` bodies back to back
+    (the shape of SEND and SEND_BATCH on the wire), ``window`` in flight."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.connect(f"tcp://{address}")
-    msg = [b"h" * 16] + [b"x" * size] * frames_per_msg
+    msg = [b"h" * 16, b"x" * (size * bodies_per_msg)]
     sent_at: list[float] = []
     lat = []
-    requests = count // frames_per_msg
+    requests = count // bodies_per_msg
     start = time.perf_counter()
     inflight = received = sent = 0
     while received < requests:
@@ -132,7 +136,7 @@ def echo_run(
     seconds = time.perf_counter() - start
     sock.close(linger=0)
     ctx.term()
-    return Figure(name, requests * frames_per_msg, seconds, lat, size)
+    return Figure(name, requests * bodies_per_msg, seconds, lat, size)
 
 
 # ---- redis ----------------------------------------------------------------------------------------
@@ -208,7 +212,7 @@ def run_size(p: Producer, size: int, echo_port: int, redis_port: int) -> None:
     batch = replog_batch(p, size, n(200_000))
     echo1 = echo_run(echo_addr, size, n(5000), 1, 1, "echo x1")
     echo64 = echo_run(echo_addr, size, n(50_000), WINDOW, 1, "echo 64 in flight")
-    echob = echo_run(echo_addr, size, n(200_000), 1, BATCH, "echo 64-frame msg")
+    echob = echo_run(echo_addr, size, n(200_000), 1, BATCH, "echo 64 bodies packed")
     r1 = r64 = None
     if redis_port:
         r1 = redis_run(redis_port, size, n(5000), 1)
