@@ -356,6 +356,36 @@ def check_total_queue(
     }
 
 
+def ok_puts(history: History) -> int:
+    """How many puts have had SEND_OK so far."""
+    return sum(1 for e in history.events if e["op"] == "put" and e["type"] == "ok")
+
+
+def wait_more_puts(history: History, n: int, timeout_s: float = 20.0) -> None:
+    """Until ``n`` more puts have SEND_OK (the workload is really running)."""
+    start = ok_puts(history)
+    wait_for(lambda: ok_puts(history) >= start + n, timeout_s, f"{n} more SEND_OK puts",
+             step_s=0.05)
+
+
+def put_latencies_ms(
+    events: list[dict[str, Any]], t0: float, t1: float = float("inf")
+) -> list[float]:
+    """Sorted latencies (ms) of the puts invoked in [t0, t1) that got SEND_OK."""
+    invoked: dict[str, float] = {}
+    out = []
+    for e in events:
+        if e["op"] != "put":
+            continue
+        if e["type"] == "invoke":
+            invoked[e["msg_id"]] = e["t"]
+        elif e["type"] == "ok":
+            t = invoked.get(e["msg_id"])
+            if t is not None and t0 <= t < t1:
+                out.append((e["t"] - t) * 1000)
+    return sorted(out)
+
+
 def rto_after(events: list[dict[str, Any]], t_fault: float) -> float | None:
     """Seconds from a fault to the first SEND_OK invoked after it (None: none)."""
     invoked: dict[str, float] = {}

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import ConsumerWorker, Drill, Node, ProducerWorker
-from replication_harness import wait_for
+from harness import ConsumerWorker, Drill, Node, ProducerWorker, wait_more_puts
 
 pytestmark = [pytest.mark.drill, pytest.mark.integration]
 
@@ -44,10 +43,6 @@ def _recovered_max(node: Node) -> int:
     found = _STARTED.findall(node.log_text())
     assert found, "no store_started line in the broker log"
     return int(found[-1][0])
-
-
-def _ok_puts(drill: Drill) -> int:
-    return sum(1 for e in drill.history.events if e["op"] == "put" and e["type"] == "ok")
 
 
 def _pct(values: list[int], q: float) -> int:
@@ -72,8 +67,7 @@ def test_async_loss_window_is_measured_and_explained(tmp_path: Path) -> None:
         term_from = drill.history.now()
         kills: list[dict[str, Any]] = []
         for cycle in range(CYCLES):
-            start = _ok_puts(drill)
-            wait_for(lambda start=start: _ok_puts(drill) >= start + 40, 30, "40 more SEND_OK")
+            wait_more_puts(drill.history, 40, 30)
             threading.Event().wait(drill.rng.uniform(0.5, 2.5))
             seen = master.status()
             lag_seen = max((seen["maxPhyOffset"] - s["ackOffset"] for s in seen["slaves"]),
@@ -90,8 +84,7 @@ def test_async_loss_window_is_measured_and_explained(tmp_path: Path) -> None:
             drill.wait_slave_in_sync(slave)
             master, slave = slave, master
             term_from = drill.history.now()
-        last = _ok_puts(drill)
-        wait_for(lambda: _ok_puts(drill) >= last + 40, 30, "puts after the last kill")
+        wait_more_puts(drill.history, 40, 30)
 
         # Acknowledged puts of each killed term at or past the new epoch's start: the window.
         window: dict[str, int] = {}  # msg_id -> kill index

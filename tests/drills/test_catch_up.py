@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Drill, Node, ProducerWorker
+from harness import Drill, Node, ProducerWorker, put_latencies_ms
 from replication_harness import wait_for
 
 from common.client import Producer
@@ -58,22 +58,6 @@ def _memory(pid: int) -> dict[str, int]:
             if key in ("RssAnon", "RssFile"):
                 out[key] = int(value.split()[0]) * 1024
     return out
-
-
-def _put_latencies_ms(events: list[dict[str, Any]], t0: float, t1: float) -> list[float]:
-    """Latencies of the puts invoked in [t0, t1) that got SEND_OK."""
-    invoked: dict[str, float] = {}
-    out = []
-    for e in events:
-        if e["op"] != "put":
-            continue
-        if e["type"] == "invoke":
-            invoked[e["msg_id"]] = e["t"]
-        elif e["type"] == "ok":
-            t = invoked.get(e["msg_id"])
-            if t is not None and t0 <= t < t1:
-                out.append((e["t"] - t) * 1000)
-    return sorted(out)
 
 
 def _p99(values: list[float]) -> float:
@@ -112,7 +96,7 @@ def test_a_slave_far_behind_catches_up_under_load(tmp_path: Path, capped: bool) 
         threading.Event().wait(1.0)  # connections up: keep discovery out of the baseline
         t_base = drill.history.now()
         threading.Event().wait(BASELINE_S)
-        baseline = _put_latencies_ms(drill.history.events, t_base, drill.history.now())
+        baseline = put_latencies_ms(drill.history.events, t_base, drill.history.now())
         mem_before = _memory(m.pid)
 
         s.pause()
@@ -137,11 +121,11 @@ def test_a_slave_far_behind_catches_up_under_load(tmp_path: Path, capped: bool) 
 
         wait_for(caught_up, 240, f"the slave to reach {target}", step_s=0.1)
         t_done = drill.history.now()
-        during = _put_latencies_ms(drill.history.events, t_resume, t_done)
+        during = put_latencies_ms(drill.history.events, t_resume, t_done)
         after: list[float] = []
         if capped:  # a second quiet window, as long as the catch-up took
             threading.Event().wait(max(BASELINE_S / 2, t_done - t_resume))
-            after = _put_latencies_ms(drill.history.events, t_done, drill.history.now())
+            after = put_latencies_ms(drill.history.events, t_done, drill.history.now())
         reference = max(_p99(baseline), _p99(after))
         # from the first sample that moved: the time to reconnect is not transfer time
         moving = [(t, o) for t, o in samples if o > start_offset] or samples

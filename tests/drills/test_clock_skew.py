@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import QUEUES, TOPIC, ConsumerWorker, Drill, Node, ProducerWorker
-from replication_harness import wait_for
+from harness import QUEUES, TOPIC, ConsumerWorker, Drill, Node, ProducerWorker, wait_more_puts
 
 from common.client import Admin, Consumer
 
@@ -34,10 +33,6 @@ SKEW_S = 30.0
 def _skew(node: Node, seconds: float) -> None:
     node.extra_env = {"PYTHONPATH": f"{SKEW_DIR}{os.pathsep}{REPO}",
                       "DRILL_CLOCK_SKEW_S": str(seconds)}
-
-
-def _ok_puts(drill: Drill) -> int:
-    return sum(1 for e in drill.history.events if e["op"] == "put" and e["type"] == "ok")
 
 
 def _store_times_s(address: str) -> list[float]:
@@ -73,15 +68,13 @@ def test_sync_failovers_with_one_broker_clock_skewed(tmp_path: Path, skew: float
         drill.add_worker(ConsumerWorker(drill.history, servers))
         master, slave = a, b
         for cycle in range(CYCLES * 2):  # each broker is killed as master CYCLES times
-            start = _ok_puts(drill)
-            wait_for(lambda start=start: _ok_puts(drill) >= start + 30, 30, "30 more SEND_OK")
+            wait_more_puts(drill.history, 30, 30)
             master.kill()
             drill.promote(slave, cli=cycle % 2 == 0)
             master.start("SLAVE", master=slave)
             drill.wait_slave_in_sync(slave)
             master, slave = slave, master
-        last = _ok_puts(drill)
-        wait_for(lambda: _ok_puts(drill) >= last + 30, 30, "puts after the last failover")
+        wait_more_puts(drill.history, 30, 30)
         wall_to = time.time()
 
         def checks(summary: dict[str, object]) -> list[str]:

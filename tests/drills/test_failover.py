@@ -25,6 +25,7 @@ from harness import (
     ProducerWorker,
     burst,
     make_body,
+    wait_more_puts,
 )
 from replication_harness import commitlog_digest, wait_for
 
@@ -48,17 +49,7 @@ def _load(drill: Drill, nodes: list[Node], producers: int = PRODUCERS, rate: flo
 
 
 def _wait_puts(drill: Drill, n: int, timeout_s: float = 20.0) -> None:
-    """Until ``n`` more puts have SEND_OK (the workload is really running)."""
-    start = sum(1 for e in drill.history.events if e["op"] == "put" and e["type"] == "ok")
-    wait_for(
-        lambda: (
-            sum(1 for e in drill.history.events if e["op"] == "put" and e["type"] == "ok")
-            >= start + n
-        ),
-        timeout_s,
-        f"{n} more SEND_OK puts",
-        step_s=0.05,
-    )
+    wait_more_puts(drill.history, n, timeout_s)
 
 
 def _random_wait(drill: Drill, low: float, high: float) -> None:

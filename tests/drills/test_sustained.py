@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Drill, Node, ProducerWorker
+from harness import Drill, Node, ProducerWorker, put_latencies_ms
 
 pytestmark = [pytest.mark.drill, pytest.mark.integration]
 
@@ -87,19 +87,6 @@ class Sampler(threading.Thread):
                 self.samples[name].append((t, *_anon_and_fds(pid, root)))
 
 
-def _latencies_ms(events: list[dict[str, Any]], t0: float) -> list[float]:
-    invoked: dict[str, float] = {}
-    out = []
-    for e in events:
-        if e["op"] != "put":
-            continue
-        if e["type"] == "invoke":
-            invoked[e["msg_id"]] = e["t"]
-        elif e["type"] == "ok" and invoked.get(e["msg_id"], -1.0) >= t0:
-            out.append((e["t"] - invoked[e["msg_id"]]) * 1000)
-    return sorted(out)
-
-
 @pytest.mark.timeout(DURATION_S * 2 + 180)
 @pytest.mark.parametrize(("role", "rate"), [("ASYNC_MASTER", 2000.0), ("SYNC_MASTER", 500.0)],
                          ids=["async-2000", "sync-500"])
@@ -129,7 +116,7 @@ def test_sustained_load_keeps_rate_memory_and_descriptors_flat(tmp_path: Path, r
             acked = sum(1 for e in events
                         if e["op"] == "put" and e["type"] == "ok" and t_warm <= e["t"] < t_end)
             achieved = acked / (t_end - t_warm)
-            lat = _latencies_ms(events, t_warm)
+            lat = put_latencies_ms(events, t_warm)
             memory = {}
             problems = []
             for name, rows in sampler.samples.items():
