@@ -239,7 +239,8 @@ class CommitLog:
         if isinstance(item, PutResult):
             return item
         born = born_timestamp or time.time_ns() // 1_000_000
-        return self._write(msg.topic, queue_id, [item], item[0], born, born_ip, born_port)
+        return self._write(msg.topic, topic_part, queue_id, [item], item[0], born, born_ip,
+                           born_port)
 
     def put_batch(self, topic: str, queue_id: int, msgs: Sequence[Message | bytes],
                   born_ip: bytes = LOCALHOST, born_port: int = 0,
@@ -283,10 +284,10 @@ class CommitLog:
             return refused(PutStatus.MESSAGE_ILLEGAL,
                            f"batch of {total} bytes cannot fit in a segment of {self.file_size}")
         born = born_timestamp or time.time_ns() // 1_000_000
-        return self._write(topic, queue_id, items, total, born, born_ip, born_port)
+        return self._write(topic, topic_part, queue_id, items, total, born, born_ip, born_port)
 
-    def _write(self, topic: str, queue_id: int, items: list[tuple], total: int, born: int,
-               born_ip: bytes, born_port: int) -> PutResult:
+    def _write(self, topic: str, topic_part: bytes, queue_id: int, items: list[tuple],
+               total: int, born: int, born_ip: bytes, born_port: int) -> PutResult:
         """Encode the records under the put lock and copy them into the last segment at once.
 
         Each record is built as bytes (header, body, topic and properties, then the whole-record
@@ -302,9 +303,8 @@ class CommitLog:
         store_ip, store_port = self.store_ip, self.store_port
         sealed = bool(self._crc_len)
         crc32 = zlib.crc32
-        crc_prefix = record.PROP_CRC_PREFIX
-        topic_part = self._topic_part(topic)
-        plain_tail = len(topic_part) + 2 + self._crc_len if isinstance(topic_part, bytes) else -1
+        crc_entry = record.crc_entry
+        plain_tail = len(topic_part) + 2 + self._crc_len  # the tail of a record without props
         with self.put_lock:
             self._lock_since = time.monotonic()
             try:
@@ -331,7 +331,7 @@ class CommitLog:
                 if sealed:
                     rec = head + body + tail[:-record.PROP_CRC_LEN]
                     whole = crc32(rec) & 0x7FFFFFFF
-                    put_part(rec + crc_prefix + record.crc_digits(whole) + b"\x02")
+                    put_part(rec + crc_entry(whole))
                 else:
                     put_part(head + body + tail)
                 entries.append((phy, size, 0))

@@ -80,11 +80,15 @@ def crc_digits(crc: int) -> bytes:
     return (b"%010d" % crc)[::-1]
 
 
+def crc_entry(crc: int) -> bytes:
+    """The 20-byte properties entry holding the whole-record CRC ``crc``."""
+    return PROP_CRC_PREFIX + crc_digits(crc) + b"\x02"
+
+
 def seal(buf: bytearray | memoryview, pos: int, size: int) -> None:
     """Write the whole-record CRC into the reserved tail of the record at ``pos``."""
-    crc = zlib.crc32(buf[pos : pos + size - PROP_CRC_LEN]) & 0x7FFFFFFF
-    start = pos + size - PROP_CRC_LEN + len(PROP_CRC_PREFIX)
-    buf[start : start + 10] = crc_digits(crc)
+    end = pos + size - PROP_CRC_LEN
+    buf[end : end + PROP_CRC_LEN] = crc_entry(zlib.crc32(buf[pos:end]) & 0x7FFFFFFF)
 
 
 def has_prop_crc(buf: bytes | bytearray | memoryview, pos: int, total: int) -> bool:
