@@ -30,6 +30,8 @@ def test_promoted_replica_continues_queue_offsets(tmp_path: Path) -> None:
     try:
         for i in range(100):
             assert master.put(Message("orders", b"m%d" % i, keys=f"k{i}"), i % 3).ok
+        # the expected offsets are read from the master's ConsumeQueues: reput must be done
+        assert master.wait_dispatched(master.max_phy_offset)
         offset = 0
         while offset < master.max_phy_offset:  # what the HA client does
             chunk = master.read_committed(offset, 1000)
