@@ -538,6 +538,22 @@ class Drill:
         self.faults.append(fault)
         return doc
 
+    def start_group(self, master: Node, role: str, *slaves: Node) -> None:
+        """``master`` in ``role``, ``slaves`` replicating from it, at least one in sync."""
+        master.start(role)
+        for slave in slaves:
+            slave.start("SLAVE", master=master)
+        self.wait_slave_in_sync(master)
+
+    def add_load(self, servers: list[str], producers: int, rate: float, size: int = 512,
+                 consumer: bool = True) -> None:
+        """``producers`` workers of ``rate`` puts/s each through the client, and a consumer."""
+        for i in range(producers):
+            self.add_worker(ProducerWorker(self.history, servers, f"p{i}", rate, size=size,
+                                           seed=self.seed))
+        if consumer:
+            self.add_worker(ConsumerWorker(self.history, servers))
+
     def wait_slave_in_sync(self, master: Node, timeout_s: float = 30.0) -> dict[str, Any]:
         def ready() -> dict[str, Any] | None:
             for s in master.status()["slaves"]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import ConsumerWorker, Drill, Node, ProducerWorker, wait_more_puts
+from harness import Drill, Node, wait_more_puts
 
 pytestmark = [pytest.mark.drill, pytest.mark.integration]
 
@@ -55,14 +55,9 @@ def test_async_loss_window_is_measured_and_explained(tmp_path: Path) -> None:
     with Drill("async-loss-window", tmp_path) as drill:
         a = drill.node("a", slave_id=1)
         b = drill.node("b", slave_id=2)
-        a.start("ASYNC_MASTER")
-        b.start("SLAVE", master=a)
-        drill.wait_slave_in_sync(a)
+        drill.start_group(a, "ASYNC_MASTER", b)
         servers = [a.address, b.address]
-        for i in range(PRODUCERS):
-            drill.add_worker(ProducerWorker(drill.history, servers, f"p{i}", RATE,
-                                            seed=drill.seed))
-        drill.add_worker(ConsumerWorker(drill.history, servers))
+        drill.add_load(servers, PRODUCERS, RATE)
         master, slave = a, b
         term_from = drill.history.now()
         kills: list[dict[str, Any]] = []

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Drill, Node, ProducerWorker, put_latencies_ms
+from harness import Drill, Node, put_latencies_ms
 from replication_harness import wait_for
 
 from common.client import Producer
@@ -86,13 +86,9 @@ def test_a_slave_far_behind_catches_up_under_load(tmp_path: Path, capped: bool) 
         ha = {"mappedFileSizeCommitLog": SEGMENT, **flow}
         m = drill.node("m", slave_id=1, **ha)
         s = drill.node("s", slave_id=2, **ha)
-        m.start("ASYNC_MASTER")
-        s.start("SLAVE", master=m)
-        drill.wait_slave_in_sync(m)
+        drill.start_group(m, "ASYNC_MASTER", s)
         servers = [m.address, s.address]
-        for i in range(PRODUCERS):
-            drill.add_worker(ProducerWorker(drill.history, servers, f"p{i}", RATE,
-                                            seed=drill.seed))
+        drill.add_load(servers, PRODUCERS, RATE, consumer=False)
         threading.Event().wait(1.0)  # connections up: keep discovery out of the baseline
         t_base = drill.history.now()
         threading.Event().wait(BASELINE_S)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import QUEUES, TOPIC, ConsumerWorker, Drill, Node, ProducerWorker, wait_more_puts
+from harness import QUEUES, TOPIC, Drill, Node, wait_more_puts
 
 from common.client import Admin, Consumer
 
@@ -58,14 +58,9 @@ def test_sync_failovers_with_one_broker_clock_skewed(tmp_path: Path, skew: float
         a = drill.node("a", slave_id=1)
         b = drill.node("b", slave_id=2)
         _skew(a, skew)
-        a.start("SYNC_MASTER")
-        b.start("SLAVE", master=a)
-        drill.wait_slave_in_sync(a)
+        drill.start_group(a, "SYNC_MASTER", b)
         servers = [a.address, b.address]
-        for i in range(3):
-            drill.add_worker(ProducerWorker(drill.history, servers, f"p{i}", 60.0,
-                                            seed=drill.seed))
-        drill.add_worker(ConsumerWorker(drill.history, servers))
+        drill.add_load(servers, 3, 60.0)
         master, slave = a, b
         for cycle in range(CYCLES * 2):  # each broker is killed as master CYCLES times
             wait_more_puts(drill.history, 30, 30)

@@ -19,7 +19,6 @@ from harness import (
     QUEUES,
     SEGMENT_BYTES,
     TOPIC,
-    ConsumerWorker,
     Drill,
     Node,
     ProducerWorker,
@@ -42,10 +41,7 @@ RATE = 60.0  # puts/s per producer (2-core CI box running two brokers and the cl
 
 
 def _load(drill: Drill, nodes: list[Node], producers: int = PRODUCERS, rate: float = RATE) -> None:
-    servers = [n.address for n in nodes]
-    for i in range(producers):
-        drill.add_worker(ProducerWorker(drill.history, servers, f"p{i}", rate, seed=drill.seed))
-    drill.add_worker(ConsumerWorker(drill.history, servers))
+    drill.add_load([n.address for n in nodes], producers, rate)
 
 
 def _wait_puts(drill: Drill, n: int, timeout_s: float = 20.0) -> None:
@@ -66,9 +62,7 @@ def test_sync_no_acked_loss_across_failovers(tmp_path: Path) -> None:
     with Drill("sync-failover", tmp_path) as drill:
         a = drill.node("a", slave_id=1)
         b = drill.node("b", slave_id=2)
-        a.start("SYNC_MASTER")
-        b.start("SLAVE", master=a)
-        drill.wait_slave_in_sync(a)
+        drill.start_group(a, "SYNC_MASTER", b)
         _load(drill, [a, b])
         master, slave = a, b
         for cycle in range(CYCLES):
@@ -106,9 +100,7 @@ def test_sync_paused_master_is_fenced(tmp_path: Path) -> None:
     with Drill("sync-zombie", tmp_path) as drill:
         a = drill.node("a", slave_id=1)
         b = drill.node("b", slave_id=2)
-        a.start("SYNC_MASTER")
-        b.start("SLAVE", master=a)
-        drill.wait_slave_in_sync(a)
+        drill.start_group(a, "SYNC_MASTER", b)
         _load(drill, [a, b], producers=3)
         drill.add_worker(ProducerWorker(drill.history, [a.address], "zombie-writer", 30.0))
         _wait_puts(drill, 30)
@@ -347,10 +339,7 @@ def test_writes_to_a_slave_are_refused_also_during_promotion(tmp_path: Path) -> 
         m = drill.node("m", slave_id=9)
         s1 = drill.node("s1", slave_id=1)
         s2 = drill.node("s2", slave_id=2)
-        m.start("SYNC_MASTER")
-        s1.start("SLAVE", master=m)
-        s2.start("SLAVE", master=m)
-        drill.wait_slave_in_sync(m)
+        drill.start_group(m, "SYNC_MASTER", s1, s2)
         burst(drill.history, [m.address], "before", 300, 256, drill.rng)
         top = drill.wait_converged(m, [s1, s2])
         problems: list[str] = []
@@ -520,9 +509,7 @@ def test_promoted_slave_opens_a_fresh_epoch(tmp_path: Path, rejoined: bool) -> N
     with Drill(name, tmp_path) as drill:
         a = drill.node("a", slave_id=1)
         b = drill.node("b", slave_id=2)
-        a.start("SYNC_MASTER")
-        b.start("SLAVE", master=a)
-        drill.wait_slave_in_sync(a)
+        drill.start_group(a, "SYNC_MASTER", b)
         burst(drill.history, [a.address], "first", 200, 300, drill.rng)
         drill.wait_converged(a, [b])
         a.kill()

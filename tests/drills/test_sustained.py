@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Drill, Node, ProducerWorker, put_latencies_ms
+from harness import Drill, Node, put_latencies_ms
 
 pytestmark = [pytest.mark.drill, pytest.mark.integration]
 
@@ -95,16 +95,12 @@ def test_sustained_load_keeps_rate_memory_and_descriptors_flat(tmp_path: Path, r
     with Drill(f"sustained-{role.split('_')[0].lower()}", tmp_path) as drill:
         m = drill.node("m", slave_id=1, mappedFileSizeCommitLog=SEGMENT)
         s = drill.node("s", slave_id=2, mappedFileSizeCommitLog=SEGMENT)
-        m.start(role)
-        s.start("SLAVE", master=m)
-        drill.wait_slave_in_sync(m)
+        drill.start_group(m, role, s)
         sampler = Sampler(drill, [m, s])
         sampler.start()
         servers = [m.address, s.address]
         t_start = drill.history.now()
-        for i in range(PRODUCERS):
-            drill.add_worker(ProducerWorker(drill.history, servers, f"p{i}", rate / PRODUCERS,
-                                            size=BODY, seed=drill.seed))
+        drill.add_load(servers, PRODUCERS, rate / PRODUCERS, size=BODY, consumer=False)
         threading.Event().wait(DURATION_S)
         t_end = drill.history.now()
         sampler.stop_event.set()
