@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import StoreError
 from common.message import Message
 from common.store import native
 from common.store.allocate import PREFAULT_AHEAD, AllocateService
@@ -154,3 +155,45 @@ def test_an_empty_replicated_append_changes_nothing(tmp_path: Path) -> None:
     finally:
         allocate.shutdown()
         log.queue.files[-1].close()
+
+
+def _open_fds() -> set[str]:
+    import os
+
+    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
+def test_appends_through_the_file_are_seen_by_the_mapping_and_flushed(tmp_path: Path) -> None:
+    size = 64 << 10
+    mf = _segment(tmp_path, size=size)
+    try:
+        chunks = [bytes([i]) * 20_000 for i in range(1, 4)]
+        assert mf.append(b"head") == 0  # mixing both kinds of append is fine
+        pos = 4
+        for chunk in chunks:
+            assert mf.append_through_file(chunk) == pos
+            pos += len(chunk)
+            assert mf.wrote_position == pos
+            assert bytes(mf.view(pos - len(chunk), len(chunk))) == chunk  # same page cache
+        assert str(mf.path) in _open_fds()  # kept open while the segment is being written
+        with pytest.raises(StoreError):
+            mf.append_through_file(b"x" * (size - pos + 1))
+        assert mf.wrote_position == pos  # a refused append moves nothing
+        rest = b"\xee" * (size - pos)
+        mf.append_through_file(rest)
+        assert mf.is_full()
+        assert mf.flush() == size
+        with open(mf.path, "rb") as f:
+            assert f.read() == b"head" + b"".join(chunks) + rest
+    finally:
+        mf.close()
+    assert str(mf.path) not in _open_fds()  # closed once full (and on close)
+
+
+def test_a_segment_closed_mid_write_releases_its_write_descriptor(tmp_path: Path) -> None:
+    mf = _segment(tmp_path)
+    mf.append_through_file(b"abc")
+    mf.close()
+    assert str(mf.path) not in _open_fds()
