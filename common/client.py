@@ -46,6 +46,7 @@ from typing import Any, NamedTuple, cast
 import zmq
 
 from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.futures import LightFuture
 from common.message import Message, MessageExt
 from common.protocol import (
     Limits,
@@ -340,7 +341,7 @@ class Transport:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
     ) -> concurrent.futures.Future[Response]:
         """Send one request; the future resolves with the Response or a BrokerError."""
-        fut: concurrent.futures.Future[Response] = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Response] = LightFuture()
         opaque = next(self._opaques)  # itertools.count is atomic under the GIL
         frames = encode_request(code, opaque, fields, bodies)
         self._submit(_Call(address, frames, fut, timeout_ms, opaque))
@@ -631,7 +632,7 @@ class Transport:
         if any(i.meta is not None for i in items):
             fields["meta"] = [i.meta for i in items]
         code = RequestCode.SEND_BATCH
-        fut: concurrent.futures.Future[Response] = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Response] = LightFuture()
         opaque = next(self._opaques)
         frames = encode_request(code, opaque, fields, pack_bodies(fields, [i.body for i in items]))
         call = _Call(address, frames, fut, self._batch_timeout_ms, opaque)
@@ -972,7 +973,7 @@ class Producer(_Base):
             msg = Message(topic, body, tags, keys, dict(properties or {}))
             self._check(msg)
             meta = _message_meta(msg)
-        future: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        future: concurrent.futures.Future[SendResult] = LightFuture()
         item = _Item("", topic, 0, bytes(body), meta, future, 0.0, queue_id, 0, self._on_item_error)
         try:
             self._route(item)
