@@ -290,8 +290,9 @@ class CommitLog:
                total: int, born: int, born_ip: bytes, born_port: int) -> PutResult:
         """Encode the records under the put lock and copy them into the last segment at once.
 
-        Each record is built as bytes (header, body, topic and properties, then the whole-record
-        CRC over them) and the write is one slice assignment into the mapping. When no record
+        Each record is a few pieces (header, body, topic and properties, then the whole-record
+        CRC, computed over the pieces in turn); the pieces of the whole write are joined once and
+        copied into the mapping with one slice assignment. When no record
         carries user properties, the write also leaves a WriteDigest for reput.
         """
         since = self._lock_since
@@ -301,7 +302,8 @@ class CommitLog:
         pack = record.HEADER.pack
         magic = record.MAGIC_V1
         store_ip, store_port = self.store_ip, self.store_port
-        sealed = bool(self._crc_len)
+        crc_len = self._crc_len
+        sealed = bool(crc_len)
         crc32 = zlib.crc32
         crc_entry = record.crc_entry
         plain_tail = len(topic_part) + 2 + self._crc_len  # the tail of a record without props
@@ -321,19 +323,19 @@ class CommitLog:
             pos = first_pos = mf.wrote_position
             ts = time.time_ns() // 1_000_000
             parts: list[bytes] = []
-            put_part = parts.append
+            add_parts = parts.extend
             entries: list[tuple[int, int, int]] = []
             plain = True
             for size, crc, flag, body, tail in items:
                 phy = base + pos
                 head = pack(size, magic, crc, queue_id, flag, queue_offset, phy, 0, born, born_ip,
                             born_port, ts, store_ip, store_port, 0, 0, len(body))
-                if sealed:
-                    rec = head + body + tail[:-record.PROP_CRC_LEN]
-                    whole = crc32(rec) & 0x7FFFFFFF
-                    put_part(rec + crc_entry(whole))
+                if sealed:  # the CRC runs over the pieces; the join below is the one copy
+                    front = tail[:-crc_len]
+                    whole = crc32(front, crc32(body, crc32(head))) & 0x7FFFFFFF
+                    add_parts((head, body, front, crc_entry(whole)))
                 else:
-                    put_part(head + body + tail)
+                    add_parts((head, body, tail))
                 entries.append((phy, size, 0))
                 plain = plain and len(tail) == plain_tail
                 pos += size
