@@ -57,6 +57,7 @@ from common.protocol import (
     decode_response,
     encode_request,
 )
+from common.zmq_frames import POLLIN, POLLOUT, send_frames
 
 DEFAULT_TIMEOUT_MS = 10_000
 DISCOVERY_TIMEOUT_MS = 2_000
@@ -368,7 +369,7 @@ class Transport:
         frames = encode_request(code, opaque, fields, bodies)
         while True:  # ZMQ_IMMEDIATE: no connection yet -> Again; wait for it up to the deadline
             try:
-                sock.send_multipart(frames, zmq.NOBLOCK)
+                send_frames(sock, frames)
                 break
             except zmq.Again:
                 left_ms = int((deadline - time.monotonic()) * 1000)
@@ -492,9 +493,9 @@ class Transport:
         self._drain_inbox()
         for sock, mask in events.items():
             if isinstance(sock, zmq.Socket):
-                if mask & zmq.POLLIN:
+                if mask & POLLIN:
                     self._receive(sock)
-                if mask & zmq.POLLOUT:
+                if mask & POLLOUT:
                     self._flush_backlog(self._addresses[sock])
         now = time.monotonic()
         self._send_ready_batches(now)
@@ -544,7 +545,7 @@ class Transport:
 
     def _try_send(self, call: _Call) -> bool:
         try:
-            self._socket(call.address).send_multipart(call.frames, zmq.NOBLOCK)
+            send_frames(self._socket(call.address), call.frames)
             return True
         except zmq.Again:
             return False

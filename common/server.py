@@ -70,6 +70,7 @@ from common.protocol import (
     encode_response,
     error_response,
 )
+from common.zmq_frames import send_frames
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
@@ -658,7 +659,7 @@ class RequestServer:
 
     def _send(self, sock: zmq.Socket[bytes], identity: bytes, frames: list[bytes]) -> None:
         try:
-            sock.send_multipart([identity, *frames], zmq.NOBLOCK)
+            send_frames(sock, frames, identity)
         except zmq.Again:
             log_event(log, "answer_dropped", logging.WARNING, reason="peer not reading")
         except zmq.ZMQError as e:

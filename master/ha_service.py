@@ -65,6 +65,7 @@ from common.ha import term
 from common.ha.protocol import HAProtocolError, Limits, decode
 from common.loop import LoopHost, ParticipantThread
 from common.server import log_event
+from common.zmq_frames import POLLIN, send_frames
 from master.group_transfer import GroupTransfer
 
 log = logging.getLogger("replog.ha_service")
@@ -254,7 +255,7 @@ class HaService:
 
     def on_events(self, sock: zmq.Socket[Any], events: int) -> None:
         actions = self._log_actions()
-        if events & zmq.POLLIN:
+        if events & POLLIN:
             actions.extend(self._receive(sock))
         if self._backlog:
             self._flush_backlogs(sock)
@@ -409,7 +410,7 @@ class HaService:
             frames = list(action.frames)
             size = 0
         try:
-            sock.send_multipart([action.peer_id, *frames], zmq.NOBLOCK)
+            send_frames(sock, frames, action.peer_id)
         except zmq.ZMQError as e:
             if e.errno == errno.EAGAIN:
                 self.stats.eagain += 1

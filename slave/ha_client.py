@@ -55,6 +55,7 @@ from common.ha import slave_core as sc
 from common.ha import term
 from common.ha.protocol import Ack, HAProtocolError, Limits, decode, encode_header
 from common.server import log_event
+from common.zmq_frames import send_frames
 
 log = logging.getLogger("replog.ha_client")
 
@@ -340,7 +341,7 @@ class HaClient:
     def _send(self, frames: tuple[bytes | memoryview, ...]) -> None:
         assert self._sock is not None
         try:
-            self._sock.send_multipart(list(frames), zmq.NOBLOCK)
+            send_frames(self._sock, frames)
         except zmq.Again:
             self.stats.dropped_sends += 1  # not connected and queue full: the core re-sends
 
