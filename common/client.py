@@ -212,6 +212,10 @@ class _Wakeup:
         return self._r
 
     def wake(self) -> None:
+        if self._pending:
+            # A byte is in the pipe and the I/O thread has not cleared it yet. It clears before
+            # it drains its inbox, so what our caller queued before this call is seen then.
+            return
         with self._lock:
             if self._pending or self._closed:
                 return  # closed: the descriptors may already belong to another file
