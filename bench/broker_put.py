@@ -193,7 +193,7 @@ def main() -> int:
         if redis_proc is not None:
             children.append(lambda: _stop(redis_proc))
         print(f"replog put benchmark (broker {address}, scale {SCALE}, {os.cpu_count()} CPUs)")
-        with Producer([address], max_batches_in_flight=1) as p:
+        with Producer([address]) as p:
             p.send("bench", b"warm-up", queue_id=0)
             for size in SIZES:
                 run_size(p, size, echo_port, redis_port)

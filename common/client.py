@@ -23,10 +23,14 @@ Threads and sockets::
   master with the highest epoch; a timeout or SERVICE_NOT_AVAILABLE / STALE_EPOCH answer drops
   the cached master so the next attempt discovers again.
 * ``Producer.send_async`` coalesces like Kafka's producer: messages for the same queue
-  accumulate while that queue has a batch in flight (at most ``max_batches_in_flight`` per queue,
-  which also keeps a queue's order) and leave as one SEND_BATCH of at most ``batch_size``
-  messages, or after ``linger_ms``. Retries (only of errors marked retriable, at most
-  ``retries``, with backoff) run on one small retry thread, never on the I/O thread.
+  accumulate while that queue has batches in flight (at most ``max_batches_in_flight`` per
+  queue, default 2: while one batch waits for its answer, for a SYNC_MASTER the slave's ack, the
+  next one is already being stored) and leave as one SEND_BATCH of at most ``batch_size``
+  messages, or after ``linger_ms``. A queue's batches travel on one socket to one broker, which
+  stores them in the order sent, so a queue keeps its order; a batch that fails and is retried
+  lands after what was sent meanwhile (with any setting, as in Kafka without idempotence).
+  Retries (only of errors marked retriable, at most ``retries``, with backoff) run on one small
+  retry thread, never on the I/O thread.
 """
 
 from __future__ import annotations
@@ -299,7 +303,7 @@ class Transport:
         batch_size: int = 64,
         batch_bytes: int = 1024 * 1024,
         linger_ms: float = 0.0,
-        max_batches_in_flight: int = 1,
+        max_batches_in_flight: int = 2,
         max_in_flight: int = 65_536,
         batch_timeout_ms: int = DEFAULT_TIMEOUT_MS,
         spin_us: int = DEFAULT_SPIN_US,
@@ -867,7 +871,7 @@ class Producer(_Base):
         retries: int = 2,
         batch_size: int = 64,
         linger_ms: float = 0.0,
-        max_batches_in_flight: int = 1,
+        max_batches_in_flight: int = 2,
         max_pending: int = 65_536,
         max_message_size: int = 4 * 1024 * 1024,
         spin_us: int = DEFAULT_SPIN_US,

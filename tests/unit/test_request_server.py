@@ -241,17 +241,28 @@ def test_batch_and_round_robin(make_broker: Callable[..., Broker]) -> None:
 def test_send_async_coalesces_into_batches(make_broker: Callable[..., Broker]) -> None:
     broker = make_broker(defaultTopicQueueNums=2)
     n = 2000
+    most_in_flight = 0
     with Producer([addr(broker)]) as p:
+        transport = p._transport
+        send_batch = transport._send_batch
+
+        def counting(key: Any, batch: Any) -> None:
+            nonlocal most_in_flight
+            send_batch(key, batch)
+            most_in_flight = max(most_in_flight, batch.in_flight)
+
+        transport._send_batch = counting  # type: ignore[method-assign]
         p.send("co", b"warm", queue_id=0)
         before = broker.server.stats.requests
         futures = [p.send_async("co", f"m{i}".encode(), queue_id=i % 2) for i in range(n)]
         results = [f.result(30) for f in futures]
         requests = broker.server.stats.requests - before
     assert all(r.status == SendStatus.SEND_OK for r in results)
-    for q in (0, 1):  # dense, ordered offsets per queue
+    for q in (0, 1):  # dense offsets, in the order sent, per queue
         offsets = [r.queue_offset for r in results if r.queue_id == q]
-        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
     assert requests < n / 4, f"{requests} requests for {n} messages: not coalesced"
+    assert most_in_flight == 2, "a queue's second batch never left while its first was out"
 
 
 def test_long_poll_wakes_on_arrival(make_broker: Callable[..., Broker]) -> None:
