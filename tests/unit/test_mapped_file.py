@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,51 @@ def test_a_segment_closed_mid_write_releases_its_write_descriptor(tmp_path: Path
     mf.append_through_file(b"abc")
     mf.close()
     assert str(mf.path) not in _open_fds()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 3 MiB tmpfs (root only): a disk that fills up."""
+    import os
+    import shutil
+    import subprocess
+
+    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
+                      check=False, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_refuses_replicated_bytes_with_an_error_and_they_fit_once_freed(
+    small_disk: Path,
+) -> None:
+    """Replicated bytes go through pwrite: a full disk is ENOSPC, not the SIGBUS a write into
+    a sparse mapping would raise, and the log is unchanged until the write fits."""
+    import errno
+
+    (small_disk / "commitlog").mkdir()
+    filler = small_disk / "filler"
+    filler.write_bytes(b"f" * (3 << 19))  # 1.5 MiB of the 3
+    log = CommitLog(small_disk, 4 << 20, max_message_size=1 << 20)
+    try:
+        first = bytes(range(256)) * 4096  # 1 MiB
+        assert log.append_replicated(0, first) == len(first)
+        second = b"\x5a" * (1 << 20)
+        with pytest.raises(OSError) as e:
+            log.append_replicated(len(first), second)
+        assert e.value.errno == errno.ENOSPC
+        assert log.max_offset == len(first)  # nothing counted of the failed write
+        filler.unlink()
+        assert log.append_replicated(len(first), second) == len(first) + len(second)
+        assert log.read(0, len(first)) == first
+        assert log.read(len(first), len(second)) == second
+    finally:
+        for mf in log.queue.files:
+            mf.close()
