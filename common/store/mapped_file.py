@@ -154,6 +154,9 @@ class MappedFile:
         """Write ``marker`` (the BLANK record) and mark the rest of the segment as used."""
         self._view[self.wrote_position : self.wrote_position + len(marker)] = marker
         self.wrote_position = self.file_size
+        if self._write_fd >= 0:  # replicated into, then written as a master (a promotion)
+            self._close_write_fd()
+            self._mm.madvise(mmap.MADV_NORMAL)
 
     def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
         """Write without moving positions (the caller advances them)."""

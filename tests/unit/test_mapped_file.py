@@ -158,11 +158,17 @@ def test_an_empty_replicated_append_changes_nothing(tmp_path: Path) -> None:
         log.queue.files[-1].close()
 
 
-def _open_fds() -> set[str]:
+def _fds_on(path: Path) -> int:
+    """Descriptors this process holds on ``path`` (CPython's mmap keeps one of its own)."""
     import os
 
-    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
-            if os.path.exists(f"/proc/self/fd/{fd}")}
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            pass  # closed meanwhile (the listing's own descriptor)
+    return count
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
@@ -178,26 +184,45 @@ def test_appends_through_the_file_are_seen_by_the_mapping_and_flushed(tmp_path: 
             pos += len(chunk)
             assert mf.wrote_position == pos
             assert bytes(mf.view(pos - len(chunk), len(chunk))) == chunk  # same page cache
-        assert str(mf.path) in _open_fds()  # kept open while the segment is being written
+        assert _fds_on(mf.path) == 2  # the mapping's own, and ours while appending
         with pytest.raises(StoreError):
             mf.append_through_file(b"x" * (size - pos + 1))
         assert mf.wrote_position == pos  # a refused append moves nothing
         rest = b"\xee" * (size - pos)
         mf.append_through_file(rest)
         assert mf.is_full()
+        assert _fds_on(mf.path) == 1  # ours is closed once the segment is full
         assert mf.flush() == size
         with open(mf.path, "rb") as f:
             assert f.read() == b"head" + b"".join(chunks) + rest
     finally:
         mf.close()
-    assert str(mf.path) not in _open_fds()  # closed once full (and on close)
+    assert _fds_on(mf.path) == 0
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
 def test_a_segment_closed_mid_write_releases_its_write_descriptor(tmp_path: Path) -> None:
     mf = _segment(tmp_path)
     mf.append_through_file(b"abc")
+    assert _fds_on(mf.path) == 2
     mf.close()
-    assert str(mf.path) not in _open_fds()
+    assert _fds_on(mf.path) == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
+def test_a_segment_rolled_by_a_promoted_master_releases_its_write_descriptor(
+    tmp_path: Path,
+) -> None:
+    mf = _segment(tmp_path)
+    try:
+        mf.append_through_file(b"replicated")  # as a slave
+        mf.append(b"own put")  # promoted: the master's own writes go through the mapping
+        assert _fds_on(mf.path) == 2
+        mf.fill_to_end(b"BLANK")  # the segment is rolled
+        assert _fds_on(mf.path) == 1
+        assert bytes(mf.view(0, 22)) == b"replicatedown putBLANK"
+    finally:
+        mf.close()
 
 
 @pytest.fixture
