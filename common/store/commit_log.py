@@ -415,10 +415,12 @@ class CommitLog:
             while view:
                 mf = self.queue.last_for_write(cursor)
                 n = min(len(view), mf.remaining())
-                mf.append_through_file(view[:n])
+                mf.append(view[:n])
                 view = view[n:]
                 cursor += n
             new_max = cursor
+        if mf is not None:
+            self._prefault(mf)
         for listener in self.append_listeners:
             listener(new_max)
         return new_max

@@ -9,12 +9,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from common.errors import StoreError
 from common.message import Message
 from common.store import native
 from common.store.allocate import PREFAULT_AHEAD, AllocateService
@@ -156,118 +154,3 @@ def test_an_empty_replicated_append_changes_nothing(tmp_path: Path) -> None:
     finally:
         allocate.shutdown()
         log.queue.files[-1].close()
-
-
-def _fds_on(path: Path) -> int:
-    """Descriptors this process holds on ``path`` (CPython's mmap keeps one of its own)."""
-    import os
-
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
-        except OSError:
-            pass  # closed meanwhile (the listing's own descriptor)
-    return count
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
-def test_appends_through_the_file_are_seen_by_the_mapping_and_flushed(tmp_path: Path) -> None:
-    size = 64 << 10
-    mf = _segment(tmp_path, size=size)
-    try:
-        chunks = [bytes([i]) * 20_000 for i in range(1, 4)]
-        assert mf.append(b"head") == 0  # mixing both kinds of append is fine
-        pos = 4
-        for chunk in chunks:
-            assert mf.append_through_file(chunk) == pos
-            pos += len(chunk)
-            assert mf.wrote_position == pos
-            assert bytes(mf.view(pos - len(chunk), len(chunk))) == chunk  # same page cache
-        assert _fds_on(mf.path) == 2  # the mapping's own, and ours while appending
-        with pytest.raises(StoreError):
-            mf.append_through_file(b"x" * (size - pos + 1))
-        assert mf.wrote_position == pos  # a refused append moves nothing
-        rest = b"\xee" * (size - pos)
-        mf.append_through_file(rest)
-        assert mf.is_full()
-        assert _fds_on(mf.path) == 1  # ours is closed once the segment is full
-        assert mf.flush() == size
-        with open(mf.path, "rb") as f:
-            assert f.read() == b"head" + b"".join(chunks) + rest
-    finally:
-        mf.close()
-    assert _fds_on(mf.path) == 0
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
-def test_a_segment_closed_mid_write_releases_its_write_descriptor(tmp_path: Path) -> None:
-    mf = _segment(tmp_path)
-    mf.append_through_file(b"abc")
-    assert _fds_on(mf.path) == 2
-    mf.close()
-    assert _fds_on(mf.path) == 0
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
-def test_a_segment_rolled_by_a_promoted_master_releases_its_write_descriptor(
-    tmp_path: Path,
-) -> None:
-    mf = _segment(tmp_path)
-    try:
-        mf.append_through_file(b"replicated")  # as a slave
-        mf.append(b"own put")  # promoted: the master's own writes go through the mapping
-        assert _fds_on(mf.path) == 2
-        mf.fill_to_end(b"BLANK")  # the segment is rolled
-        assert _fds_on(mf.path) == 1
-        assert bytes(mf.view(0, 22)) == b"replicatedown putBLANK"
-    finally:
-        mf.close()
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 3 MiB tmpfs (root only): a disk that fills up."""
-    import os
-    import shutil
-    import subprocess
-
-    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root to mount a small tmpfs")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
-                      check=False, capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def test_a_full_disk_refuses_replicated_bytes_with_an_error_and_they_fit_once_freed(
-    small_disk: Path,
-) -> None:
-    """Replicated bytes go through pwrite: a full disk is ENOSPC, not the SIGBUS a write into
-    a sparse mapping would raise, and the log is unchanged until the write fits."""
-    import errno
-
-    (small_disk / "commitlog").mkdir()
-    filler = small_disk / "filler"
-    filler.write_bytes(b"f" * (3 << 19))  # 1.5 MiB of the 3
-    log = CommitLog(small_disk, 4 << 20, max_message_size=1 << 20)
-    try:
-        first = bytes(range(256)) * 4096  # 1 MiB
-        assert log.append_replicated(0, first) == len(first)
-        second = b"\x5a" * (1 << 20)
-        with pytest.raises(OSError) as e:
-            log.append_replicated(len(first), second)
-        assert e.value.errno == errno.ENOSPC
-        assert log.max_offset == len(first)  # nothing counted of the failed write
-        filler.unlink()
-        assert log.append_replicated(len(first), second) == len(first) + len(second)
-        assert log.read(0, len(first)) == first
-        assert log.read(len(first), len(second)) == second
-    finally:
-        for mf in log.queue.files:
-            mf.close()
