@@ -41,6 +41,11 @@ def file_name(start_offset: int) -> str:
     return f"{start_offset:0{NAME_DIGITS}d}"
 
 
+def creating_name(name: str) -> str:
+    """The hidden name a segment has while it is created (``load`` removes leftovers)."""
+    return f".{name}.new"
+
+
 def parse_file_name(name: str) -> int:
     """Start offset from a segment name; StoreError unless it is exactly 20 digits."""
     if len(name) != NAME_DIGITS or not name.isdigit():
@@ -55,11 +60,10 @@ class MappedFile:
         self.path = Path(path)
         self.file_size = file_size
         self.file_from_offset = parse_file_name(self.path.name)
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        fd = os.open(self.path, flags, 0o644)
+        fd = self._open(create)
         try:
             actual = os.fstat(fd).st_size
-            if actual == 0 and create:
+            if actual == 0 and create:  # the remains of a creation before atomic creation
                 os.ftruncate(fd, file_size)
             elif actual != file_size:
                 raise StoreError(f"{self.path}: size {actual} != configured {file_size}")
@@ -76,6 +80,26 @@ class MappedFile:
         self._life = threading.Condition()  # guards available and _pins
         self._pins = 0  # native calls in progress on this mapping
         self.available = True
+
+    def _open(self, create: bool) -> int:
+        """The segment's descriptor. A new segment is made under a hidden name and renamed once
+        it has its full size, so no reader of the directory, and no restart after a crash,
+        ever sees a segment file of the wrong size."""
+        try:
+            return os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            if not create:
+                raise
+        tmp = self.path.with_name(creating_name(self.path.name))
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, self.file_size)
+            os.rename(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        return fd
 
     # ---- positions ------------------------------------------------------------------------
     @property
@@ -179,7 +203,10 @@ class MappedFile:
     def prefault(self, upto: int) -> int:
         """Fault pages in up to ``upto`` (one thread at a time: the allocate service); returns
         the new ``populated``, unchanged where the kernel cannot populate."""
-        upto = min(upto, self.file_size)
+        # Whole pages only: madvise needs a page-aligned start, and the next call starts where
+        # this one ended (an unaligned end made that call fail with EINVAL, which the native
+        # layer took for an old kernel and turned population off for the whole process).
+        upto = min(-(-upto // OS_PAGE_SIZE) * OS_PAGE_SIZE, self.file_size)
         while self.populated < upto:
             start = self.populated
             length = min(POPULATE_CHUNK, upto - start)

@@ -34,6 +34,10 @@ class MappedFileQueue:
     def load(self) -> None:
         """Map every existing segment; every loaded segment starts as full (recovery fixes it)."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        for path in self.directory.iterdir():
+            if path.name.startswith(".") and path.name.endswith(".new"):
+                log.warning("event=segment_removed path=%s reason=creation_interrupted", path)
+                path.unlink()
         entries = sorted(p for p in self.directory.iterdir() if not p.name.startswith("."))
         starts = []
         for path in entries:

@@ -77,6 +77,8 @@ def populate_write(addr: int | None, start: int, length: int) -> bool:
     global _populate_supported
     if addr is None or _libc is None or not _populate_supported or length <= 0:
         return False
+    if (addr + start) % mmap.PAGESIZE:
+        raise ValueError(f"populate from {start}: not page-aligned")  # a caller's bug, not the kernel's
     if _libc.madvise(addr + start, length, MADV_POPULATE_WRITE) == 0:
         return True
     err = ctypes.get_errno()

@@ -205,7 +205,7 @@ def parse(data: bytes | bytearray, pos: int, phy: int) -> Rec | None:
 
 
 def segments(root: Path) -> list[Path]:
-    return sorted((root / "commitlog").iterdir())
+    return sorted(p for p in (root / "commitlog").iterdir() if not p.name.startswith("."))
 
 
 def scan_log(root: Path) -> tuple[list[Rec], int]:

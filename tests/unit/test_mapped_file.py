@@ -65,6 +65,26 @@ def test_prefault_keeps_contents_and_reports_how_far_it_got(tmp_path: Path) -> N
         mf.close()
 
 
+def test_prefault_to_unaligned_positions_keeps_population_working(tmp_path: Path) -> None:
+    """The log asks for ``wrote_position + PREFAULT_AHEAD``, which is rarely page-aligned. An
+    unaligned end used to become the next call's start: madvise refused it with EINVAL and the
+    native layer turned population off for the whole process after the second request."""
+    mf = _segment(tmp_path, size=8 << 20)
+    try:
+        first = mf.prefault(5000)
+        if first == 0:
+            pytest.skip("kernel without MADV_POPULATE_WRITE")
+        assert first == 8192  # whole pages
+        assert mf.prefault(100_001) == 102_400
+        assert mf.prefault((3 << 20) + 1) == (3 << 20) + 4096
+        assert native._populate_supported
+        with pytest.raises(ValueError):  # a misaligned start is the caller's bug, said so
+            native.populate_write(mf._addr, 100, 4096)
+        assert native._populate_supported
+    finally:
+        mf.close()
+
+
 def test_close_waits_for_a_native_call_in_progress(tmp_path: Path) -> None:
     mf = _segment(tmp_path)
     inside = threading.Event()
@@ -154,3 +174,44 @@ def test_an_empty_replicated_append_changes_nothing(tmp_path: Path) -> None:
     finally:
         allocate.shutdown()
         log.queue.files[-1].close()
+
+
+def test_a_segment_appears_only_at_its_full_size(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Creation happens under a hidden name: a failed creation leaves no segment at all, so
+    neither a reader of the directory nor a restart sees one of the wrong size."""
+    import os
+
+    from common.store import mapped_file
+
+    def full_disk(fd: int, size: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mapped_file.os, "ftruncate", full_disk)
+    with pytest.raises(OSError):
+        _segment(tmp_path)
+    assert os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    mf = _segment(tmp_path)
+    try:
+        assert os.listdir(tmp_path) == [file_name(0)]
+        assert os.path.getsize(mf.path) == SIZE
+    finally:
+        mf.close()
+
+
+def test_load_removes_a_segment_whose_creation_was_interrupted(tmp_path: Path) -> None:
+    from common.store.mapped_file import creating_name
+    from common.store.mapped_file_queue import MappedFileQueue
+
+    _segment(tmp_path).close()
+    leftover = tmp_path / creating_name(file_name(SIZE))
+    leftover.write_bytes(b"")  # a crash between create and rename
+    queue = MappedFileQueue(tmp_path, SIZE)
+    queue.load()
+    try:
+        assert [mf.file_from_offset for mf in queue.files] == [0]
+        assert not leftover.exists()
+    finally:
+        for mf in queue.files:
+            mf.close()
