@@ -306,7 +306,7 @@ class CommitLog:
         sealed = bool(crc_len)
         crc32 = zlib.crc32
         crc_entry = record.crc_entry
-        plain_tail = len(topic_part) + 2 + self._crc_len  # the tail of a record without props
+        plain_tail = len(topic_part) + 2 + crc_len  # the tail of a record without props
         with self.put_lock:
             self._lock_since = time.monotonic()
             try:

@@ -41,9 +41,16 @@ def file_name(start_offset: int) -> str:
     return f"{start_offset:0{NAME_DIGITS}d}"
 
 
+CREATING_SUFFIX = ".new"
+
+
 def creating_name(name: str) -> str:
     """The hidden name a segment has while it is created (``load`` removes leftovers)."""
-    return f".{name}.new"
+    return f".{name}{CREATING_SUFFIX}"
+
+
+def is_creating_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(CREATING_SUFFIX)
 
 
 def parse_file_name(name: str) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.errors import StoreError
-from common.store.mapped_file import MappedFile, file_name, parse_file_name
+from common.store.mapped_file import MappedFile, file_name, is_creating_name, parse_file_name
 
 log = logging.getLogger("replog.store")
 
@@ -35,7 +35,7 @@ class MappedFileQueue:
         """Map every existing segment; every loaded segment starts as full (recovery fixes it)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for path in self.directory.iterdir():
-            if path.name.startswith(".") and path.name.endswith(".new"):
+            if is_creating_name(path.name):
                 log.warning("event=segment_removed path=%s reason=creation_interrupted", path)
                 path.unlink()
         entries = sorted(p for p in self.directory.iterdir() if not p.name.startswith("."))
