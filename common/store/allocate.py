@@ -7,7 +7,9 @@ a background thread, so that rolling to a new segment never waits for file creat
 
 Without warm-up the same thread keeps the pages just ahead of the writer faulted in: the log asks
 ``prefault(segment, upto)`` every PREFAULT_STEP bytes written, and a prepared segment gets its
-first PREFAULT_AHEAD bytes. Each 4 KiB page faulted by the writer itself costs it ~9 us on this VM
+first PREFAULT_AHEAD bytes, while the log's writes go through the mapping (``mapped_writes``; a
+slave's replicated bytes go in with pwrite, for which pages faulted in ahead only cost: they get
+one 4 KiB page each where a write gets large folios). Each 4 KiB page faulted by the writer itself costs it ~9 us on this VM
 (``MappedFile.prefault`` does it with one madvise per 4 MiB, GIL released); the zero pages it
 dirties ahead are at most PREFAULT_AHEAD per segment.
 """
@@ -38,6 +40,7 @@ class AllocateService:
         self._wanted: list[int] = []
         self._creating = -1
         self._prefault: tuple[MappedFile, int] | None = None  # the newest request only
+        self.mapped_writes = True  # False while the log appends with pwrite (a slave)
         self._cond = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="replog-allocate", daemon=True)
@@ -79,7 +82,7 @@ class AllocateService:
         mf = MappedFile(self.directory / file_name(start), self.file_size)
         if self.warm:
             mf.warm(self.sync_warm)
-        elif ahead:
+        elif ahead and self.mapped_writes:
             mf.prefault(ahead)
         return mf
 

@@ -4,6 +4,9 @@ Writes happen under one put lock: records are encoded outside it, then the queue
 physical offset and the store timestamp are patched in and the bytes copied into the last
 segment. When a record plus 8 bytes no longer fits, a BLANK record pads the segment and the
 record goes to the next one. ``put_batch`` appends many records to one queue in one copy.
+Pages the allocate thread has not faulted in ahead are faulted in by the put itself before the
+copy: a full file system then refuses the put (SERVICE_NOT_AVAILABLE) instead of killing the
+process with SIGBUS on the store.
 
 A slave never puts: it calls ``append_replicated`` with bytes from its master, at exactly the
 offset they had there, so its log is byte-identical.
@@ -340,6 +343,11 @@ class CommitLog:
                 plain = plain and len(tail) == plain_tail
                 pos += size
                 queue_offset += 1
+            if pos > mf.populated and not mf.fault_in(first_pos, pos):
+                self._lock_since = 0.0  # nothing is changed yet: the put is refused whole
+                log.error("event=put_refused reason=no_space segment=%s", mf.path.name)
+                return refused(PutStatus.SERVICE_NOT_AVAILABLE,
+                               "no space on disk for the CommitLog's next pages")
             mf.buffer[first_pos:pos] = b"".join(parts)
             mf.wrote_position = pos
             mf.store_timestamp = ts
@@ -386,6 +394,7 @@ class CommitLog:
         thread (asked again after each PREFAULT_STEP written; a miss just faults as before)."""
         if self._allocate is None:
             return
+        self._allocate.mapped_writes = True  # e.g. a promoted slave: its puts use the mapping
         upto = mf.wrote_position + PREFAULT_AHEAD
         start, asked = self._prefault_asked
         if start == mf.file_from_offset and upto - asked < PREFAULT_STEP:
@@ -399,6 +408,9 @@ class CommitLog:
 
         A gap or an overlap with what this log holds is refused with StoreError; nothing is
         written then. Data may cross segment boundaries and need not end on a record boundary.
+        The bytes go in with ``pwrite`` (``MappedFile.write_append``), not through the mapping:
+        no page is faulted in ahead for them, and a full disk is an OSError (the HA client
+        resumes from this log's end later) rather than a SIGBUS.
         """
         with self.put_lock:
             expected = self.max_offset
@@ -409,18 +421,17 @@ class CommitLog:
                 raise StoreError(
                     f"replicated bytes at {phy_offset} would leave a {kind}: log ends at {expected}"
                 )
+            if self._allocate is not None:
+                self._allocate.mapped_writes = False  # no prefault of new segments for pwrite
             view = memoryview(data)
             cursor = phy_offset
-            mf = None
             while view:
                 mf = self.queue.last_for_write(cursor)
                 n = min(len(view), mf.remaining())
-                mf.append(view[:n])
+                mf.write_append(view[:n])
                 view = view[n:]
                 cursor += n
             new_max = cursor
-        if mf is not None:
-            self._prefault(mf)
         for listener in self.append_listeners:
             listener(new_max)
         return new_max

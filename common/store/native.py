@@ -9,6 +9,7 @@ pre-faults its mappings through these functions::
     msync(mm, addr, start, length)  msync(MS_SYNC) of a page-aligned range; mm.flush fallback
     populate_write(addr, start, n)  madvise(MADV_POPULATE_WRITE): fault the pages in writable
                                     in one call (Linux >= 5.14), False where unsupported
+    populate_write_checked(...)     the same, returning 0, UNSUPPORTED or the kernel's errno
 
 On Linux, msync(MS_SYNC) of a shared file mapping is ``vfs_fsync_range`` over the range, the
 same durability as ``mm.flush``. Faulting a fresh page of a file mapping costs about 9 us on
@@ -28,6 +29,7 @@ import sys
 
 MS_SYNC = 4  # <asm-generic/mman-common.h>
 MADV_POPULATE_WRITE = 23  # Linux 5.14
+UNSUPPORTED = -1  # populate_write_checked: this kernel or platform cannot populate
 
 _libc: ctypes.CDLL | None = None
 if sys.platform == "linux":
@@ -74,9 +76,28 @@ def msync(mm: mmap.mmap, addr: int | None, start: int, length: int) -> None:
 def populate_write(addr: int | None, start: int, length: int) -> bool:
     """Fault ``[start, start+length)`` in writable (contents unchanged); False if the kernel or
     platform cannot (the pages then fault on first write, as without this)."""
+    return populate_write_checked(addr, start, length) == 0
+
+
+def populate_write_checked(addr: int | None, start: int, length: int) -> int:
+    """``populate_write`` telling why not: 0 done, UNSUPPORTED where it cannot be asked, else
+    the errno the kernel refused with. EFAULT means a page could not be made writable (a full
+    file system: no block for it), where a store would have raised SIGBUS; ENOMEM the same for
+    memory."""
     global _populate_supported
-    if addr is None or _libc is None or not _populate_supported or length <= 0:
-        return False
+    if length <= 0:
+        return 0
+    if addr is None or _libc is None or not _populate_supported:
+        return UNSUPPORTED
+    if (addr + start) % mmap.PAGESIZE:
+        raise ValueError(f"populate from {start}: not page-aligned")  # a caller's bug, not the kernel's
+    if _libc.madvise(addr + start, length, MADV_POPULATE_WRITE) == 0:
+        return 0
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+        _populate_supported = False  # an older kernel: stop asking
+        return UNSUPPORTED
+    return err
     if (addr + start) % mmap.PAGESIZE:
         raise ValueError(f"populate from {start}: not page-aligned")  # a caller's bug, not the kernel's
     if _libc.madvise(addr + start, length, MADV_POPULATE_WRITE) == 0:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import StoreError
 from common.message import Message
 from common.store import native
 from common.store.allocate import PREFAULT_AHEAD, AllocateService
@@ -215,3 +216,193 @@ def test_load_removes_a_segment_whose_creation_was_interrupted(tmp_path: Path) -
     finally:
         for mf in queue.files:
             mf.close()
+
+
+def test_write_append_is_seen_through_the_mapping_and_closes_its_fd_when_full(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    mf = _segment(tmp_path)
+    try:
+        assert mf._write_fd == -1  # opened on first use only
+        assert mf.write_append(b"abc") == 0
+        assert mf.write_append(memoryview(b"defg")) == 3
+        assert mf.wrote_position == 7 and mf._write_fd >= 0
+        assert mf.read(0, 100) == b"abcdefg"  # the mapping sees what pwrite wrote
+        assert bytes(mf.view(0, 7)) == b"abcdefg"
+        fd = mf._write_fd
+        mf.write_append(b"z" * (SIZE - 7))
+        assert mf.is_full() and mf._write_fd == -1  # a full segment is written no more
+        with pytest.raises(OSError):
+            os.fstat(fd)
+        with pytest.raises(StoreError):
+            mf.write_append(b"x")
+        mf.flush()
+        assert mf.flushed_position == SIZE
+    finally:
+        mf.close()
+    with open(mf.path, "rb") as f:
+        assert f.read(8) == b"abcdefgz"
+
+
+def test_close_closes_the_write_fd(tmp_path: Path) -> None:
+    import os
+
+    mf = _segment(tmp_path)
+    mf.write_append(b"abc")
+    fd = mf._write_fd
+    mf.close()
+    assert mf._write_fd == -1
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    with pytest.raises(StoreError):
+        mf.write_append(b"x")  # closed: no new descriptor
+
+
+def test_a_failed_write_append_keeps_the_wrote_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC part-way: the position stays, the next append overwrites what was half-written."""
+    import os
+
+    from common.store import mapped_file
+
+    real_pwrite = os.pwrite
+    calls = []
+
+    def short_then_full(fd: int, data: memoryview, offset: int) -> int:
+        calls.append(offset)
+        if len(calls) == 1:
+            return real_pwrite(fd, data[:3], offset)  # a short write, as on a filling disk
+        raise OSError(28, "No space left on device")
+
+    mf = _segment(tmp_path)
+    try:
+        mf.write_append(b"head")
+        monkeypatch.setattr(mapped_file.os, "pwrite", short_then_full)
+        with pytest.raises(OSError):
+            mf.write_append(b"123456")
+        assert calls == [4, 7]  # the loop went on after the short write
+        assert mf.wrote_position == 4
+        monkeypatch.undo()
+        mf.write_append(b"XYZ")
+        assert mf.read(0, 100) == b"headXYZ"
+    finally:
+        mf.close()
+
+
+def test_replicated_appends_leave_new_segments_unfaulted(tmp_path: Path) -> None:
+    """pwrite gives new pages large folios; pages faulted in ahead would get 4 KiB ones and
+    cost the allocate thread a fault each. A put (a promoted slave) turns prefaulting back on."""
+    size = 4 << 20
+    (tmp_path / "commitlog").mkdir()
+    allocate = AllocateService(tmp_path / "commitlog", size)
+    allocate.start()
+    log = CommitLog(tmp_path, size, max_message_size=1 << 16, allocate=allocate)
+    try:
+        assert allocate.mapped_writes
+        data = bytes(range(256)) * 4096  # 1 MiB
+        for offset in range(0, 2 * size + (1 << 20), len(data)):
+            assert log.append_replicated(offset, data) == offset + len(data)
+        assert not allocate.mapped_writes
+        assert [mf.file_from_offset for mf in log.queue.files] == [0, size, 2 * size]
+        assert all(mf.populated == 0 for mf in log.queue.files)
+        assert log.read(size - 3, 6) == data[-3:]  # crossed a segment end in one append
+        assert log.read(2 * size, 4) == data[:4]
+        log.queue.files[-1].write_append(b"")  # nothing: the log is at a record boundary
+        r = log.put(Message("t", b"after promotion"), 0)
+        assert r.status.name == "PUT_OK" and allocate.mapped_writes
+    finally:
+        allocate.shutdown()
+        for mf in log.queue.files:
+            mf.close()
+
+
+ENOSPC_SCRIPT = """
+import sys
+from pathlib import Path
+from common.store.commit_log import CommitLog
+root = Path(sys.argv[1])
+(root / "commitlog").mkdir()
+log = CommitLog(root, 8 << 20, max_message_size=1 << 16)
+offset = 0
+try:
+    while offset < 8 << 20:
+        offset = log.append_replicated(offset, b"r" * 65536)
+except OSError as e:
+    print("refused", e.errno, offset, log.max_offset, flush=True)
+    sys.exit(0)
+print("no error", offset)
+sys.exit(1)
+"""
+
+
+def _run_on_a_full_tmpfs(tmp_path: Path, script: str) -> str:
+    """Run ``script`` in a child with a 1 MiB tmpfs as its argument; its stdout. A SIGBUS
+    kills only the child (and the test then fails on its return code)."""
+    import os
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                      check=False, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        repo = Path(__file__).resolve().parents[2]
+        proc = subprocess.run([sys.executable, "-c", script, str(mnt)], cwd=repo,
+                              check=False, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+        assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+        return proc.stdout
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+ROOT_ONLY = pytest.mark.skipif(
+    sys.platform != "linux" or not hasattr(__import__("os"), "geteuid")
+    or __import__("os").geteuid() != 0, reason="mounts a small tmpfs (root)")
+
+
+@ROOT_ONLY
+def test_a_full_disk_refuses_replicated_bytes_without_killing_the_process(tmp_path: Path) -> None:
+    """On a full file system a store into a mapping is a SIGBUS; a slave's append is an
+    ENOSPC OSError, and the log keeps exactly what was written."""
+    word, err, offset, max_offset = _run_on_a_full_tmpfs(tmp_path, ENOSPC_SCRIPT).split()
+    assert word == "refused" and int(err) == 28  # ENOSPC
+    assert int(offset) == int(max_offset) and 0 < int(offset) <= 1 << 20
+
+PUT_ENOSPC_SCRIPT = """
+import sys
+from pathlib import Path
+from common.message import Message
+from common.store.commit_log import CommitLog
+root = Path(sys.argv[1])
+(root / "commitlog").mkdir()
+log = CommitLog(root, 8 << 20, max_message_size=1 << 16)
+puts = 0
+while puts < 1000:
+    r = log.put(Message("t", b"m" * 8000), 0)
+    if r.status.name != "PUT_OK":
+        break
+    puts += 1
+before = log.max_offset
+again = log.put(Message("t", b"m" * 8000), 0)  # still refused, and still nothing changed
+print(r.status.name, again.status.name, puts, before, log.max_offset,
+      log.topic_queue_table[("t", 0)], flush=True)
+"""
+
+
+@ROOT_ONLY
+def test_a_full_disk_refuses_puts_without_killing_the_process(tmp_path: Path) -> None:
+    """A put into pages nobody faulted in ahead faults them in first; on a full file system
+    that is refused (SERVICE_NOT_AVAILABLE) and the log is unchanged, where the copy into the
+    mapping would have been a SIGBUS."""
+    if native._libc is None:
+        pytest.skip("no libc")
+    out = _run_on_a_full_tmpfs(tmp_path, PUT_ENOSPC_SCRIPT)
+    status, again, puts, before, after, queue_offset = out.split()
+    assert status == again == "SERVICE_NOT_AVAILABLE"
+    assert 0 < int(puts) < 1000 and int(before) == int(after)
+    assert int(queue_offset) == int(puts)  # refused puts took no queue offset
