@@ -9,9 +9,9 @@ Without warm-up the same thread keeps the pages just ahead of the writer faulted
 ``prefault(segment, upto)`` every PREFAULT_STEP bytes written, and a prepared segment gets its
 first PREFAULT_AHEAD bytes, while the log's writes go through the mapping (``mapped_writes``; a
 slave's replicated bytes go in with pwrite, for which pages faulted in ahead only cost: they get
-one 4 KiB page each where a write gets large folios). Each 4 KiB page faulted by the writer itself costs it ~9 us on this VM
-(``MappedFile.prefault`` does it with one madvise per 4 MiB, GIL released); the zero pages it
-dirties ahead are at most PREFAULT_AHEAD per segment.
+one 4 KiB page each where a write gets large folios). Each 4 KiB page faulted by the writer
+itself costs it ~9 us on this VM (``MappedFile.prefault`` does it with one madvise per 4 MiB,
+GIL released); the zero pages it dirties ahead are at most PREFAULT_AHEAD per segment.
 """
 
 from __future__ import annotations

@@ -98,11 +98,3 @@ def populate_write_checked(addr: int | None, start: int, length: int) -> int:
         _populate_supported = False  # an older kernel: stop asking
         return UNSUPPORTED
     return err
-    if (addr + start) % mmap.PAGESIZE:
-        raise ValueError(f"populate from {start}: not page-aligned")  # a caller's bug, not the kernel's
-    if _libc.madvise(addr + start, length, MADV_POPULATE_WRITE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-        _populate_supported = False  # an older kernel: stop asking
-    return False
