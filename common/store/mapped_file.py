@@ -20,7 +20,7 @@ service calls it off the put path), ``populated`` is how far that has got.
 Bulk appends (a slave's replicated bytes) go through ``write_append``: ``pwrite(2)`` on the file,
 not a copy into the mapping. The page cache is one, so the mapping sees the bytes at once and
 msync flushes them like any others. A write lets the kernel allocate large folios for the new
-pages in one go where a copy into the mapping takes a page fault per 4 KiB (on this VM ~1.5x
+pages in one go where a copy into the mapping takes a page fault per 4 KiB (on this VM ~1.3x
 the catch-up rate; see README), and a full disk is an ENOSPC OSError there, where a store into
 a mapping whose page cannot get a block is a SIGBUS that kills the process.
 """
