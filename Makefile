@@ -18,8 +18,9 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m common.demo
 
+# Died of a signal (status >= 128): name the test and the thread that crashed (tests/conftest.py).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests || { rc=$$?; [ $$rc -lt 128 ] || $(BIN)/python tests/fatal_report.py $$rc; exit $$rc; }
 
 bench: $(STAMP)
 	for f in bench/[!_]*.py; do $(BIN)/python $$f || exit 1; done
