@@ -70,6 +70,7 @@ class ConsumeQueue:
         self._lock = threading.RLock()
         self._min_logic = 0  # queue *byte* offset of the first live entry (minLogicOffset)
         self._max_phy = 0  # end (offset + size) of the last entry's record
+        self.last_error = ""  # why the last put or put_many returned False
 
     # ---- offsets --------------------------------------------------------------------------
     @property
@@ -140,32 +141,36 @@ class ConsumeQueue:
     def put(self, queue_offset: int, phy_offset: int, size: int, tags_code: int) -> bool:
         """Append one entry (RocketMQ ``putMessagePositionInfo``); idempotent on re-dispatch.
 
-        True when the entry is in the queue (written now or before); False only when no segment
-        could be created (the dispatcher retries).
+        True when the entry is in the queue (written now or before); False when no segment
+        could be created or its pages had no space on disk (``last_error`` says which; nothing
+        was written and the dispatcher retries).
         """
         with self._lock:
             if phy_offset + size <= self._max_phy:
                 return True  # re-dispatch of a message already in the queue
-            expected = queue_offset * CQ_UNIT
             try:
-                mf = self._segment_for(expected)
-            except StoreError as e:
-                log.error("event=cq_create_failed topic=%s queue=%d error=%s",
-                          self.topic, self.queue_id, e)
+                return self._put(queue_offset, phy_offset, size, tags_code)
+            except (StoreError, OSError) as e:
+                self.last_error = str(e)
                 return False
-            current = mf.max_offset
-            if expected < current:
-                log.warning("event=cq_build_repeatedly topic=%s queue=%d queue_offset=%d "
-                            "current=%d", self.topic, self.queue_id, queue_offset,
-                            current // CQ_UNIT)
-                return True
-            if expected != current:
-                log.error("event=cq_order_wrong topic=%s queue=%d expected=%d current=%d "
-                          "([BUG] logic queue order maybe wrong)", self.topic, self.queue_id,
-                          queue_offset, current // CQ_UNIT)
-            mf.append(CQ_ENTRY.pack(phy_offset, size, tags_code))
-            self._max_phy = phy_offset + size
+
+    def _put(self, queue_offset: int, phy_offset: int, size: int, tags_code: int) -> bool:
+        """``put`` under the lock; StoreError or OSError when the entry could not go in."""
+        expected = queue_offset * CQ_UNIT
+        mf = self._segment_for(expected)
+        current = mf.max_offset
+        if expected < current:
+            log.warning("event=cq_build_repeatedly topic=%s queue=%d queue_offset=%d "
+                        "current=%d", self.topic, self.queue_id, queue_offset,
+                        current // CQ_UNIT)
             return True
+        if expected != current:
+            log.error("event=cq_order_wrong topic=%s queue=%d expected=%d current=%d "
+                      "([BUG] logic queue order maybe wrong)", self.topic, self.queue_id,
+                      queue_offset, current // CQ_UNIT)
+        mf.append(CQ_ENTRY.pack(phy_offset, size, tags_code))
+        self._max_phy = phy_offset + size
+        return True
 
     def put_many(self, first_queue_offset: int, entries: list[Entry]) -> bool:
         """Append consecutive entries ``(phy_offset, size, tags_code)`` in one copy.
@@ -191,7 +196,11 @@ class ConsumeQueue:
             pack = CQ_ENTRY.pack_into
             for i, (phy, size, tags) in enumerate(rest):
                 pack(data, i * CQ_UNIT, phy, size, tags)
-            last.append(data)
+            try:
+                last.append(data)
+            except (StoreError, OSError) as e:
+                self.last_error = str(e)
+                return False
             phy, size, _ = rest[-1]
             self._max_phy = phy + size
             return True

@@ -41,6 +41,7 @@ indexes it twice); duplicate keys within one message are indexed once.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import functools
 import logging
 import mmap
@@ -55,6 +56,7 @@ from struct import Struct
 from common.errors import StoreError
 from common.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, java_hash
 from common.store import native
+from common.store.mapped_file import CREATING_SUFFIX
 
 log = logging.getLogger("replog.store")
 
@@ -66,6 +68,8 @@ ENTRY = Struct(">iqii")
 assert ENTRY.size == 20
 HEADER_SIZE = HEADER.size
 MAX_INT = 0x7FFFFFFF
+PAGE_SIZE = mmap.PAGESIZE
+ENTRIES_AHEAD = 64 << 10  # entry pages made writable past the next key (one call per 3 276 keys)
 NAME_LENGTH = 17  # yyyyMMddHHmmssSSS
 ZERO_ENTRY = bytes(ENTRY.size)
 
@@ -181,12 +185,19 @@ class IndexFile:
         self._mm = _map(self.path, self.file_size, create)
         self._addr = native.address_of(self._mm)
         self._lock = threading.Lock()  # flush vs close
+        self._slots_ready = False  # header and hash slots faulted in writable (_make_writable)
+        self._entries_ready = self._entries_at  # entry pages faulted in writable below this
         self.dirty = create
         if create:
             self.begin_timestamp = self.end_timestamp = max(0, end_timestamp)
             self.begin_phy_offset = self.end_phy_offset = max(0, end_phy_offset)
             self.hash_slot_count = 0
             self.index_count = 1
+            try:
+                self._make_writable(self._entries_at + ENTRY.size)
+            except OSError:
+                self.destroy()
+                raise
             self._write_header()
         else:
             self._read_header()
@@ -228,11 +239,43 @@ class IndexFile:
         return h, phy, diff, prev
 
     # ---- writes -----------------------------------------------------------------------------
+    def _make_writable(self, entries_end: int) -> None:
+        """Before a store into the mapping: fault in writable the header and slots (once) and
+        the entry pages below ``entries_end`` (and ENTRIES_AHEAD more while they can be had),
+        so the file system gives them blocks now. The file is sparse: on a full file system a
+        store into a page without a block is a SIGBUS; this is OSError(ENOSPC) instead, with
+        nothing written. Where the kernel cannot populate, the stores fault as without it."""
+        if not self._slots_ready:
+            self._populate(0, self._entries_at, self._entries_at)
+            self._slots_ready = True
+        if entries_end > self._entries_ready:
+            ahead = min(entries_end + ENTRIES_AHEAD, self.file_size)
+            self._entries_ready = self._populate(self._entries_ready, entries_end, ahead)
+
+    def _populate(self, start: int, need: int, want: int) -> int:
+        """Populate ``[start, want)`` or at least ``[start, need)``; returns how far it got."""
+        first = start // PAGE_SIZE * PAGE_SIZE
+        for end in dict.fromkeys((want, need)):
+            last = min(-(-end // PAGE_SIZE) * PAGE_SIZE, self.file_size)
+            with self._lock:  # not unmapped meanwhile (close takes it too)
+                if self._mm.closed:
+                    raise StoreError(f"{self.path}: closed")
+                result = native.populate_write_checked(self._addr, first, last - first)
+            if result == 0:
+                return last
+            if result == native.UNSUPPORTED:
+                return self.file_size
+        raise OSError(errno.ENOSPC, f"{self.path}: no space for its pages below {need}")
+
     def put_key(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
-        """Add one key; False when the file is full."""
+        """Add one key; False when the file is full. OSError(ENOSPC), with nothing written,
+        when the file system has no block for a page the key needs."""
         count = self.index_count
         if count >= self.max_index_num:
             return False
+        entry_end = self._entries_at + ENTRY.size * (count + 1)
+        if entry_end > self._entries_ready or not self._slots_ready:
+            self._make_writable(entry_end)
         mm = self._mm
         slot_pos = HEADER_SIZE + SLOT.size * (key_hash % self.slots)
         head = SLOT.unpack_from(mm, slot_pos)[0]
@@ -354,15 +397,14 @@ class IndexFile:
 
 
 def _map(path: Path, size: int, create: bool) -> mmap.mmap:
-    """mmap ``path`` read-write; a new file is made sparse at ``size``; StoreError on mismatch."""
-    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    """mmap ``path`` read-write; StoreError on a size mismatch. A new file is sparse at ``size``
+    and made under a hidden name, then renamed: no reader and no restart after a crash sees
+    one of the wrong size (``IndexService.load`` removes what a crash left)."""
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = _create_file(path, size) if create else os.open(path, os.O_RDWR)
     except OSError as e:
         raise StoreError(f"cannot open index file {path}: {e}") from e
     try:
-        if create:
-            os.ftruncate(fd, size)
         actual = os.fstat(fd).st_size
         if actual != size:
             raise StoreError(f"index file {path} has size {actual}, expected {size} "
@@ -370,6 +412,21 @@ def _map(path: Path, size: int, create: bool) -> mmap.mmap:
         return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
+
+
+def _create_file(path: Path, size: int) -> int:
+    if path.exists():
+        raise FileExistsError(errno.EEXIST, "exists", str(path))
+    tmp = path.with_name(f".{path.name}{CREATING_SUFFIX}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, size)
+        os.rename(tmp, path)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    return fd
 
 
 class IndexService:
@@ -396,6 +453,9 @@ class IndexService:
         """Map every file; after a crash drop those with data newer than the checkpoint."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with self._lock:
+            for leftover in self.directory.glob(f".*{CREATING_SUFFIX}"):
+                log.warning("event=index_file_creation_unfinished path=%s", leftover)
+                leftover.unlink()
             for path in sorted(p for p in self.directory.iterdir() if not p.name.startswith(".")):
                 try:
                     name_time(path.name)

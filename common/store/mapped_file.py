@@ -40,6 +40,7 @@ from common.store import native
 OS_PAGE_SIZE = 4096
 WARM_CHUNK = 1 << 20
 POPULATE_CHUNK = 4 << 20  # pages faulted in per native call (the mapping is pinned meanwhile)
+WRITABLE_AHEAD = 64 << 10  # make_writable: pages made ready past the append (one call per 64 KiB)
 CLOSE_WAIT_S = 10.0
 _CLOSED = object()  # what a pinned call returns once the file is closed
 NAME_DIGITS = 20
@@ -143,11 +144,16 @@ class MappedFile:
 
     # ---- writes ---------------------------------------------------------------------------
     def append(self, data: bytes | bytearray | memoryview) -> int:
-        """Copy ``data`` at the wrote position; returns the position it was written at."""
+        """Copy ``data`` at the wrote position; returns the position it was written at.
+
+        Pages are made writable first (``make_writable``): on a full file system this raises
+        OSError(ENOSPC) and nothing changes, where the copy would have been a SIGBUS."""
         pos = self.wrote_position
         end = pos + len(data)
         if end > self.file_size:
             raise StoreError(f"{self.path}: append of {len(data)} bytes past the end ({pos})")
+        if end > self.populated:
+            self.make_writable(end)
         self._view[pos:end] = data
         self.wrote_position = end
         return pos
@@ -196,6 +202,26 @@ class MappedFile:
         last = min(-(-end // OS_PAGE_SIZE) * OS_PAGE_SIZE, self.file_size)
         result = self._pinned(native.populate_write_checked, first, last - first)
         return result is not _CLOSED and result in (0, native.UNSUPPORTED)
+
+    def make_writable(self, end: int, ahead: int = WRITABLE_AHEAD) -> None:
+        """Fault in writable, on this thread, the pages from ``populated`` up to ``end`` (and
+        ``ahead`` bytes more while they can be had): the file system gives them their blocks
+        now. OSError(ENOSPC) if it has none, StoreError once the file is closed; unchanged
+        where the kernel cannot populate (the store then faults as it would without this)."""
+        if end <= self.populated:
+            return
+        first = self.populated // OS_PAGE_SIZE * OS_PAGE_SIZE
+        need = min(-(-end // OS_PAGE_SIZE) * OS_PAGE_SIZE, self.file_size)
+        for last in dict.fromkeys((min(need + ahead, self.file_size), need)):  # then just enough
+            result = self._pinned(native.populate_write_checked, first, last - first)
+            if result is _CLOSED:
+                raise StoreError(f"{self.path}: closed")
+            if result == 0:
+                self.populated = max(self.populated, last)
+                return
+            if result == native.UNSUPPORTED:
+                return
+        raise OSError(errno.ENOSPC, f"{self.path}: no space for pages up to {need}")
 
     def fill_to_end(self, marker: bytes) -> None:
         """Write ``marker`` (the BLANK record) and mark the rest of the segment as used."""

@@ -325,7 +325,8 @@ class MessageStore:
                     entries: list[tuple[int, int, int]]) -> None:
         cq = self.cq_store.find_or_create(topic, queue_id)
         if not cq.put_many(first_queue_offset, entries):
-            raise StoreError(f"cannot append to consume queue {topic}/{queue_id}")
+            raise StoreError(f"cannot append to consume queue {topic}/{queue_id}: "
+                             f"{cq.last_error}")
 
     def dispatch_index(self, req: DispatchRequest) -> None:
         if self.index is not None:

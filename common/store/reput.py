@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from common.errors import CorruptionError
+from common.errors import CorruptionError, StoreError
 from common.message import (
     KEY_SEPARATOR,
     NAME_VALUE_SEP,
@@ -105,6 +105,7 @@ def dispatch_request(view: memoryview, phy_offset: int, delay_levels_ms: list[in
 
 _HEAD = record.HEAD_PREFIX
 MAX_PASS_RECORDS = 4096  # bounds how long a pass holds the reput lock and delays visibility
+RETRY_S = 1.0  # after a pass that could not finish (a bad record, a full disk)
 
 
 class ReputService:
@@ -135,16 +136,16 @@ class ReputService:
 
         A request loop calls this after each burst of puts: the records become visible without
         waking another thread (and paying its GIL hand-off) for every put.
-        A record that fails its checks is left to the reput thread, which logs it and retries
-        once a second: the calling thread (the broker's I/O thread, a slave's HA client) goes on
-        serving.
+        A record that fails its checks, or an index that cannot take an entry (a full disk),
+        is left to the reput thread, which logs it and retries once a second: the calling
+        thread (the broker's I/O thread, a slave's HA client) goes on serving.
         """
         if not self._lock.acquire(blocking=False):
             self._wake.set()  # the thread is mid-pass: make it look again when done
             return 0
         try:
             return self._dispatch_locked()
-        except CorruptionError:
+        except (CorruptionError, StoreError, OSError):
             self._wake.set()
             return 0
         finally:
@@ -155,6 +156,7 @@ class ReputService:
         self._thread.start()
 
     def _run(self) -> None:
+        stalled = ""  # why the last pass could not finish (logged once, until it does)
         while not self._stop.is_set():
             self._wake.wait(self.IDLE_WAIT_S)
             self._wake.clear()
@@ -162,7 +164,21 @@ class ReputService:
                 self.do_reput()
             except CorruptionError as e:
                 log.error("event=reput_stopped offset=%d reason=%s", e.phy_offset, e.reason)
-                self._stop.wait(1.0)
+                self._stop.wait(RETRY_S)
+                continue
+            except (StoreError, OSError) as e:
+                # An index could not take an entry (a full disk: no block for its next page).
+                # Nothing from that record on counts as dispatched, and the indexes skip what
+                # they already hold, so the retry picks up exactly where this pass stopped.
+                if str(e) != stalled:
+                    log.error("event=reput_stalled offset=%d error=%s",
+                              self._store.dispatched_phy_offset, e)
+                    stalled = str(e)
+                self._stop.wait(RETRY_S)
+                continue
+            if stalled:
+                log.warning("event=reput_resumed offset=%d", self._store.dispatched_phy_offset)
+                stalled = ""
 
     def do_reput(self) -> int:
         """Dispatch everything appended so far; returns how many records were dispatched."""

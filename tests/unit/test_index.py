@@ -414,3 +414,21 @@ def test_queries_race_builds_and_rolls(tmp_path: Path) -> None:
         t.join(timeout=10)
         s.shutdown()
     assert not t.is_alive() and errors == []
+
+
+def test_a_new_file_appears_only_at_its_full_size(tmp_path: Path) -> None:
+    """An index file is made under a hidden name and renamed once sized; load removes what a
+    crash between the two left, and keeps the files around it."""
+    s = small(tmp_path, max_index=3)
+    s.build("T", ["k0"], 0, T0)
+    s.shutdown()
+    directory = index_files(tmp_path)[0].parent
+    leftover = directory / ".20260101000000000.new"
+    leftover.write_bytes(b"")  # a crash right after creating it
+    again = IndexService(tmp_path, SLOTS, 3)
+    try:
+        again.load(True, T0)
+        assert not leftover.exists()
+        assert again.query("T", "k0", 8, 0, 2**62) == [0]
+    finally:
+        again.shutdown()
