@@ -40,6 +40,7 @@ from common.config import BrokerConfig
 from common.errors import ResponseCode
 from common.files import write_atomically
 from common.ha import epochs, term
+from common.ha.port_hold import HA_BIND_HOST, PortHold
 from common.protocol import Request, Response
 from common.server import Reply, RequestServer, log_event, reply
 
@@ -300,6 +301,7 @@ class Broker:
         self._housekeeper: threading.Thread | None = None
         self._metrics_server: Any = None
         self._epoch_cache: tuple[float, int] = (-1.0, 0)
+        self._ha_port_hold: PortHold | None = None  # a slave's haListenPort (common/ha/port_hold)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -310,12 +312,15 @@ class Broker:
             # a clean refusal: stop what started, flush, remove abort, release the lock
             if self.role is not None:
                 self.role.stop()
+            self._release_ha_port()
             self.server.stop(timeout_s=2.0)
             self.store.shutdown()
             raise
 
     def _start_serving(self) -> None:
         self.topics.merge_seen(self.store.topic_queues())
+        if self.cfg.brokerRole == "SLAVE":
+            self._ha_port_hold = PortHold(HA_BIND_HOST, self.cfg.ha_port)
         self.role = self.role_factory(self.cfg.brokerRole, self)
         self.role.start()
         self.store.add_arrival_listener(self.server.on_arrival)
@@ -345,12 +350,18 @@ class Broker:
         self._admin.shutdown(wait=True, cancel_futures=True)
         if self.role is not None:
             self.role.stop()
+        self._release_ha_port()
         self.offsets.persist()
         self.store.shutdown()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         log_event(log, "broker_stopped", drained=drained)
+
+    def _release_ha_port(self) -> None:
+        if self._ha_port_hold is not None:
+            self._ha_port_hold.release()
+            self._ha_port_hold = None
 
     def serve_forever(self) -> None:
         """Start, wait for SIGTERM/SIGINT, shut down cleanly; a second signal exits at once."""
@@ -475,6 +486,7 @@ class Broker:
                                       max_phy)
         epochs.save(self.cfg.store_root, history)
         new_role = self.role_factory(target, self)
+        self._release_ha_port()  # the new master's HA service binds it now
         new_role.start()
         self.role = new_role
         self.cfg.brokerRole = target

@@ -62,6 +62,7 @@ import zmq
 from common.config import BrokerConfig
 from common.ha import master_core as mc
 from common.ha import term
+from common.ha.port_hold import HA_BIND_HOST
 from common.ha.protocol import HAProtocolError, Limits, decode
 from common.loop import LoopHost, ParticipantThread
 from common.server import log_event
@@ -97,7 +98,7 @@ class HaService:
         store: Any,
         role_name: str = "SYNC_MASTER",
         clock: Callable[[], float] = time.monotonic,
-        bind_host: str = "0.0.0.0",
+        bind_host: str = HA_BIND_HOST,
         host: LoopHost | None = None,
     ):
         self._cfg = cfg
