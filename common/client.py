@@ -9,9 +9,13 @@ Threads and sockets::
   number of requests are in flight on a socket at once; answers are matched by their opaque id.
   Sockets use ``ZMQ_IMMEDIATE`` so a request is never parked for a broker that is down (it waits
   in a bounded backlog until the connection is up or its deadline passes) and heartbeats so a
-  frozen broker is noticed.
+  frozen broker is noticed. (libzmq drops an IMMEDIATE socket's unread answers when its
+  connection drops; a draining broker keeps its connections open a moment after its last
+  answers for that, see ``common/server.py``.)
 * A blocking call (``send``, ``send_batch``, ``pull``, ``status``...) runs on the calling
-  thread's own socket and first polls for its answer without sleeping, up to ``spin_us``
+  thread's own socket (not IMMEDIATE, so an answer that arrives just before the broker closes
+  is kept; a call that times out closes the socket, and a request still waiting in it for a
+  connection goes with it) and first polls for its answer without sleeping, up to ``spin_us``
   (default 300 us), while recent answers have come that fast: waking a sleeping thread costs
   about as much as a loopback round trip on a VM. Slow answers (a SYNC_MASTER put, a long
   poll) turn this off by themselves; ``spin_us=0`` turns it off for good.
@@ -279,10 +283,18 @@ class _QueueBatch:
     in_flight: int = 0
 
 
-def _new_dealer(ctx: zmq.Context[zmq.Socket[bytes]], address: str) -> zmq.Socket[bytes]:
+def _new_dealer(
+    ctx: zmq.Context[zmq.Socket[bytes]], address: str, immediate: bool = True
+) -> zmq.Socket[bytes]:
+    """A DEALER to ``address``. ``immediate``: ZMQ_IMMEDIATE, no request is queued while the
+    connection is down; but libzmq then also drops the answers not yet read when the connection
+    drops (``socket_base_t::hiccuped`` ends the pipe without delay), and a broker closes right
+    after its last answers when it drains (a test lost 18 of 40 such answers on a loaded VM).
+    A blocking call's own socket is made without it and closed when its call times out, so
+    neither an answer nor a stale request outlives the call."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.setsockopt(zmq.IMMEDIATE, 1 if immediate else 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
@@ -382,6 +394,7 @@ class Transport:
             except zmq.Again:
                 left_ms = int((deadline - time.monotonic()) * 1000)
                 if left_ms <= 0 or not sock.poll(left_ms, zmq.POLLOUT):
+                    self._drop_direct_socket(address, sock)
                     raise ClientTimeoutError(address, timeout_ms) from None
         sent = time.perf_counter()
         if self._spin_s > 0.0 and self._rtt_s < self._spin_s:
@@ -392,6 +405,8 @@ class Transport:
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0 or not sock.poll(left_ms):
+                # the request may still wait in the socket for a connection: it goes with it
+                self._drop_direct_socket(address, sock)
                 raise ClientTimeoutError(address, timeout_ms)
             try:
                 resp = decode_response(sock.recv_multipart(), CLIENT_LIMITS)
@@ -433,11 +448,24 @@ class Transport:
             sockets = self._local.sockets = {}
         sock = sockets.get(address)
         if sock is None:
-            sock = _new_dealer(self._ctx, address)
             with self._direct_lock:
+                if self._stop.is_set():  # close() has run: it would never close this one
+                    raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
+                sock = _new_dealer(self._ctx, address, immediate=False)
                 self._direct.append(sock)
             sockets[address] = sock
         return sock
+
+    def _drop_direct_socket(self, address: str, sock: zmq.Socket[bytes]) -> None:
+        """Close the calling thread's socket to ``address`` (LINGER 0: a request still queued
+        for a connection is dropped with it); the next call makes a new one."""
+        sockets: dict[str, zmq.Socket[bytes]] = self._local.sockets
+        if sockets.get(address) is sock:
+            del sockets[address]
+        with self._direct_lock:
+            if sock in self._direct:
+                self._direct.remove(sock)
+                sock.close(linger=0)
 
     def enqueue(self, item: _Item, timeout_ms: int) -> None:
         """Hand a message to the coalescing accumulator (send_async); blocks while too many

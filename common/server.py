@@ -75,6 +75,7 @@ from common.zmq_frames import send_frames
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
 CLOSE_LINGER_MS = 2000  # answers sent while draining get this long to leave on a loaded box
+DRAIN_GRACE_S = 0.3  # drained: connections stay open this long after the last answer
 PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 
 
@@ -358,6 +359,7 @@ class RequestServer:
         self._sock: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._draining = threading.Event()
+        self._closing_at = float("inf")  # drained: the loop ends at this time (DRAIN_GRACE_S)
         self._drain_deadline = float("inf")
         self._stopped = threading.Event()
         self._bound = threading.Event()
@@ -473,7 +475,12 @@ class RequestServer:
                     self._poll_waits(sock, owner)
             if self._draining.is_set() and self._should_exit():
                 self._release_waits(sock)
-                return
+                if self._stopped.is_set() or now >= self._closing_at:
+                    return
+                # Everything is answered: keep the connections a moment, so clients read the
+                # last answers before their connection drops (libzmq drops an IMMEDIATE
+                # socket's unread answers with it); a request meanwhile is refused.
+                self._closing_at = min(self._closing_at, now + DRAIN_GRACE_S)
 
     def _after_burst(self) -> None:
         """After a burst of requests: participants first (the HA service streams the new bytes
@@ -496,6 +503,8 @@ class RequestServer:
     def _poll_timeout_ms(self) -> int:
         timeout = MAX_POLL_MS
         now = time.monotonic()
+        if self._closing_at < now + MAX_POLL_MS / 1000:
+            timeout = max(0, int((self._closing_at - now) * 1000) + 1)
         if self._deadlines:
             wait = (self._deadlines[0][0] - now) * 1000
             timeout = max(0, min(timeout, int(wait) + 1))

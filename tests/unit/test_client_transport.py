@@ -8,6 +8,7 @@ spinning off, ``spin_us=0`` never spins, and the deadline still holds.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,13 @@ from common.client import ClientTimeoutError, Transport
 from common.protocol import RequestCode, ResponseCode, encode_response
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+def unused_port() -> int:
+    """A port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class ScriptedBroker:
@@ -156,5 +164,57 @@ def test_the_deadline_holds_after_spinning(broker: ScriptedBroker) -> None:
         with pytest.raises(ClientTimeoutError):
             t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=200)
         assert 0.15 <= time.monotonic() - started < 2.0
+    finally:
+        t.close()
+
+
+def _answer_once_then_close(sock: zmq.Socket[bytes], ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+    identity, header, *_ = sock.recv_multipart()
+    _, _, opaque, _ = msgpack.unpackb(header)
+    sock.send_multipart([identity, *encode_response(ResponseCode.SUCCESS, opaque)])
+    sock.close(linger=2000)  # what a draining broker does after its last answers
+    ctx.term()
+
+
+def test_an_answer_sent_just_before_the_broker_closes_is_kept() -> None:
+    """The calling thread's socket keeps an answer it has not read yet when the connection
+    drops. (With ZMQ_IMMEDIATE libzmq drops it: a draining broker's last answers were lost.)"""
+    from common.client import _new_dealer
+
+    sctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = sctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    server = threading.Thread(target=_answer_once_then_close, args=(router, sctx))
+    server.start()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = _new_dealer(ctx, f"127.0.0.1:{port}", immediate=False)
+    try:
+        sock.send_multipart([msgpack.packb([1, int(RequestCode.STATUS), 7, {}])])
+        server.join(10)
+        time.sleep(0.3)  # read only after the disconnect has been seen
+        assert sock.poll(5000), "the answer was dropped with the connection"
+        assert msgpack.unpackb(sock.recv_multipart()[0])[2] == 7
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def test_a_timed_out_call_leaves_no_request_behind() -> None:
+    """A call to a broker that is not up yet times out, and its request does not reach the
+    broker when it comes up later (the socket it waited in is closed with it)."""
+    port = unused_port()
+    t = Transport(spin_us=0)
+    try:
+        with pytest.raises(ClientTimeoutError):
+            t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=300)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        router = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.bind(f"tcp://127.0.0.1:{port}")
+        try:
+            assert not router.poll(1500), "a timed-out request arrived later"
+        finally:
+            router.close()
+            ctx.term()
     finally:
         t.close()

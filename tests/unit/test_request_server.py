@@ -318,6 +318,42 @@ def test_promote_slave_then_writes_succeed(make_broker: Callable[..., Broker]) -
         assert p.send("t", b"x").status == SendStatus.SEND_OK
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+            s.listen(1)
+            return True
+        except OSError:
+            return False
+
+
+def test_a_slave_holds_its_ha_port_until_promoted(make_broker: Callable[..., Broker]) -> None:
+    """Nothing can take a slave's haListenPort meanwhile (a drill's promotion once found it
+    taken); the promoted master's HA service binds it, and shutdown frees it."""
+    broker = make_broker(brokerRole="SLAVE", brokerId=1, haMasterAddress="127.0.0.1:1")
+    port = broker.cfg.ha_port
+    assert not _bindable(port)
+    with Admin([addr(broker)]) as a:
+        assert a.promote(addr(broker), role="ASYNC_MASTER")["role"] == "ASYNC_MASTER"
+    assert not _bindable(port)  # now the HA service's ROUTER
+    broker.shutdown()
+    assert _bindable(port)
+
+
+def test_a_slave_whose_ha_port_is_taken_refuses_to_start(
+    make_broker: Callable[..., Broker],
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"haListenPort {port} is in use"):
+            make_broker(brokerRole="SLAVE", brokerId=1, haMasterAddress="127.0.0.1:1",
+                        haListenPort=port)
+
+
 def test_sync_master_without_replication_reports_slave_not_available(
     make_broker: Callable[..., Broker],
 ) -> None:
@@ -381,7 +417,9 @@ def test_drain_answers_parked_polls(make_broker: Callable[..., Broker]) -> None:
         pool = concurrent.futures.ThreadPoolExecutor(1)
         fut = pool.submit(c.pull, "d", 0, 0, 32, 20_000)
         deadline = time.monotonic() + 5
-        while broker.server.stats.inflight < 1:
+        # parked, not merely in flight: the client's discovery STATUS counts in flight too,
+        # and a drain that ends with it leaves the pull to arrive at a closed loop
+        while broker.server.stats.long_polls < 1:
             assert time.monotonic() < deadline
             time.sleep(0.001)
         started = time.monotonic()
