@@ -40,7 +40,7 @@ from common.config import BrokerConfig
 from common.errors import ResponseCode
 from common.files import write_atomically
 from common.ha import epochs, term
-from common.ha.port_hold import HA_BIND_HOST, PortHold
+from common.port_hold import HA_BIND_HOST, PortHold
 from common.protocol import Request, Response
 from common.server import Reply, RequestServer, log_event, reply
 
@@ -301,7 +301,7 @@ class Broker:
         self._housekeeper: threading.Thread | None = None
         self._metrics_server: Any = None
         self._epoch_cache: tuple[float, int] = (-1.0, 0)
-        self._ha_port_hold: PortHold | None = None  # a slave's haListenPort (common/ha/port_hold)
+        self._ha_port_hold: PortHold | None = None  # a slave's haListenPort (common/port_hold.py)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:

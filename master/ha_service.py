@@ -62,9 +62,9 @@ import zmq
 from common.config import BrokerConfig
 from common.ha import master_core as mc
 from common.ha import term
-from common.ha.port_hold import HA_BIND_HOST
 from common.ha.protocol import HAProtocolError, Limits, decode
 from common.loop import LoopHost, ParticipantThread
+from common.port_hold import HA_BIND_HOST
 from common.server import log_event
 from common.zmq_frames import POLLIN, send_frames
 from master.group_transfer import GroupTransfer
