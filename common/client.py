@@ -14,8 +14,8 @@ Threads and sockets::
   answers for that, see ``common/server.py``.)
 * A blocking call (``send``, ``send_batch``, ``pull``, ``status``...) runs on the calling
   thread's own socket (not IMMEDIATE, so an answer that arrives just before the broker closes
-  is kept; a call that times out closes the socket, and a request still waiting in it for a
-  connection goes with it) and first polls for its answer without sleeping, up to ``spin_us``
+  is kept; no heartbeats, the call's deadline is enough; a call that times out closes the
+  socket, and a request still waiting in it for a connection goes with it) and first polls for its answer without sleeping, up to ``spin_us``
   (default 300 us), while recent answers have come that fast: waking a sleeping thread costs
   about as much as a loopback round trip on a VM. Slow answers (a SYNC_MASTER put, a long
   poll) turn this off by themselves; ``spin_us=0`` turns it off for good.
@@ -284,23 +284,29 @@ class _QueueBatch:
 
 
 def _new_dealer(
-    ctx: zmq.Context[zmq.Socket[bytes]], address: str, immediate: bool = True
+    ctx: zmq.Context[zmq.Socket[bytes]], address: str, blocking_call: bool = False
 ) -> zmq.Socket[bytes]:
-    """A DEALER to ``address``. ``immediate``: ZMQ_IMMEDIATE, no request is queued while the
-    connection is down; but libzmq then also drops the answers not yet read when the connection
-    drops (``socket_base_t::hiccuped`` ends the pipe without delay), and a broker closes right
-    after its last answers when it drains (a test lost 18 of 40 such answers on a loaded VM).
-    A blocking call's own socket is made without it and closed when its call times out, so
-    neither an answer nor a stale request outlives the call."""
+    """A DEALER to ``address``.
+
+    The I/O thread's sockets are ZMQ_IMMEDIATE, so no request is queued while the connection
+    is down, with heartbeats, so a frozen broker's connection is dropped. But libzmq then also
+    drops the answers not yet read when the connection drops (``socket_base_t::hiccuped`` ends
+    the pipe without delay), and a broker closes right after its last answers when it drains (a
+    test lost 18 of 40 such answers on a loaded VM). A ``blocking_call`` socket (one thread,
+    one call at a time) has neither: it keeps such an answer, and ``call_sync`` closes it when
+    its call times out, so no stale request outlives the call either. Without heartbeats it
+    also stays out of the libzmq assertions on heartbeat timers (libzmq issues 3596, 3937).
+    """
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IMMEDIATE, 1 if immediate else 0)
+    sock.setsockopt(zmq.IMMEDIATE, 0 if blocking_call else 1)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-    sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+    if not blocking_call:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
     sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_LIMITS.max_frame_bytes)
     sock.connect(f"tcp://{address}")
     return sock
@@ -451,7 +457,7 @@ class Transport:
             with self._direct_lock:
                 if self._stop.is_set():  # close() has run: it would never close this one
                     raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
-                sock = _new_dealer(self._ctx, address, immediate=False)
+                sock = _new_dealer(self._ctx, address, blocking_call=True)
                 self._direct.append(sock)
             sockets[address] = sock
         return sock

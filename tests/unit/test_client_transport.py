@@ -187,7 +187,7 @@ def test_an_answer_sent_just_before_the_broker_closes_is_kept() -> None:
     server = threading.Thread(target=_answer_once_then_close, args=(router, sctx))
     server.start()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sock = _new_dealer(ctx, f"127.0.0.1:{port}", immediate=False)
+    sock = _new_dealer(ctx, f"127.0.0.1:{port}", blocking_call=True)
     try:
         sock.send_multipart([msgpack.packb([1, int(RequestCode.STATUS), 7, {}])])
         server.join(10)
