@@ -15,10 +15,11 @@ Threads and sockets::
 * A blocking call (``send``, ``send_batch``, ``pull``, ``status``...) runs on the calling
   thread's own socket (not IMMEDIATE, so an answer that arrives just before the broker closes
   is kept; no heartbeats, the call's deadline is enough; a call that times out closes the
-  socket, and a request still waiting in it for a connection goes with it) and first polls for its answer without sleeping, up to ``spin_us``
-  (default 300 us), while recent answers have come that fast: waking a sleeping thread costs
-  about as much as a loopback round trip on a VM. Slow answers (a SYNC_MASTER put, a long
-  poll) turn this off by themselves; ``spin_us=0`` turns it off for good.
+  socket, and a request still waiting in it for a connection goes with it) and first polls
+  for its answer without sleeping, up to ``spin_us`` (default 300 us), while recent answers
+  have come that fast: waking a sleeping thread costs about as much as a loopback round trip
+  on a VM. Slow answers (a SYNC_MASTER put, a long poll) turn this off by themselves;
+  ``spin_us=0`` turns it off for good.
 * Every request has a deadline (``timeout_ms``, default 10 s: longer than the broker's
   ``slaveTimeout`` and ``syncFlushTimeout`` so FLUSH_SLAVE_TIMEOUT and FLUSH_DISK_TIMEOUT reach the
   caller). A missed deadline raises ``ClientTimeoutError`` (a retriable ``BrokerError``; the send's
@@ -393,15 +394,7 @@ class Transport:
         opaque = next(self._opaques)
         deadline = time.monotonic() + timeout_ms / 1000.0
         frames = encode_request(code, opaque, fields, bodies)
-        while True:  # ZMQ_IMMEDIATE: no connection yet -> Again; wait for it up to the deadline
-            try:
-                send_frames(sock, frames)
-                break
-            except zmq.Again:
-                left_ms = int((deadline - time.monotonic()) * 1000)
-                if left_ms <= 0 or not sock.poll(left_ms, zmq.POLLOUT):
-                    self._drop_direct_socket(address, sock)
-                    raise ClientTimeoutError(address, timeout_ms) from None
+        send_frames(sock, frames)  # never Again: no HWM, and queued until connected
         sent = time.perf_counter()
         if self._spin_s > 0.0 and self._rtt_s < self._spin_s:
             resp = self._spin_for(sock, opaque, sent + min(self._spin_s, timeout_ms / 1000))
