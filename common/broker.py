@@ -358,6 +358,32 @@ class Broker:
             self._metrics_server.server_close()
         log_event(log, "broker_stopped", drained=drained)
 
+    def _resume_slave(self, failed: Role | None, history: epochs.EpochHistory) -> None:
+        """After a failed promotion: undo it and replicate again, as if it had not been asked.
+
+        The epoch it opened never had a term, so the history goes back to what it was (main
+        and backup file: a slave that hands a master an epoch no master held would be told to
+        truncate what it shares with that master)."""
+        if failed is not None:
+            try:
+                failed.stop()
+            except Exception as e:  # noqa: BLE001 - a half-started role: stop what can stop
+                log_event(log, "promotion_role_stop_failed", logging.ERROR, error=repr(e))
+        self.store.become_slave()
+        try:
+            epochs.restore(self.cfg.store_root, history)
+        except OSError as e:
+            log_event(log, "epoch_restore_failed", logging.ERROR, error=repr(e))
+        if self._ha_port_hold is None:
+            try:
+                self._ha_port_hold = PortHold(HA_BIND_HOST, self.cfg.ha_port)
+            except OSError as e:
+                log_event(log, "ha_port_hold_failed", logging.WARNING, error=str(e))
+        role = self.role_factory("SLAVE", self)
+        role.start()
+        self.role = role
+        log_event(log, "broker_slave_resumed", master=self.cfg.haMasterAddress)
+
     def _release_ha_port(self) -> None:
         if self._ha_port_hold is not None:
             self._ha_port_hold.release()
@@ -472,22 +498,36 @@ class Broker:
         current = self.role
         if current is not None and current.name != "SLAVE":
             return reply(req, fields=self.status(), remark=f"already {current.name}")
+        self.cfg.store_root.mkdir(parents=True, exist_ok=True)
+        history_before = epochs.load(self.cfg.store_root)
         if current is not None:
             current.stop()
-        self.store.become_master()
-        self.cfg.store_root.mkdir(parents=True, exist_ok=True)
-        max_phy = int(self.store.max_phy_offset)
-        history = epochs.truncate_beyond(epochs.load(self.cfg.store_root), max_phy)
-        # numbered after every epoch this store has seen, also one learned from a master's
-        # HELLO_REPLY before any of its bytes arrived (term.py's learned marker)
-        learned = term.learned_epoch(self.cfg.store_root) or 0
-        newest = max(epochs.last_epoch(history), learned)
-        history = epochs.append_epoch(history, epochs.next_epoch(newest, self.cfg.brokerId),
-                                      max_phy)
-        epochs.save(self.cfg.store_root, history)
-        new_role = self.role_factory(target, self)
-        self._release_ha_port()  # the new master's HA service binds it now
-        new_role.start()
+        new_role: Role | None = None
+        try:
+            self.store.become_master()
+            max_phy = int(self.store.max_phy_offset)
+            history = epochs.truncate_beyond(history_before, max_phy)
+            # numbered after every epoch this store has seen, also one learned from a master's
+            # HELLO_REPLY before any of its bytes arrived (term.py's learned marker)
+            learned = term.learned_epoch(self.cfg.store_root) or 0
+            newest = max(epochs.last_epoch(history), learned)
+            history = epochs.append_epoch(
+                history, epochs.next_epoch(newest, self.cfg.brokerId), max_phy
+            )
+            epochs.save(self.cfg.store_root, history)
+            new_role = self.role_factory(target, self)
+            self._release_ha_port()  # the new master's HA service binds it now
+            new_role.start()
+        except Exception as e:  # noqa: BLE001 - any failure: back to a replicating slave
+            log_event(log, "broker_promotion_failed", logging.ERROR, role=target, error=repr(e))
+            self._resume_slave(new_role, history_before)
+            return reply(
+                req,
+                ResponseCode.SYSTEM_ERROR,
+                f"promotion to {target} failed, still a SLAVE replicating from "
+                f"{self.cfg.haMasterAddress}: {e}",
+                self.status(),
+            )
         self.role = new_role
         self.cfg.brokerRole = target
         log_event(

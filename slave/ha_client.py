@@ -159,6 +159,11 @@ class HaClient:
             session=self._core.session,
         )
 
+    @property
+    def running(self) -> bool:
+        """Its replication thread is alive and not asked to stop."""
+        return not self._stopping and self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         if self._stopping or self._thread is None:
             self._stopping = True

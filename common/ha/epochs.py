@@ -244,6 +244,21 @@ def save(store_root: str | os.PathLike[str], history: EpochHistory) -> None:
     _fsync_dir(path.parent)
 
 
+def restore(store_root: str | os.PathLike[str], history: EpochHistory) -> None:
+    """Put back a history read earlier with ``load`` (an undone promotion): no file when it
+    was empty, else ``history`` in both the main file and its backup, so neither holds what
+    was undone."""
+    path = epoch_file_path(store_root)
+    backup = path.with_name(FILE_NAME + BACKUP_SUFFIX)
+    if not history:
+        path.unlink(missing_ok=True)
+        backup.unlink(missing_ok=True)
+        _fsync_dir(path.parent)
+        return
+    save(store_root, history)
+    save(store_root, history)  # the first save moved the undone history into the backup
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:

@@ -144,6 +144,23 @@ def test_save_load_round_trip_and_backup(tmp_path: Path) -> None:
     assert ep.load(tmp_path) == ()
 
 
+def test_restore_leaves_no_trace_of_the_undone_history(tmp_path: Path) -> None:
+    """An undone promotion: neither the main file nor the backup keeps the undone epoch."""
+    before = (E(1, 0),)
+    ep.save(tmp_path, before)
+    ep.save(tmp_path, (E(1, 0), E(258, 100)))
+    ep.restore(tmp_path, before)
+    assert ep.load(tmp_path) == before
+    assert ep.decode_file((tmp_path / "epochFileCheckpoint.bak").read_bytes()) == before
+    (tmp_path / "epochFileCheckpoint").write_bytes(b"garbage")  # the backup is what it was too
+    assert ep.load(tmp_path) == before
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    ep.save(fresh, (E(257, 0),))
+    ep.restore(fresh, ())  # there was no file: there is none again
+    assert sorted(os.listdir(fresh)) == [] and ep.load(fresh) == ()
+
+
 @pytest.mark.parametrize(
     "damage",
     [

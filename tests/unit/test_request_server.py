@@ -13,6 +13,7 @@ import threading
 import time
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -22,6 +23,7 @@ import zmq
 from common.broker import Broker
 from common.client import Admin, Consumer, Producer
 from common.errors import BrokerError, GetStatus, PullStatus, PutStatus, ResponseCode, SendStatus
+from common.ha import epochs as ep
 from common.message import Message, encode_msg_id, encode_properties, host_bytes, tags_code
 from common.protocol import PROTOCOL_VERSION, RequestCode, decode_record, decode_response
 from common.store import record
@@ -70,6 +72,9 @@ class FakeStore:
 
     def become_master(self) -> None:
         self.promotions += 1  # the real store rebuilds its queue offsets from its ConsumeQueues
+
+    def become_slave(self) -> None:
+        self.promotions -= 1
 
     def add_append_listener(self, cb: Callable[[int], None]) -> None:
         self.append_listeners.append(cb)  # the master's HA service registers; no slave here
@@ -340,6 +345,58 @@ def test_a_slave_holds_its_ha_port_until_promoted(make_broker: Callable[..., Bro
     assert not _bindable(port)  # now the HA service's ROUTER
     broker.shutdown()
     assert _bindable(port)
+
+
+def test_a_failed_promotion_leaves_a_replicating_slave(
+    make_broker: Callable[..., Broker], tmp_path: Path
+) -> None:
+    """A master role that cannot start (here: its HA service) undoes the promotion: the answer
+    says so, the broker is a SLAVE with a new HA client, holds its HA port again, its epoch
+    history is what it was and writes are still refused; a later promotion succeeds."""
+    broker = make_broker(brokerRole="SLAVE", brokerId=1, haMasterAddress="127.0.0.1:1")
+    port, root = broker.cfg.ha_port, broker.cfg.store_root
+    history = (ep.EpochEntry(256, 0),)  # a term it replicated from its old master
+    root.mkdir(parents=True, exist_ok=True)
+    ep.save(root, history)
+    old_role = broker.role
+    assert old_role is not None and old_role.ha_client.running
+    real_factory = broker.role_factory
+
+    class FailingMaster:
+        name = "SYNC_MASTER"
+
+        def __init__(self) -> None:
+            self.stopped = False
+
+        def start(self) -> None:
+            raise OSError(98, "Address already in use (as if another process took the port)")
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    failing = FailingMaster()
+    broker.role_factory = lambda name, b: real_factory(name, b) if name == "SLAVE" else failing
+    with Admin([addr(broker)], retries=0) as a, pytest.raises(BrokerError) as e:
+        a.promote(addr(broker), role="SYNC_MASTER")
+    assert e.value.code == ResponseCode.SYSTEM_ERROR
+    assert "still a SLAVE" in e.value.remark and "Address already in use" in e.value.remark
+    assert failing.stopped
+    role = broker.role
+    assert role is not None and role is not old_role and role.name == "SLAVE"
+    assert role.ha_client.running and not old_role.ha_client.running
+    assert not _bindable(port)  # held again
+    assert ep.load(root) == history and broker.store.promotions == 0
+    with Producer([addr(broker)], retries=0) as p:
+        p._cluster._master = addr(broker)
+        with pytest.raises(BrokerError) as refused:
+            p.send("t", b"x", queue_id=0)
+    assert refused.value.code == ResponseCode.SERVICE_NOT_AVAILABLE and broker.store.phy == 0
+    broker.role_factory = real_factory
+    with Admin([addr(broker)]) as a:
+        status = a.promote(addr(broker), role="ASYNC_MASTER")
+    epoch = ep.next_epoch(256, 1)  # the same as the failed attempt would have opened
+    assert status["role"] == "ASYNC_MASTER" and status["epoch"] == epoch
+    assert ep.last_epoch(ep.load(root)) == epoch
 
 
 def test_a_slave_whose_ha_port_is_taken_refuses_to_start(
