@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -53,6 +54,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, cast
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
 from common.futures import LightFuture
@@ -101,6 +103,21 @@ class ClientTimeoutError(BrokerError):
     def __init__(self, address: str, timeout_ms: int):
         super().__init__(
             ResponseCode.SYSTEM_ERROR, f"no answer from {address} within {timeout_ms} ms", True
+        )
+        self.address = address
+
+
+class ConnectionLostError(ClientTimeoutError):
+    """The connection a request went out on dropped before its answer came: no answer can come
+    any more (libzmq discards what an IMMEDIATE socket's dropped connection held), so the call
+    ends now rather than at its deadline. The outcome of a write is unknown (retriable)."""
+
+    def __init__(self, address: str):
+        BrokerError.__init__(
+            self,
+            ResponseCode.SYSTEM_ERROR,
+            f"connection to {address} lost before the answer came (outcome unknown)",
+            True,
         )
         self.address = address
 
@@ -334,6 +351,7 @@ class Transport:
         self._ctx = zmq.Context(io_threads=1)
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
         self._addresses: dict[zmq.Socket[bytes], str] = {}
+        self._monitors: dict[zmq.Socket[bytes], str] = {}  # DISCONNECTED events per socket
         self._backlog: dict[str, collections.deque[_Call]] = {}
         self._inbox: collections.deque[_Call | _Item] = collections.deque()
         self._wakeup = _Wakeup()
@@ -466,9 +484,10 @@ class Transport:
                 self._direct.remove(sock)
                 sock.close(linger=0)
 
-    def enqueue(self, item: _Item, timeout_ms: int) -> None:
-        """Hand a message to the coalescing accumulator (send_async); blocks while too many
-        messages are pending, at most ``timeout_ms``."""
+    def reserve(self, timeout_ms: int) -> None:
+        """Take a pending-message slot for a send_async (blocks while too many messages are
+        pending, at most ``timeout_ms``); ``requeue`` hands the message over, and the slot is
+        freed when its future is settled."""
         with self._pending_lock:
             if self._pending_items >= self._max_pending:
                 limit = time.monotonic() + timeout_ms / 1000.0
@@ -480,10 +499,9 @@ class Transport:
                         )
                     self._pending_freed.wait(left)
             self._pending_items += 1
-        self._submit(item)
 
     def requeue(self, item: _Item) -> None:
-        """A retried message goes back to the accumulator (its pending slot is still held)."""
+        """A message goes to the coalescing accumulator (its pending slot is held)."""
         self._submit(item)
 
     def _release_items(self, count: int) -> None:
@@ -517,8 +535,8 @@ class Transport:
                 self._loop_once()
         finally:
             self._fail_all(BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False))
-            for sock in self._sockets.values():
-                sock.close(linger=0)
+            for address in list(self._sockets):
+                self._close_socket(address)
             self._ctx.term()
 
     def _loop_once(self) -> None:
@@ -527,7 +545,9 @@ class Transport:
             self._wakeup.clear()
         self._drain_inbox()
         for sock, mask in events.items():
-            if isinstance(sock, zmq.Socket):
+            if sock in self._monitors:
+                self._on_monitor(sock)
+            elif isinstance(sock, zmq.Socket) and sock in self._addresses:
                 if mask & POLLIN:
                     self._receive(sock)
                 if mask & POLLOUT:
@@ -562,10 +582,63 @@ class Transport:
         sock = self._sockets.get(address)
         if sock is None:
             sock = _new_dealer(self._ctx, address)
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             self._sockets[address] = sock
             self._addresses[sock] = address
+            self._monitors[monitor] = address
             self._poller.register(sock, zmq.POLLIN)
+            self._poller.register(monitor, zmq.POLLIN)
         return sock
+
+    def _close_socket(self, address: str) -> None:
+        sock = self._sockets.pop(address)
+        del self._addresses[sock]
+        self._poller.unregister(sock)
+        for monitor, owner in list(self._monitors.items()):
+            if owner == address:
+                del self._monitors[monitor]
+                self._poller.unregister(monitor)
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disable_monitor()
+                monitor.close(linger=0)
+        sock.close(linger=0)
+
+    def _on_monitor(self, monitor: zmq.Socket[bytes]) -> None:
+        lost = False
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
+        if lost:
+            self._connection_lost(self._monitors[monitor])
+
+    def _connection_lost(self, address: str) -> None:
+        """The connection to ``address`` dropped: every request sent on it is unanswerable.
+
+        The answers still readable are taken first; then the socket is replaced by a new one
+        (so no request can ride a connection libzmq made again meanwhile and be failed here
+        although it may be answered), and the calls that went out on the old one end with
+        ConnectionLostError at once instead of at their deadline: a send_async batch is retried
+        on the master found again, Kafka's producer's behaviour on a broken connection. Calls
+        still waiting in the backlog were never sent; they wait for the new connection."""
+        sock = self._sockets[address]
+        self._receive(sock)
+        self._close_socket(address)
+        backlog = self._backlog.get(address) or ()
+        waiting = {call.opaque for call in backlog}
+        sent = [
+            call
+            for call in self._pending.values()
+            if call.address == address and call.opaque not in waiting
+        ]
+        for call in sent:
+            del self._pending[call.opaque]
+        if backlog:
+            self._poller.modify(self._socket(address), zmq.POLLIN | zmq.POLLOUT)
+        for call in sent:
+            self._finish(call, ConnectionLostError(address))
 
     def _start_call(self, call: _Call) -> None:
         call.deadline = time.monotonic() + call.timeout_ms / 1000.0
@@ -729,13 +802,20 @@ def parse_servers(servers: str | Iterable[str]) -> list[str]:
 
 
 class _Cluster:
-    """Which broker of the group is the master, and the queue count of each topic."""
+    """Which broker of the group is the master, and the queue count of each topic.
+
+    ``_lock`` guards the fields and is never held while waiting for anything: ``forget`` and
+    ``recheck`` run on the I/O thread too (a failed batch, a degraded answer), and a discovery
+    that held it while waiting for that thread to answer its STATUS calls would deadlock it.
+    Discoveries take turns on ``_discovering``, which the I/O thread never takes."""
 
     def __init__(self, transport: Transport, servers: list[str], timeout_ms: int):
         self.transport = transport
         self.servers = servers
         self.timeout_ms = timeout_ms
         self._lock = threading.Lock()
+        self._discovering = threading.Lock()
+        self._generation = 0  # bumped by every forget: a discovery begun before is not cached
         self._master: str | None = None
         self._routes: dict[str, int] = {}
         self._rechecked: dict[str, float] = {}
@@ -770,18 +850,26 @@ class _Cluster:
                 return
             self._rechecked[address] = now
             self._master = None
+            self._generation += 1
 
     def master(self) -> str:
         master = self._master  # the common case needs no lock: a str is read whole
         if master is not None:
             return master
-        with self._lock:
-            if self._master is None:
-                self._master = self._discover()
-            return self._master
+        with self._discovering:
+            with self._lock:
+                if self._master is not None:
+                    return self._master
+                generation = self._generation
+            found = self._discover()
+            with self._lock:
+                if self._generation == generation:
+                    self._master = found
+            return found
 
     def forget(self, address: str | None = None) -> None:
         with self._lock:
+            self._generation += 1  # also drops what a discovery under way finds
             if address is None or self._master == address:
                 self._master = None
                 self._routes.clear()
@@ -795,7 +883,7 @@ class _Cluster:
         for address, fut in futures.items():
             try:
                 status = fut.result(timeout / 1000.0 + 5.0).fields
-            except BrokerError:
+            except (BrokerError, concurrent.futures.TimeoutError):
                 continue
             if status.get("role") in ("SYNC_MASTER", "ASYNC_MASTER"):
                 candidate = (int(status.get("epoch", 0)), address)
@@ -887,6 +975,64 @@ def _message_meta(msg: Message) -> list[Any] | None:
     return [msg.tags, keys, props or None, msg.flag]
 
 
+class _Retries:
+    """send_async messages waiting out their backoff before they are sent again: one thread
+    and a heap of due times. Every message that is due goes in the same pass, so the hundreds
+    of messages of the batches in flight when a connection drops are retried together after
+    one backoff (one discovery finds the master for all of them), not one backoff after the
+    other. ``close`` fails what is still waiting."""
+
+    def __init__(
+        self,
+        retry: Callable[[_Item, BrokerError], None],
+        fail: Callable[[_Item, BrokerError], None],
+    ):
+        self._retry = retry
+        self._fail = fail
+        self._heap: list[tuple[float, int, _Item, BrokerError]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="replog-producer-retry", daemon=True)
+        self._thread.start()
+
+    def add(self, due: float, item: _Item, err: BrokerError) -> bool:
+        """Retry ``item`` at ``due`` (monotonic); False once closed (then the caller fails it)."""
+        with self._cond:
+            if self._closed:
+                return False
+            heapq.heappush(self._heap, (due, next(self._seq), item, err))
+            self._cond.notify()
+            return True
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+        with self._cond:
+            left, self._heap = self._heap, []
+        for _, _, item, err in left:
+            self._fail(item, err)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed:
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        break
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+                if self._closed:
+                    return
+                due = []
+                while self._heap and self._heap[0][0] <= now:
+                    _, _, item, err = heapq.heappop(self._heap)
+                    due.append((item, err))
+            for item, err in due:
+                self._retry(item, err)
+
+
 class Producer(_Base):
     """Sends messages to the master of a broker group (CONTRACT section 4)."""
 
@@ -919,11 +1065,11 @@ class Producer(_Base):
         self._batch_size = max(1, batch_size)
         self._sticky: dict[str, tuple[int, int]] = {}  # topic -> (queue, sends left on it)
         self._sticky_lock = threading.Lock()
-        self._retry_pool = concurrent.futures.ThreadPoolExecutor(1, "replog-producer-retry")
+        self._retries = _Retries(self._retry_item, self._fail_item)
 
     def close(self) -> None:
         super().close()
-        self._retry_pool.shutdown(wait=True, cancel_futures=True)
+        self._retries.close()
 
     def send(
         self,
@@ -1012,10 +1158,16 @@ class Producer(_Base):
         future: concurrent.futures.Future[SendResult] = LightFuture()
         item = _Item("", topic, 0, bytes(body), meta, future, 0.0, queue_id, 0, self._on_item_error)
         try:
-            self._route(item)
-            self._transport.enqueue(item, self.timeout_ms)
+            self._transport.reserve(self.timeout_ms)
         except BrokerError as e:
             future.set_exception(e)
+            return future
+        try:
+            self._route(item)
+        except BrokerError as e:  # no master found: retried like a failed batch, if retriable
+            self._on_item_error(item, e)
+            return future
+        self._transport.requeue(item)
         return future
 
     # -- internals ------------------------------------------------------------------------------
@@ -1062,21 +1214,19 @@ class Producer(_Base):
         item.enqueued = time.monotonic()
 
     def _on_item_error(self, item: _Item, err: BrokerError) -> None:
-        """I/O thread: a batch holding ``item`` failed; retry it elsewhere or fail it."""
+        """A batch holding ``item`` failed (I/O thread) or no master was found for it (the
+        sending thread): retry it on the retry thread, or fail it. Never blocks."""
         if isinstance(err, ClientTimeoutError) or err.code in REDISCOVER_CODES:
             self._cluster.forget(item.address)
         if not err.retriable or item.attempt >= self.retries or self._closed.is_set():
             self._fail_item(item, err)
             return
-        try:
-            self._retry_pool.submit(self._retry_item, item, err)
-        except RuntimeError:  # pool shut down: the producer is closing
-            self._fail_item(item, err)
+        backoff = min(MAX_BACKOFF_S, 0.05 * 2**item.attempt)
+        if not self._retries.add(time.monotonic() + backoff, item, err):
+            self._fail_item(item, err)  # the producer is closing
 
     def _retry_item(self, item: _Item, err: BrokerError) -> None:
-        if self._closed.wait(min(MAX_BACKOFF_S, 0.05 * 2**item.attempt)):
-            self._fail_item(item, err)
-            return
+        """Retry thread: the item's backoff is over; find the master again and send it."""
         item.attempt += 1
         try:
             self._route(item)

@@ -3,6 +3,7 @@ whose master answers "no slave confirmed this" asks the group again and follows 
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from pathlib import Path
 
@@ -56,3 +57,24 @@ def test_producer_follows_a_newer_term_after_degraded_answers(tmp_path: Path) ->
             time.sleep(0.05)
         assert b.status()["epoch"] > a.status()["epoch"]
         assert b.status()["maxPhyOffset"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_async_sends_in_flight_when_the_master_dies_are_retried_at_once(tmp_path: Path) -> None:
+    """A SIGKILLed master's connection drops: send_async batches in flight on it end at once
+    (their answers can no longer come) and are retried on the master found again, here the
+    same broker restarted, instead of waiting out their 20 s deadline first."""
+    master = BrokerProcess(tmp_path / "m", brokerRole="ASYNC_MASTER")
+    with brokers(master), Producer([master.address], retries=3, timeout_ms=20_000) as p:
+        assert p.send_async("t", b"warm", queue_id=0).result(10).status == SendStatus.SEND_OK
+        in_flight = [p.send_async("t", b"k%d" % i, queue_id=0) for i in range(256)]
+        master.close()  # SIGKILL
+        unfinished = [f for f in in_flight if not f.done()]
+        master.start()
+        up = time.monotonic()
+        concurrent.futures.wait(unfinished, timeout=30)
+        late = time.monotonic() - up
+        assert unfinished, "every send was answered before the kill: nothing was tested"
+        assert all(f.done() for f in unfinished) and late < 6.0, late
+        outcomes = [f.result().status if f.exception() is None else "error" for f in unfinished]
+        assert outcomes.count(SendStatus.SEND_OK) == len(unfinished), outcomes

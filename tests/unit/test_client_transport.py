@@ -12,12 +12,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 import pytest
 import zmq
 
-from common.client import ClientTimeoutError, Transport
+from common.client import ClientTimeoutError, ConnectionLostError, Transport
 from common.protocol import RequestCode, ResponseCode, encode_response
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -35,6 +36,7 @@ class ScriptedBroker:
     with another opaque id (an earlier, timed-out call's late answer)."""
 
     def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
         self.delay_s = 0.0
         self.decoy = False
         self.silent = False
@@ -61,8 +63,9 @@ class ScriptedBroker:
             if self.decoy:
                 self._sock.send_multipart([identity, *encode_response(ResponseCode.SUCCESS,
                                                                       opaque + 1000)])
+            fields = {"echo": opaque, **self.fields}
             self._sock.send_multipart(
-                [identity, *encode_response(ResponseCode.SUCCESS, opaque, "", {"echo": opaque})]
+                [identity, *encode_response(ResponseCode.SUCCESS, opaque, "", fields)]
             )
             self.served += 1
 
@@ -216,5 +219,90 @@ def test_a_timed_out_call_leaves_no_request_behind() -> None:
         finally:
             router.close()
             ctx.term()
+    finally:
+        t.close()
+
+
+def _take_one_request_then_close(router: zmq.Socket[bytes], ctx: zmq.Context[Any]) -> None:
+    router.poll(10_000)
+    router.recv_multipart()
+    router.close(linger=0)  # a broker killed before answering
+    ctx.term()
+
+
+def test_a_call_whose_connection_drops_ends_at_once() -> None:
+    """The I/O thread's sockets are IMMEDIATE: once the connection drops nothing sent on it can
+    be answered, so the call ends with ConnectionLostError (retriable, outcome unknown) right
+    away rather than at its deadline; the next call goes over a new connection."""
+    sctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = sctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    server = threading.Thread(target=_take_one_request_then_close, args=(router, sctx))
+    server.start()
+    t = Transport(spin_us=0)
+    try:
+        started = time.monotonic()
+        fut = t.call(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=15_000)
+        with pytest.raises(ConnectionLostError) as e:
+            fut.result(20)
+        assert e.value.retriable and time.monotonic() - started < 5.0
+        server.join(10)
+        again = ScriptedBrokerOn(port)
+        try:
+            resp = t.call(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=10_000).result(15)
+            assert resp.code == ResponseCode.SUCCESS
+        finally:
+            again.close()
+    finally:
+        t.close()
+
+
+class ScriptedBrokerOn(ScriptedBroker):
+    """``ScriptedBroker`` on a given port (one that a dropped peer listened on)."""
+
+    def __init__(self, port: int) -> None:
+        self.fields: dict[str, Any] = {}
+        self.delay_s = 0.0
+        self.decoy = False
+        self.silent = False
+        self.served = 0
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(f"tcp://127.0.0.1:{port}")
+        self.address = f"127.0.0.1:{port}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+
+def test_forgetting_the_master_does_not_wait_for_a_discovery(broker: ScriptedBroker) -> None:
+    """``forget``/``recheck`` run on the I/O thread (a failed batch, a degraded answer); a
+    discovery waiting for that thread's answers must not hold them up (it used to hold the
+    lock they take: the I/O thread stalled until the discovery gave up), and what a discovery
+    begun before a ``forget`` finds is not cached."""
+    from common.client import _Cluster
+
+    broker.delay_s = 1.0
+    broker.fields = {"role": "ASYNC_MASTER", "epoch": 1}
+    t = Transport(spin_us=0)
+    try:
+        cluster = _Cluster(t, [broker.address], timeout_ms=5_000)
+        found: list[str] = []
+
+        def discover() -> None:
+            found.append(cluster.master())
+
+        finder = threading.Thread(target=discover)
+        finder.start()
+        time.sleep(0.2)  # the discovery is under way, waiting for the delayed answer
+        started = time.monotonic()
+        cluster.forget(broker.address)
+        cluster.recheck(broker.address)
+        assert time.monotonic() - started < 0.3
+        finder.join(10)
+        assert found == [broker.address]  # the caller gets what it found ...
+        assert cluster._master is None  # ... but it is not kept: it was forgotten meanwhile
+        assert cluster.master() == broker.address and cluster._master == broker.address
     finally:
         t.close()

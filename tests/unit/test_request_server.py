@@ -484,3 +484,16 @@ def test_drain_answers_parked_polls(make_broker: Callable[..., Broker]) -> None:
         assert fut.result(5).status == PullStatus.NO_NEW_MSG
         assert time.monotonic() - started < 2
         pool.shutdown()
+
+
+def test_send_async_waits_out_a_group_with_no_master_within_its_retries(
+    make_broker: Callable[..., Broker],
+) -> None:
+    """A send_async made while no broker of the group answers (a master restarting) is retried
+    like a failed batch: finding no master is retriable. It used to fail the future at once."""
+    port = free_port()
+    with Producer([f"127.0.0.1:{port}"], retries=2) as p:
+        fut = p.send_async("t", b"x", queue_id=0)
+        time.sleep(0.5)  # the first discovery is under way and finds nobody
+        make_broker(listenPort=port)
+        assert fut.result(20).status == SendStatus.SEND_OK
