@@ -32,10 +32,11 @@ def unused_port() -> int:
 
 
 class ScriptedBroker:
-    """A ROUTER thread answering each request after ``delay_s``; ``decoy`` first sends an answer
-    with another opaque id (an earlier, timed-out call's late answer)."""
+    """A ROUTER thread (on ``port``, or any free one) answering each request after ``delay_s``
+    with ``fields``; ``decoy`` first sends an answer with another opaque id (an earlier,
+    timed-out call's late answer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.fields: dict[str, Any] = {}
         self.delay_s = 0.0
         self.decoy = False
@@ -44,7 +45,10 @@ class ScriptedBroker:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+        if port:
+            self._sock.bind(f"tcp://127.0.0.1:{port}")
+        else:
+            port = self._sock.bind_to_random_port("tcp://127.0.0.1")
         self.address = f"127.0.0.1:{port}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -247,7 +251,7 @@ def test_a_call_whose_connection_drops_ends_at_once() -> None:
             fut.result(20)
         assert e.value.retriable and time.monotonic() - started < 5.0
         server.join(10)
-        again = ScriptedBrokerOn(port)
+        again = ScriptedBroker(port)  # where the dropped peer listened
         try:
             resp = t.call(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=10_000).result(15)
             assert resp.code == ResponseCode.SUCCESS
@@ -255,25 +259,6 @@ def test_a_call_whose_connection_drops_ends_at_once() -> None:
             again.close()
     finally:
         t.close()
-
-
-class ScriptedBrokerOn(ScriptedBroker):
-    """``ScriptedBroker`` on a given port (one that a dropped peer listened on)."""
-
-    def __init__(self, port: int) -> None:
-        self.fields: dict[str, Any] = {}
-        self.delay_s = 0.0
-        self.decoy = False
-        self.silent = False
-        self.served = 0
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(f"tcp://127.0.0.1:{port}")
-        self.address = f"127.0.0.1:{port}"
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
 
 
 def test_forgetting_the_master_does_not_wait_for_a_discovery(broker: ScriptedBroker) -> None:
