@@ -476,7 +476,8 @@ def test_torn_last_record_at_every_byte(crash: Crash, tmp_path: Path) -> None:
         try:
             end = cl.max_offset
             recoveries += 1
-            on_disk = seg_path.read_bytes()
+            # a segment left with no whole record may be removed (the last record was its first)
+            on_disk = seg_path.read_bytes() if seg_path.exists() or s > 0 else bytes(SEG)
             assert on_disk[:s] == pristine[seg_name][:s], f"{variant} k={k}: damage before S"
             assert not any(on_disk[end - seg_start :]), f"{variant} k={k}: tail not erased"
             r = cl.put(Message(TOPIC, b"next"), 0)
@@ -583,7 +584,8 @@ def test_truncated_bytes_are_gone_on_disk_after_a_second_crash(crash: Crash,
     seg.write_bytes(bytes(data))
     out = _recover_in_child(root, None)
     assert out["recovered"] == lr.start
-    assert not any(seg.read_bytes()[s:]), "garbage still on disk after the recovery cut"
+    if seg.exists() or s > 0:  # else the last record was its segment's first: the file went
+        assert not any(seg.read_bytes()[s:]), "garbage still on disk after the recovery cut"
     for path in segments(root):
         if int(path.name) > lr.start:
             assert not any(path.read_bytes())
