@@ -74,7 +74,9 @@ DEFAULT_TIMEOUT_MS = 10_000
 DISCOVERY_TIMEOUT_MS = 2_000
 DEFAULT_SPIN_US = 300  # call_sync polls without sleeping this long while answers come sooner
 MAX_BACKOFF_S = 1.0
+NO_MASTER_PAUSE_S = 0.05  # between discoveries that found no master (each waits for answers)
 RECV_BURST = 1024  # messages read from one socket before looking at the others
+LOST_CHECK_MS = 100  # a blocking call looks for a dropped connection this often
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
 
 SEND_CODES = {
@@ -120,6 +122,17 @@ class ConnectionLostError(ClientTimeoutError):
             True,
         )
         self.address = address
+
+
+class NoMasterError(BrokerError):
+    """No broker of the group answers as master (SERVICE_NOT_AVAILABLE, retriable). While a
+    master restarts or a slave is being promoted, sends wait for one up to their ``timeout_ms``
+    without using up their retries (as Kafka's producer waits for a partition leader)."""
+
+    def __init__(self, servers: Sequence[str]):
+        super().__init__(
+            ResponseCode.SERVICE_NOT_AVAILABLE, f"no master answers among {', '.join(servers)}", True
+        )
 
 
 # ---- results --------------------------------------------------------------------------------
@@ -293,6 +306,7 @@ class _Item:
     fixed_queue: int | None = None  # the queue the caller asked for, if any
     attempt: int = 0
     on_error: Callable[[_Item, BrokerError], None] | None = None  # runs on the I/O thread
+    give_up: float = 0.0  # monotonic: when waiting for a master (NoMasterError) ends
 
 
 @dataclasses.dataclass(eq=False)
@@ -371,6 +385,7 @@ class Transport:
         self._stop = threading.Event()
         self._local = threading.local()
         self._direct: list[zmq.Socket[bytes]] = []
+        self._direct_monitors: dict[zmq.Socket[bytes], zmq.Socket[bytes]] = {}
         self._direct_lock = threading.Lock()
         self._poller = zmq.Poller()
         self._poller.register(self._wakeup.fileno(), zmq.POLLIN)
@@ -409,6 +424,7 @@ class Transport:
         if self._stop.is_set():
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
         sock = self._direct_socket(address)
+        self._connection_dropped(sock)  # forget drops before this request: it was not on them
         opaque = next(self._opaques)
         deadline = time.monotonic() + timeout_ms / 1000.0
         frames = encode_request(code, opaque, fields, bodies)
@@ -421,10 +437,15 @@ class Transport:
                 return resp
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0 or not sock.poll(left_ms):
+            if left_ms <= 0:
                 # the request may still wait in the socket for a connection: it goes with it
                 self._drop_direct_socket(address, sock)
                 raise ClientTimeoutError(address, timeout_ms)
+            if not sock.poll(min(left_ms, LOST_CHECK_MS)):
+                if self._connection_dropped(sock):
+                    self._drop_direct_socket(address, sock)
+                    raise ConnectionLostError(address)
+                continue
             try:
                 resp = decode_response(sock.recv_multipart(), CLIENT_LIMITS)
             except ProtocolError:
@@ -469,9 +490,30 @@ class Transport:
                 if self._stop.is_set():  # close() has run: it would never close this one
                     raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
                 sock = _new_dealer(self._ctx, address, blocking_call=True)
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
                 self._direct.append(sock)
+                self._direct_monitors[sock] = monitor
             sockets[address] = sock
+            self._local.monitors = getattr(self._local, "monitors", {})
+            self._local.monitors[sock] = monitor
         return sock
+
+    def _connection_dropped(self, sock: zmq.Socket[bytes]) -> bool:
+        """Whether the calling thread's socket ``sock`` lost a connection since last asked.
+
+        Checked while a blocking call waits (every LOST_CHECK_MS): an answer cannot come over
+        a new connection to a request sent on a dropped one (the broker's ROUTER knew the
+        peer by that connection), so the call ends with ConnectionLostError rather than at
+        its deadline and is retried at once, e.g. on the master found again."""
+        monitor = self._local.monitors.get(sock)
+        dropped = False
+        while monitor is not None:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            dropped = dropped or event["event"] == zmq.EVENT_DISCONNECTED
+        return dropped
 
     def _drop_direct_socket(self, address: str, sock: zmq.Socket[bytes]) -> None:
         """Close the calling thread's socket to ``address`` (LINGER 0: a request still queued
@@ -479,10 +521,20 @@ class Transport:
         sockets: dict[str, zmq.Socket[bytes]] = self._local.sockets
         if sockets.get(address) is sock:
             del sockets[address]
+        self._local.monitors.pop(sock, None)
         with self._direct_lock:
             if sock in self._direct:
                 self._direct.remove(sock)
-                sock.close(linger=0)
+                self._close_direct(sock)
+
+    def _close_direct(self, sock: zmq.Socket[bytes]) -> None:
+        """Under ``_direct_lock``: close a blocking-call socket and its monitor."""
+        monitor = self._direct_monitors.pop(sock, None)
+        if monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(linger=0)
+        sock.close(linger=0)
 
     def reserve(self, timeout_ms: int) -> None:
         """Take a pending-message slot for a send_async (blocks while too many messages are
@@ -515,7 +567,7 @@ class Transport:
         self._stop.set()
         with self._direct_lock:
             for sock in self._direct:
-                sock.close(linger=0)
+                self._close_direct(sock)
             self._direct.clear()
         self._wakeup.wake()
         self._thread.join(timeout_s)
@@ -889,11 +941,7 @@ class _Cluster:
                 candidate = (int(status.get("epoch", 0)), address)
                 best = candidate if best is None or candidate > best else best
         if best is None:
-            raise BrokerError(
-                ResponseCode.SERVICE_NOT_AVAILABLE,
-                f"no master answers among {', '.join(self.servers)}",
-                True,
-            )
+            raise NoMasterError(self.servers)
         return best[1]
 
     def queue_nums(self, topic: str) -> int:
@@ -948,18 +996,24 @@ class _Base:
 
         With ``fixed`` (a consumer reading from a chosen broker) no master is needed at all.
         """
-        for n in range(self.retries + 1):
+        give_up = time.monotonic() + self.timeout_ms / 1000.0  # for finding a master
+        n = 0
+        while True:
             address = None
             try:
                 address = fixed or self._cluster.master()
                 return attempt(address)
+            except NoMasterError:
+                # each discovery waits up to DISCOVERY_TIMEOUT_MS for an answer: no spin here
+                if self._closed.wait(NO_MASTER_PAUSE_S) or time.monotonic() >= give_up:
+                    raise
             except BrokerError as e:
                 if isinstance(e, ClientTimeoutError) or e.code in REDISCOVER_CODES:
                     self._cluster.forget(address)
                 if not e.retriable or n == self.retries or self._closed.is_set():
                     raise
                 self._closed.wait(min(MAX_BACKOFF_S, 0.05 * 2**n))
-        raise AssertionError("unreachable")
+                n += 1
 
 
 # ---- Producer -------------------------------------------------------------------------------
@@ -1156,7 +1210,8 @@ class Producer(_Base):
             self._check(msg)
             meta = _message_meta(msg)
         future: concurrent.futures.Future[SendResult] = LightFuture()
-        item = _Item("", topic, 0, bytes(body), meta, future, 0.0, queue_id, 0, self._on_item_error)
+        item = _Item("", topic, 0, bytes(body), meta, future, 0.0, queue_id, 0, self._on_item_error,
+                     time.monotonic() + self.timeout_ms / 1000.0)
         try:
             self._transport.reserve(self.timeout_ms)
         except BrokerError as e:
@@ -1216,18 +1271,25 @@ class Producer(_Base):
     def _on_item_error(self, item: _Item, err: BrokerError) -> None:
         """A batch holding ``item`` failed (I/O thread) or no master was found for it (the
         sending thread): retry it on the retry thread, or fail it. Never blocks."""
+        now = time.monotonic()
+        if isinstance(err, NoMasterError):  # waiting for a master uses no retry (give_up)
+            if now + NO_MASTER_PAUSE_S >= item.give_up or self._closed.is_set():
+                self._fail_item(item, err)
+            elif not self._retries.add(now + NO_MASTER_PAUSE_S, item, err):
+                self._fail_item(item, err)  # the producer is closing
+            return
         if isinstance(err, ClientTimeoutError) or err.code in REDISCOVER_CODES:
             self._cluster.forget(item.address)
         if not err.retriable or item.attempt >= self.retries or self._closed.is_set():
             self._fail_item(item, err)
             return
-        backoff = min(MAX_BACKOFF_S, 0.05 * 2**item.attempt)
-        if not self._retries.add(time.monotonic() + backoff, item, err):
+        item.attempt += 1
+        backoff = min(MAX_BACKOFF_S, 0.05 * 2 ** (item.attempt - 1))
+        if not self._retries.add(now + backoff, item, err):
             self._fail_item(item, err)  # the producer is closing
 
     def _retry_item(self, item: _Item, err: BrokerError) -> None:
         """Retry thread: the item's backoff is over; find the master again and send it."""
-        item.attempt += 1
         try:
             self._route(item)
             self._transport.requeue(item)

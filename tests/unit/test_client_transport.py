@@ -291,3 +291,28 @@ def test_forgetting_the_master_does_not_wait_for_a_discovery(broker: ScriptedBro
         assert cluster.master() == broker.address and cluster._master == broker.address
     finally:
         t.close()
+
+
+def test_a_blocking_call_whose_connection_drops_ends_at_once() -> None:
+    """The same for a blocking call: its socket (not IMMEDIATE) would keep waiting on a new
+    connection for an answer that cannot come; it ends within LOST_CHECK_MS of the drop."""
+    sctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = sctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    server = threading.Thread(target=_take_one_request_then_close, args=(router, sctx))
+    server.start()
+    t = Transport(spin_us=0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConnectionLostError):
+            t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=15_000)
+        assert time.monotonic() - started < 5.0
+        server.join(10)
+        again = ScriptedBroker(port)
+        try:
+            resp = t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=10_000)
+            assert resp.code == ResponseCode.SUCCESS
+        finally:
+            again.close()
+    finally:
+        t.close()

@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 from common.broker import Broker
-from common.client import Admin, Consumer, Producer
+from common.client import Admin, Consumer, NoMasterError, Producer
 from common.errors import BrokerError, GetStatus, PullStatus, PutStatus, ResponseCode, SendStatus
 from common.ha import epochs as ep
 from common.message import Message, encode_msg_id, encode_properties, host_bytes, tags_code
@@ -308,8 +308,8 @@ def test_slave_refuses_writes_naming_master(make_broker: Callable[..., Broker]) 
     assert e.value.code == ResponseCode.SERVICE_NOT_AVAILABLE
     assert "SLAVE" in e.value.remark and "10.1.2.3:10912" in e.value.remark
     assert broker.store.phy == 0
-    with Producer([addr(broker)], retries=0) as p, pytest.raises(BrokerError) as e:
-        p.send("t", b"x")  # discovery finds no master
+    with Producer([addr(broker)], retries=0, timeout_ms=500) as p, pytest.raises(BrokerError) as e:
+        p.send("t", b"x")  # discovery finds no master (waited for one timeout_ms)
     assert e.value.code == ResponseCode.SERVICE_NOT_AVAILABLE
 
 
@@ -486,14 +486,27 @@ def test_drain_answers_parked_polls(make_broker: Callable[..., Broker]) -> None:
         pool.shutdown()
 
 
-def test_send_async_waits_out_a_group_with_no_master_within_its_retries(
-    make_broker: Callable[..., Broker],
+@pytest.mark.parametrize("blocking", [False, True])
+def test_sends_wait_for_a_master_within_their_timeout_without_using_retries(
+    make_broker: Callable[..., Broker], blocking: bool
 ) -> None:
-    """A send_async made while no broker of the group answers (a master restarting) is retried
-    like a failed batch: finding no master is retriable. It used to fail the future at once."""
+    """A send made while no broker of the group answers (a master restarting) waits for one
+    up to its timeout_ms, as Kafka's producer waits for a leader; that uses none of its
+    retries (here 0). Both used to fail after the first discovery (~2 s)."""
     port = free_port()
-    with Producer([f"127.0.0.1:{port}"], retries=2) as p:
-        fut = p.send_async("t", b"x", queue_id=0)
-        time.sleep(0.5)  # the first discovery is under way and finds nobody
+    with Producer([f"127.0.0.1:{port}"], retries=0, timeout_ms=15_000) as p:
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        if blocking:
+            fut = pool.submit(p.send, "t", b"x", queue_id=0)
+        else:
+            fut = p.send_async("t", b"x", queue_id=0)
+        time.sleep(2.5)  # more than one discovery (2 s) has found nobody
+        assert not fut.done()
         make_broker(listenPort=port)
         assert fut.result(20).status == SendStatus.SEND_OK
+        pool.shutdown()
+    with Producer([f"127.0.0.1:{free_port()}"], retries=0, timeout_ms=1_000) as p:
+        started = time.monotonic()
+        with pytest.raises(NoMasterError):
+            p.send("t", b"x", queue_id=0)
+        assert time.monotonic() - started < 4.0  # one discovery (its own 1 s) and out
