@@ -358,12 +358,13 @@ class Broker:
             self._metrics_server.server_close()
         log_event(log, "broker_stopped", drained=drained)
 
-    def _resume_slave(self, failed: Role | None, history: epochs.EpochHistory) -> None:
+    def _resume_slave(self, failed: Role | None, history: epochs.EpochHistory | None) -> None:
         """After a failed promotion: undo it and replicate again, as if it had not been asked.
 
         The epoch it opened never had a term, so the history goes back to what it was (main
         and backup file: a slave that hands a master an epoch no master held would be told to
-        truncate what it shares with that master)."""
+        truncate what it shares with that master). ``history`` is None when it could not be
+        read: the files are left as they are."""
         if failed is not None:
             try:
                 failed.stop()
@@ -371,7 +372,8 @@ class Broker:
                 log_event(log, "promotion_role_stop_failed", logging.ERROR, error=repr(e))
         self.store.become_slave()
         try:
-            epochs.restore(self.cfg.store_root, history)
+            if history is not None:
+                epochs.restore(self.cfg.store_root, history)
         except OSError as e:
             log_event(log, "epoch_restore_failed", logging.ERROR, error=repr(e))
         if self._ha_port_hold is None:
@@ -498,12 +500,13 @@ class Broker:
         current = self.role
         if current is not None and current.name != "SLAVE":
             return reply(req, fields=self.status(), remark=f"already {current.name}")
-        self.cfg.store_root.mkdir(parents=True, exist_ok=True)
-        history_before = epochs.load(self.cfg.store_root)
         if current is not None:
-            current.stop()
+            current.stop()  # before reading the history: replication may still have saved to it
+        history_before: epochs.EpochHistory | None = None
         new_role: Role | None = None
         try:
+            self.cfg.store_root.mkdir(parents=True, exist_ok=True)
+            history_before = epochs.load(self.cfg.store_root)
             self.store.become_master()
             max_phy = int(self.store.max_phy_offset)
             history = epochs.truncate_beyond(history_before, max_phy)
