@@ -68,7 +68,7 @@ from common.protocol import (
     decode_response,
     encode_request,
 )
-from common.zmq_frames import POLLIN, POLLOUT, send_frames
+from common.zmq_frames import POLLIN, POLLOUT, readable, send_frames
 
 DEFAULT_TIMEOUT_MS = 10_000
 DISCOVERY_TIMEOUT_MS = 2_000
@@ -462,12 +462,15 @@ class Transport:
         for an answer expected within ``spin_us`` skips that wake-up (an adaptive mutex's
         trick). ``call_sync`` spins only while the recent round trips fit in the budget, so a
         slow path (a SYNC_MASTER put, a long poll) costs no CPU."""
+        clock = time.perf_counter
         while True:
+            if not readable(sock):
+                if clock() >= until:
+                    return None
+                continue
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                if time.perf_counter() >= until:
-                    return None
                 continue
             try:
                 resp = decode_response(frames, CLIENT_LIMITS)
@@ -728,6 +731,8 @@ class Transport:
 
     def _receive(self, sock: zmq.Socket[bytes]) -> None:
         for _ in range(RECV_BURST):
+            if not readable(sock):
+                return
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

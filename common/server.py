@@ -70,7 +70,7 @@ from common.protocol import (
     encode_response,
     error_response,
 )
-from common.zmq_frames import send_frames
+from common.zmq_frames import readable, send_frames
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
@@ -518,6 +518,8 @@ class RequestServer:
 
     def _receive(self, sock: zmq.Socket[bytes]) -> None:
         for _ in range(RECV_BURST):
+            if not readable(sock):
+                return
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

@@ -7,12 +7,16 @@ broker sends, every request, every replication frame) we use plain ``int`` flags
 ``send_frames`` is ``send_multipart(frames, zmq.NOBLOCK)`` with the same semantics (the first
 frame decides: zmq.Again or an error there means nothing was sent; once it is queued, the
 rest of the message is too), 6.2 -> 4.3 us for a 3-frame send and receive on this VM.
+
+Loops that drain a socket ask ``readable(sock)`` before each ``recv``: a ``recv`` on an empty
+socket raises ``zmq.Again``, whose construction costs about 3 us here, against 1 us for reading
+``ZMQ_EVENTS``; every burst ends that way, so every request paid it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -20,6 +24,7 @@ NOBLOCK = int(zmq.NOBLOCK)
 SNDMORE_NOBLOCK = int(zmq.SNDMORE) | NOBLOCK
 POLLIN = int(zmq.POLLIN)
 POLLOUT = int(zmq.POLLOUT)
+EVENTS = int(zmq.EVENTS)
 
 Frame = bytes | memoryview | zmq.Frame
 
@@ -36,3 +41,9 @@ def send_frames(sock: zmq.Socket[Any], frames: Sequence[Frame], first: Frame | N
     for i in range(last):
         send(frames[i], SNDMORE_NOBLOCK)
     send(frames[last], NOBLOCK)
+
+
+def readable(sock: zmq.Socket[Any]) -> bool:
+    """Whether a whole message waits in ``sock`` (``ZMQ_EVENTS``: level-triggered, and it also
+    processes the socket's pending commands, as a ``recv`` would)."""
+    return bool(cast(int, sock.getsockopt(EVENTS)) & POLLIN)

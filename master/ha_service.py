@@ -66,7 +66,7 @@ from common.ha.protocol import HAProtocolError, Limits, decode
 from common.loop import LoopHost, ParticipantThread
 from common.port_hold import HA_BIND_HOST
 from common.server import log_event
-from common.zmq_frames import POLLIN, send_frames
+from common.zmq_frames import POLLIN, readable, send_frames
 from master.group_transfer import GroupTransfer
 
 log = logging.getLogger("replog.ha_service")
@@ -298,6 +298,8 @@ class HaService:
     def _receive(self, sock: zmq.Socket[Any]) -> list[mc.MasterAction]:
         actions: list[mc.MasterAction] = []
         for _ in range(RECV_BURST):
+            if not readable(sock):
+                break
             try:
                 msg = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

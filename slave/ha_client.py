@@ -55,7 +55,7 @@ from common.ha import slave_core as sc
 from common.ha import term
 from common.ha.protocol import Ack, HAProtocolError, Limits, decode, encode_header
 from common.server import log_event
-from common.zmq_frames import send_frames
+from common.zmq_frames import readable, send_frames
 
 log = logging.getLogger("replog.ha_client")
 
@@ -235,6 +235,8 @@ class HaClient:
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
         for _ in range(RECV_BURST):
+            if not readable(sock):
+                return
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
