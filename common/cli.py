@@ -36,7 +36,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from common.client import Admin, Consumer, Producer, SendResult
+from common.client import Admin, Consumer, Producer, SendResult, parse_servers
 from common.config import KNOWN_KEYS, dump_yaml, load_config
 from common.errors import BrokerError, ConfigError, SendStatus, StoreError
 
@@ -154,6 +154,13 @@ def _send_many(producer: Producer, args: argparse.Namespace) -> list[SendResult]
     body_for = _body_maker(args.size)
     with Progress(console=err, disable=args.json or args.count < 100, transient=True) as progress:
         task = progress.add_task(f"sending {args.count} messages", total=args.count)
+        if args.delay_level:  # send_async coalesces into batches, which cannot be delayed
+            results = []
+            for i in range(args.count):
+                results.append(producer.send(args.topic, body_for(i), args.tags, args.keys,
+                                             queue_id=args.queue, delay_level=args.delay_level))
+                progress.advance(task)
+            return results
         for i in range(args.count):
             futures.append(
                 producer.send_async(
@@ -559,7 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _client(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
-    p.add_argument("-s", "--servers", default=DEFAULT_SERVERS)
+    p.add_argument("-s", "--servers", default=DEFAULT_SERVERS, type=_servers_arg)
     p.add_argument("--json", action="store_true")
     p.add_argument("--timeout-ms", type=int, default=10_000)
     return p
@@ -573,6 +580,15 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "promote": cmd_promote,
     "cluster": cmd_cluster,
 }
+
+
+def _servers_arg(text: str) -> str:
+    """``-s`` checked while parsing, so a malformed one is bad usage (exit 2), not a failure."""
+    try:
+        parse_servers(text)
+    except BrokerError as e:
+        raise argparse.ArgumentTypeError(e.remark) from None
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,7 +58,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
 from common.futures import LightFuture
-from common.message import Message, MessageExt
+from common.message import PROPERTY_DELAY, Message, MessageExt
 from common.protocol import (
     Limits,
     ProtocolError,
@@ -1150,6 +1150,8 @@ class Producer(_Base):
         if meta is not None:
             fields.update(zip(("tags", "keys", "properties", "flag"), meta, strict=True))
             fields = {k: v for k, v in fields.items() if v is not None}
+        if msg.delay_level:  # also in the DELAY property, RocketMQ's carrier, as brokers read it
+            fields["delayLevel"] = msg.delay_level
 
         def attempt(address: str) -> SendResult:
             qid = self._queue(topic, queue_id)
@@ -1194,6 +1196,10 @@ class Producer(_Base):
             self._check(m)
             if m.topic != topic:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch holds one topic", False)
+            if m.delay_level > 0 or PROPERTY_DELAY in m.properties:
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                                  "a batch cannot hold delayed messages (send them one by one)",
+                                  False)
         metas = [_message_meta(m) for m in msgs]
         if any(m is not None for m in metas):
             fields["meta"] = metas
@@ -1215,6 +1221,10 @@ class Producer(_Base):
         else:
             msg = Message(topic, body, tags, keys, dict(properties or {}))
             self._check(msg)
+            if PROPERTY_DELAY in msg.properties:  # it would travel in a batch, which cannot
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                                  "send_async cannot delay a message: use send(delay_level=...)",
+                                  False)
             meta = _message_meta(msg)
         future: concurrent.futures.Future[SendResult] = LightFuture()
         item = _Item("", topic, 0, bytes(body), meta, future, 0.0, queue_id, 0, self._on_item_error,

@@ -224,7 +224,10 @@ def load_config(
         _apply(values, ((str(k), v) for k, v in raw.items()), from_text=False)
     _apply(values, fields.items(), from_text=False)
     env = os.environ if env is None else env
-    env_items = [(k[len("REPLOG_") :], v) for k, v in env.items() if k.startswith("REPLOG_")]
+    # REPLOG_<key> for a config key (camelCase, as in broker.conf); upper-case names
+    # (REPLOG_DEMO_DURATION, REPLOG_BENCH_SCALE...) are the tools' own settings, not keys
+    env_items = [(k[len("REPLOG_") :], v) for k, v in env.items()
+                 if k.startswith("REPLOG_") and not k[len("REPLOG_") :].isupper()]
     _apply(values, env_items, from_text=True)
     _apply(values, parse_overrides(overrides), from_text=True)
     cfg = BrokerConfig(**values)

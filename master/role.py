@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 from common.broker import TopicTable
 from common.errors import PutStatus, ResponseCode
-from common.message import Message, encode_msg_id
-from common.protocol import Request, RequestCode, Response
+from common.message import PROPERTY_DELAY, Message, encode_msg_id
+from common.protocol import SCHEMAS, Request, RequestCode, Response
 from common.server import Reply, reply
 from master.group_transfer import GroupTransfer, ReplicaPut
 
@@ -107,18 +107,28 @@ class MasterRole:
         f = req.fields
         born = f.get("bornTimestamp") or int(time.time() * 1000)
         if req.code == RequestCode.SEND:
+            props = dict(f.get("properties") or {})
+            delay = f["delayLevel"] or _delay_property(props)
+            if delay is None:
+                return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                             f"property {PROPERTY_DELAY}={props[PROPERTY_DELAY]!r} is not a "
+                             "delay level (an integer 0-64)")
             msg = Message(
                 f["topic"],
                 req.bodies[0],
                 f.get("tags"),
                 f.get("keys"),
-                dict(f.get("properties") or {}),
+                props,
                 f["flag"],
-                f["delayLevel"],
+                delay,
             )
             pending = self.store.put_nowait(msg, f["queueId"], born_timestamp=born)
         else:
-            msgs = _batch_messages(f["topic"], req.bodies, f.get("meta"))
+            meta = f.get("meta")
+            if meta is not None and any(m[2] and PROPERTY_DELAY in m[2] for m in meta):
+                return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                             "a batch cannot hold delayed messages (RocketMQ refuses them too)")
+            msgs = _batch_messages(f["topic"], req.bodies, meta)
             pending = self.store.put_batch_nowait(
                 f["topic"], f["queueId"], msgs, born_timestamp=born
             )
@@ -221,6 +231,22 @@ def _put_reply(
             req, code, remark or ("" if code == ResponseCode.SUCCESS else status.value), fields
         )
     return reply(req, code, remark or f"put failed after append: {status.value}")
+
+
+MAX_DELAY_LEVEL = SCHEMAS[RequestCode.SEND]["delayLevel"].hi
+
+
+def _delay_property(props: dict[str, str]) -> int | None:
+    """The delay level a SEND carries in its DELAY property (RocketMQ's carrier: a 4.x client
+    sets only that); 0 when absent, None when it is not a level."""
+    text = props.get(PROPERTY_DELAY)
+    if text is None:
+        return 0
+    try:
+        level = int(text)
+    except ValueError:
+        return None
+    return level if 0 <= level <= MAX_DELAY_LEVEL else None
 
 
 def _batch_messages(

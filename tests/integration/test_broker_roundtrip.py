@@ -11,7 +11,8 @@ import pytest
 from broker_harness import BrokerProcess, brokers, run_cli
 
 from common.client import Admin, Consumer, Producer
-from common.errors import PullStatus, SendStatus
+from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.message import Message
 
 pytestmark = pytest.mark.integration
 
@@ -83,6 +84,9 @@ def test_cli_send_pull_query_status(tmp_path: Path) -> None:
         assert rc == 1
         rc, _ = run_cli("send", *s, "-t", "orders")  # no body source: bad usage
         assert rc == 2
+        for bad in ("badserver", "host:", ","):  # a malformed -s is bad usage too
+            rc, _ = run_cli("status", "-s", bad)
+            assert rc == 2, bad
 
 
 @pytest.mark.timeout(120)
@@ -156,3 +160,46 @@ def test_status_and_discovery_across_group(tmp_path: Path) -> None:
             st = a.status(slave.address)
         assert st["role"] == "SLAVE" and st["brokerId"] == 1
         assert st["masterAddress"] == f"127.0.0.1:{master.port + 1}"
+
+
+def _wait_found(c: Consumer, topic: str, deadline_s: float) -> list[bytes]:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        pr = c.pull(topic, queue_id=0, offset=0, max_nums=32)
+        if pr.status == PullStatus.FOUND:
+            return [m.body for m in pr.messages]
+        time.sleep(0.05)
+    raise AssertionError(f"nothing delivered to {topic} within {deadline_s} s")
+
+
+@pytest.mark.timeout(120)
+def test_delay_levels_through_client_cli_and_property(tmp_path: Path) -> None:
+    """A delayed send is held for its level's time, whichever way the level travels: the
+    client's delay_level, the CLI's --delay-level (one message and --count), or only the DELAY
+    property as a RocketMQ 4.x client sets it. A batch cannot hold delayed messages."""
+    b = BrokerProcess(tmp_path / "b", defaultTopicQueueNums=1, messageDelayLevel="1s 2s")
+    with brokers(b), Producer([b.address]) as p, Consumer([b.address], group="g") as c:
+        started = time.monotonic()
+        r = p.send("viaclient", b"a", delay_level=1)
+        assert r.status == SendStatus.SEND_OK
+        p.send("viaprop", b"b", properties={"DELAY": "1"})
+        rc, sent = run_cli("send", "-s", b.address, "-t", "viacli", "-b", "c", "--delay-level", "1")
+        assert rc == 0 and sent["status"] == "SEND_OK"
+        rc, many = run_cli("send", "-s", b.address, "-t", "viacount", "--count", "3", "--size",
+                           "8", "--delay-level", "1")
+        assert rc == 0 and [m["status"] for m in many] == ["SEND_OK"] * 3
+        for topic in ("viaclient", "viaprop", "viacli", "viacount"):
+            assert c.pull(topic, queue_id=0, offset=0).status != PullStatus.FOUND, topic
+        assert _wait_found(c, "viaclient", 15) == [b"a"]
+        assert time.monotonic() - started >= 0.9  # level 1 is 1 s
+        assert _wait_found(c, "viaprop", 15) == [b"b"]
+        assert _wait_found(c, "viacli", 15) == [b"c"]
+        assert len(_wait_found(c, "viacount", 15)) == 3
+        with pytest.raises(BrokerError) as refused:
+            p.send_batch("viaclient", [Message("viaclient", b"x", delay_level=1)])
+        assert refused.value.code == ResponseCode.MESSAGE_ILLEGAL
+        with pytest.raises(BrokerError) as refused:
+            p.send("viaprop", b"y", properties={"DELAY": "soon"})
+        assert refused.value.code == ResponseCode.MESSAGE_ILLEGAL and "DELAY" in refused.value.remark
+        with pytest.raises(BrokerError):
+            p.send_async("viaprop", b"z", properties={"DELAY": "1"})

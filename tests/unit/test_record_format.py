@@ -565,6 +565,16 @@ def test_unknown_key_is_refused_by_name_with_the_closest_key(tmp_path: Path) -> 
         load_config(env={"REPLOG_warmMappedFileEnable": "true"})
     with pytest.raises(ConfigError, match=r"unknown config key 'zzzqqq'"):
         load_config(env={}, overrides=["zzzqqq=1"])
+    with pytest.raises(ConfigError, match=r"'listenport'.*'listenPort'"):
+        load_config(env={"REPLOG_listenport": "1"})
+
+
+def test_tools_own_upper_case_environment_is_not_config() -> None:
+    """REPLOG_DEMO_DURATION (make run), REPLOG_BENCH_SCALE... belong to the tools: a broker
+    started with them set still starts."""
+    cfg = load_config(env={"REPLOG_DEMO_DURATION": "5", "REPLOG_BENCH_SCALE": "0.3",
+                           "REPLOG_listenPort": "30911"})
+    assert cfg.listenPort == 30911
 
 
 def test_overrides_precedence_and_types(tmp_path: Path) -> None:
