@@ -22,7 +22,7 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 def register(spark: SparkSession) -> None:
     """Register the ``replog`` format on ``spark`` and enable Python filter pushdown."""
-    from .source import ReplogDataSource
+    from .source import PushdownDataSource
 
     spark.conf.set(PUSHDOWN_CONF, "true")
-    spark.dataSource.register(ReplogDataSource)
+    spark.dataSource.register(PushdownDataSource)

@@ -11,8 +11,9 @@ Options (all optional):
 | verifyCrc           | ``true``: check every body CRC, fail the task on a mismatch        |
 | maxPartitionBytes   | split segments larger than this at record boundaries (128 MiB)     |
 | batchRows           | records per Arrow batch handed to Spark (65536)                    |
-| pushFilters         | ``false`` turns filter pushdown off (then Spark's conf            |
-|                     | ``spark.sql.python.filterPushdown.enabled`` is not needed)         |
+| pushFilters         | push filters into the reader; needs Spark's conf                   |
+|                     | ``spark.sql.python.filterPushdown.enabled``. Default: on after     |
+|                     | ``common.pipeline.register(spark)`` (which sets it), else off      |
 
 One input partition per CommitLog segment (or per ``maxPartitionBytes`` of it). Pushed-down
 filters: ``topic`` and ``queueId`` equality/IN, and comparisons on ``commitLogOffset``; a
@@ -94,7 +95,7 @@ class ReadOptions:
     push_filters: bool = True
 
     @classmethod
-    def parse(cls, options: dict[str, str]) -> ReadOptions:
+    def parse(cls, options: dict[str, str], push_filters: bool = True) -> ReadOptions:
         lowered = {k.lower(): v for k, v in options.items()}
         path = lowered.get("path")
         if not path:
@@ -108,7 +109,7 @@ class ReadOptions:
             verify_crc=_bool(lowered.get("verifycrc"), False),
             max_partition_bytes=_int(lowered, "maxpartitionbytes", DEFAULT_MAX_PARTITION_BYTES),
             batch_rows=_int(lowered, "batchrows", DEFAULT_BATCH_ROWS),
-            push_filters=_bool(lowered.get("pushfilters"), True),
+            push_filters=_bool(lowered.get("pushfilters"), push_filters),
         )
         if parsed.start_offset < 0 or parsed.end_offset < parsed.start_offset:
             raise ValueError(
@@ -256,7 +257,15 @@ class PushdownReader(ReplogReader):
 
 
 class ReplogDataSource(DataSource):
-    """The ``replog`` format: batch and streaming reads, batch and streaming writes."""
+    """The ``replog`` format: batch and streaming reads, batch and streaming writes.
+
+    This class is what Spark discovers (``pyspark_replog``) on any session. Spark refuses a
+    reader that implements ``pushFilters`` unless ``spark.sql.python.filterPushdown.enabled``
+    is on (off by default), and the reader cannot see that setting, so this one pushes filters
+    only when asked (``pushFilters=true``); Spark then filters the rows itself.
+    ``common.pipeline.register`` turns the setting on and registers PushdownDataSource."""
+
+    PUSH_FILTERS_DEFAULT = False
 
     @classmethod
     def name(cls) -> str:
@@ -266,7 +275,7 @@ class ReplogDataSource(DataSource):
         return FULL_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        opts = ReadOptions.parse(dict(self.options))
+        opts = ReadOptions.parse(dict(self.options), self.PUSH_FILTERS_DEFAULT)
         cls = PushdownReader if opts.push_filters else ReplogReader
         return cls(opts, schema)
 
@@ -284,3 +293,10 @@ class ReplogDataSource(DataSource):
         from .sink import ReplogStreamWriter
 
         return ReplogStreamWriter(dict(self.options), schema, overwrite)
+
+
+class PushdownDataSource(ReplogDataSource):
+    """The ``replog`` format on a session with Python filter pushdown on (``register``): topic
+    and offset filters prune segments and records before they are decoded."""
+
+    PUSH_FILTERS_DEFAULT = True

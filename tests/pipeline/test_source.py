@@ -44,7 +44,8 @@ def test_segments_split_at_record_boundaries(spark, store, expected) -> None:
 
 
 def test_topic_and_queue_filters_are_pushed_down(spark, store, expected) -> None:
-    df = spark.read.format("replog").load(store.path)
+    """Asked for with the option (the discovered format's default is off, see the next test)."""
+    df = spark.read.format("replog").option("pushFilters", "true").load(store.path)
     query = df.where("topic = 'orders' and queueId in (1, 3)")
     plan = query._jdf.queryExecution().executedPlan().toString()
     assert "Filter isnotnull(topic" in plan  # what Spark keeps; the rest went to the reader
@@ -132,6 +133,26 @@ def test_spark_discovers_the_format_without_registration(tmp_path) -> None:
     found = subprocess.run([sys.executable, "-c", DISCOVER], cwd=tmp_path, env=dict(os.environ),
                            capture_output=True, text=True, timeout=60, check=True)
     assert "replog" in found.stdout.split()
+
+
+def test_a_stock_session_reads_without_the_pushdown_conf(spark, store) -> None:
+    """Spark refuses a reader with pushFilters while its conf is off (the default): the format
+    Spark discovers reads there, filtering in Spark; register() brings pushdown back."""
+    from common.pipeline import PUSHDOWN_CONF
+    from common.pipeline.source import ReplogDataSource
+
+    spark.conf.set(PUSHDOWN_CONF, "false")
+    try:
+        spark.dataSource.register(ReplogDataSource)
+        df = spark.read.format("replog").load(store.path)
+        assert df.count() == len(store.written)
+        topic = store.written[0].topic
+        expected = sum(1 for m in store.written if m.topic == topic)
+        assert df.where(f"topic = '{topic}'").count() == expected
+    finally:
+        register(spark)
+    assert spark.conf.get(PUSHDOWN_CONF) == "true"
+    assert spark.read.format("replog").load(store.path).count() == len(store.written)
 
 
 def test_explicit_registration_and_empty_results(spark, store) -> None:
