@@ -37,7 +37,7 @@ import prometheus_client
 from prometheus_client.core import GaugeMetricFamily
 
 from common.config import BrokerConfig
-from common.errors import ResponseCode
+from common.errors import BrokerError, ConfigError, ResponseCode
 from common.files import write_atomically
 from common.ha import epochs, term
 from common.port_hold import HA_BIND_HOST, PortHold
@@ -52,6 +52,8 @@ TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "consumerOffset.json"
 MAX_CONFIG_FILE_BYTES = 64 * 1024 * 1024
 PERM_READ_WRITE = 6
+GROUP_PROBE_MS = 1500  # start-up: how long each of groupServers gets to answer status
+MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
 
 
 def atomic_write_json(path: Path, value: Any) -> None:
@@ -207,6 +209,7 @@ class BrokerStatus:
     store: dict[str, Any]
     replication: dict[str, Any]  # a slave's view of its master: state, lagBytes, resyncs...
     refusedWrites: int
+    haAddress: str  # where its slaves (or a rejoining old master) replicate from
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -304,6 +307,54 @@ class Broker:
         self._ha_port_hold: PortHold | None = None  # a slave's haListenPort (common/port_hold.py)
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def _follow_newer_master(self) -> None:
+        """A master restarting into a group whose master has a newer epoch (a slave was
+        promoted while it was away) joins that master as a slave instead: its HA client then
+        truncates what only this broker holds, past the point where the epoch histories
+        diverge, and catches up. Brokers that do not answer within GROUP_PROBE_MS are passed
+        over; with none answering, this broker starts as configured."""
+        from common.client import Admin, parse_servers
+
+        own = self.epoch()
+        me = {self.cfg.client_address, f"127.0.0.1:{self.cfg.listenPort}",
+              f"localhost:{self.cfg.listenPort}"}
+        peers = [a for a in parse_servers(self.cfg.groupServers) if a not in me]
+        best: tuple[int, str, str] | None = None
+        taken: set[Any] = set()  # brokerIds in use: a slave needs one of its own (1..255)
+        if not peers:
+            return
+
+        def probe(address: str) -> dict[str, Any] | None:
+            try:
+                return admin.status(address)
+            except BrokerError:
+                return None
+
+        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0) as admin, \
+                concurrent.futures.ThreadPoolExecutor(len(peers), "replog-probe") as pool:
+            answers = list(pool.map(probe, peers))  # all at once: at most one timeout in all
+        for address, doc in zip(peers, answers, strict=True):
+            if doc is not None:
+                taken.add(doc.get("brokerId"))
+                taken.update(s.get("brokerId") for s in doc.get("slaves") or ()
+                             if isinstance(s, dict))
+                epoch = doc.get("epoch")
+                if (doc.get("role") in MASTER_ROLES and isinstance(epoch, int) and epoch > own
+                        and (best is None or epoch > best[0]) and doc.get("haAddress")):
+                    best = (epoch, address, str(doc["haAddress"]))
+        if best is None:
+            return
+        epoch, address, ha_address = best
+        free = [i for i in range(1, 256) if i not in taken]
+        if not free:
+            raise ConfigError(f"cannot rejoin the group as a slave of {address} (epoch "
+                              f"{epoch}): no brokerId in 1..255 is free")
+        log_event(log, "broker_rejoins_as_slave", master=address, master_epoch=epoch,
+                  own_epoch=own, configured_role=self.cfg.brokerRole, brokerId=free[0])
+        self.cfg.brokerRole = "SLAVE"
+        self.cfg.brokerId = free[0]  # a master's 0 is no slave id
+        self.cfg.haMasterAddress = ha_address
+
     def start(self) -> None:
         self.store.start()
         try:
@@ -319,6 +370,8 @@ class Broker:
 
     def _start_serving(self) -> None:
         self.topics.merge_seen(self.store.topic_queues())
+        if self.cfg.brokerRole != "SLAVE" and self.cfg.groupServers:
+            self._follow_newer_master()
         if self.cfg.brokerRole == "SLAVE":
             self._ha_port_hold = PortHold(HA_BIND_HOST, self.cfg.ha_port)
         self.role = self.role_factory(self.cfg.brokerRole, self)
@@ -459,6 +512,7 @@ class Broker:
             store=_plain(store.snapshot()),
             replication=dict(role_fields.get("replication", {})),
             refusedWrites=int(role_fields.get("refusedWrites", 0)),
+            haAddress=f"{self.cfg.brokerIP1}:{self.cfg.ha_port}",
         )
 
     def epoch(self) -> int:

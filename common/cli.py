@@ -345,6 +345,7 @@ class LocalCluster:
     ):
         self.directory = directory.resolve()
         self.base_port = base_port
+        self.size = slaves + 1
         self.children = [self._child(i, mode) for i in range(slaves + 1)]
 
     def _child(self, index: int, mode: str) -> ChildBroker:
@@ -362,6 +363,9 @@ class LocalCluster:
             listenPort=port,
             haListenPort=port + 1,
             haMasterAddress="" if index == 0 else f"127.0.0.1:{self.base_port + 1}",
+            # the master, restarted after a slave was promoted, rejoins as a slave
+            groupServers=",".join(f"127.0.0.1:{self.base_port + 10 * i}"
+                                  for i in range(self.size) if i != index),
             storePathRootDir=str(home / "store"),
             metricsPort=port + 2,
             mappedFileSizeCommitLog=CLUSTER_SEGMENT_BYTES,

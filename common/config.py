@@ -39,6 +39,9 @@ class BrokerConfig:
     listenPort: int = 10911
     haListenPort: int = 0  # 0 means listenPort + 1
     haMasterAddress: str = ""
+    # replog: client addresses (host:port,...) of the group's other brokers. A master that
+    # starts while one of them is the master of a newer epoch joins that one as a slave.
+    groupServers: str = ""
     metricsPort: int = 0  # 0: no Prometheus endpoint
     # store layout
     storePathRootDir: str = "~/store"
@@ -138,6 +141,10 @@ class BrokerConfig:
                  "maxHaTransferByteInSecond", "must be >= 100 x haTransferBatchSize (it is "
                  "enforced per 10 ms)")
         parse_delay_levels(self.messageDelayLevel)
+        for server in filter(None, (s.strip() for s in self.groupServers.split(","))):
+            host, sep, port = server.rpartition(":")
+            _require(bool(sep and host and port.isdigit()), "groupServers",
+                     f"{server!r} is not host:port")
 
 
 def _require(ok: bool, key: str, why: str) -> None:
