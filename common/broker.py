@@ -312,7 +312,8 @@ class Broker:
         promoted while it was away) joins that master as a slave instead: its HA client then
         truncates what only this broker holds, past the point where the epoch histories
         diverge, and catches up. Brokers that do not answer within GROUP_PROBE_MS are passed
-        over; with none answering, this broker starts as configured."""
+        over; with none answering, this broker starts as configured. A master of this
+        broker's own newest epoch counts too: that is the master it rejoined before."""
         from common.client import Admin, parse_servers
 
         own = self.epoch()
@@ -339,7 +340,9 @@ class Broker:
                 taken.update(s.get("brokerId") for s in doc.get("slaves") or ()
                              if isinstance(s, dict))
                 epoch = doc.get("epoch")
-                if (doc.get("role") in MASTER_ROLES and isinstance(epoch, int) and epoch > own
+                # >=: a term has one master, so a master of this broker's newest term is
+                # another broker's (this one rejoined it before, and restarts now)
+                if (doc.get("role") in MASTER_ROLES and isinstance(epoch, int) and epoch >= own
                         and (best is None or epoch > best[0]) and doc.get("haAddress")):
                     best = (epoch, address, str(doc["haAddress"]))
         if best is None:

@@ -62,6 +62,14 @@ def test_old_master_restarting_into_a_newer_epoch_rejoins_as_slave(tmp_path: Pat
         with Producer([slave.address, master.address], retries=0) as p:
             assert p.send("t", b"after", queue_id=0).status == SendStatus.SEND_OK
         wait_converged(slave, master)
+        # restarted again, it holds the new master's epoch itself: still that master's slave
+        assert master.terminate() == 0
+        master.start()
+        assert master.status()["role"] == "SLAVE"
+        with Producer([slave.address], retries=0) as p:
+            assert p.send("t", b"later", queue_id=0).status == SendStatus.SEND_OK
+        end = wait_converged(slave, master)
+        assert_identical(slave, master, 0, end)
 
 
 @pytest.mark.timeout(120)
