@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import prometheus_client
 from prometheus_client.core import GaugeMetricFamily
 
-from common.config import BrokerConfig
+from common.config import BrokerConfig, split_addresses
 from common.errors import BrokerError, ConfigError, ResponseCode
 from common.files import write_atomically
 from common.ha import epochs, term
@@ -314,12 +314,12 @@ class Broker:
         diverge, and catches up. Brokers that do not answer within GROUP_PROBE_MS are passed
         over; with none answering, this broker starts as configured. A master of this
         broker's own newest epoch counts too: that is the master it rejoined before."""
-        from common.client import Admin, parse_servers
+        from common.client import Admin
 
         own = self.epoch()
         me = {self.cfg.client_address, f"127.0.0.1:{self.cfg.listenPort}",
               f"localhost:{self.cfg.listenPort}"}
-        peers = [a for a in parse_servers(self.cfg.groupServers) if a not in me]
+        peers = [a for a in split_addresses(self.cfg.groupServers) if a not in me]
         best: tuple[int, str, str] | None = None
         taken: set[Any] = set()  # brokerIds in use: a slave needs one of its own (1..255)
         if not peers:

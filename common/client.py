@@ -56,6 +56,7 @@ from typing import Any, NamedTuple, cast
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from common.config import split_addresses
 from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
 from common.futures import LightFuture
 from common.message import PROPERTY_DELAY, Message, MessageExt
@@ -849,15 +850,10 @@ class Transport:
 
 
 def parse_servers(servers: str | Iterable[str]) -> list[str]:
-    items = servers.split(",") if isinstance(servers, str) else list(servers)
-    out = [s.strip() for s in items if s.strip()]
-    for s in out:
-        host, sep, port = s.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise BrokerError(ResponseCode.BAD_REQUEST, f"server {s!r} is not host:port", False)
-    if not out:
-        raise BrokerError(ResponseCode.BAD_REQUEST, "no servers given", False)
-    return out
+    try:
+        return split_addresses(servers)
+    except ValueError as e:
+        raise BrokerError(ResponseCode.BAD_REQUEST, str(e), False) from None
 
 
 class _Cluster:

@@ -141,10 +141,11 @@ class BrokerConfig:
                  "maxHaTransferByteInSecond", "must be >= 100 x haTransferBatchSize (it is "
                  "enforced per 10 ms)")
         parse_delay_levels(self.messageDelayLevel)
-        for server in filter(None, (s.strip() for s in self.groupServers.split(","))):
-            host, sep, port = server.rpartition(":")
-            _require(bool(sep and host and port.isdigit()), "groupServers",
-                     f"{server!r} is not host:port")
+        if self.groupServers.strip():
+            try:
+                split_addresses(self.groupServers)
+            except ValueError as e:
+                _require(False, "groupServers", str(e))
 
 
 def _require(ok: bool, key: str, why: str) -> None:
@@ -243,6 +244,20 @@ def load_config(
 
 
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def split_addresses(servers: str | Iterable[str]) -> list[str]:
+    """``host:port[,host:port...]`` (or a list of them) -> the addresses; ValueError naming
+    the first one that is not host:port, or that there is none."""
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out = [s.strip() for s in items if s.strip()]
+    for s in out:
+        host, sep, port = s.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"server {s!r} is not host:port")
+    if not out:
+        raise ValueError("no servers given")
+    return out
 
 
 def parse_delay_levels(text: str) -> list[int]:

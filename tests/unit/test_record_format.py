@@ -567,6 +567,9 @@ def test_unknown_key_is_refused_by_name_with_the_closest_key(tmp_path: Path) -> 
         load_config(env={}, overrides=["zzzqqq=1"])
     with pytest.raises(ConfigError, match=r"'listenport'.*'listenPort'"):
         load_config(env={"REPLOG_listenport": "1"})
+    with pytest.raises(ConfigError, match=r"groupServers.*'nohost' is not host:port"):
+        load_config(env={}, groupServers="127.0.0.1:10921,nohost")
+    assert load_config(env={}, groupServers=" a:1, b:2 ").groupServers == " a:1, b:2 "
 
 
 def test_tools_own_upper_case_environment_is_not_config() -> None:
