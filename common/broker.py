@@ -39,7 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 from common.config import BrokerConfig, split_addresses
 from common.errors import BrokerError, ConfigError, ResponseCode
 from common.files import write_atomically
-from common.ha import epochs, term
+from common.ha import epochs, promotion, term
 from common.port_hold import HA_BIND_HOST, PortHold
 from common.protocol import Request, Response
 from common.server import Reply, RequestServer, log_event, reply
@@ -305,6 +305,8 @@ class Broker:
         self._metrics_server: Any = None
         self._epoch_cache: tuple[float, int] = (-1.0, 0)
         self._ha_port_hold: PortHold | None = None  # a slave's haListenPort (common/port_hold.py)
+        # the YAML's role, before a resumed promotion or a rejoin changes cfg (promotion.json)
+        self._configured = (cfg.brokerRole, cfg.haMasterAddress or "")
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _follow_newer_master(self) -> None:
@@ -354,6 +356,10 @@ class Broker:
                               f"{epoch}): no brokerId in 1..255 is free")
         log_event(log, "broker_rejoins_as_slave", master=address, master_epoch=epoch,
                   own_epoch=own, configured_role=self.cfg.brokerRole, brokerId=free[0])
+        try:
+            promotion.forget(self.cfg.store_root)  # a promotion this broker had is over
+        except OSError as e:
+            log_event(log, "promotion_record_not_removed", logging.WARNING, error=str(e))
         self.cfg.brokerRole = "SLAVE"
         self.cfg.brokerId = free[0]  # a master's 0 is no slave id
         self.cfg.haMasterAddress = ha_address
@@ -371,8 +377,36 @@ class Broker:
             self.store.shutdown()
             raise
 
+    def _resume_promotion(self) -> None:
+        """A slave promoted before this restart starts as the master it became
+        (``common/ha/promotion.py``: while its YAML and its newest epoch are unchanged, and
+        with ``groupServers`` to probe: ``_follow_newer_master`` runs next)."""
+        root = self.cfg.store_root
+        try:
+            record = promotion.load(root)
+        except (promotion.PromotionRecordError, OSError) as e:
+            log_event(log, "promotion_record_unreadable", logging.ERROR,
+                      path=str(promotion.path_of(root)), error=str(e),
+                      role=self.cfg.brokerRole)
+            return
+        if record is None:
+            return
+        newest = self.epoch()
+        can_probe = bool(self.cfg.groupServers)
+        role = promotion.resumed_role(record, *self._configured, newest, can_probe)
+        if role is None:
+            log_event(log, "promotion_not_resumed", logging.WARNING, epoch=record.epoch,
+                      newest_epoch=newest, configured_role=self.cfg.brokerRole,
+                      reason="a newer epoch or an edited brokerRole/haMasterAddress"
+                      if can_probe else "no groupServers to ask whether a newer master exists")
+            return
+        log_event(log, "broker_resumes_promotion", role=role, epoch=record.epoch,
+                  configured_role=self.cfg.brokerRole)
+        self.cfg.brokerRole = role
+
     def _start_serving(self) -> None:
         self.topics.merge_seen(self.store.topic_queues())
+        self._resume_promotion()
         if self.cfg.brokerRole != "SLAVE" and self.cfg.groupServers:
             self._follow_newer_master()
         if self.cfg.brokerRole == "SLAVE":
@@ -432,6 +466,10 @@ class Broker:
                 epochs.restore(self.cfg.store_root, history)
         except OSError as e:
             log_event(log, "epoch_restore_failed", logging.ERROR, error=repr(e))
+        try:
+            promotion.forget(self.cfg.store_root)  # written or not: no master term to resume
+        except OSError as e:
+            log_event(log, "promotion_record_not_removed", logging.ERROR, error=repr(e))
         if self._ha_port_hold is None:
             try:
                 self._ha_port_hold = PortHold(HA_BIND_HOST, self.cfg.ha_port)
@@ -575,6 +613,9 @@ class Broker:
                 history, epochs.next_epoch(newest, self.cfg.brokerId), max_phy
             )
             epochs.save(self.cfg.store_root, history)
+            # a restart from the unchanged YAML (brokerRole: SLAVE) comes back as this master
+            promotion.record(self.cfg.store_root, target, epochs.last_epoch(history),
+                             *self._configured)
             new_role = self.role_factory(target, self)
             self._release_ha_port()  # the new master's HA service binds it now
             new_role.start()

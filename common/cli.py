@@ -363,7 +363,8 @@ class LocalCluster:
             listenPort=port,
             haListenPort=port + 1,
             haMasterAddress="" if index == 0 else f"127.0.0.1:{self.base_port + 1}",
-            # the master, restarted after a slave was promoted, rejoins as a slave
+            # the master, restarted after a slave was promoted, rejoins as a slave; a promoted
+            # slave, restarted, checks that no newer master exists before it resumes
             groupServers=",".join(f"127.0.0.1:{self.base_port + 10 * i}"
                                   for i in range(self.size) if i != index),
             storePathRootDir=str(home / "store"),

@@ -1,5 +1,6 @@
 """CONTRACT section 6: a broker that restarts into a group whose master has a newer epoch joins
-as a slave, truncates what only it holds past the divergence point, and catches up."""
+as a slave, truncates what only it holds past the divergence point, and catches up; a promoted
+slave restarted from its unchanged YAML is still the master."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.integration
 def test_old_master_restarting_into_a_newer_epoch_rejoins_as_slave(tmp_path: Path) -> None:
     port = free_port()
     slave = BrokerProcess(tmp_path / "slave", brokerRole="SLAVE", brokerId=1,
-                          haMasterAddress=f"127.0.0.1:{port + 1}",
+                          haMasterAddress=f"127.0.0.1:{port + 1}", groupServers=f"127.0.0.1:{port}",
                           mappedFileSizeCommitLog=SEGMENT_BYTES)
     master = BrokerProcess(tmp_path / "master", brokerRole="ASYNC_MASTER", listenPort=port,
                            groupServers=slave.address, mappedFileSizeCommitLog=SEGMENT_BYTES)
@@ -70,6 +71,17 @@ def test_old_master_restarting_into_a_newer_epoch_rejoins_as_slave(tmp_path: Pat
             assert p.send("t", b"later", queue_id=0).status == SendStatus.SEND_OK
         end = wait_converged(slave, master)
         assert_identical(slave, master, 0, end)
+        # the promoted broker restarts from its own YAML (still brokerRole SLAVE of the old
+        # master, now its slave): it resumes the promotion, in its epoch, and keeps its slave
+        assert slave.terminate() == 0
+        slave.start()
+        status = slave.status()
+        assert (status["role"], status["epoch"]) == ("ASYNC_MASTER", new_epoch), status
+        with Producer([master.address, slave.address], retries=0) as p:
+            assert p.send("t", b"after the restart", queue_id=0).status == SendStatus.SEND_OK
+        end = wait_converged(slave, master)
+        assert_identical(slave, master, 0, end)
+        assert master.status()["role"] == "SLAVE"
 
 
 @pytest.mark.timeout(120)

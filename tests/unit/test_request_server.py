@@ -24,6 +24,7 @@ from common.broker import Broker
 from common.client import Admin, Consumer, NoMasterError, Producer
 from common.errors import BrokerError, GetStatus, PullStatus, PutStatus, ResponseCode, SendStatus
 from common.ha import epochs as ep
+from common.ha import promotion
 from common.message import Message, encode_msg_id, encode_properties, host_bytes, tags_code
 from common.protocol import PROTOCOL_VERSION, RequestCode, decode_record, decode_response
 from common.store import record
@@ -386,6 +387,7 @@ def test_a_failed_promotion_leaves_a_replicating_slave(
     assert role.ha_client.running and not old_role.ha_client.running
     assert not _bindable(port)  # held again
     assert ep.load(root) == history and broker.store.promotions == 0
+    assert not promotion.path_of(root).exists()  # no master term for a restart to resume
     with Producer([addr(broker)], retries=0) as p:
         p._cluster._master = addr(broker)
         with pytest.raises(BrokerError) as refused:
@@ -510,3 +512,93 @@ def test_sends_wait_for_a_master_within_their_timeout_without_using_retries(
         with pytest.raises(NoMasterError):
             p.send("t", b"x", queue_id=0)
         assert time.monotonic() - started < 4.0  # one discovery (its own 1 s) and out
+
+
+def _restart(make_broker: Callable[..., Broker], broker: Broker, **fields: Any) -> Broker:
+    """The same store directory and YAML (plus ``fields``), new ports: a restart."""
+    root = broker.cfg.store_root
+    broker.shutdown()
+    base = {"brokerRole": "SLAVE", "brokerId": 1, "haMasterAddress": "127.0.0.1:1",
+            "groupServers": broker.cfg.groupServers}
+    return make_broker(**{**base, **fields, "storePathRootDir": str(root)})
+
+
+def _promoted(make_broker: Callable[..., Broker], peer: Broker | None) -> tuple[Broker, int]:
+    """A slave (with ``peer`` as its groupServers) promoted to ASYNC_MASTER, and its epoch."""
+    broker = make_broker(brokerRole="SLAVE", brokerId=1, haMasterAddress="127.0.0.1:1",
+                         groupServers=addr(peer) if peer is not None else "")
+    with Admin([addr(broker)]) as a:
+        return broker, a.promote(addr(broker), role="ASYNC_MASTER")["epoch"]
+
+
+def _slave_peer(make_broker: Callable[..., Broker]) -> Broker:
+    return make_broker(brokerRole="SLAVE", brokerId=2, haMasterAddress="127.0.0.1:1")
+
+
+def test_a_promotion_survives_a_restart_from_the_unchanged_yaml(
+    make_broker: Callable[..., Broker],
+) -> None:
+    """The YAML still says SLAVE of the old master; restarted, the promoted broker asks its
+    group (a slave answers), is the master it became, in the epoch its promotion opened (not a
+    new one), and takes writes."""
+    broker, epoch = _promoted(make_broker, _slave_peer(make_broker))
+    record = promotion.load(broker.cfg.store_root)
+    assert record is not None and (record.role, record.epoch) == ("ASYNC_MASTER", epoch)
+    assert (record.configured_role, record.configured_master) == ("SLAVE", "127.0.0.1:1")
+    for _ in range(2):  # and again: resuming does not spend the record
+        broker = _restart(make_broker, broker)
+        status = broker.status()
+        assert (status["role"], status["epoch"]) == ("ASYNC_MASTER", epoch), status
+        with Producer([addr(broker)], retries=0) as p:
+            assert p.send("t", b"x").status == SendStatus.SEND_OK
+
+
+def test_a_promotion_replaced_by_a_newer_one_is_not_resumed(
+    make_broker: Callable[..., Broker], tmp_path: Path
+) -> None:
+    """While it was down, another broker was promoted (a newer epoch): with groupServers the
+    restarted broker finds that master and joins it as a slave; without, it starts as its YAML
+    says. Never a second master."""
+    peer_root = tmp_path / "newer"
+    peer_root.mkdir()
+    newer = make_broker(brokerRole="ASYNC_MASTER", storePathRootDir=str(peer_root))
+    broker, epoch = _promoted(make_broker, newer)
+    newer.shutdown()
+    ep.save(peer_root, (ep.EpochEntry(ep.next_epoch(epoch, 0), 0),))  # promoted after it
+    newer = make_broker(brokerRole="ASYNC_MASTER", storePathRootDir=str(peer_root))
+    broker = _restart(make_broker, broker, groupServers=addr(newer))
+    status = broker.status()
+    assert status["role"] == "SLAVE" and status["masterAddress"] == newer.status()["haAddress"]
+    assert not promotion.path_of(broker.cfg.store_root).exists()  # spent
+    broker, _ = _promoted(make_broker, None)
+    broker = _restart(make_broker, broker)  # no groupServers
+    assert broker.status()["role"] == "SLAVE"
+    assert promotion.load(broker.cfg.store_root) is not None  # kept: still the YAML's to end
+
+
+def test_an_edited_yaml_or_a_newer_epoch_ends_a_recorded_promotion(
+    make_broker: Callable[..., Broker],
+) -> None:
+    broker, epoch = _promoted(make_broker, _slave_peer(make_broker))
+    root = broker.cfg.store_root
+    # the operator pointed the file at another master: the file decides
+    broker = _restart(make_broker, broker, haMasterAddress="127.0.0.1:2")
+    assert broker.status()["role"] == "SLAVE"
+    # the unchanged file again, but the store has since copied a newer master's epoch
+    broker.shutdown()
+    ep.save(root, (*ep.load(root), ep.EpochEntry(epoch + 1, 0)))
+    broker = _restart(make_broker, broker)
+    assert broker.status()["role"] == "SLAVE"
+
+
+def test_an_unreadable_promotion_record_starts_the_broker_as_configured(
+    make_broker: Callable[..., Broker],
+) -> None:
+    broker, _ = _promoted(make_broker, _slave_peer(make_broker))
+    path = promotion.path_of(broker.cfg.store_root)
+    broker.shutdown()
+    path.write_bytes(b'{"brokerRole": "ASYNC_MASTER", "epoch": "seven"')  # torn
+    broker = _restart(make_broker, broker)
+    assert broker.status()["role"] == "SLAVE"  # never a second master by accident
+    with Admin([addr(broker)]) as a:
+        assert a.status(addr(broker))["role"] == "SLAVE"  # and it serves
