@@ -1,6 +1,6 @@
 """Rows/s of the replog batch source on Spark beside a plain single-process Python decode.
 
-    .venv/bin/python bench/spark_read.py [--records 1000000] [--body 128] [--dir DIR] [--master local[2]]
+    .venv/bin/python bench/spark_read.py [--records 1000000] [--body 128] [--text] [--dir DIR] [--master local[2]]
 
 Writes a store of ``--records`` messages with ``--body``-byte bodies in 64 MiB segments
 (vectorised; RocketMQ layout through ``common.store.record``), then times, in this one run:
@@ -41,8 +41,9 @@ TOPIC = b"bench"
 QUEUES = 8
 
 
-def write_store(root: Path, count: int, body_bytes: int, seed: int = 1) -> int:
-    """``count`` records of one size laid out in full segments with BLANK tails; returns bytes."""
+def write_store(root: Path, count: int, body_bytes: int, seed: int = 1, text: bool = False) -> int:
+    """``count`` records of one size laid out in full segments with BLANK tails; returns bytes.
+    Bodies are random bytes (not UTF-8: ``body`` is null, the slow path) or printable ASCII."""
     rng = np.random.default_rng(seed)
     props = encode_properties({"TAGS": "TagA", "KEYS": "key-000000"})
     key_at = props.index(b"000000")
@@ -59,7 +60,8 @@ def write_store(root: Path, count: int, body_bytes: int, seed: int = 1) -> int:
         recs = np.tile(template, (n, 1))
         idx = np.arange(first, first + n, dtype=np.int64)
         base = seg_index * SEGMENT_BYTES
-        bodies = rng.integers(0, 256, size=(n, body_bytes), dtype=np.uint8)
+        low, high = (32, 127) if text else (0, 256)
+        bodies = rng.integers(low, high, size=(n, body_bytes), dtype=np.uint8)
         recs[:, record.HEADER.size : record.HEADER.size + body_bytes] = bodies
         crcs = np.fromiter((zlib.crc32(b) & 0x7FFFFFFF for b in bodies), dtype=">i4", count=n)
         _put(recs, 8, crcs.astype(">i4"))
@@ -122,6 +124,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--body", type=int, default=128)
+    ap.add_argument("--text", action="store_true",
+                    help="printable ASCII bodies (default: random bytes, which are not UTF-8)")
     ap.add_argument("--dir", help="store directory to (re)use; default a temp dir, removed after")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--runs", type=int, default=3)
@@ -131,7 +135,7 @@ def main() -> int:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="replog-bench-"))
     try:
         if not (root / "commitlog").is_dir():
-            nbytes, t_gen = timed(write_store, root, args.records, args.body)
+            nbytes, t_gen = timed(write_store, root, args.records, args.body, 1, args.text)
             print(f"wrote {args.records} records, {nbytes / 2**20:.0f} MiB in {t_gen:.1f} s",
                   file=sys.stderr)
         n_plain, t_plain = timed(plain_decode, root)
@@ -154,6 +158,7 @@ def main() -> int:
         figures = {
             "records": args.records,
             "bodyBytes": args.body,
+            "bodies": "ASCII text" if args.text else "random bytes",
             "segments": len(list_segments(root)),
             "sparkPartitions": partitions,
             "master": args.master,

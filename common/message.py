@@ -155,10 +155,6 @@ class MessageExt:
 
     def to_json(self) -> dict[str, Any]:
         """The contract's JSON shape of a message (section 3)."""
-        try:
-            text: str | None = self.body.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
         return {
             "topic": self.topic,
             "queueId": self.queue_id,
@@ -170,6 +166,14 @@ class MessageExt:
             "tags": self.tags,
             "keys": self.keys,
             "properties": self.properties,
-            "body": text,
+            "body": body_str(self.body),
             "bodyBase64": base64.b64encode(self.body).decode("ascii"),
         }
+
+
+def body_str(body: bytes) -> str | None:
+    """A body as section 3's ``body``: its UTF-8 text, or None when it is not valid UTF-8."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None

@@ -1,8 +1,11 @@
 """The DataFrame schema of a replog CommitLog: one row per stored message.
 
-Column names follow the contract's JSON message (section 3), plus the record fields an
-operator needs when looking at the log itself. ``body`` is the raw bytes (Spark's ``base64`` and
-``decode`` functions give the contract's ``bodyBase64`` and text forms).
+The first twelve columns are the contract's JSON message (section 3), with its meanings:
+``body`` is the body as UTF-8 text, or null when it is not valid UTF-8, and ``bodyBase64`` is
+always the body's base64; the two timestamps are Spark timestamps (UTC, millisecond precision)
+rather than the JSON's integers, so that time functions and windows apply directly. After them
+come the record fields an operator needs when looking at the log itself, ``bodyBytes`` (the
+raw BODY) first.
 
 | column                     | Spark type            | from the record                          |
 |----------------------------|-----------------------|------------------------------------------|
@@ -16,7 +19,9 @@ operator needs when looking at the log itself. ``body`` is the raw bytes (Spark'
 | tags                       | string                | property TAGS                            |
 | keys                       | string                | property KEYS                            |
 | properties                 | map<string,string>    | PROPERTIES                               |
-| body                       | binary                | BODY                                     |
+| body                       | string                | BODY as UTF-8 text, null if it is not    |
+| bodyBase64                 | string                | BODY in base64                           |
+| bodyBytes                  | binary                | BODY                                     |
 | bornHost                   | string                | BORNHOST as ``ip:port``                  |
 | storeHost                  | string                | STOREHOSTADDRESS as ``ip:port``          |
 | sysFlag                    | int                   | SYSFLAG                                  |
@@ -62,7 +67,9 @@ COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("tags", StringType()),
     ("keys", StringType()),
     ("properties", MapType(StringType(), StringType())),
-    ("body", BinaryType()),
+    ("body", StringType()),
+    ("bodyBase64", StringType()),
+    ("bodyBytes", BinaryType()),
     ("bornHost", StringType()),
     ("storeHost", StringType()),
     ("sysFlag", IntegerType()),
@@ -89,9 +96,11 @@ def check_schema(schema: StructType) -> tuple[str, ...]:
                 f"replog has no column {field.name!r}; columns are {', '.join(COLUMN_NAMES)}"
             )
         if field.dataType != expected:
+            hint = ("; the raw bytes are column bodyBytes binary"
+                    if field.name == "body" else "")
             raise ValueError(
                 f"column {field.name!r} is {expected.simpleString()}, "
-                f"not {field.dataType.simpleString()}"
+                f"not {field.dataType.simpleString()}{hint}"
             )
         names.append(field.name)
     if len(set(names)) != len(names):

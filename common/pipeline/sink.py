@@ -11,7 +11,9 @@ Columns (others are ignored, so a DataFrame read from replog can be written back
 
 | column      | type                       |                                           |
 |-------------|----------------------------|-------------------------------------------|
-| body        | binary or string (UTF-8)   | required                                  |
+| body        | binary or string (UTF-8)   | required; where it is null, ``bodyBase64``|
+| bodyBase64  | string                     | optional: the body of a row whose body is |
+|             |                            | null (a non-UTF-8 body read from replog)  |
 | topic       | string                     | or the ``topic`` option                   |
 | tags, keys  | string                     | optional                                  |
 | properties  | map<string,string>         | optional user properties                  |
@@ -23,6 +25,7 @@ Options: ``servers`` (required), ``topic``, ``queueId``, ``batchSize`` (64), ``t
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import Iterator
 from typing import Any
@@ -48,6 +51,7 @@ _OPTIONAL = {
     "properties": (MapType(StringType(), StringType()),),
     "queueId": (IntegerType(),),
     "body": (BinaryType(), StringType()),
+    "bodyBase64": (StringType(),),
 }
 
 
@@ -98,6 +102,12 @@ class SentMessage(WriterCommitMessage):
 def _message(row: Any, default_topic: str | None) -> Message:
     fields = row.asDict()
     body = fields["body"]
+    if body is None and fields.get("bodyBase64") is not None:
+        try:  # a body replog read as null text (not UTF-8): its base64 is the body
+            body = base64.b64decode(fields["bodyBase64"], validate=True)
+        except ValueError as e:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"a row's bodyBase64 is not base64: {e}", False) from None
     if body is None:
         raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a row has a null body", False)
     body = body.encode("utf-8") if isinstance(body, str) else bytes(body)

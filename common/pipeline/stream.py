@@ -28,6 +28,7 @@ Options:
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import dataclasses
 import time
@@ -45,7 +46,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from common.errors import BrokerError, PullStatus, ResponseCode
-from common.message import MessageExt, tags_code
+from common.message import MessageExt, body_str, tags_code
 
 from .schema import arrow_schema, check_schema
 
@@ -273,6 +274,10 @@ def _value(m: MessageExt, name: str) -> Any:
         return list(m.properties.items())
     if name == "tagsCode":
         return tags_code(m.tags)
+    if name == "body":
+        return body_str(m.body)
+    if name == "bodyBase64":
+        return base64.b64encode(m.body).decode("ascii")
     return getattr(m, _ATTRS.get(name, name))
 
 
@@ -280,7 +285,7 @@ _ATTRS = {
     "queueId": "queue_id", "queueOffset": "queue_offset", "commitLogOffset": "commit_log_offset",
     "msgId": "msg_id", "bornHost": "born_host", "storeHost": "store_host", "sysFlag": "sys_flag",
     "bodyCrc": "body_crc", "storeSize": "store_size", "reconsumeTimes": "reconsume_times",
-    "preparedTransactionOffset": "prepared_transaction_offset",
+    "preparedTransactionOffset": "prepared_transaction_offset", "bodyBytes": "body",
 }
 
 

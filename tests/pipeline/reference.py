@@ -22,10 +22,8 @@ def expected_rows(root: Path) -> list[dict[str, object]]:
                 break
             m = to_message(raw, pos)
             rows.append({
-                "topic": m.topic, "queueId": m.queue_id, "queueOffset": m.queue_offset,
-                "commitLogOffset": m.commit_log_offset, "msgId": m.msg_id,
-                "bornTimestamp": m.born_timestamp, "storeTimestamp": m.store_timestamp,
-                "tags": m.tags, "keys": m.keys, "properties": m.properties, "body": m.body,
+                **m.to_json(),  # section 3's fields, as the CLI prints them
+                "bodyBytes": m.body,
                 "bornHost": m.born_host, "storeHost": m.store_host, "sysFlag": m.sys_flag,
                 "bodyCrc": m.body_crc, "storeSize": m.store_size, "flag": m.flag,
                 "reconsumeTimes": m.reconsume_times,

@@ -30,7 +30,7 @@ class Store:
         self.cq_file_bytes = cq_file_bytes
         self.written = [
             Written(r["topic"], r["queueId"], r["queueOffset"], r["commitLogOffset"],
-                    r["storeSize"], r["body"], r["properties"], r["bornTimestamp"],
+                    r["storeSize"], r["bodyBytes"], r["properties"], r["bornTimestamp"],
                     r["storeTimestamp"])
             for r in expected_rows(root)
         ]
@@ -44,10 +44,18 @@ class Store:
         return Store(dest, self.segment_bytes, self.cq_file_bytes)
 
 
+def _body(rnd: random.Random, i: int) -> bytes:
+    size = rnd.choice([0, 5, 12, 13, 60, 200, 400])
+    if i % 2:
+        return rnd.randbytes(size)
+    return (f"text {i} héllo wörld ✓ " * 30).encode()[:size].decode("utf-8", "ignore").encode()
+
+
 def write_store(root: Path, count: int, segment_bytes: int = SEGMENT_BYTES,
                 cq_entries: int = CQ_ENTRIES_PER_FILE, seed: int = 7) -> Store:
     """``count`` messages over 3 topics x 4 queues put through a real MessageStore: bodies of
-    0-400 B, some UTF-8 properties, some messages without tags or keys."""
+    0-400 B, half random bytes (rarely valid UTF-8) and half UTF-8 text, some UTF-8 properties,
+    some messages without tags or keys."""
     cfg = load_config(None, (), env={}, storePathRootDir=str(root),
                       mappedFileSizeCommitLog=segment_bytes,
                       mappedFileSizeConsumeQueue=cq_entries * 20)
@@ -58,7 +66,7 @@ def write_store(root: Path, count: int, segment_bytes: int = SEGMENT_BYTES,
         for i in range(count):
             msg = Message(
                 rnd.choice(TOPICS),
-                rnd.randbytes(rnd.choice([0, 5, 12, 13, 60, 200, 400])),
+                _body(rnd, i),
                 tags=rnd.choice([None, "TagA", "TagB", "Täg"]),
                 keys=rnd.choice([None, f"k{rnd.randrange(20)}", f"k{rnd.randrange(20)} k{i}"]),
                 properties={"n": str(i), "ünï": "çödé"} if i % 3 == 0 else {},

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reference import expected_rows, normalise
 from storegen import StoreWriter
 
-from common.message import encode_properties, tags_code
-from common.pipeline.decode import Records, decode, walk
+from common.message import body_str, encode_properties, tags_code
+from common.pipeline.decode import Records, base64_strings, decode, walk
 from common.pipeline.layout import list_segments, valid_end
 from common.store import record
 from common.store.commit_log import to_message
@@ -62,7 +66,8 @@ def test_a_forged_header_inside_a_body_is_not_a_record(tmp_path: Path) -> None:
     writer.put("t", b"last")
     seg = list_segments(tmp_path)[0]
     found = walk(segment_bytes(seg.path), seg.base, verify_crc=True)
-    bodies = [r["body"] for r in decode(Records(segment_bytes(seg.path), found.starts)).to_pylist()]
+    bodies = [r["bodyBytes"]
+              for r in decode(Records(segment_bytes(seg.path), found.starts)).to_pylist()]
     assert bodies == [b"first", bytes(forged) + b"tail", b"last"]
 
 
@@ -120,3 +125,33 @@ def test_empty_selection_gives_an_empty_batch_with_the_schema(store) -> None:
     buf = segment_bytes(seg.path)
     batch = decode(Records(buf, np.zeros(0, dtype=np.int64)), ("topic", "body"))
     assert batch.num_rows == 0 and batch.schema.names == ["topic", "body"]
+
+
+@pytest.mark.parametrize("bodies", [
+    [b"plain", "héllo ✓".encode(), b""],  # all UTF-8: Arrow's one check
+    [b"plain", b"\xff\xfe", "héllo".encode(), b"", b"\xed\xa0\x80", b"a\x00b"],  # mixed
+])
+def test_body_columns_follow_the_message_json(tmp_path: Path, bodies: list[bytes]) -> None:
+    """body: UTF-8 text or null (a lone surrogate is not UTF-8); bodyBase64 always; bodyBytes raw."""
+    writer = StoreWriter(tmp_path, 64 * 1024)
+    for body in bodies:
+        writer.put("t", body)
+    seg = list_segments(tmp_path)[0]
+    found = walk(segment_bytes(seg.path), seg.base, verify_crc=True)
+    rows = decode(Records(segment_bytes(seg.path), found.starts),
+                  ("bodyBase64", "body", "bodyBytes")).to_pylist()
+    want = [{"bodyBase64": base64.b64encode(b).decode(), "body": body_str(b), "bodyBytes": b}
+            for b in bodies]
+    assert rows == want
+    assert [r["body"] is None for r in rows] == [
+        b in (b"\xff\xfe", b"\xed\xa0\x80") for b in bodies]
+
+
+@given(st.lists(st.binary(max_size=70), max_size=30), st.data())
+@settings(max_examples=300, deadline=None)
+def test_base64_of_all_bodies_at_once_is_each_bodys_base64(bodies: list[bytes], data) -> None:
+    arr = pa.array(bodies, type=pa.binary())
+    lo = data.draw(st.integers(0, len(bodies)))
+    hi = data.draw(st.integers(lo, len(bodies)))
+    for a, want in ((arr, bodies), (arr.slice(lo, hi - lo), bodies[lo:hi])):
+        assert base64_strings(a).to_pylist() == [base64.b64encode(b).decode() for b in want]

@@ -71,12 +71,24 @@ def test_offset_filters_and_options(spark, store, expected) -> None:
 
 
 def test_a_user_schema_selects_and_orders_columns(spark, store, expected) -> None:
-    df = spark.read.format("replog").schema("keys string, commitLogOffset bigint, body binary")
+    df = spark.read.format("replog").schema("keys string, commitLogOffset bigint, bodyBytes binary")
     rows = df.load(store.path).orderBy("commitLogOffset").collect()
     assert [tuple(r) for r in rows] == [
-        (e["keys"], e["commitLogOffset"], e["body"]) for e in expected]
+        (e["keys"], e["commitLogOffset"], e["bodyBytes"]) for e in expected]
     with pytest.raises(Exception, match="no column 'nope'"):
         spark.read.format("replog").schema("nope int").load(store.path).collect()
+    with pytest.raises(Exception, match="column 'body' is string, not binary; the raw bytes"):
+        spark.read.format("replog").schema("body binary").load(store.path).collect()
+
+
+def test_body_is_utf8_text_or_null_beside_its_base64(spark, store, expected) -> None:
+    """CONTRACT sections 3 and 7: the DataFrame's body is the message JSON's body."""
+    df = spark.read.format("replog").schema(
+        "commitLogOffset bigint, body string, bodyBase64 string").load(store.path)
+    rows = [tuple(r) for r in df.orderBy("commitLogOffset").collect()]
+    assert rows == [(e["commitLogOffset"], e["body"], e["bodyBase64"]) for e in expected]
+    texts = [e["body"] for e in expected]
+    assert any(t is None for t in texts) and any(t and not t.isascii() for t in texts)
 
 
 def flip_byte(root: Path, phy_offset: int) -> None:
@@ -95,7 +107,7 @@ def flip_byte(root: Path, phy_offset: int) -> None:
 def test_verify_crc_fails_the_read_on_a_damaged_record(spark, store, expected, tmp_path,
                                                        where, why) -> None:
     copy = store.copy(tmp_path / "damaged")
-    victim = next(e for e in expected[700:] if e["body"])
+    victim = next(e for e in expected[700:] if e["bodyBytes"])
     flip_byte(copy.root, victim["commitLogOffset"] + where)
     df = spark.read.format("replog").schema("commitLogOffset bigint").load(copy.path)
     assert df.count() == len(expected)
@@ -193,7 +205,7 @@ def test_reading_a_live_store_sees_a_whole_prefix(spark, tmp_path) -> None:
             assert time.monotonic() < deadline, "the live store never checkpointed 100 kB"
             time.sleep(0.02)
         rows = (spark.read.format("replog").option("verifyCrc", "true")
-                .schema("commitLogOffset bigint, storeSize int, body binary")
+                .schema("commitLogOffset bigint, storeSize int, bodyBytes binary")
                 .load(str(cfg.store_root)).orderBy("commitLogOffset").collect())
         flushed_after = read_checkpoint(cfg.store_root)["physicFlushedOffset"]
     finally:
@@ -207,4 +219,4 @@ def test_reading_a_live_store_sees_a_whole_prefix(spark, tmp_path) -> None:
         assert row.commitLogOffset == prev_end or (
             row.commitLogOffset % segment == 0 and row.commitLogOffset - prev_end < segment)
     assert 100_000 <= ends[-1] <= flushed_after
-    assert all(bytes(r.body).startswith(b"m") for r in rows)
+    assert all(bytes(r.bodyBytes).startswith(b"m") for r in rows)
