@@ -18,7 +18,9 @@
 3. SYNC put latency p50/p99 at 16 in flight (target p99 < 5 ms).
 4. Slave lag under ASYNC load paced at 80% of the ASYNC 64-in-flight maximum for
    ``--lag-seconds``: the master's ``lagBytes`` for the slave sampled every 20 ms (p50/p99/max).
-5. Redis (Debian ``redis-server``) master + replica started here: XADD then ``WAIT 1 1000`` one
+5. The transport's floor: the four hops of a SYNC put (client -> master -> slave -> master ->
+   client) in bare pyzmq with no work, one request in flight, a 1 KiB frame and a 64 KiB one.
+6. Redis (Debian ``redis-server``) master + replica started here: XADD then ``WAIT 1 1000`` one
    at a time, and 64 pipelined XADDs then one WAIT 1 (targets: our SYNC single sends >= 1.5x the
    first, our SYNC ``send_batch`` of 64 >= 2x the second).
 
@@ -302,7 +304,83 @@ def lag_under_load(home: Path, rate: float, seconds: float) -> tuple[list[int], 
         master.stop()
 
 
-# ---- 5. redis ---------------------------------------------------------------------------------
+# ---- 5. the transport's floor: a bare relay ---------------------------------------------------
+def _relay_master(client_port: int, ha_port: int) -> None:
+    """Client ROUTER and HA ROUTER polled by one thread, as the broker's I/O thread does: each
+    request goes to the slave at once, each ack answers the oldest request. No work at all."""
+    ctx = zmq.Context()
+    front, ha = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    front.bind(f"tcp://127.0.0.1:{client_port}")
+    ha.bind(f"tcp://127.0.0.1:{ha_port}")
+    poller = zmq.Poller()
+    poller.register(front, zmq.POLLIN)
+    poller.register(ha, zmq.POLLIN)
+    slave = ha.recv_multipart()[0]  # its hello
+    waiting: list[bytes] = []
+    while True:
+        events = dict(poller.poll())
+        if front in events:
+            client, kind, body = front.recv_multipart()
+            if kind == b"stop":
+                front.send_multipart([client, b"stopped"])
+                break
+            waiting.append(client)
+            ha.send_multipart([slave, b"data", body])
+        if ha in events:
+            ha.recv_multipart()
+            front.send_multipart([waiting.pop(0), b"ok"])
+    ha.send_multipart([slave, b"stop", b""])
+    ctx.destroy(0)
+
+
+def _relay_slave(ha_port: int) -> None:
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.connect(f"tcp://127.0.0.1:{ha_port}")
+    s.send(b"hello")
+    while s.recv_multipart()[0] != b"stop":
+        s.send_multipart([b"ack", b"\0" * 8])
+    ctx.destroy(0)
+
+
+def relay(count: int, body_bytes: int, msgs_per_request: int, name: str) -> Figure:
+    """A SYNC put's four hops with nothing else: client -> master -> slave -> master -> client,
+    one request in flight, bare pyzmq, three processes (``msgs_per_request`` x ``body_bytes``
+    in one frame for a batch)."""
+    client_port, ha_port = _support.free_port(1), _support.free_port(1)
+    procs = [multiprocessing.Process(target=_relay_master, args=(client_port, ha_port)),
+             multiprocessing.Process(target=_relay_slave, args=(ha_port,))]
+    for proc in procs:
+        proc.start()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(f"tcp://127.0.0.1:{client_port}")
+    body = b"x" * (body_bytes * msgs_per_request)
+    try:
+        for _ in range(200):
+            sock.send_multipart([b"put", body])
+            sock.recv_multipart()
+        lat = []
+        t0 = time.perf_counter()
+        for _ in range(count):
+            t = time.perf_counter()
+            sock.send_multipart([b"put", body])
+            sock.recv_multipart()
+            lat.append((time.perf_counter() - t) * 1000)
+        seconds = time.perf_counter() - t0
+        sock.send_multipart([b"stop", b""])
+        sock.recv_multipart()
+    finally:
+        ctx.destroy(0)
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return Figure(name, count * msgs_per_request, seconds, lat, body_bytes)
+
+
+# ---- 6. redis ---------------------------------------------------------------------------------
 def redis_figures(home: Path, count: int) -> dict[str, Figure] | None:
     if shutil.which("redis-server") is None:
         return None
@@ -437,15 +515,26 @@ def main() -> int:
             f"p50 {s[len(s) // 2]} B, p99 {s[min(len(s) - 1, int(0.99 * len(s)))]} B, "
             f"max {s[-1]} B"
         )
+        bare = {"1": relay(args.count // 4, BODY, 1, "bare relay 1 KiB"),
+                "batch": relay(args.count // 32, BODY, 64, "bare relay 64 KiB")}
+        print("(5) a SYNC put's four hops in bare pyzmq, no work (client -> master -> slave "
+              "-> master -> client, 1 in flight)")
+        for key in ("1", "batch"):
+            print(bare[key].line(width=WIDTH))
+            print(sync[key].line(bare[key], WIDTH))
         redis = redis_figures(home, args.count)
         if redis is None:
-            print("(5) redis-server not installed: no reference")
+            print("(6) redis-server not installed: no reference")
         else:
-            print("(5) Redis master + replica")
+            print("(6) Redis master + replica")
             print(redis["1"].line(width=WIDTH))
             print(redis["batch"].line(width=WIDTH))
             print(sync["1"].line(redis["1"], WIDTH) + "  (target >= 1.5x)")
             print(sync["batch"].line(redis["batch"], WIDTH) + "  (target >= 2x)")
+            for key, target in (("1", 1.5), ("batch", 2.0)):
+                reach = bare[key].rate / redis[key].rate
+                print(f"    the bare relay is {reach:.2f}x {redis[key].name} (target "
+                      f"{target}x: {'within' if reach >= target else 'beyond'} the transport)")
         return 0
     finally:
         shutil.rmtree(home, ignore_errors=True)

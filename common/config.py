@@ -85,7 +85,7 @@ class BrokerConfig:
     maxIndexNum: int = 20_000_000
     messageIndexEnable: bool = True
     autoCreateTopicEnable: bool = True
-    defaultTopicQueueNums: int = 4
+    defaultTopicQueueNums: int = 8  # RocketMQ BrokerConfig default
     # request serving
     longPollingMaxMs: int = 30_000
     maxInflightRequests: int = 10_000
