@@ -54,8 +54,9 @@ class GetStatus(enum.Enum):
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
 
-class SendStatus(enum.Enum):
-    """What a client's send returns (RocketMQ ``SendStatus``)."""
+class SendStatus(enum.StrEnum):
+    """What a client's send returns (RocketMQ ``SendStatus``). A ``str`` too, so that
+    ``result.status == "SEND_OK"`` holds as the contract's names read."""
 
     SEND_OK = "SEND_OK"
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
@@ -63,8 +64,8 @@ class SendStatus(enum.Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
-class PullStatus(enum.Enum):
-    """What a client's pull returns (RocketMQ ``PullStatus``)."""
+class PullStatus(enum.StrEnum):
+    """What a client's pull returns (RocketMQ ``PullStatus``); a ``str`` too, like SendStatus."""
 
     FOUND = "FOUND"
     NO_NEW_MSG = "NO_NEW_MSG"

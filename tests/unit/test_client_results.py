@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from common.client import SendResult, send_results
-from common.errors import BrokerError, SendStatus
+from common.errors import BrokerError, PullStatus, SendStatus
 from common.message import encode_msg_id
 from common.protocol import Response, ResponseCode
 
@@ -36,6 +37,10 @@ def test_each_result_has_its_offset_msg_id_and_queue_offset(count: int) -> None:
     assert isinstance(first, SendResult) and first == SendResult(
         SendStatus.SEND_OK, first.msg_id, 2, 40, offsets[0], "orders")
     assert first.to_json()["msgId"] == first.msg_id
+    # the contract's names compare as written, and the members stay what they were
+    assert first.status == "SEND_OK" and first.status is SendStatus.SEND_OK
+    assert first.status != "FLUSH_SLAVE_TIMEOUT" and PullStatus.NO_NEW_MSG == "NO_NEW_MSG"
+    assert f"{first.status}" == "SEND_OK" and json.dumps(first.status) == '"SEND_OK"'
 
 
 @pytest.mark.parametrize(
