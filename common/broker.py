@@ -195,7 +195,7 @@ class BrokerStatus:
     minPhyOffset: int
     maxPhyOffset: int
     flushedPhyOffset: int
-    masterAddress: str
+    masterAddress: str  # the master's client address (a slave: as its master told it, "" before)
     slaves: list[dict[str, Any]]
     brokerClusterName: str
     address: str
@@ -210,6 +210,7 @@ class BrokerStatus:
     replication: dict[str, Any]  # a slave's view of its master: state, lagBytes, resyncs...
     refusedWrites: int
     haAddress: str  # where its slaves (or a rejoining old master) replicate from
+    haMasterAddress: str  # a slave: the master HA address it replicates from ("" on a master)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -554,6 +555,7 @@ class Broker:
             replication=dict(role_fields.get("replication", {})),
             refusedWrites=int(role_fields.get("refusedWrites", 0)),
             haAddress=f"{self.cfg.brokerIP1}:{self.cfg.ha_port}",
+            haMasterAddress=str(role_fields.get("haMasterAddress", "")),
         )
 
     def epoch(self) -> int:

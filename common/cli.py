@@ -280,6 +280,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "flushedPhyOffset",
         "dispatchedPhyOffset",
         "masterAddress",
+        "haMasterAddress",
         "putTps",
         "getTps",
         "putLatencyP50Ms",

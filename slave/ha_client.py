@@ -111,7 +111,9 @@ class HaClient:
         self.stats = HaClientStats()
 
     def master_address(self) -> str:
-        return self._cfg.haMasterAddress
+        """The master's client address as its HELLO_REPLY told it ("" before any reply)."""
+        with self._lock:
+            return self._core.stats().master_address if self._core is not None else ""
 
     def status(self) -> dict[str, Any]:
         """The follower's view: state, its max offset, the master's, the lag."""
@@ -126,7 +128,8 @@ class HaClient:
         )
         return {
             "haState": st.state.value,
-            "masterAddress": self.master_address(),
+            "masterAddress": st.master_address,
+            "haMasterAddress": self._cfg.haMasterAddress,
             "masterEpoch": st.master_epoch,
             "masterMaxPhyOffset": st.master_max_phy_offset,
             "maxPhyOffset": st.max_phy_offset,

@@ -1,12 +1,13 @@
 """The slave role: refuses every write, runs the HA client, serves reads (through the server).
 
 Every SEND, SEND_BATCH and CREATE_TOPIC is answered SERVICE_NOT_AVAILABLE with a remark naming
-the SLAVE role, this broker and its master's address (``haMasterAddress``), before anything
-reaches the store: a slave's CommitLog only grows by replication. Promotion (``Broker.promote``)
+the SLAVE role, this broker and its master's addresses (the client one its master told it, and
+``haMasterAddress``), before anything reaches the store: a slave's CommitLog only grows by replication. Promotion (``Broker.promote``)
 stops this role, records a new epoch and starts a master role in its place.
 
 Hook for replication (slave/ha_client.py): an ``ha_client`` with ``start()``, ``stop()`` and an
-optional ``master_address() -> str`` for the master currently followed.
+optional ``master_address() -> str``: the client address of the master followed ("" until
+it has answered).
 """
 
 from __future__ import annotations
@@ -45,14 +46,16 @@ class SlaveRole:
             self.ha_client.stop()
 
     def master_address(self) -> str:
+        """The master's client address, as the master told it ("" until it has answered)."""
         getter = getattr(self.ha_client, "master_address", None)
-        return str(getter()) if callable(getter) else self.cfg.haMasterAddress
+        return str(getter()) if callable(getter) else ""
 
     def status_fields(self) -> dict[str, Any]:
         getter = getattr(self.ha_client, "status", None)
         replication = getter() if callable(getter) else {}
         return {
             "masterAddress": self.master_address(),
+            "haMasterAddress": self.cfg.haMasterAddress,
             "slaves": [],
             "refusedWrites": self.refused,
             "replication": replication,
@@ -60,9 +63,11 @@ class SlaveRole:
 
     def handle_write(self, req: Request) -> Response:
         self.refused += 1
-        master = self.master_address() or "unknown"
+        master = self.master_address()
+        where = f"at {master}" if master else "(not heard from yet)"
         remark = (
             f"broker {self.cfg.brokerName} id {self.cfg.brokerId} is a SLAVE and refuses "
-            f"{req.code.name}; send to its master (haMasterAddress {master})"
+            f"{req.code.name}; send to its master {where} (haMasterAddress "
+            f"{self.cfg.haMasterAddress})"
         )
         return reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, remark)

@@ -171,6 +171,7 @@ class MasterCore:
         if not 0 <= min_phy_offset <= max_phy_offset:
             raise ValueError(f"bad offsets min={min_phy_offset} max={max_phy_offset}")
         self._cfg = cfg
+        self._client_address = cfg.client_address  # told to slaves in HELLO_REPLY
         self._history = history
         self._min = min_phy_offset
         self._max = max_phy_offset
@@ -259,7 +260,8 @@ class MasterCore:
                      next_phy_offset=start, ack_offset=start, last_heard_ms=self._now_ms,
                      last_sent_ms=self._now_ms)
         self._peers[peer_id] = peer
-        reply = HelloReply(hello.session, self.epoch, self._min, self._max, start, self._history)
+        reply = HelloReply(hello.session, self.epoch, self._min, self._max, start, self._history,
+                           self._client_address)
         actions.append(Send(peer_id, (encode_header(reply),)))
         actions.extend(self._fill(peer))
         return actions

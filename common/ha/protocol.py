@@ -14,7 +14,8 @@ recognised and ignored (ZeroMQ reconnects silently; a stale reply must never tru
 |  1   | HELLO       | slave->master  | version, session, broker_name, broker_id, max_phy_offset, | no  |
 |      |             |                | slave_address, epochs [[epoch, start_phy_offset], ...]    |     |
 |  2   | HELLO_REPLY | master->slave  | session, epoch, min_phy_offset, max_phy_offset,           | no  |
-|      |             |                | start_phy_offset, epochs [[epoch, start_phy_offset], ...] |     |
+|      |             |                | start_phy_offset, epochs [[epoch, start_phy_offset], ...],|     |
+|      |             |                | master_address (its client host:port; optional)           |     |
 |  3   | DATA        | master->slave  | session, epoch, epoch_start_phy_offset, phy_offset,       | yes |
 |      |             |                | length (== len(raw), 1..haTransferBatchSize)              |     |
 |  4   | ACK         | slave->master  | session, ack_offset (the slave's max offset; heartbeat)   | no  |
@@ -24,6 +25,10 @@ recognised and ignored (ZeroMQ reconnects silently; a stale reply must never tru
 
 ``start_phy_offset`` in HELLO_REPLY is where streaming starts; when it is below the slave's max
 the slave first truncates its log there (the point where the epoch histories stop agreeing).
+``master_address`` in HELLO_REPLY is where the master serves clients (``brokerIP1:listenPort``),
+which a slave reports as its ``masterAddress`` (RocketMQ's ``masterAddr``; the HA address it
+connects to is its ``haMasterAddress``). A reply without it (six fields, as before the field
+was added) decodes with ``""``.
 ``sent_phy_offset`` in HEARTBEAT is how far the master has streamed in this session: a slave
 holding less knows bytes were lost and asks again. ERROR with OFFSET_OUT_OF_RANGE carries in
 ``phy_offset`` the master's min offset (slave too far behind) or the truncate point.
@@ -105,6 +110,7 @@ class HelloReply:
     max_phy_offset: int
     start_phy_offset: int
     epochs: EpochHistory
+    master_address: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -173,7 +179,8 @@ def encode_header(frame: Hello | HelloReply | Ack | Heartbeat | Error) -> bytes:
                       _epochs_out(frame.epochs)])
     if isinstance(frame, HelloReply):
         return _pack([FrameType.HELLO_REPLY, frame.session, frame.epoch, frame.min_phy_offset,
-                      frame.max_phy_offset, frame.start_phy_offset, _epochs_out(frame.epochs)])
+                      frame.max_phy_offset, frame.start_phy_offset, _epochs_out(frame.epochs),
+                      frame.master_address])
     if isinstance(frame, Ack):
         return _pack([FrameType.ACK, frame.session, frame.ack_offset])
     if isinstance(frame, Heartbeat):
@@ -295,8 +302,13 @@ def _decode_hello(fields: list[Any], limits: Limits) -> Hello:
 
 def _decode_hello_reply(fields: list[Any], limits: Limits) -> HelloReply:
     k = FrameType.HELLO_REPLY
-    f = _fields(k, fields, ("session", "epoch", "min_phy_offset", "max_phy_offset",
-                            "start_phy_offset", "epochs"))
+    names: tuple[str, ...] = ("session", "epoch", "min_phy_offset", "max_phy_offset",
+                              "start_phy_offset", "epochs")
+    if len(fields) == len(names) + 1:  # with master_address
+        names += ("master_address",)
+    elif len(fields) != len(names):
+        raise HAProtocolError(f"{k.name}: expected 6 or 7 fields, got {len(fields)}")
+    f = _fields(k, fields, names)
     reply = HelloReply(
         session=_int(k, "session", f["session"], 0, MAX_SESSION),
         epoch=_int(k, "epoch", f["epoch"], 1, _MAX_EPOCH),
@@ -304,6 +316,8 @@ def _decode_hello_reply(fields: list[Any], limits: Limits) -> HelloReply:
         max_phy_offset=_int(k, "max_phy_offset", f["max_phy_offset"]),
         start_phy_offset=_int(k, "start_phy_offset", f["start_phy_offset"]),
         epochs=_epochs(k, f["epochs"], limits),
+        master_address=_text(k, "master_address", f.get("master_address", ""),
+                             limits.max_text_bytes),
     )
     if not reply.min_phy_offset <= reply.start_phy_offset <= reply.max_phy_offset:
         raise HAProtocolError(f"HELLO_REPLY: start {reply.start_phy_offset} outside "

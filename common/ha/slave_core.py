@@ -121,6 +121,7 @@ class SlaveStats:
     master_max_phy_offset: int
     resyncs: int
     ignored_frames: int
+    master_address: str = ""  # the master's client address, from its HELLO_REPLY
 
 
 class SlaveCore:
@@ -143,6 +144,7 @@ class SlaveCore:
         self._retry_at_ms = now_ms
         self._resyncs = 0
         self._ignored_frames = 0
+        self._master_address = ""  # kept across reconnects: the last master that answered
 
     # ---- read-only state ---------------------------------------------------------------------
     @property
@@ -163,7 +165,8 @@ class SlaveCore:
 
     def stats(self) -> SlaveStats:
         return SlaveStats(self._state, self._session, self._max, self._master_epoch,
-                          self._master_max, self._resyncs, self._ignored_frames)
+                          self._master_max, self._resyncs, self._ignored_frames,
+                          self._master_address)
 
     def next_deadline_ms(self) -> int:
         """When ``tick`` next has something to do."""
@@ -214,6 +217,8 @@ class SlaveCore:
         self._master_epoch = reply.epoch
         self._master_history = reply.epochs
         self._master_max = reply.max_phy_offset
+        if reply.master_address:
+            self._master_address = reply.master_address
         actions.append(self._ack(now_ms))
         return actions
 

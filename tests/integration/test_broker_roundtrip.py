@@ -159,7 +159,8 @@ def test_status_and_discovery_across_group(tmp_path: Path) -> None:
         with Admin([slave.address]) as a:
             st = a.status(slave.address)
         assert st["role"] == "SLAVE" and st["brokerId"] == 1
-        assert st["masterAddress"] == f"127.0.0.1:{master.port + 1}"
+        assert st["masterAddress"] == master.address
+        assert st["haMasterAddress"] == f"127.0.0.1:{master.port + 1}"
 
 
 def _wait_found(c: Consumer, topic: str, deadline_s: float) -> list[bytes]:

@@ -54,7 +54,9 @@ def test_old_master_restarting_into_a_newer_epoch_rejoins_as_slave(tmp_path: Pat
         master.start()  # the same configuration: brokerRole ASYNC_MASTER
         status = master.status()
         assert status["role"] == "SLAVE" and status["brokerId"] not in (0, 1), status
-        assert status["masterAddress"] == slave.status()["haAddress"]
+        assert status["haMasterAddress"] == slave.status()["haAddress"]
+        wait_for(lambda: master.status()["masterAddress"] == slave.address, 20,
+                 "the new master's client address, from its HELLO_REPLY")
         # byte-identical to the new master: what only the old master held past the divergence
         # point (the "alone" records) was cut, and the new master's records replaced it
         end = wait_converged(slave, master)

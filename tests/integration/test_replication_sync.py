@@ -299,10 +299,13 @@ def test_write_to_a_replicating_slave_is_refused_and_changes_nothing(tmp_path: P
                 )
                 assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE, resp
                 assert "SLAVE" in resp.remark and slave.cfg.haMasterAddress in resp.remark
+                assert f"send to its master at {master.address}" in resp.remark
         status = slave.status()
         assert status["maxPhyOffset"] == end == master.status()["maxPhyOffset"]
         assert status["refusedWrites"] == 100
-        assert status["masterAddress"] == slave.cfg.haMasterAddress
+        # RocketMQ's masterAddr (where clients reach the master) and haMasterAddress
+        assert status["masterAddress"] == master.address == master.status()["masterAddress"]
+        assert status["haMasterAddress"] == slave.cfg.haMasterAddress
         repl = wait_for(
             lambda: (r := slave.status()["replication"])["masterMaxPhyOffset"] == end and r,
             10, "the slave to hear the master's max offset",

@@ -73,7 +73,8 @@ def test_empty_slave_gets_a_reply_and_a_window_of_data() -> None:
     m = _master(max_phy_offset=1000)
     actions = m.on_hello(P1, _hello(), now_ms=10)
     reply = _sent(actions)[0]
-    assert reply == HelloReply(1, 1, 0, 1000, 0, (E(1, 0),))
+    # the master says where it serves clients: the slave reports it as masterAddress
+    assert reply == HelloReply(1, 1, 0, 1000, 0, (E(1, 0),), _cfg().client_address)
     reads = _of(actions, mc.ReadAndSend)
     assert [(r.phy_offset, r.length) for r in reads] == [(0, 100), (100, 100), (200, 100)]
     assert all((r.peer_id, r.session, r.epoch, r.epoch_start_phy_offset) == (P1, 1, 1, 0)

@@ -37,6 +37,7 @@ SAMPLES = [
     Hello(7, "broker-a", 1, 12345, "10.0.0.2:10911", EPOCHS),
     Hello(8, "broker-a", 2, 0, "", ()),
     HelloReply(7, 4, 0, 20_000, 9000, EPOCHS),
+    HelloReply(7, 4, 0, 20_000, 9000, EPOCHS, "10.0.0.1:10911"),
     Ack(7, 12_345),
     Heartbeat(7, 4, 20_000, 19_000),
     Error(7, ResponseCode.OFFSET_OUT_OF_RANGE, 4096, "slave needs 0, master starts at 4096"),
@@ -114,6 +115,9 @@ def test_data_at_the_batch_limit_is_accepted_and_one_more_byte_refused() -> None
         ([_header(FrameType.HELLO_REPLY, 1, 2, 10, 20, 5, [[2, 0]])], "start 5 outside"),
         ([_header(FrameType.HELLO_REPLY, 1, 2, 0, 20, 5, [[1, 0]])], "end with the master"),
         ([_header(FrameType.HELLO_REPLY, 1, 2, 0, 20, 5, [])], "end with the master"),
+        ([_header(FrameType.HELLO_REPLY, 1, 2, 0, 20, 5, [[2, 0]], 7)], "master_address: expected str"),
+        ([_header(FrameType.HELLO_REPLY, 1, 2, 0, 20, 5, [[2, 0]], "x" * 65)], "longer than 64"),
+        ([_header(FrameType.HELLO_REPLY, 1, 2, 0, 20, 5)], "expected 6 or 7 fields, got 5"),
     ],
 )
 def test_malformed_frames_raise_one_error_type(frames: list[bytes], reason: str) -> None:
@@ -213,3 +217,9 @@ def test_random_header_lists_never_raise_anything_but_the_protocol_error(
         decode([msgpack.packb(items)], LIMITS)
     except HAProtocolError:
         pass
+
+
+def test_a_hello_reply_without_the_master_address_still_decodes() -> None:
+    """Six fields, as before master_address was added: the address reads as unknown."""
+    reply = decode([_header(FrameType.HELLO_REPLY, 1, 2, 0, 20, 5, [[2, 0]])], LIMITS)
+    assert reply == HelloReply(1, 2, 0, 20, 5, (EpochEntry(2, 0),), "")

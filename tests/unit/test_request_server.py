@@ -568,7 +568,7 @@ def test_a_promotion_replaced_by_a_newer_one_is_not_resumed(
     newer = make_broker(brokerRole="ASYNC_MASTER", storePathRootDir=str(peer_root))
     broker = _restart(make_broker, broker, groupServers=addr(newer))
     status = broker.status()
-    assert status["role"] == "SLAVE" and status["masterAddress"] == newer.status()["haAddress"]
+    assert status["role"] == "SLAVE" and status["haMasterAddress"] == newer.status()["haAddress"]
     assert not promotion.path_of(broker.cfg.store_root).exists()  # spent
     broker, _ = _promoted(make_broker, None)
     broker = _restart(make_broker, broker)  # no groupServers
