@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from broker_harness import BrokerProcess, brokers, run_cli
+from replication_harness import wait_for
 
 from common.client import Admin, Consumer, Producer
 from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
@@ -157,7 +158,15 @@ def test_status_and_discovery_across_group(tmp_path: Path) -> None:
             r = p.send("disc", b"x")
         assert r.status == SendStatus.SEND_OK
         with Admin([slave.address]) as a:
-            st = a.status(slave.address)
+            # the slave learns its master's client address from the HA handshake, which may
+            # still be under way (an ASYNC master answers before any slave has connected):
+            # wait until the slave holds the message, which it can only after that handshake
+            st = wait_for(
+                lambda: (s := a.status(slave.address))["maxPhyOffset"] >= r.commit_log_offset + 1
+                and s,
+                20,
+                "the slave to replicate the message",
+            )
         assert st["role"] == "SLAVE" and st["brokerId"] == 1
         assert st["masterAddress"] == master.address
         assert st["haMasterAddress"] == f"127.0.0.1:{master.port + 1}"
