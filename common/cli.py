@@ -6,6 +6,7 @@
                 [--queue Q] [--delay-level L]
     replog pull -t TOPIC [-q QUEUE] [-o OFFSET] [-n MAX] [--group G]
     replog query (--topic T --key K | --msg-id ID | --offset PHYOFFSET)
+    replog offsets -t TOPIC [-q QUEUE] [--time T] [--group G [--reset]]   (an extension)
     replog status
     replog promote
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import datetime
 import json
 import logging
 import os
@@ -240,6 +242,69 @@ def _print_messages(messages: Sequence[Any]) -> None:
             body[:60],
         )
     out.print(table)
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def parse_time_ms(text: str) -> int:
+    """``--time``: ms since the epoch, or an ISO 8601 date-time (local time unless it names a
+    zone, as RocketMQ's and Kafka's offset-reset tools read it)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(
+            f"--time {text!r}: give ms since the epoch or an ISO 8601 date-time "
+            "(2026-11-22T10:00:00, 2026-11-22T10:00:00+00:00)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # a naive date-time is local time
+    # in integers: a float timestamp * 1000 can land 1 ms early (.678 -> 677.9999)
+    return (when - _EPOCH) // datetime.timedelta(milliseconds=1)
+
+
+def cmd_offsets(args: argparse.Namespace) -> int:
+    if args.reset and (args.time is None or args.group is None):
+        raise UsageError("--reset needs --group G and --time T")
+    timestamp = parse_time_ms(args.time) if args.time is not None else None
+    with Consumer(args.servers, group=args.group or "replog-cli",
+                  timeout_ms=args.timeout_ms) as consumer:
+        queues = [args.queue] if args.queue is not None else range(consumer.queue_nums(args.topic))
+        rows = []
+        for q in queues:
+            row: dict[str, Any] = {
+                "queueId": q,
+                "minOffset": consumer.min_offset(args.topic, q),
+                "maxOffset": consumer.max_offset(args.topic, q),
+            }
+            if timestamp is not None:
+                row["offsetAtTime"] = consumer.search_offset(args.topic, q, timestamp)
+            if args.group is not None:
+                committed = consumer.fetch_offset(args.topic, q)
+                if args.reset:
+                    consumer.commit_offset(args.topic, q, row["offsetAtTime"])
+                    row["previousOffset"], committed = committed, row["offsetAtTime"]
+                row["committedOffset"] = committed
+                row["lag"] = row["maxOffset"] - max(committed, row["minOffset"])
+            rows.append(row)
+    doc = {"topic": args.topic, "timestamp": timestamp, "group": args.group,
+           "reset": bool(args.reset), "queues": rows}
+    if args.json:
+        emit_json(doc)
+        return EXIT_OK
+    title = f"{args.topic}" + (f" (group {args.group})" if args.group else "")
+    if args.reset:
+        title += f": offsets reset to {args.time}"
+    table = Table(title=title)
+    cols = list(rows[0]) if rows else ["queueId", "minOffset", "maxOffset"]
+    for col in cols:
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(*(str(row[c]) for c in cols))
+    out.print(table)
+    return EXIT_OK
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -564,6 +629,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offset", type=int)
     p.add_argument("-n", "--max", type=int, default=32)
 
+    p = _client(sub, "offsets", "a topic's queue offsets; the offset at a time; a group's lag")
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-q", "--queue", type=int, help="one queue (default: every queue)")
+    p.add_argument("--time", help="ms since the epoch or ISO 8601: the first offset stored then")
+    p.add_argument("--group", help="show the group's committed offsets and lag")
+    p.add_argument("--reset", action="store_true",
+                   help="commit the offsets at --time for --group (replay or skip from then)")
+
     _client(sub, "status", "one broker's state")
     p = _client(sub, "promote", "turn the slave at -s into the master")
     p.add_argument("--role", choices=["SYNC_MASTER", "ASYNC_MASTER"], default="SYNC_MASTER")
@@ -582,6 +655,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "send": cmd_send,
     "pull": cmd_pull,
     "query": cmd_query,
+    "offsets": cmd_offsets,
     "status": cmd_status,
     "promote": cmd_promote,
     "cluster": cmd_cluster,

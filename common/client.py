@@ -1366,6 +1366,47 @@ class Consumer(_Base):
 
         return self._with_retries(attempt, fixed=self.read_from)  # type: ignore[no-any-return]
 
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The oldest queue offset still held (RocketMQ ``minOffset``, Kafka
+        ``beginning_offsets``); 0 for a queue that does not exist."""
+        return self._queue_offset(RequestCode.GET_MIN_OFFSET, topic, queue_id)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """Where the queue's next message will go (RocketMQ ``maxOffset``, Kafka
+        ``end_offsets``); 0 for a queue that does not exist."""
+        return self._queue_offset(RequestCode.GET_MAX_OFFSET, topic, queue_id)
+
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms`` (ms
+        since the epoch; RocketMQ ``searchOffset``, Kafka ``offsets_for_times``): the max offset
+        when every message is older, so pulling from it waits for new ones."""
+        return self._queue_offset(
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, topic, queue_id, timestamp=timestamp_ms
+        )
+
+    def queue_nums(self, topic: str) -> int:
+        """How many queues the topic has; BrokerError TOPIC_NOT_EXIST when the master has no
+        such topic (even one it would auto-create on a first send)."""
+
+        def attempt(address: str) -> int:
+            resp = self._cluster.request(address, RequestCode.TOPIC_ROUTE, {"topic": topic})
+            if not resp.ok:
+                raise BrokerError(resp.code, resp.remark)
+            return int(resp.fields["queueNums"])
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+    def _queue_offset(self, code: RequestCode, topic: str, queue_id: int, **extra: int) -> int:
+        fields: dict[str, Any] = {"topic": topic, "queueId": queue_id, **extra}
+
+        def attempt(address: str) -> int:
+            resp = self._cluster.request(self.read_from or address, code, fields)
+            if not resp.ok:
+                raise BrokerError(resp.code, resp.remark)
+            return int(resp.fields["offset"])
+
+        return self._with_retries(attempt, fixed=self.read_from)  # type: ignore[no-any-return]
+
     def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
         fields = {"group": self.group, "topic": topic, "queueId": queue_id, "queueOffset": offset}
 

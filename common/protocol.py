@@ -78,6 +78,9 @@ class RequestCode(enum.IntEnum):
     COMMIT_OFFSET = 15
     CREATE_TOPIC = 17
     STATUS = 28
+    SEARCH_OFFSET_BY_TIMESTAMP = 29  # first queue offset stored at or after a time
+    GET_MAX_OFFSET = 30  # a queue's max offset (where the next message will go)
+    GET_MIN_OFFSET = 31  # a queue's min offset (the oldest message still held)
     TOPIC_ROUTE = 105  # RocketMQ GET_ROUTEINFO_BY_TOPIC: a topic's queue count
     QUERY_BY_OFFSET = 33
     QUERY_BY_MSG_ID = 34
@@ -223,6 +226,13 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "phyOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
     },
     RequestCode.STATUS: {},
+    RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: {
+        "topic": _TOPIC,
+        "queueId": _QUEUE,
+        "timestamp": Field("int", required=True, lo=0, hi=MAX_OFFSET),
+    },
+    RequestCode.GET_MAX_OFFSET: {"topic": _TOPIC, "queueId": _QUEUE},
+    RequestCode.GET_MIN_OFFSET: {"topic": _TOPIC, "queueId": _QUEUE},
     RequestCode.TOPIC_ROUTE: {"topic": _TOPIC},
     RequestCode.COMMIT_OFFSET: {
         "group": Field("group", required=True),

@@ -751,6 +751,21 @@ class RequestServer:
         found = self.services.store.message_by_offset(req.fields["phyOffset"])
         return _messages_reply(req, [found] if found is not None else [], self.services.store)
 
+    def _search_offset(self, req: Request) -> Response:
+        f = req.fields
+        offset = self.services.store.offset_by_time(f["topic"], f["queueId"], f["timestamp"])
+        return reply(req, fields={"offset": offset})
+
+    def _max_offset(self, req: Request) -> Response:
+        f = req.fields
+        return reply(req, fields={"offset": self.services.store.max_queue_offset(f["topic"],
+                                                                                 f["queueId"])})
+
+    def _min_offset(self, req: Request) -> Response:
+        f = req.fields
+        return reply(req, fields={"offset": self.services.store.min_queue_offset(f["topic"],
+                                                                                 f["queueId"])})
+
     _READS: ClassVar[dict[RequestCode, Callable[[RequestServer, Request], Reply]]] = {
         RequestCode.STATUS: _status,
         RequestCode.PROMOTE: _promote,
@@ -760,6 +775,9 @@ class RequestServer:
         RequestCode.QUERY_BY_KEY: _query_by_key,
         RequestCode.QUERY_BY_MSG_ID: _query_by_msg_id,
         RequestCode.QUERY_BY_OFFSET: _query_by_offset,
+        RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: _search_offset,
+        RequestCode.GET_MAX_OFFSET: _max_offset,
+        RequestCode.GET_MIN_OFFSET: _min_offset,
     }
 
     # -- pull and long polling -------------------------------------------------------------------

@@ -324,7 +324,7 @@ class CommitLog:
             queue_offset = first_queue_offset = self.topic_queue_table.get(key, 0)
             base = mf.file_from_offset
             pos = first_pos = mf.wrote_position
-            ts = time.time_ns() // 1_000_000
+            ts = now_ms()
             parts: list[bytes] = []
             add_parts = parts.extend
             entries: list[tuple[int, int, int]] = []
@@ -459,6 +459,18 @@ class CommitLog:
                 return None
         raw = mf.read(pos, size)
         return raw if len(raw) == size else None
+
+    def store_timestamp_at(self, phy_offset: int) -> int | None:
+        """STORETIMESTAMP of the record at ``phy_offset``; None when no record starts there."""
+        if not self.min_offset <= phy_offset < self.max_offset:
+            return None
+        head = self.read(phy_offset, record.HEADER.size)
+        if len(head) < record.HEADER.size:
+            return None
+        h = record.Header._make(record.HEADER.unpack_from(head))
+        if h.magic != record.MAGIC_V1 or h.phy_offset != phy_offset:
+            return None
+        return h.store_timestamp
 
     def message_at(self, phy_offset: int, verify: bool = True) -> MessageExt | None:
         raw = self.read_record(phy_offset)

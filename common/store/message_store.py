@@ -462,6 +462,20 @@ class MessageStore:
         cq = self.cq_store.get(topic, queue_id)
         return cq.max_queue_offset if cq is not None else 0
 
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms``
+        (RocketMQ's getOffsetInQueueByTime, Kafka's offsetsForTimes): the queue's max offset
+        when every message is older, its min offset when none is, 0 for an unknown queue.
+
+        A binary search over the queue by STORETIMESTAMP: exact while store times grow along
+        the queue, as they do under one clock; after a failover to a broker whose clock is
+        behind, it lands on some offset whose neighbours straddle the time.
+        """
+        cq = self.cq_store.get(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.offset_by_time(timestamp_ms, self.commit_log.store_timestamp_at)
+
     def topic_queues(self) -> dict[str, int]:
         return self.cq_store.topics()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import datetime
 import time
 from pathlib import Path
 
@@ -143,15 +144,21 @@ def test_sigterm_clean_restart_keeps_offsets_and_messages(tmp_path: Path) -> Non
         b.close()
 
 
-@pytest.mark.timeout(120)
-def test_status_and_discovery_across_group(tmp_path: Path) -> None:
-    master = BrokerProcess(tmp_path / "m")
+def _master_and_slave(tmp_path: Path, **fields: object) -> tuple[BrokerProcess, BrokerProcess]:
+    master = BrokerProcess(tmp_path / "m", **fields)
     slave = BrokerProcess(
         tmp_path / "s",
         brokerRole="SLAVE",
         brokerId=1,
         haMasterAddress=f"127.0.0.1:{master.port + 1}",
+        **fields,
     )
+    return master, slave
+
+
+@pytest.mark.timeout(120)
+def test_status_and_discovery_across_group(tmp_path: Path) -> None:
+    master, slave = _master_and_slave(tmp_path)
     with brokers(slave, master):
         # given the slave first, the client still writes to the master
         with Producer([slave.address, master.address]) as p:
@@ -213,3 +220,76 @@ def test_delay_levels_through_client_cli_and_property(tmp_path: Path) -> None:
         assert refused.value.code == ResponseCode.MESSAGE_ILLEGAL and "DELAY" in refused.value.remark
         with pytest.raises(BrokerError):
             p.send_async("viaprop", b"z", properties={"DELAY": "1"})
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@pytest.mark.timeout(120)
+def test_offsets_by_time_lag_and_reset_through_client_and_cli(tmp_path: Path) -> None:
+    master, slave = _master_and_slave(tmp_path, defaultTopicQueueNums=2)
+    with brokers(master, slave):
+        with Producer([master.address]) as p:
+            before = [p.send("when", b"old%d" % i, queue_id=0) for i in range(5)]
+            # every message stored so far has a store time below `cut`, every later one not:
+            # the broker and this test read the same clock (a wait on the clock, not a sleep)
+            cut = _now_ms() + 1
+            while _now_ms() <= cut:
+                time.sleep(0.001)
+            after = [p.send("when", b"new%d" % i, queue_id=0) for i in range(3)]
+        assert all(r.status == SendStatus.SEND_OK for r in before + after)
+
+        with Consumer([master.address], group="ops") as c:
+            assert c.queue_nums("when") == 2
+            assert (c.min_offset("when", 0), c.max_offset("when", 0)) == (0, 8)
+            assert c.search_offset("when", 0, cut) == 5
+            assert c.search_offset("when", 0, 0) == 0
+            assert c.search_offset("when", 0, _now_ms() + 60_000) == 8
+            assert c.search_offset("when", 1, cut) == 0  # an empty queue
+            with pytest.raises(BrokerError) as e:
+                c.queue_nums("never-sent")
+            assert e.value.code == ResponseCode.TOPIC_NOT_EXIST
+        # a slave answers the same (its queues are built from the same bytes)
+        with Consumer([master.address], read_from=slave.address) as c:
+            wait_for(lambda: c.max_offset("when", 0) == 8, 20, "the slave to hold queue 0")
+            assert c.search_offset("when", 0, cut) == 5
+
+        s = ["-s", master.address]
+        rc, doc = run_cli("offsets", *s, "-t", "when")
+        assert rc == 0 and doc["queues"] == [
+            {"queueId": 0, "minOffset": 0, "maxOffset": 8},
+            {"queueId": 1, "minOffset": 0, "maxOffset": 0},
+        ]
+        iso = (
+            datetime.datetime.fromtimestamp(cut // 1000, datetime.UTC)
+            + datetime.timedelta(milliseconds=cut % 1000)
+        ).isoformat(timespec="milliseconds")
+        for when in (str(cut), iso):
+            rc, doc = run_cli("offsets", *s, "-t", "when", "-q", "0", "--time", when)
+            assert rc == 0 and doc["timestamp"] == cut
+            assert doc["queues"] == [
+                {"queueId": 0, "minOffset": 0, "maxOffset": 8, "offsetAtTime": 5}
+            ]
+        # a group's lag, then a reset to the time: the group's next pull starts there
+        rc, doc = run_cli("offsets", *s, "-t", "when", "-q", "0", "--group", "billing")
+        assert rc == 0 and doc["queues"][0]["committedOffset"] == -1
+        assert doc["queues"][0]["lag"] == 8
+        rc, doc = run_cli(
+            "offsets", *s, "-t", "when", "--group", "billing", "--time", str(cut), "--reset"
+        )
+        assert rc == 0 and doc["reset"] is True
+        assert [(q["previousOffset"], q["committedOffset"], q["lag"]) for q in doc["queues"]] == [
+            (-1, 5, 3),
+            (-1, 0, 0),
+        ]
+        rc, pulled = run_cli("pull", *s, "-t", "when", "-q", "0", "--group", "billing")
+        assert rc == 0 and [m["body"] for m in pulled["messages"]] == ["new0", "new1", "new2"]
+        # bad usage changes nothing: exit 2, the committed offsets stay
+        for bad in (["--time", "yesterday-ish"], ["--reset", "--time", str(cut)], ["--reset"]):
+            rc, doc = run_cli("offsets", *s, "-t", "when", *bad)
+            assert rc == 2 and doc is None, bad
+        rc, doc = run_cli("offsets", *s, "-t", "when", "-q", "0", "--group", "billing")
+        assert doc["queues"][0]["committedOffset"] == 5
+        rc, doc = run_cli("offsets", *s, "-t", "never-sent")
+        assert rc == 1 and doc["error"] == "TOPIC_NOT_EXIST"
