@@ -1385,8 +1385,10 @@ class Consumer(_Base):
         )
 
     def queue_nums(self, topic: str) -> int:
-        """How many queues the topic has; BrokerError TOPIC_NOT_EXIST when the master has no
-        such topic (even one it would auto-create on a first send)."""
+        """How many queues the topic has, asked of the master each time; BrokerError
+        TOPIC_NOT_EXIST when it has no such topic. (A producer's view, ``_Base.queue_nums``,
+        is cached and counts the queues a first send would auto-create: a consumer's view
+        counts only queues that exist.)"""
 
         def attempt(address: str) -> int:
             resp = self._cluster.request(address, RequestCode.TOPIC_ROUTE, {"topic": topic})

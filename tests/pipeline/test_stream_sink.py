@@ -92,6 +92,51 @@ def test_stream_delivers_each_record_once_across_a_restart(spark, broker, tmp_pa
     assert {r.commitLogOffset: bytes(r.bodyBytes) for r in rows} == sent
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def test_stream_starts_at_a_timestamp(spark, broker, tmp_path) -> None:
+    servers = broker.address
+    produce(servers, "ts1", 0, 100)
+    produce(servers, "ts2", 0, 50)
+    # every record stored so far is older than `cut`, every later one not (the broker and this
+    # test read one clock: a wait on the clock, not a sleep)
+    cut = _now_ms() + 1
+    while _now_ms() <= cut:
+        time.sleep(0.001)
+    later = produce(servers, "ts2", 50, 40) | produce(servers, "ts1", 100, 60)
+    settled(servers)
+    stream = (spark.readStream.format("replog").option("servers", servers)
+              .option("topics", "ts1,ts2").option("startingTimestamp", str(cut))
+              .schema("commitLogOffset bigint, bodyBytes binary").load())
+    query = (stream.writeStream.format("memory").queryName("from_cut")
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(120)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    rows = spark.sql("select * from from_cut").collect()
+    assert {r.commitLogOffset: bytes(r.bodyBytes) for r in rows} == later
+
+
+def test_stream_options_are_checked() -> None:
+    from common.pipeline.stream import StreamOptions
+
+    base = {"servers": "127.0.0.1:1", "topics": "t"}
+    assert StreamOptions.parse({**base, "startingTimestamp": "1700000000000"}).starting_ts == (
+        1700000000000
+    )
+    for bad, match in (
+        ({"startingTimestamp": "2026-11-22"}, "ms since the epoch"),
+        ({"startingTimestamp": "5", "startingOffset": "earliest"}, "not both"),
+        ({"startingOffset": "soon"}, "earliest, latest or an offset"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            StreamOptions.parse({**base, **bad})
+
+
 def pull_all(broker: BrokerProcess, topic: str) -> list[MessageExt]:
     msgs = []
     with Consumer([broker.address]) as c:
