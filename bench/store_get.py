@@ -10,7 +10,8 @@ Prints, measured in this run:
    checks the record); target p99 < 1 ms;
 3. reput lag: put-to-visible in the ConsumeQueue (time from the start of ``put`` until reput
    reports the queue offset through an arrival listener), p50/p99, at full put speed and paced
-   at 20k and 5k msgs/s; target median < 5 ms.
+   at 20k and 5k msgs/s; target median < 5 ms;
+4. ``offset_by_time`` (search by store time) in one queue of the index run's store.
 
     .venv/bin/python bench/store_get.py [--keys 1000000] [--seconds 2] [--dir /tmp]
 """
@@ -109,8 +110,27 @@ def bench_index(root: Path, keys: int, queries: int) -> None:
             lat.sort()
             print(f"{label:<26} hit among {keys:,} keys: p50 {pct(lat, 50):.1f} us, "
                   f"p99 {pct(lat, 99):.1f} us, max {lat[-1]:.0f} us (target p99 < 1000 us)")
+        bench_search_by_time(store, queries)
     finally:
         store.shutdown()
+
+
+def bench_search_by_time(store: MessageStore, queries: int) -> None:
+    """``offset_by_time`` (RocketMQ searchOffset) at random times within queue 0's span."""
+    n = store.max_queue_offset(TOPIC, 0)
+    first = store.get_message("g", TOPIC, 0, 0, 1).messages()[0].store_timestamp
+    last = store.get_message("g", TOPIC, 0, n - 1, 1).messages()[0].store_timestamp
+    rng = random.Random(3)
+    lat = []
+    for _ in range(queries):
+        ts = rng.randint(first, last)
+        t = time.perf_counter_ns()
+        offset = store.offset_by_time(TOPIC, 0, ts)
+        lat.append((time.perf_counter_ns() - t) / 1000)
+        assert 0 <= offset < n
+    lat.sort()
+    print(f"{'offset_by_time':<26} in a queue of {n:,} ({last - first} ms of store times): "
+          f"p50 {pct(lat, 50):.1f} us, p99 {pct(lat, 99):.1f} us")
 
 
 def bench_reput_lag(root: Path, seconds: float, rate: float | None, inline: int = 0) -> None:
