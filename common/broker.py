@@ -5,14 +5,8 @@ nothing here imports ``master/`` or ``slave/``. A role decides what happens to w
 appends, a slave refuses); reads, status and consumer offsets are served the same way by every
 role (``common/server.py``).
 
-State under ``<storePathRootDir>/config/`` (RocketMQ's file names and JSON shapes; every write is
-atomic: temp file, fsync, rename, fsync of the directory):
-
-| file                | shape                                                                |
-|---------------------|----------------------------------------------------------------------|
-| topics.json         | ``{"topicConfigTable": {topic: {"topicName", "readQueueNums",        |
-|                     | "writeQueueNums", "perm"}}, "dataVersion": {"timestamp", "counter"}}`` |
-| consumerOffset.json | ``{"offsetTable": {"topic@group": {"<queueId>": queueOffset}}}``       |
+State under ``<storePathRootDir>/config/``: topics and consumer offsets (``common/tables.py``).
+Prometheus collectors: ``common/metrics.py``.
 
 Shutdown is two-stage (uvicorn): the first SIGTERM/SIGINT drains in-flight requests, stops the
 role, persists the offsets and shuts the store down (flush, checkpoint, remove the abort file);
@@ -23,141 +17,31 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import prometheus_client
-from prometheus_client.core import GaugeMetricFamily
 
 from common.config import BrokerConfig, split_addresses
 from common.errors import BrokerError, ConfigError, ResponseCode
-from common.files import write_atomically
 from common.ha import epochs, promotion, term
+from common.metrics import ConsumerLagCollector, StatusCollector
 from common.port_hold import HA_BIND_HOST, PortHold
 from common.protocol import Request, Response
 from common.server import Reply, RequestServer, log_event, reply
+from common.tables import ConsumerOffsetTable, TopicTable
 
 log = logging.getLogger("replog.broker")
 
 DRAIN_TIMEOUT_S = 10.0
 OFFSET_PERSIST_INTERVAL_S = 1.0
-TOPICS_FILE = "topics.json"
-OFFSETS_FILE = "consumerOffset.json"
-MAX_CONFIG_FILE_BYTES = 64 * 1024 * 1024
-PERM_READ_WRITE = 6
 GROUP_PROBE_MS = 1500  # start-up: how long each of groupServers gets to answer status
 MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
-
-
-def atomic_write_json(path: Path, value: Any) -> None:
-    """Write JSON so that a crash leaves either the old or the new file, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps(value, indent=2, sort_keys=True).encode("utf-8"))
-
-
-def read_json(path: Path) -> Any:
-    """The file's JSON, or None when absent; a torn or oversized file raises ValueError."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_FILE_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    if len(raw) > MAX_CONFIG_FILE_BYTES:
-        raise ValueError(f"{path} is larger than {MAX_CONFIG_FILE_BYTES} bytes")
-    try:
-        return json.loads(raw)
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
-        raise ValueError(f"{path} is not valid JSON ({e}); restore or remove it") from None
-
-
-# ---- topics and consumer offsets ---------------------------------------------------------------
-
-
-class TopicTable:
-    """Topic -> queue count, persisted in ``config/topics.json``; thread-safe."""
-
-    def __init__(self, config_dir: Path):
-        self.path = config_dir / TOPICS_FILE
-        self._lock = threading.Lock()
-        self._queues: dict[str, int] = {}
-        self._counter = 0
-        raw = read_json(self.path) or {}
-        for name, entry in raw.get("topicConfigTable", {}).items():
-            self._queues[name] = int(entry.get("writeQueueNums", 0))
-        self._counter = int(raw.get("dataVersion", {}).get("counter", 0))
-
-    def merge_seen(self, seen: dict[str, int]) -> None:
-        """Topics found in the ConsumeQueues (e.g. replicated to a slave) but not configured."""
-        with self._lock:
-            for name, nums in seen.items():
-                self._queues[name] = max(nums, self._queues.get(name, 0))
-
-    def queue_nums(self, topic: str) -> int:
-        return self._queues.get(topic, 0)
-
-    def create(self, topic: str, queue_nums: int) -> None:
-        with self._lock:
-            if self._queues.get(topic) == queue_nums:
-                return
-            self._queues[topic] = queue_nums
-            self._counter += 1
-            atomic_write_json(self.path, self._to_json())
-
-    def topics(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._queues)
-
-    def _to_json(self) -> dict[str, Any]:
-        table = {
-            name: {
-                "topicName": name,
-                "readQueueNums": nums,
-                "writeQueueNums": nums,
-                "perm": PERM_READ_WRITE,
-            }
-            for name, nums in sorted(self._queues.items())
-        }
-        version = {"timestamp": int(time.time() * 1000), "counter": self._counter}
-        return {"topicConfigTable": table, "dataVersion": version}
-
-
-class ConsumerOffsetTable:
-    """``topic@group`` -> queue id -> next offset to consume; persisted when changed."""
-
-    def __init__(self, config_dir: Path):
-        self.path = config_dir / OFFSETS_FILE
-        self._lock = threading.Lock()
-        self._table: dict[str, dict[int, int]] = {}
-        self._dirty = False
-        raw = read_json(self.path) or {}
-        for key, queues in raw.get("offsetTable", {}).items():
-            self._table[key] = {int(q): int(o) for q, o in queues.items()}
-
-    def commit(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None:
-        with self._lock:
-            self._table.setdefault(f"{topic}@{group}", {})[queue_id] = queue_offset
-            self._dirty = True
-
-    def fetch(self, group: str, topic: str, queue_id: int) -> int:
-        with self._lock:
-            return self._table.get(f"{topic}@{group}", {}).get(queue_id, -1)
-
-    def persist(self, force: bool = False) -> bool:
-        """Write the table if it changed since the last write; True if written."""
-        with self._lock:
-            if not (self._dirty or force):
-                return False
-            snapshot = {k: {str(q): o for q, o in v.items()} for k, v in self._table.items()}
-            self._dirty = False
-        atomic_write_json(self.path, {"offsetTable": snapshot})
-        return True
 
 
 # ---- roles -----------------------------------------------------------------------------------
@@ -234,53 +118,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return str(value)
-
-
-class StatusCollector:
-    """Prometheus collector: every numeric status figure as a ``replog_*`` gauge, per scrape."""
-
-    def __init__(self, snapshot: Callable[[], BrokerStatus]):
-        self._snapshot = snapshot
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        status = self._snapshot()
-        labels = {"broker": status.brokerName, "id": str(status.brokerId)}
-        numbers = {**status.to_json(), **{f"store_{k}": v for k, v in status.store.items()}}
-        for key, value in numbers.items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            gauge = GaugeMetricFamily(
-                f"replog_{_snake(key)}", f"status field {key}", labels=list(labels)
-            )
-            gauge.add_metric(list(labels.values()), float(value))
-            yield gauge
-        yield from _slave_gauges(status, labels)
-
-    def describe(self) -> list[GaugeMetricFamily]:
-        return []
-
-
-def _slave_gauges(status: BrokerStatus, labels: dict[str, str]) -> Iterator[GaugeMetricFamily]:
-    names = [*labels, "slave"]
-    for field in ("ackOffset", "lagBytes", "inSync"):
-        gauge = GaugeMetricFamily(
-            f"replog_slave_{_snake(field)}", f"per-slave {field}", labels=names
-        )
-        for slave in status.slaves:
-            value = slave.get(field)
-            if isinstance(value, int | float | bool):
-                gauge.add_metric([*labels.values(), str(slave.get("address", ""))], float(value))
-        yield gauge
-
-
-def _snake(name: str) -> str:
-    out = []
-    for ch in name:
-        if ch.isupper():
-            out.append("_" + ch.lower())
-        else:
-            out.append(ch if ch.isalnum() else "_")
-    return "".join(out).strip("_")
 
 
 # ---- the broker ------------------------------------------------------------------------------
@@ -515,6 +352,7 @@ class Broker:
             return
         registry = prometheus_client.CollectorRegistry()
         registry.register(StatusCollector(self.snapshot))
+        registry.register(ConsumerLagCollector(self.offsets, self.store))
         server, _thread = prometheus_client.start_http_server(
             self.cfg.metricsPort, addr="0.0.0.0", registry=registry
         )

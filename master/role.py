@@ -29,11 +29,11 @@ import functools
 import time
 from typing import Any, Protocol
 
-from common.broker import TopicTable
 from common.errors import PutStatus, ResponseCode
 from common.message import PROPERTY_DELAY, Message, encode_msg_id
 from common.protocol import SCHEMAS, Request, RequestCode, Response
 from common.server import Reply, reply
+from common.tables import TopicTable
 from master.group_transfer import GroupTransfer, ReplicaPut
 
 # store PutStatus -> response code (RocketMQ SendMessageProcessor)

@@ -476,6 +476,12 @@ class MessageStore:
             return 0
         return cq.offset_by_time(timestamp_ms, self.commit_log.store_timestamp_at)
 
+    def store_timestamp_of(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
+        """STORETIMESTAMP of the message at a queue offset (None if the queue has none there)."""
+        cq = self.cq_store.get(topic, queue_id)
+        entry = cq.get(queue_offset) if cq is not None else None
+        return self.commit_log.store_timestamp_at(entry[0]) if entry is not None else None
+
     def topic_queues(self) -> dict[str, int]:
         return self.cq_store.topics()
 

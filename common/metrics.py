@@ -1,0 +1,116 @@
+"""Prometheus collectors (``metricsPort``): the status snapshot and consumer groups' lag.
+
+Every numeric figure of ``replog status`` is a ``replog_<snake_case>`` gauge labelled with the
+broker name and id; each slave a master serves adds ``replog_slave_{ack_offset,lag_bytes,
+in_sync}`` labelled with its address; each consumer group and topic in this broker's offset
+table adds ``replog_consumer_lag`` and ``replog_consumer_delay_seconds``. Collected per scrape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import GaugeMetricFamily
+
+from common.tables import ConsumerOffsetTable
+
+if TYPE_CHECKING:
+    from common.broker import BrokerStatus
+
+
+class StatusCollector:
+    """Prometheus collector: every numeric status figure as a ``replog_*`` gauge, per scrape."""
+
+    def __init__(self, snapshot: Callable[[], BrokerStatus]):
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        status = self._snapshot()
+        labels = {"broker": status.brokerName, "id": str(status.brokerId)}
+        numbers = {**status.to_json(), **{f"store_{k}": v for k, v in status.store.items()}}
+        for key, value in numbers.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            gauge = GaugeMetricFamily(
+                f"replog_{_snake(key)}", f"status field {key}", labels=list(labels)
+            )
+            gauge.add_metric(list(labels.values()), float(value))
+            yield gauge
+        yield from _slave_gauges(status, labels)
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+class ConsumerLagCollector:
+    """Prometheus collector: per consumer group and topic, what the group has yet to consume
+    (as rocketmq-exporter's ``rocketmq_group_diff``) and how old the oldest of it is.
+
+    ``replog_consumer_lag{group,topic}``: messages between the group's committed offsets and
+    the queues' max offsets, summed over the queues it committed; ``replog_consumer_delay_
+    seconds{group,topic}``: now minus the store time of the oldest unconsumed message (0 when
+    the group is caught up). Read from this broker's ConsumeQueues and offset table.
+    """
+
+    def __init__(self, offsets: ConsumerOffsetTable, store: Any,
+                 now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000):
+        self._offsets = offsets
+        self._store = store
+        self._now_ms = now_ms
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        names = ["group", "topic"]
+        lag = GaugeMetricFamily("replog_consumer_lag", "messages not yet consumed", labels=names)
+        delay = GaugeMetricFamily("replog_consumer_delay_seconds",
+                                  "age of the oldest message not yet consumed", labels=names)
+        now = self._now_ms()
+        for (group, topic), queues in sorted(self._offsets.snapshot().items()):
+            behind, oldest = group_lag(self._store, topic, queues)
+            lag.add_metric([group, topic], float(behind))
+            delay.add_metric([group, topic], max(0.0, (now - oldest) / 1000) if oldest else 0.0)
+        yield lag
+        yield delay
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+def group_lag(store: Any, topic: str, queues: dict[int, int]) -> tuple[int, int | None]:
+    """(messages behind, store time of the oldest of them or None) over ``queues``
+    (queue id -> committed offset; -1 or an offset below the queue's min counts from its min)."""
+    behind, oldest = 0, None
+    for queue_id, committed in queues.items():
+        start = max(committed, store.min_queue_offset(topic, queue_id))
+        n = store.max_queue_offset(topic, queue_id) - start
+        if n <= 0:
+            continue
+        behind += n
+        ts = store.store_timestamp_of(topic, queue_id, start)
+        if ts is not None and (oldest is None or ts < oldest):
+            oldest = ts
+    return behind, oldest
+
+
+def _slave_gauges(status: BrokerStatus, labels: dict[str, str]) -> Iterator[GaugeMetricFamily]:
+    names = [*labels, "slave"]
+    for field in ("ackOffset", "lagBytes", "inSync"):
+        gauge = GaugeMetricFamily(
+            f"replog_slave_{_snake(field)}", f"per-slave {field}", labels=names
+        )
+        for slave in status.slaves:
+            value = slave.get(field)
+            if isinstance(value, int | float | bool):
+                gauge.add_metric([*labels.values(), str(slave.get("address", ""))], float(value))
+        yield gauge
+
+
+def _snake(name: str) -> str:
+    out = []
+    for ch in name:
+        if ch.isupper():
+            out.append("_" + ch.lower())
+        else:
+            out.append(ch if ch.isalnum() else "_")
+    return "".join(out).strip("_")

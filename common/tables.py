@@ -1,0 +1,244 @@
+"""A broker's tables under ``<storePathRootDir>/config/``: topics and consumer offsets.
+
+RocketMQ's file names and JSON shapes; every write is atomic (temp file, fsync, rename, fsync of
+the directory):
+
+| file                | shape                                                                |
+|---------------------|----------------------------------------------------------------------|
+| topics.json         | ``{"topicConfigTable": {topic: {"topicName", "readQueueNums",        |
+|                     | "writeQueueNums", "perm"}}, "dataVersion": {"timestamp", "counter"}}`` |
+| consumerOffset.json | ``{"offsetTable": {"topic@group": {"<queueId>": queueOffset}}}``       |
+| delayOffset.json    | ``{"offsetTable": {"<level>": scheduleQueueOffset}}`` (the store's)    |
+
+The same documents travel from a master to its slaves (``slave/config_sync.py``, RocketMQ's
+SlaveSynchronize), so a promoted slave knows its group's topics and where each consumer group
+stands. A file or a document of the wrong shape is refused whole with a ValueError naming where
+it came from and what is wrong: at start-up the broker does not start (the file is left as it
+is), from a master the document is ignored and the table keeps what it had.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from common.files import write_atomically
+from common.protocol import MAX_QUEUE_NUMS
+
+TOPICS_FILE = "topics.json"
+OFFSETS_FILE = "consumerOffset.json"
+DELAY_OFFSETS_FILE = "delayOffset.json"
+MAX_CONFIG_FILE_BYTES = 64 * 1024 * 1024
+PERM_READ_WRITE = 6
+
+
+def atomic_write_json(path: Path, value: Any) -> None:
+    """Write JSON so that a crash leaves either the old or the new file, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json_bytes(value))
+
+
+def json_bytes(value: Any) -> bytes:
+    return json.dumps(value, indent=2, sort_keys=True).encode("utf-8")
+
+
+def read_json(path: Path) -> Any:
+    """The file's JSON, or None when absent; a torn or oversized file raises ValueError."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_CONFIG_FILE_BYTES} bytes")
+    return loads(raw, str(path))
+
+
+def loads(raw: bytes, source: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
+        raise ValueError(f"{source} is not valid JSON ({e}); restore or remove it") from None
+
+
+# ---- shapes -----------------------------------------------------------------------------------
+
+
+def _mapping(value: Any, source: str, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(  # noqa: TRY004 - a bad file or document, reported as ValueError
+            f"{source}: {what} must be a JSON object, not {type(value).__name__}"
+        )
+    return value
+
+
+def _int(value: Any, source: str, what: str, lo: int, hi: int = 2**63 - 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{source}: {what} must be an integer in [{lo}, {hi}], not {value!r}")
+    return value
+
+
+def _key_int(key: str, source: str, what: str) -> int:
+    if not key.isdigit():
+        raise ValueError(f"{source}: {what} {key!r} is not a non-negative integer")
+    return int(key)
+
+
+def parse_topics(doc: Any, source: str) -> tuple[dict[str, int], int]:
+    """topics.json -> (topic -> queue count, dataVersion counter)."""
+    doc = _mapping(doc, source, "the document")
+    table = _mapping(doc.get("topicConfigTable", {}), source, "topicConfigTable")
+    queues = {}
+    for name, entry in table.items():
+        entry = _mapping(entry, source, f"topic {name!r}")
+        queues[name] = _int(entry.get("writeQueueNums", 0), source,
+                            f"topic {name!r} writeQueueNums", 0, MAX_QUEUE_NUMS)
+    version = _mapping(doc.get("dataVersion", {}), source, "dataVersion")
+    return queues, _int(version.get("counter", 0), source, "dataVersion.counter", 0)
+
+
+def parse_offsets(doc: Any, source: str) -> dict[str, dict[int, int]]:
+    """consumerOffset.json (and delayOffset.json's inner table) -> key -> queue -> offset."""
+    table = _mapping(_mapping(doc, source, "the document").get("offsetTable", {}), source,
+                     "offsetTable")
+    out: dict[str, dict[int, int]] = {}
+    for key, queues in table.items():
+        queues = _mapping(queues, source, f"offsetTable[{key!r}]")
+        out[key] = {
+            _key_int(q, source, f"{key!r} queue id"): _int(o, source, f"{key!r} queue {q}", -1)
+            for q, o in queues.items()
+        }
+    return out
+
+
+def parse_delay_offsets(doc: Any, source: str) -> dict[int, int]:
+    """delayOffset.json -> level -> next schedule queue offset."""
+    table = _mapping(_mapping(doc, source, "the document").get("offsetTable", {}), source,
+                     "offsetTable")
+    return {_key_int(k, source, "delay level"): _int(v, source, f"delay level {k}", 0)
+            for k, v in table.items()}
+
+
+# ---- tables -----------------------------------------------------------------------------------
+
+
+class TopicTable:
+    """Topic -> queue count, persisted in ``config/topics.json``; thread-safe."""
+
+    def __init__(self, config_dir: Path):
+        self.path = config_dir / TOPICS_FILE
+        self._lock = threading.Lock()
+        self._queues, self._counter = parse_topics(read_json(self.path) or {}, str(self.path))
+
+    def merge_seen(self, seen: dict[str, int]) -> None:
+        """Topics found in the ConsumeQueues (e.g. replicated to a slave) but not configured."""
+        with self._lock:
+            for name, nums in seen.items():
+                self._queues[name] = max(nums, self._queues.get(name, 0))
+
+    def queue_nums(self, topic: str) -> int:
+        return self._queues.get(topic, 0)
+
+    def create(self, topic: str, queue_nums: int) -> None:
+        with self._lock:
+            if self._queues.get(topic) == queue_nums:
+                return
+            self._queues[topic] = queue_nums
+            self._counter += 1
+            atomic_write_json(self.path, self._to_json())
+
+    def topics(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._queues)
+
+    def to_bytes(self) -> bytes:
+        """The table as topics.json holds it (what a slave asks for)."""
+        with self._lock:
+            return json_bytes(self._to_json())
+
+    def replace(self, raw: bytes, source: str) -> bool:
+        """Take a master's topics.json (ValueError, nothing changed, if it is malformed); True
+        if the table changed (then it is written). Topics this store holds messages of keep at
+        least the queues seen (``merge_seen`` again after)."""
+        queues, counter = parse_topics(loads(raw, source), source)
+        with self._lock:
+            if queues == self._queues:
+                return False
+            self._queues, self._counter = queues, max(counter, self._counter + 1)
+            atomic_write_json(self.path, self._to_json())
+            return True
+
+    def _to_json(self) -> dict[str, Any]:
+        table = {
+            name: {
+                "topicName": name,
+                "readQueueNums": nums,
+                "writeQueueNums": nums,
+                "perm": PERM_READ_WRITE,
+            }
+            for name, nums in sorted(self._queues.items())
+        }
+        version = {"timestamp": int(time.time() * 1000), "counter": self._counter}
+        return {"topicConfigTable": table, "dataVersion": version}
+
+
+class ConsumerOffsetTable:
+    """``topic@group`` -> queue id -> next offset to consume; persisted when changed."""
+
+    def __init__(self, config_dir: Path):
+        self.path = config_dir / OFFSETS_FILE
+        self._lock = threading.Lock()
+        self._table = parse_offsets(read_json(self.path) or {}, str(self.path))
+        self._dirty = False
+
+    def commit(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None:
+        with self._lock:
+            self._table.setdefault(f"{topic}@{group}", {})[queue_id] = queue_offset
+            self._dirty = True
+
+    def fetch(self, group: str, topic: str, queue_id: int) -> int:
+        with self._lock:
+            return self._table.get(f"{topic}@{group}", {}).get(queue_id, -1)
+
+    def snapshot(self) -> dict[tuple[str, str], dict[int, int]]:
+        """(group, topic) -> queue id -> committed offset: a copy, for metrics."""
+        with self._lock:
+            items = [(k, dict(v)) for k, v in self._table.items()]
+        out = {}
+        for key, queues in items:
+            topic, _, group = key.rpartition("@")
+            out[(group, topic)] = queues
+        return out
+
+    def to_bytes(self) -> bytes:
+        """The table as consumerOffset.json holds it (what a slave asks for)."""
+        with self._lock:
+            return json_bytes(self._to_json())
+
+    def replace(self, raw: bytes, source: str) -> bool:
+        """Take a master's consumerOffset.json whole (ValueError, nothing changed, if it is
+        malformed); True if the table changed (written by the next ``persist``)."""
+        table = parse_offsets(loads(raw, source), source)
+        with self._lock:
+            if table == self._table:
+                return False
+            self._table = table
+            self._dirty = True
+            return True
+
+    def persist(self, force: bool = False) -> bool:
+        """Write the table if it changed since the last write; True if written."""
+        with self._lock:
+            if not (self._dirty or force):
+                return False
+            snapshot = self._to_json()
+            self._dirty = False
+        atomic_write_json(self.path, snapshot)
+        return True
+
+    def _to_json(self) -> dict[str, Any]:
+        return {"offsetTable": {k: {str(q): o for q, o in v.items()}
+                                for k, v in self._table.items()}}
