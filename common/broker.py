@@ -27,12 +27,13 @@ from typing import Any, Protocol
 
 import prometheus_client
 
+from common import tables
 from common.config import BrokerConfig, split_addresses
 from common.errors import BrokerError, ConfigError, ResponseCode
 from common.ha import epochs, promotion, term
 from common.metrics import ConsumerLagCollector, StatusCollector
 from common.port_hold import HA_BIND_HOST, PortHold
-from common.protocol import Request, Response
+from common.protocol import Request, RequestCode, Response
 from common.server import Reply, RequestServer, log_event, reply
 from common.tables import ConsumerOffsetTable, TopicTable
 
@@ -95,6 +96,7 @@ class BrokerStatus:
     refusedWrites: int
     haAddress: str  # where its slaves (or a rejoining old master) replicate from
     haMasterAddress: str  # a slave: the master HA address it replicates from ("" on a master)
+    configSync: dict[str, Any]  # a slave: copying its master's tables (slave/config_sync.py)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -394,6 +396,7 @@ class Broker:
             refusedWrites=int(role_fields.get("refusedWrites", 0)),
             haAddress=f"{self.cfg.brokerIP1}:{self.cfg.ha_port}",
             haMasterAddress=str(role_fields.get("haMasterAddress", "")),
+            configSync=dict(role_fields.get("configSync", {})),
         )
 
     def epoch(self) -> int:
@@ -419,6 +422,28 @@ class Broker:
 
     def fetch_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self.offsets.fetch(group, topic, queue_id)
+
+    def config_document(self, code: RequestCode) -> bytes:
+        """GET_ALL_TOPIC_CONFIG / GET_ALL_CONSUMER_OFFSET / GET_ALL_DELAY_OFFSET: the table as
+        its file holds it (what a slave copies, ``slave/config_sync.py``)."""
+        if code == RequestCode.GET_ALL_TOPIC_CONFIG:
+            return self.topics.to_bytes()
+        if code == RequestCode.GET_ALL_CONSUMER_OFFSET:
+            return self.offsets.to_bytes()
+        return tables.delay_offsets_bytes(dict(self.store.schedule.offsets))
+
+    def apply_master_document(self, code: RequestCode, raw: bytes, source: str) -> bool:
+        """A slave takes its master's table (ValueError, nothing changed, if malformed);
+        True if anything changed."""
+        if code == RequestCode.GET_ALL_TOPIC_CONFIG:
+            changed = self.topics.replace(raw, source)
+            self.topics.merge_seen(self.store.topic_queues())  # what this store holds stays
+            return changed
+        if code == RequestCode.GET_ALL_CONSUMER_OFFSET:
+            return self.offsets.replace(raw, source)
+        if code == RequestCode.GET_ALL_DELAY_OFFSET:
+            return tables.replace_delay_offsets(self.store.schedule.path, raw, source)
+        raise ValueError(f"{code!r} carries no table")
 
     def handle_write(self, req: Request) -> Reply:
         role = self.role

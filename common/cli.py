@@ -63,10 +63,14 @@ class UsageError(Exception):
 def make_role(role_name: str, broker: Any) -> Any:
     """Build the role object for ``role_name`` (the broker hands itself in)."""
     if role_name == "SLAVE":
+        from slave.config_sync import ConfigSync
         from slave.ha_client import build_slave_replication
         from slave.role import SlaveRole
 
-        return SlaveRole(broker.cfg, ha_client=build_slave_replication(broker.cfg, broker.store))
+        ha_client = build_slave_replication(broker.cfg, broker.store)
+        sync = ConfigSync(broker.cfg.slaveConfigSyncIntervalMs, ha_client.master_address,
+                          broker.apply_master_document)
+        return SlaveRole(broker.cfg, ha_client=ha_client, config_sync=sync)
     from master.ha_service import build_master_replication
     from master.role import MasterRole
 

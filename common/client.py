@@ -1454,6 +1454,18 @@ class Admin(_Base):
         self._cluster.forget()
         return dict(resp.fields)
 
+    def config_document(self, code: RequestCode, address: str | None = None) -> bytes:
+        """A broker's table as its file holds it (JSON bytes): ``RequestCode.
+        GET_ALL_TOPIC_CONFIG`` (topics.json), ``GET_ALL_CONSUMER_OFFSET`` (consumerOffset.json)
+        or ``GET_ALL_DELAY_OFFSET`` (delayOffset.json); what a slave copies from its master."""
+        resp = self._cluster.request(address or self.servers[0], code, {})
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        if len(resp.bodies) != 1:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"{code.name}: {len(resp.bodies)} body frames, expected 1")
+        return bytes(resp.bodies[0])
+
     def create_topic(self, topic: str, queue_nums: int) -> None:
         def attempt(address: str) -> None:
             resp = self._cluster.request(

@@ -73,6 +73,9 @@ class BrokerConfig:
     haWindowBytes: int = 4 * 1024 * 1024
     haFlowControlEnable: bool = False  # RocketMQ 5: cap each slave's transfer rate
     maxHaTransferByteInSecond: int = 100 * 1024 * 1024
+    # replog: how often a slave copies its master's topics, consumer offsets and delay offsets
+    # (RocketMQ's SlaveSynchronize, every 10 s there); 0: never
+    slaveConfigSyncIntervalMs: int = 1000
     # retention
     fileReservedTime: int = 72
     deleteWhen: str = "04"
@@ -133,6 +136,7 @@ class BrokerConfig:
         _require(self.enabledAppendPropCRC or not self.forceVerifyPropCRC, "forceVerifyPropCRC",
                  "needs enabledAppendPropCRC: true (records without the CRC would be cut)")
         _require(self.inSyncReplicas >= 1, "inSyncReplicas", "must be >= 1")
+        _require(self.slaveConfigSyncIntervalMs >= 0, "slaveConfigSyncIntervalMs", "must be >= 0")
         _require(0 < self.diskMaxUsedSpaceRatio <= 95, "diskMaxUsedSpaceRatio", "must be in 1..95")
         _require(self.maxHashSlotNum > 0 and self.maxIndexNum > 1, "maxIndexNum", "must be > 1")
         for key in ("listenPort", "haListenPort", "metricsPort"):

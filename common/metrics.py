@@ -29,7 +29,8 @@ class StatusCollector:
     def collect(self) -> Iterator[GaugeMetricFamily]:
         status = self._snapshot()
         labels = {"broker": status.brokerName, "id": str(status.brokerId)}
-        numbers = {**status.to_json(), **{f"store_{k}": v for k, v in status.store.items()}}
+        numbers = {**status.to_json(), **{f"store_{k}": v for k, v in status.store.items()},
+                   **{f"config_sync_{k}": v for k, v in status.configSync.items()}}
         for key, value in numbers.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue

@@ -77,6 +77,7 @@ class RequestCode(enum.IntEnum):
     FETCH_OFFSET = 14
     COMMIT_OFFSET = 15
     CREATE_TOPIC = 17
+    GET_ALL_TOPIC_CONFIG = 21  # topics.json, as a body frame (a slave syncs it)
     STATUS = 28
     SEARCH_OFFSET_BY_TIMESTAMP = 29  # first queue offset stored at or after a time
     GET_MAX_OFFSET = 30  # a queue's max offset (where the next message will go)
@@ -84,6 +85,8 @@ class RequestCode(enum.IntEnum):
     TOPIC_ROUTE = 105  # RocketMQ GET_ROUTEINFO_BY_TOPIC: a topic's queue count
     QUERY_BY_OFFSET = 33
     QUERY_BY_MSG_ID = 34
+    GET_ALL_CONSUMER_OFFSET = 43  # consumerOffset.json, as a body frame (a slave syncs it)
+    GET_ALL_DELAY_OFFSET = 45  # delayOffset.json, as a body frame (a slave syncs it)
     SEND_BATCH = 320
     PROMOTE = 1001  # replog: turn a slave into its group's master
 
@@ -226,6 +229,9 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "phyOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
     },
     RequestCode.STATUS: {},
+    RequestCode.GET_ALL_TOPIC_CONFIG: {},
+    RequestCode.GET_ALL_CONSUMER_OFFSET: {},
+    RequestCode.GET_ALL_DELAY_OFFSET: {},
     RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: {
         "topic": _TOPIC,
         "queueId": _QUEUE,

@@ -162,6 +162,8 @@ class Services(Protocol):
 
     def fetch_offset(self, group: str, topic: str, queue_id: int) -> int: ...
 
+    def config_document(self, code: RequestCode) -> bytes: ...  # GET_ALL_*: the JSON file
+
     def handle_write(self, req: Request) -> Reply: ...
 
     def promote(self, req: Request) -> Reply: ...
@@ -751,6 +753,9 @@ class RequestServer:
         found = self.services.store.message_by_offset(req.fields["phyOffset"])
         return _messages_reply(req, [found] if found is not None else [], self.services.store)
 
+    def _config_document(self, req: Request) -> Response:
+        return reply(req, bodies=[self.services.config_document(req.code)])
+
     def _search_offset(self, req: Request) -> Response:
         f = req.fields
         offset = self.services.store.offset_by_time(f["topic"], f["queueId"], f["timestamp"])
@@ -778,6 +783,9 @@ class RequestServer:
         RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: _search_offset,
         RequestCode.GET_MAX_OFFSET: _max_offset,
         RequestCode.GET_MIN_OFFSET: _min_offset,
+        RequestCode.GET_ALL_TOPIC_CONFIG: _config_document,
+        RequestCode.GET_ALL_CONSUMER_OFFSET: _config_document,
+        RequestCode.GET_ALL_DELAY_OFFSET: _config_document,
     }
 
     # -- pull and long polling -------------------------------------------------------------------

@@ -122,6 +122,24 @@ def parse_delay_offsets(doc: Any, source: str) -> dict[int, int]:
             for k, v in table.items()}
 
 
+def delay_offsets_bytes(offsets: dict[int, int]) -> bytes:
+    return json_bytes({"offsetTable": {str(k): v for k, v in sorted(offsets.items())}})
+
+
+def replace_delay_offsets(path: Path, raw: bytes, source: str) -> bool:
+    """Write a master's delayOffset.json over ``path`` (a slave's: its schedule service is not
+    running and reads the file when promoted); ValueError, nothing written, if malformed."""
+    offsets = parse_delay_offsets(loads(raw, source), source)
+    try:
+        current = parse_delay_offsets(read_json(path) or {}, str(path))
+    except ValueError:
+        current = None  # ours is unreadable: the master's replaces it
+    if offsets == current:
+        return False
+    atomic_write_json(path, {"offsetTable": {str(k): v for k, v in sorted(offsets.items())}})
+    return True
+
+
 # ---- tables -----------------------------------------------------------------------------------
 
 

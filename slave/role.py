@@ -7,7 +7,9 @@ stops this role, records a new epoch and starts a master role in its place.
 
 Hook for replication (slave/ha_client.py): an ``ha_client`` with ``start()``, ``stop()`` and an
 optional ``master_address() -> str``: the client address of the master followed ("" until
-it has answered).
+it has answered). Hook for the master's tables (slave/config_sync.py): a ``config_sync`` with
+``start()``, ``stop()`` and ``status()``; it is stopped first, so a promoted broker's tables
+change no more once the role is stopped.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ class HaClient(Protocol):
 class SlaveRole:
     """brokerRole SLAVE."""
 
-    def __init__(self, cfg: Any, ha_client: HaClient | None = None):
+    def __init__(self, cfg: Any, ha_client: HaClient | None = None,
+                 config_sync: Any | None = None):
         self.cfg = cfg
         self.ha_client = ha_client
+        self.config_sync = config_sync
         self.refused = 0
 
     @property
@@ -40,8 +44,12 @@ class SlaveRole:
     def start(self) -> None:
         if self.ha_client is not None:
             self.ha_client.start()
+        if self.config_sync is not None:
+            self.config_sync.start()
 
     def stop(self) -> None:
+        if self.config_sync is not None:
+            self.config_sync.stop()
         if self.ha_client is not None:
             self.ha_client.stop()
 
@@ -59,6 +67,7 @@ class SlaveRole:
             "slaves": [],
             "refusedWrites": self.refused,
             "replication": replication,
+            "configSync": self.config_sync.status() if self.config_sync is not None else {},
         }
 
     def handle_write(self, req: Request) -> Response:

@@ -48,6 +48,7 @@ _VALID_VALUES = {
     "msgId": "0" * 32,
     "phyOffset": 0,
     "queueNums": 4,
+    "timestamp": 0,
 }
 
 

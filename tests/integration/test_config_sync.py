@@ -1,0 +1,78 @@
+"""A slave copies its master's topics, consumer offsets and delay offsets (RocketMQ's
+SlaveSynchronize), so that after a failover consumers resume where they stood and producers
+see every queue of a topic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from broker_harness import BrokerProcess, brokers, free_port
+from replication_harness import wait_for
+
+from common.client import Admin, Consumer, Producer
+from common.errors import PullStatus, SendStatus
+from common.protocol import RequestCode
+
+pytestmark = pytest.mark.integration
+
+
+def _delay_offsets(b: BrokerProcess) -> dict[str, int]:
+    path = b.store_root / "config" / "delayOffset.json"
+    try:
+        return dict(json.loads(path.read_text())["offsetTable"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return {}
+
+
+@pytest.mark.timeout(120)
+def test_a_promoted_slave_knows_topics_offsets_and_delay_progress(tmp_path: Path) -> None:
+    port = free_port()
+    master = BrokerProcess(tmp_path / "m", listenPort=port, messageDelayLevel="1s 2s")
+    slave = BrokerProcess(tmp_path / "s", brokerRole="SLAVE", brokerId=1,
+                          haMasterAddress=f"127.0.0.1:{port + 1}", slaveConfigSyncIntervalMs=200,
+                          messageDelayLevel="1s 2s")
+    with brokers(master, slave):
+        with Admin([master.address]) as admin:
+            admin.create_topic("wide", 6)  # more queues than any message reaches
+        with Producer([master.address]) as p:
+            for i in range(10):
+                assert p.send("wide", b"w%d" % i, queue_id=i % 2).status == SendStatus.SEND_OK
+            assert p.send("later", b"d", delay_level=1).status == SendStatus.SEND_OK
+        with Consumer([master.address], group="billing") as c:
+            c.commit_offset("wide", 0, 3)
+            c.commit_offset("wide", 1, 5)
+            wait_for(lambda: c.pull("later", 0, 0, 1).status == PullStatus.FOUND
+                     or any(c.pull("later", q, 0, 1).status == PullStatus.FOUND
+                            for q in range(8)), 20, "the delayed message to be delivered")
+        wait_for(lambda: _delay_offsets(master).get("1") == 1, 20, "the master's delay progress")
+
+        # the slave reads the same tables through the client and on its disk
+        with Consumer([master.address], group="billing", read_from=slave.address) as c:
+            wait_for(lambda: c.fetch_offset("wide", 1) == 5, 20, "the slave to have the offsets")
+            assert c.fetch_offset("wide", 0) == 3
+        with Admin([slave.address]) as admin:
+            topics = json.loads(admin.config_document(RequestCode.GET_ALL_TOPIC_CONFIG))
+        assert topics["topicConfigTable"]["wide"]["writeQueueNums"] == 6
+        wait_for(lambda: _delay_offsets(slave).get("1") == 1, 20, "the slave's delay progress")
+        sync = slave.status()["configSync"]
+        assert sync["rounds"] >= 1 and sync["failures"] == 0, sync
+
+        # failover: the new master has them
+        os.kill(master.pid, signal.SIGKILL)
+        assert master.proc is not None
+        master.proc.wait(10)
+        with Admin([slave.address]) as admin:
+            promoted = admin.promote(slave.address, role="ASYNC_MASTER")
+        assert promoted["role"] == "ASYNC_MASTER" and promoted["configSync"] == {}
+        with Consumer([slave.address], group="billing") as c:
+            assert (c.fetch_offset("wide", 0), c.fetch_offset("wide", 1)) == (3, 5)
+            assert c.queue_nums("wide") == 6
+            pr = c.pull("wide", 0, c.fetch_offset("wide", 0), 32)
+            assert [m.body for m in pr.messages] == [b"w6", b"w8"]
+        with Producer([slave.address]) as p:
+            used = {p.send("wide", b"after").queue_id for _ in range(12)}
+        assert used == set(range(6))  # the producer sees all six queues on the new master
