@@ -436,9 +436,8 @@ class Broker:
         """A slave takes its master's table (ValueError, nothing changed, if malformed);
         True if anything changed."""
         if code == RequestCode.GET_ALL_TOPIC_CONFIG:
-            changed = self.topics.replace(raw, source)
-            self.topics.merge_seen(self.store.topic_queues())  # what this store holds stays
-            return changed
+            # what this store holds messages of stays
+            return self.topics.replace(raw, source, seen=self.store.topic_queues())
         if code == RequestCode.GET_ALL_CONSUMER_OFFSET:
             return self.offsets.replace(raw, source)
         if code == RequestCode.GET_ALL_DELAY_OFFSET:

@@ -177,11 +177,13 @@ class TopicTable:
         with self._lock:
             return json_bytes(self._to_json())
 
-    def replace(self, raw: bytes, source: str) -> bool:
+    def replace(self, raw: bytes, source: str, seen: dict[str, int] | None = None) -> bool:
         """Take a master's topics.json (ValueError, nothing changed, if it is malformed); True
         if the table changed (then it is written). Topics this store holds messages of keep at
-        least the queues seen (``merge_seen`` again after)."""
+        least the queues ``seen`` in its ConsumeQueues."""
         queues, counter = parse_topics(loads(raw, source), source)
+        for name, nums in (seen or {}).items():
+            queues[name] = max(nums, queues.get(name, 0))
         with self._lock:
             if queues == self._queues:
                 return False

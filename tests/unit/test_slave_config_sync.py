@@ -180,6 +180,19 @@ def test_files_of_the_wrong_shape_refuse_to_load_naming_the_file(tmp_path: Path)
     assert (tmp_path / "topics.json").read_text().startswith('{"topicConfigTable"')  # untouched
 
 
+def test_topics_seen_in_the_store_stay_and_an_equal_table_is_not_rewritten(
+    tmp_path: Path,
+) -> None:
+    table = TopicTable(tmp_path)
+    raw = json.dumps(TOPICS).encode()
+    seen = {"SCHEDULE_TOPIC_XXXX": 2, "orders": 2}
+    assert table.replace(raw, "m", seen=seen)
+    assert table.topics() == {"orders": 6, "SCHEDULE_TOPIC_XXXX": 2}
+    written = (tmp_path / "topics.json").stat().st_mtime_ns
+    assert not table.replace(raw, "m", seen=seen)  # every round after: no write
+    assert (tmp_path / "topics.json").stat().st_mtime_ns == written
+
+
 def test_delay_offsets_round_trip(tmp_path: Path) -> None:
     raw = delay_offsets_bytes({3: 1, 1: 4})
     assert replace_delay_offsets(tmp_path / "d.json", raw, "test")
