@@ -99,7 +99,6 @@ class RecoveryReport:
     cut_reason: str = ""
     cut_bytes: int = 0
     segments_removed: list[str] = field(default_factory=list)
-    corrupt_below_flushed: int = -1  # an invalid record below the checkpoint's flushed offset
 
 
 to_message = record.decode_message  # the store's name for it
@@ -519,8 +518,13 @@ class CommitLog:
     def load(self) -> None:
         self.queue.load()
 
-    def recover(self, abnormal: bool, flushed_checkpoint: int = 0) -> RecoveryReport:
-        """Find the end of the valid log, cut everything after it on disk, set positions."""
+    def recover(self, abnormal: bool, flushed_checkpoint: int = 0,
+                cut_below_flushed: bool = False) -> RecoveryReport:
+        """Find the end of the valid log, cut everything after it on disk, set positions.
+
+        A log whose valid part ends below ``flushed_checkpoint`` is damaged, not torn: a
+        CorruptionError, nothing changed; unless ``cut_below_flushed`` (a slave, which fetches
+        the rest again from its master), then it is cut there with an ERROR."""
         report = RecoveryReport(abnormal=abnormal)
         files = self.queue.files
         if not files:
@@ -554,12 +558,32 @@ class CommitLog:
                 report.cut_reason = result.reason
             break
         report.end_offset = phy
-        if abnormal and phy < flushed_checkpoint:
-            report.corrupt_below_flushed = phy
-            log.error("event=corruption_below_flushed offset=%d flushed=%d reason=%s",
-                      phy, flushed_checkpoint, report.cut_reason)
+        if phy < flushed_checkpoint:
+            if not cut_below_flushed:
+                self._refuse_below_flushed(phy, flushed_checkpoint, report.cut_reason)
+            log.error("event=corruption_below_flushed offset=%d flushed=%d reason=%r "
+                      "action=cut_and_fetch_again_from_the_master", phy, flushed_checkpoint,
+                      report.cut_reason or "missing data")
         self._cut(phy, report)
         return report
+
+    def _refuse_below_flushed(self, phy: int, flushed: int, reason: str) -> None:
+        """The valid log ends below what the checkpoint says was on disk: a damaged or missing
+        segment, not a torn tail. Cutting there would erase acknowledged, durable records
+        (RELIABILITY rule 5), so recovery stops with nothing changed."""
+        mf = self.queue.find(phy)
+        where = (f"segment {mf.path.name} position {phy - mf.file_from_offset}" if mf is not None
+                 else f"no segment holds it (the log's segments end at {self.max_offset})")
+        log.error("event=corruption_below_flushed offset=%d flushed=%d reason=%r", phy, flushed,
+                  reason or "missing data")
+        raise CorruptionError(
+            phy,
+            f"{reason or 'no record here'} ({where}), below the offset {flushed} the checkpoint "
+            f"records as flushed: the CommitLog is damaged where it was known to be on disk. "
+            f"Nothing was changed. Restore the segment, or remove this store and let the "
+            f"broker catch up from its master as a slave; if the checkpoint file itself is "
+            f"damaged, remove it to recover from the segments alone (cutting at {phy})",
+        )
 
     def _crc_required(self, phy_offset: int) -> bool:
         since = self.require_prop_crc_from

@@ -91,7 +91,6 @@ class StoreStats:
     deleted_segments: int
     writeable: bool
     last_recovery: str
-    corrupt_below_flushed: int
 
 
 class MessageStore:
@@ -153,12 +152,15 @@ class MessageStore:
         (self.root / "config").mkdir(exist_ok=True)
         self.checkpoint = StoreCheckpoint(self.root / "checkpoint")
         self.commit_log.load()
+        # the CommitLog first: a log damaged below its flushed offset stops the start before
+        # any other file is touched
+        self.commit_log.require_prop_crc_from = self._crc_required_from()
+        self.recovery = self.commit_log.recover(abnormal, self.checkpoint.physic_flushed_offset,
+                                                cut_below_flushed=self.cfg.is_slave)
         self.cq_store.load()
         if self.index is not None:
             self.index.load(not abnormal, self.checkpoint.index_msg_timestamp)
         self.cq_store.recover_all()
-        self.commit_log.require_prop_crc_from = self._crc_required_from()
-        self.recovery = self.commit_log.recover(abnormal, self.checkpoint.physic_flushed_offset)
         self._note_crc_start()
         log_end = self.commit_log.max_offset
         self.cq_store.truncate_dirty(log_end)
@@ -571,6 +573,9 @@ class MessageStore:
                 self.index.truncate(0)
             self.dispatched_phy_offset = phy_offset
             self._rebuild_queue_table()
+            if self.checkpoint is not None:
+                self.checkpoint.physic_flushed_offset = phy_offset
+                self.checkpoint.flush()
 
     # ---- figures --------------------------------------------------------------------------------
     def snapshot(self) -> StoreStats:
@@ -592,7 +597,6 @@ class MessageStore:
             writeable=cl.writeable,
             last_recovery=(f"{'abnormal' if rec.abnormal else 'normal'} end={rec.end_offset} "
                            f"cut={rec.cut_bytes} {rec.cut_reason}".strip() if rec else ""),
-            corrupt_below_flushed=rec.corrupt_below_flushed if rec else -1,
         )
 
     def wait_dispatched(self, phy_offset: int, timeout_s: float = 5.0) -> bool:

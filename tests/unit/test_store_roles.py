@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from common.config import load_config
-from common.errors import PutStatus
+from common.errors import CorruptionError, PutStatus
 from common.message import Message
+from common.store.checkpoint import StoreCheckpoint
 from common.store.message_store import MessageStore
 
 pytestmark = pytest.mark.unit
@@ -51,6 +52,67 @@ def test_promoted_replica_continues_queue_offsets(tmp_path: Path) -> None:
         slave.shutdown()
 
 
+def set_flushed(root: Path, offset: int) -> None:
+    cp = StoreCheckpoint(root / "checkpoint")
+    cp.physic_flushed_offset = offset
+    cp.flush()
+    cp.close()
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in ("lock",)}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shutdown", ["clean", "crash"])
+@pytest.mark.parametrize("damage", ["crc", "zeroed", "last segment gone"])
+def test_damage_below_the_flushed_offset_refuses_to_start_and_changes_nothing(
+    tmp_path: Path, shutdown: str, damage: str
+) -> None:
+    """RELIABILITY rule 5 / row 7: below the checkpoint's flushed offset a bad record is not a
+    torn tail; cutting there would erase durable records. A master's start stops, naming the
+    offset (a slave's cuts there and fetches the rest again from its master: next test)."""
+    store = open_store(tmp_path)
+    results = [store.put(Message("t", b"m%d" % i * 40), i % 2) for i in range(200)]
+    store.shutdown()  # everything flushed: the checkpoint records the log's end
+    seg_bytes = 16 * 1024
+    last_seg = results[-1].phy_offset // seg_bytes
+    in_last = [r for r in results if r.phy_offset // seg_bytes == last_seg]
+    victim = in_last[len(in_last) // 2]  # in the last segment: what recovery scans after a crash
+    seg = tmp_path / "commitlog" / f"{(victim.phy_offset // seg_bytes) * seg_bytes:020d}"
+    if damage == "crc":
+        data = bytearray(seg.read_bytes())
+        data[victim.phy_offset % seg_bytes + 100] ^= 0x01  # one bit of the body
+        seg.write_bytes(bytes(data))
+        where = victim.phy_offset
+    elif damage == "zeroed":
+        data = bytearray(seg.read_bytes())
+        pos = victim.phy_offset % seg_bytes
+        data[pos:] = bytes(len(data) - pos)
+        seg.write_bytes(bytes(data))
+        where = victim.phy_offset
+    else:
+        last = max((tmp_path / "commitlog").iterdir())
+        last.unlink()
+        where = int(last.name)
+    if shutdown == "crash":
+        (tmp_path / "abort").write_text("crash")
+    before = files_of(tmp_path)
+    with pytest.raises(CorruptionError, match=rf"offset {where}:.*below the offset \d+ the "
+                                              r"checkpoint records as flushed"):
+        open_store(tmp_path)
+    assert files_of(tmp_path) == before  # no segment cut, no queue or index touched
+    # the store's lock was released: with the damage repaired (here: the checkpoint says
+    # nothing was flushed past it), the store starts and cuts there
+    set_flushed(tmp_path, where)
+    again = open_store(tmp_path)
+    try:
+        assert again.max_phy_offset == where
+    finally:
+        again.shutdown()
+
+
 @pytest.mark.timeout(60)
 def test_records_written_without_the_record_crc_survive_a_restart_with_it(tmp_path: Path) -> None:
     # A store written as RocketMQ 4.x writes it (no whole-record CRC), then opened with the
@@ -71,12 +133,15 @@ def test_records_written_without_the_record_crc_survive_a_restart_with_it(tmp_pa
         end = store.max_phy_offset
     finally:
         store.shutdown()
-    # Tear the new record inside its properties (only the record CRC can tell): cut there.
+    # Tear the new record inside its properties (only the record CRC can tell), as a crash
+    # before it was flushed leaves it (the checkpoint then records the flush before it): cut
+    # there.
     seg = tmp_path / "commitlog" / f"{(last.phy_offset // (16 * 1024)) * 16 * 1024:020d}"
     data = bytearray(seg.read_bytes())
     pos = last.phy_offset % (16 * 1024)
     data[pos + last.wrote_bytes - 5 : pos + last.wrote_bytes] = bytes(5)
     seg.write_bytes(bytes(data))
+    set_flushed(tmp_path, last.phy_offset)
     (tmp_path / "abort").write_text("crash")
     store = open_store(tmp_path)
     try:
@@ -87,6 +152,27 @@ def test_records_written_without_the_record_crc_survive_a_restart_with_it(tmp_pa
 
 
 @pytest.mark.timeout(60)
+def test_a_slave_cuts_damage_below_its_flushed_offset_to_fetch_it_again(tmp_path: Path) -> None:
+    store = open_store(tmp_path, brokerRole="SLAVE", brokerId=1)
+    data = open_store(tmp_path / "src")
+    for i in range(50):
+        assert data.put(Message("t", b"r%d" % i), 0).ok
+    raw = data.read_committed(0, data.max_phy_offset)
+    end = data.max_phy_offset
+    data.shutdown()
+    store.append_replicated(0, raw)
+    store.shutdown()
+    seg = tmp_path / "commitlog" / f"{0:020d}"
+    damaged = bytearray(seg.read_bytes())
+    damaged[end // 2 + 3] ^= 0x40
+    seg.write_bytes(bytes(damaged))
+    again = open_store(tmp_path, brokerRole="SLAVE", brokerId=1)
+    try:
+        assert 0 < again.max_phy_offset < end // 2 + 3  # cut at the damaged record
+    finally:
+        again.shutdown()
+
+
 def test_a_corrupt_replicated_record_does_not_raise_from_inline_dispatch(tmp_path: Path) -> None:
     """The HA client thread indexes what it appended (``dispatch_inline``); a record that fails
     reput's checks must not kill that thread: it returns, the reput thread reports it."""
