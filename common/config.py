@@ -229,7 +229,7 @@ def load_config(
     if path is not None:
         try:
             raw = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
             raise ConfigError(f"cannot read config file {path}: {e}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {path} must hold a mapping of key: value")

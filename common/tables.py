@@ -57,6 +57,13 @@ def read_json(path: Path) -> Any:
     return loads(raw, str(path))
 
 
+def read_table(path: Path) -> Any:
+    """A table file's JSON; ``{}`` when the file does not exist (a null or a list in it is
+    not an empty table: the shape checks refuse it)."""
+    doc = read_json(path)
+    return {} if doc is None and not path.exists() else doc
+
+
 def loads(raw: bytes, source: str) -> Any:
     try:
         return json.loads(raw)
@@ -131,7 +138,7 @@ def replace_delay_offsets(path: Path, raw: bytes, source: str) -> bool:
     running and reads the file when promoted); ValueError, nothing written, if malformed."""
     offsets = parse_delay_offsets(loads(raw, source), source)
     try:
-        current = parse_delay_offsets(read_json(path) or {}, str(path))
+        current = parse_delay_offsets(read_table(path), str(path))
     except ValueError:
         current = None  # ours is unreadable: the master's replaces it
     if offsets == current:
@@ -149,7 +156,7 @@ class TopicTable:
     def __init__(self, config_dir: Path):
         self.path = config_dir / TOPICS_FILE
         self._lock = threading.Lock()
-        self._queues, self._counter = parse_topics(read_json(self.path) or {}, str(self.path))
+        self._queues, self._counter = parse_topics(read_table(self.path), str(self.path))
 
     def merge_seen(self, seen: dict[str, int]) -> None:
         """Topics found in the ConsumeQueues (e.g. replicated to a slave) but not configured."""
@@ -211,7 +218,7 @@ class ConsumerOffsetTable:
     def __init__(self, config_dir: Path):
         self.path = config_dir / OFFSETS_FILE
         self._lock = threading.Lock()
-        self._table = parse_offsets(read_json(self.path) or {}, str(self.path))
+        self._table = parse_offsets(read_table(self.path), str(self.path))
         self._dirty = False
 
     def commit(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None:

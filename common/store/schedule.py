@@ -32,6 +32,7 @@ from common.message import (
     MessageExt,
 )
 from common.store.reput import SCHEDULE_SOURCE
+from common.tables import parse_delay_offsets, read_table
 
 if TYPE_CHECKING:
     from common.store.message_store import MessageStore
@@ -77,14 +78,9 @@ class ScheduleService:
         self.delivered = 0
 
     def _load(self) -> dict[int, int]:
-        try:
-            data = json.loads(self.path.read_text())
-            return {int(k): int(v) for k, v in data.get("offsetTable", {}).items()}
-        except FileNotFoundError:
-            return {}
-        except (ValueError, AttributeError) as e:
-            log.error("event=delay_offsets_unreadable path=%s error=%s", self.path, e)
-            return {}
+        """The file's progress; a file of the wrong shape is a ValueError naming it (the
+        broker does not start on it, as on the other tables of ``config/``)."""
+        return parse_delay_offsets(read_table(self.path), str(self.path))
 
     def persist(self) -> None:
         data = json.dumps({"offsetTable": {str(k): v for k, v in sorted(self.offsets.items())}})

@@ -15,11 +15,26 @@ from common.errors import SendStatus
 
 pytestmark = pytest.mark.integration
 
+GARBAGE = b"\xff\x00 not json, not an epoch file \x80"
+
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("damaged", ["config/consumerOffset.json", "config/topics.json",
-                                     "epochFileCheckpoint"])
-def test_damaged_state_file_is_refused_clearly(tmp_path: Path, damaged: str) -> None:
+@pytest.mark.parametrize(
+    ("damaged", "content"),
+    [
+        ("config/consumerOffset.json", GARBAGE),
+        ("config/topics.json", GARBAGE),
+        ("epochFileCheckpoint", GARBAGE),
+        # valid JSON of the wrong shape (found by an audit: these were taken as empty tables,
+        # or raised a bare TypeError)
+        ("config/consumerOffset.json", b"null"),
+        ("config/topics.json", b'{"topicConfigTable": []}'),
+        ("config/delayOffset.json", b'{"offsetTable": {"1": null}}'),
+        ("config/delayOffset.json", b'{"offsetTable": {"1": [3]}}'),
+    ],
+)
+def test_damaged_state_file_is_refused_clearly(tmp_path: Path, damaged: str,
+                                               content: bytes) -> None:
     broker = BrokerProcess(tmp_path / "b", brokerRole="ASYNC_MASTER")
     with brokers(broker), Producer([broker.address]) as p:
         assert p.send("t", b"kept").status is SendStatus.SEND_OK
@@ -29,7 +44,7 @@ def test_damaged_state_file_is_refused_clearly(tmp_path: Path, damaged: str) -> 
     path = broker.store_root / damaged
     good = path.read_bytes() if path.exists() else None
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\xff\x00 not json, not an epoch file \x80")
+    path.write_bytes(content)
     config = broker.config_path
     done = subprocess.run([sys.executable, "-m", "common.cli", "broker", "-c", str(config)],
                           cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
@@ -44,3 +59,14 @@ def test_damaged_state_file_is_refused_clearly(tmp_path: Path, damaged: str) -> 
         path.unlink()
     with brokers(broker), Producer([broker.address]) as p:
         assert p.send("t", b"after").status is SendStatus.SEND_OK
+
+
+@pytest.mark.timeout(60)
+def test_a_config_file_of_binary_garbage_is_bad_usage(tmp_path: Path) -> None:
+    config = tmp_path / "b.yaml"
+    config.write_bytes(b"\xff\xfe\x00garbage")
+    done = subprocess.run([sys.executable, "-m", "common.cli", "broker", "-c", str(config)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "cannot read config file" in done.stderr and str(config) in done.stderr
+    assert "Traceback" not in done.stderr
