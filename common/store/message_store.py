@@ -261,6 +261,19 @@ class MessageStore:
             self._rebuild_queue_table()
         self.set_schedule_enabled(True)
 
+    def on_dispatch_corruption(self, e: CorruptionError) -> None:
+        """Reput met a record it cannot read: nothing after it can reach a ConsumeQueue, so a
+        master stops taking writes (a SEND_OK would promise a message no pull can return);
+        a slave's writes are refused by its role already, and it cannot be promoted (its
+        ``become_master`` dispatches first and meets the same record)."""
+        if self.cfg.is_slave or not self.commit_log.writeable:
+            return
+        self.commit_log.not_writeable_reason = (
+            f"the CommitLog is corrupt at offset {e.phy_offset} ({e.reason}): records after "
+            f"it cannot be indexed, so this master takes no writes; see its log")
+        self.commit_log.writeable = False
+        log.error("event=store_not_writeable offset=%d reason=%s", e.phy_offset, e.reason)
+
     def become_slave(self) -> None:
         """Stop what only a master does (delay delivery); writes are refused by the role."""
         self.set_schedule_enabled(False)

@@ -163,7 +163,10 @@ class ReputService:
             try:
                 self.do_reput()
             except CorruptionError as e:
-                log.error("event=reput_stopped offset=%d reason=%s", e.phy_offset, e.reason)
+                if str(e) != stalled:
+                    log.error("event=reput_stopped offset=%d reason=%s", e.phy_offset, e.reason)
+                    stalled = str(e)
+                    self._store.on_dispatch_corruption(e)
                 self._stop.wait(RETRY_S)
                 continue
             except (StoreError, OSError) as e:
@@ -248,8 +251,12 @@ class ReputService:
                     self._flush_runs(runs, touched, base + pos)
                     raise CorruptionError(base + pos, f"bad record header (magic 0x{magic:08X}, "
                                                       f"size {total})")
+                if pos + total > mf.file_size:  # no record crosses its segment's end
+                    self._flush_runs(runs, touched, base + pos)
+                    raise CorruptionError(base + pos, f"record size {total} runs past the end "
+                                                      f"of segment {mf.path.name}")
                 if pos + total > limit:
-                    break  # not whole yet
+                    break  # not whole yet (a slave may hold a record's first bytes only)
                 _, queue_id, queue_offset, store_ts, body_len = _REPUT_FIELDS.unpack_from(buf, pos)
                 p = pos + 88 + body_len
                 topic_end = p + 1 + buf[p]
@@ -347,3 +354,5 @@ class DispatchTarget(Protocol):
     def dispatch_index(self, req: DispatchRequest) -> None: ...
 
     def note_dispatched_timestamp(self, store_timestamp: int) -> None: ...
+
+    def on_dispatch_corruption(self, e: CorruptionError) -> None: ...

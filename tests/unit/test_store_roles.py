@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,28 @@ def test_a_corrupt_replicated_record_does_not_raise_from_inline_dispatch(tmp_pat
         assert again.max_phy_offset == 0  # recovery cut the log at the bad record
     finally:
         again.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_record_running_past_its_segment_is_corruption_not_an_unfinished_write(
+    tmp_path: Path,
+) -> None:
+    """Reput used to wait for such a record to 'become whole': forever, while puts kept
+    answering PUT_OK for messages no pull could return. Now a master stops taking writes,
+    naming the offset."""
+    store = open_store(tmp_path)
+    try:
+        absurd = (0x7FFFFF00).to_bytes(4, "big") + (0xDAA320A7).to_bytes(4, "big") + bytes(192)
+        store.append_replicated(0, absurd)  # bytes as a damaged disk would show them
+        deadline = time.monotonic() + 10
+        while store.commit_log.writeable:
+            assert time.monotonic() < deadline, "reput did not report the record"
+            time.sleep(0.01)
+        r = store.put(Message("t", b"after"), 0)
+        assert r.status is PutStatus.SERVICE_NOT_AVAILABLE
+        assert "corrupt at offset 0" in r.remark and "runs past the end of segment" in r.remark
+    finally:
+        store.shutdown()
+    # and the next start refuses, naming it (the record lies below the flushed offset)
+    with pytest.raises(CorruptionError, match=r"corrupt record at offset 0: size 2147483392"):
+        open_store(tmp_path)
