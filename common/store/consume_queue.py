@@ -71,6 +71,7 @@ class ConsumeQueue:
         self._min_logic = 0  # queue *byte* offset of the first live entry (minLogicOffset)
         self._max_phy = 0  # end (offset + size) of the last entry's record
         self.last_error = ""  # why the last put or put_many returned False
+        self.cut_since_load = False  # entries were erased by recovery or a truncation
 
     # ---- offsets --------------------------------------------------------------------------
     @property
@@ -131,7 +132,18 @@ class ConsumeQueue:
             erased = mf.zero_tail_if_dirty(pos)
             if erased:
                 log.warning("event=cq_tail_cut path=%s pos=%d bytes=%d", mf.path, pos, erased)
+                self.cut_since_load = True
             mf.set_positions(pos)
+        if scan_tail:  # positions not trusted: a later segment with an entry is a loss
+            dropped = any(f.file_from_offset >= logic_end and f is not mf
+                          and bytes(f.buffer[:CQ_UNIT]) != bytes(CQ_UNIT)
+                          for f in self._mfq.files)
+        else:
+            dropped = self._mfq.max_offset > logic_end
+        if dropped:
+            log.warning("event=cq_cut topic=%s queue=%d queue_offset=%d", self.topic,
+                        self.queue_id, logic_end // CQ_UNIT)
+            self.cut_since_load = True
         self._mfq.truncate_dirty(logic_end)  # zeroes [cut, wrote) and drops later segments
         if scan_tail:
             self._mfq.flushed_where = logic_end  # what recovery found is on disk
@@ -453,6 +465,15 @@ class ConsumeQueueStore:
     def max_phy_offset(self) -> int:
         """The highest CommitLog end any queue points to: where reput resumes (4.x)."""
         return max((cq.max_phy_offset for cq in self._all()), default=0)
+
+    def take_cut_end(self) -> int | None:
+        """The least ``max_phy_offset`` among queues cut since they were loaded (None: none
+        was), and forget the cuts: reput must resume there, or the records behind the erased
+        entries would never reach their queue again (re-dispatch is idempotent)."""
+        cut = [cq for cq in self._all() if cq.cut_since_load]
+        for cq in cut:
+            cq.cut_since_load = False
+        return min((cq.max_phy_offset for cq in cut), default=None)
 
     def truncate_dirty(self, phy_offset: int) -> None:
         for cq in self._all():

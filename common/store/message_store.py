@@ -207,6 +207,9 @@ class MessageStore:
         the unverified tail need (re-dispatch is idempotent for both)."""
         log_min = self.commit_log.min_offset
         start = min(self.cq_store.max_phy_offset(), self.commit_log.max_offset)
+        cut = self.cq_store.take_cut_end()
+        if cut is not None:  # a damaged or torn queue: its erased entries are built again
+            start = min(start, cut)
         if abnormal:
             if self.index is not None:
                 files = self.index.files

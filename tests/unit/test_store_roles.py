@@ -217,3 +217,33 @@ def test_a_record_running_past_its_segment_is_corruption_not_an_unfinished_write
     # and the next start refuses, naming it (the record lies below the flushed offset)
     with pytest.raises(CorruptionError, match=r"corrupt record at offset 0: size 2147483392"):
         open_store(tmp_path)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("damage", ["past the log end", "negative size", "zeroed middle"])
+def test_a_damaged_consume_queue_is_rebuilt_from_the_log(tmp_path: Path, damage: str) -> None:
+    """An audit found a damaged entry cut the queue there for good: the later messages were
+    unreachable and their queue offsets handed out again. Reput now resumes at the cut."""
+    store = open_store(tmp_path)
+    for i in range(50):
+        assert store.put(Message("t", b"m%d" % i), i % 2).ok
+    store.shutdown()
+    cq = tmp_path / "consumequeue" / "t" / "0" / f"{0:020d}"
+    data = bytearray(cq.read_bytes())
+    entry = 3 * 20
+    if damage == "past the log end":
+        data[entry : entry + 8] = (10**9).to_bytes(8, "big")
+    elif damage == "negative size":
+        data[entry + 8 : entry + 12] = (-5).to_bytes(4, "big", signed=True)
+    else:
+        data[entry : entry + 20] = bytes(20)
+    cq.write_bytes(bytes(data))
+    again = open_store(tmp_path)
+    try:
+        assert again.max_queue_offset("t", 0) == 25
+        got = again.get_message("g", "t", 0, 0, 32).messages()
+        assert [m.body for m in got] == [b"m%d" % i for i in range(0, 50, 2)]
+        r = again.put(Message("t", b"next"), 0)
+        assert r.queue_offset == 25  # not an offset the queue already used
+    finally:
+        again.shutdown()
