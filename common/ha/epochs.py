@@ -21,12 +21,15 @@ falls back to the ``.bak`` when the main one is missing or fails its count or CR
 
 from __future__ import annotations
 
+import logging
 import os
 import zlib
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
 from common.errors import StoreError
+
+log = logging.getLogger("replog.epochs")
 
 FILE_NAME = "epochFileCheckpoint"
 BACKUP_SUFFIX = ".bak"
@@ -218,11 +221,16 @@ def load(store_root: str | os.PathLike[str]) -> EpochHistory:
     problems = []
     for candidate in (path, backup):
         try:
-            return _read(candidate)
+            history = _read(candidate)
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as e:
             problems.append(f"{candidate}: {e}")
+            continue
+        if problems:  # the main file is damaged: say so, the backup is one save older
+            log.warning("event=epoch_file_from_backup path=%s problem=%r", candidate,
+                        problems[0])
+        return history
     if problems:
         raise EpochFileError("no valid epoch file: " + "; ".join(problems))
     return ()

@@ -172,6 +172,10 @@ def time_name(when: dt.datetime) -> str:
     return when.strftime("%Y%m%d%H%M%S") + f"{when.microsecond // 1000:03d}"
 
 
+class IndexHeaderError(StoreError):
+    """An index file whose header cannot be right."""
+
+
 class IndexFile:
     """One index file, mmap'd. Header fields are kept as attributes and written on every put."""
 
@@ -207,9 +211,34 @@ class IndexFile:
          self.hash_slot_count, count) = HEADER.unpack_from(self._mm, 0)
         if count > self.max_index_num:
             self.close()
-            raise StoreError(f"{self.path}: indexCount {count} exceeds maxIndexNum "
-                             f"{self.max_index_num}")
+            raise IndexHeaderError(f"{self.path}: indexCount {count} exceeds maxIndexNum "
+                                   f"{self.max_index_num}")
+        problem = self._header_problem(count)
+        if problem:
+            self.close()
+            raise IndexHeaderError(f"{self.path}: damaged header: {problem}. Nothing was changed; "
+                             "remove the file to start without it (queries by key then miss "
+                             "the keys it held)")
         self.index_count = max(1, count)
+
+    def _header_problem(self, count: int) -> str:
+        """What makes the header impossible ("" if nothing): its fields against each other
+        and against its last entry (a file 0..1 entries long was never written: all zero)."""
+        if count < 0:
+            return f"indexCount {count} is negative"
+        if not 0 <= self.hash_slot_count <= min(self.slots, max(count - 1, 0)):
+            return f"hashSlotCount {self.hash_slot_count} for {max(count - 1, 0)} keys"
+        if min(self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+               self.end_phy_offset) < 0:
+            return "a negative timestamp or offset"
+        if count > 1:
+            if self.begin_phy_offset > self.end_phy_offset:
+                return (f"beginPhyOffset {self.begin_phy_offset} > endPhyOffset "
+                        f"{self.end_phy_offset}")
+            last_phy = self.entry(count - 1)[1]
+            if last_phy != self.end_phy_offset:
+                return f"endPhyOffset {self.end_phy_offset}, but its last entry is at {last_phy}"
+        return ""
 
     def _write_header(self) -> None:
         HEADER.pack_into(self._mm, 0, self.begin_timestamp, self.end_timestamp,
@@ -464,7 +493,17 @@ class IndexService:
                         from None
                 if not path.is_file():
                     raise StoreError(f"unexpected entry in the index directory: {path}")
-                f = IndexFile(path, self.slots, self.max_index_num, create=False)
+                try:
+                    f = IndexFile(path, self.slots, self.max_index_num, create=False)
+                except IndexHeaderError as e:
+                    if last_exit_ok:
+                        raise
+                    # after a crash its header may be torn like any unflushed page; reput
+                    # resumes at the last kept file's end and indexes the keys again
+                    log.warning("event=index_file_dropped path=%s reason=%r after=abnormal_exit",
+                                path, str(e))
+                    path.unlink()
+                    continue
                 if not last_exit_ok and f.end_timestamp > index_msg_timestamp:
                     log.warning("event=index_file_dropped path=%s end_timestamp=%d "
                                 "checkpoint=%d reason=abnormal_exit", path, f.end_timestamp,

@@ -43,7 +43,10 @@ class MappedFileQueue:
         for path in entries:
             if path.is_dir() or path.suffix == ".tmp":
                 raise StoreError(f"unexpected entry in {self.directory}: {path.name}")
-            starts.append((parse_file_name(path.name), path))
+            try:
+                starts.append((parse_file_name(path.name), path))
+            except StoreError as e:
+                raise StoreError(f"unexpected entry in {self.directory}: {e}") from None
         starts.sort()
         # A zero-length last file is the remains of a crash during creation.
         if starts and starts[-1][1].stat().st_size == 0:

@@ -172,12 +172,15 @@ def test_restore_leaves_no_trace_of_the_undone_history(tmp_path: Path) -> None:
         lambda raw: raw.replace(b"2-100", b"2x100"),
     ],
 )
-def test_a_damaged_main_file_falls_back_to_the_backup(tmp_path: Path, damage) -> None:
+def test_a_damaged_main_file_falls_back_to_the_backup(tmp_path: Path, damage,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     ep.save(tmp_path, (E(1, 0),))
     ep.save(tmp_path, (E(1, 0), E(2, 100)))
     main = tmp_path / "epochFileCheckpoint"
     main.write_bytes(damage(main.read_bytes()))
-    assert ep.load(tmp_path) == (E(1, 0),)
+    with caplog.at_level("WARNING", logger="replog.epochs"):
+        assert ep.load(tmp_path) == (E(1, 0),)
+    assert "epoch_file_from_backup" in caplog.text  # not silently one save older
 
 
 def test_crash_between_the_two_renames_leaves_the_backup(tmp_path: Path) -> None:

@@ -317,6 +317,39 @@ def test_load_refuses_garbage_and_wrong_size(tmp_path: Path) -> None:
         s.load(True, 0)
 
 
+@pytest.mark.parametrize(
+    ("at", "raw", "problem"),
+    [
+        (0, b"\xff" * 40, "indexCount -1 is negative"),
+        (24, (0x7FFFFFFFFFFFFF00).to_bytes(8, "big"), "but its last entry is at 300"),
+        (32, (7).to_bytes(4, "big"), "hashSlotCount 7 for 4 keys"),
+        (16, (10**6).to_bytes(8, "big"), "beginPhyOffset 1000000 > endPhyOffset 300"),
+    ],
+)
+def test_a_damaged_header_is_refused_after_a_clean_stop_and_dropped_after_a_crash(
+    tmp_path: Path, at: int, raw: bytes, problem: str
+) -> None:
+    """An audit found these were trusted: old keys vanished, or new ones were never indexed."""
+    s = small(tmp_path, max_index=64)
+    for i in range(4):
+        s.build("T", [f"k{i}"], 100 * i, T0 + i)
+    s.shutdown()
+    (path,) = index_files(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[at : at + len(raw)] = raw
+    path.write_bytes(bytes(data))
+    again = IndexService(tmp_path, SLOTS, 64)
+    with pytest.raises(StoreError, match=re.escape(problem)):
+        again.load(True, 0)
+    assert path.read_bytes() == bytes(data)  # nothing changed
+    crashed = IndexService(tmp_path, SLOTS, 64)
+    crashed.load(False, T0 + 10)  # after a crash the file is dropped: reput indexes again
+    try:
+        assert crashed.files == [] and not path.exists()
+    finally:
+        crashed.shutdown()
+
+
 # ---- deletion and truncation -------------------------------------------------------------------------
 def test_delete_expired_never_the_last(tmp_path: Path) -> None:
     s = small(tmp_path, max_index=3)
