@@ -57,7 +57,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from common.config import split_addresses
-from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.errors import BrokerError, CorruptMessageError, PullStatus, ResponseCode, SendStatus
 from common.futures import LightFuture
 from common.message import PROPERTY_DELAY, Message, MessageExt
 from common.protocol import (
@@ -69,6 +69,7 @@ from common.protocol import (
     decode_response,
     encode_request,
 )
+from common.store import record
 from common.zmq_frames import POLLIN, POLLOUT, readable, send_frames
 
 DEFAULT_TIMEOUT_MS = 10_000
@@ -217,21 +218,39 @@ def pack_bodies(fields: dict[str, Any], bodies: list[bytes]) -> list[bytes]:
 
 
 def pull_result(resp: Response) -> PullResult:
+    """A PULL answer -> PullResult. A record that fails its checks (here: the CRCs; on the
+    broker: where the queue entry leads) ends the messages before it; when it is the first,
+    CorruptMessageError names its queue offset, so a consumer can decide to skip it."""
+    f = resp.fields
     status = PULL_CODES.get(resp.code)
     if status is None:
+        if "corruptQueueOffset" in f:
+            raise CorruptMessageError(int(f["corruptQueueOffset"]),
+                                      int(f.get("corruptCommitLogOffset", -1)), resp.remark)
         raise BrokerError(resp.code, resp.remark)
-    try:
-        messages = [decode_record(raw) for raw in resp.bodies]
-    except ProtocolError as e:
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"corrupt record in answer: {e}") from None
-    f = resp.fields
+    messages = []
+    next_begin = int(f.get("nextBeginOffset", 0))
+    for raw in resp.bodies:
+        try:
+            messages.append(decode_record(raw))
+        except ProtocolError as e:
+            queue_offset, phy = (
+                _RECORD_OFFSETS.unpack_from(raw, record.POS_QUEUE_OFFSET)
+                if len(raw) >= record.POS_PHY_OFFSET + 8 else (-1, -1))
+            if not messages:
+                raise CorruptMessageError(queue_offset, phy, e.reason) from None
+            next_begin = messages[-1].queue_offset + 1  # the next pull meets it first
+            break
     return PullResult(
         status,
-        int(f.get("nextBeginOffset", 0)),
+        next_begin,
         int(f.get("minOffset", 0)),
         int(f.get("maxOffset", 0)),
         messages,
     )
+
+
+_RECORD_OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET (adjacent)
 
 
 # ---- the I/O thread -------------------------------------------------------------------------

@@ -52,6 +52,7 @@ class GetStatus(enum.Enum):
     OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
     NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    CORRUPT_RECORD = "CORRUPT_RECORD"  # replog: the entry's record fails its checks
 
 
 class SendStatus(enum.StrEnum):
@@ -118,6 +119,22 @@ class BrokerError(Exception):
         self.remark = remark
         self.retriable = code in RETRIABLE_CODES if retriable is None else retriable
         super().__init__(f"{code.name}: {remark}")
+
+
+class CorruptMessageError(BrokerError):
+    """A pull met a record that fails its checks at ``queue_offset`` (CommitLog offset
+    ``commit_log_offset``): nothing at or after it came back. Not retriable; a consumer that
+    accepts the loss of that one message pulls on from ``queue_offset + 1``."""
+
+    def __init__(self, queue_offset: int, commit_log_offset: int, reason: str):
+        self.queue_offset = queue_offset
+        self.commit_log_offset = commit_log_offset
+        super().__init__(
+            ResponseCode.SYSTEM_ERROR,
+            f"corrupt record at queue offset {queue_offset} (commitLogOffset "
+            f"{commit_log_offset}): {reason}; pull from {queue_offset + 1} to skip it",
+            retriable=False,
+        )
 
 
 class ConfigError(ValueError):

@@ -57,7 +57,7 @@ from typing import Any, ClassVar, Protocol
 
 import zmq
 
-from common.errors import BrokerError, GetStatus, PullStatus, ResponseCode
+from common.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
 from common.loop import LoopParticipant, Participants
 from common.message import tags_code
 from common.protocol import (
@@ -823,6 +823,12 @@ class RequestServer:
             tags_codes,
             max_bytes=PULL_MAX_BYTES,
         )
+        if result.status is GetStatus.CORRUPT_RECORD and result.corrupt is not None:
+            q_off, phy, why = result.corrupt
+            err = CorruptMessageError(q_off, phy, why)
+            return reply(req, err.code, err.remark,
+                         {"corruptQueueOffset": q_off, "corruptCommitLogOffset": phy,
+                          "minOffset": result.min_offset, "maxOffset": result.max_offset})
         status, code = _PULL_STATUS[result.status]
         fields = {
             "status": status.value,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from common.message import (
     decode_msg_id,
     host_bytes,
 )
+from common.store import record
 from common.store.allocate import AllocateService
 from common.store.checkpoint import AbortFile, StoreCheckpoint, StoreLock
 from common.store.cleanup import CleanService
@@ -61,6 +63,25 @@ _FLUSHED = done_future(PutStatus.PUT_OK)  # shared: a done Future never changes
 _cached_host = functools.lru_cache(maxsize=4096)(host_bytes)
 
 
+_HEAD = struct.Struct(">iI")  # TOTALSIZE, MAGICCODE
+_PHY = struct.Struct(">q")  # PHYSICALOFFSET
+
+
+def _misplaced(raw: bytes, phy: int, size: int) -> str:
+    """Why the bytes a ConsumeQueue entry leads to are not its record ("" when they are):
+    the record's own size, magic and offset fields, a few struct reads per message. The CRC
+    is the client's to check (``common.protocol.decode_record``)."""
+    total, magic = _HEAD.unpack_from(raw, 0)
+    if magic != record.MAGIC_V1:
+        return f"bad magic 0x{magic:08X}"
+    if total != size:
+        return f"record size {total}, the queue entry says {size}"
+    stored_phy = _PHY.unpack_from(raw, record.POS_PHY_OFFSET)[0]
+    if stored_phy != phy:
+        return f"the record says it is at {stored_phy}"
+    return ""
+
+
 @dataclass(frozen=True)
 class GetResult:
     status: GetStatus
@@ -68,6 +89,7 @@ class GetResult:
     min_offset: int
     max_offset: int
     records: list[bytes] = field(default_factory=list)
+    corrupt: tuple[int, int, str] | None = None  # CORRUPT_RECORD: (queue offset, phy, why)
 
     def messages(self) -> list[MessageExt]:
         return [to_message(raw) for raw in self.records]
@@ -460,6 +482,15 @@ class MessageStore:
             raw = self.commit_log.read_record(phy, size)
             if raw is None:
                 break
+            why = _misplaced(raw, phy, size)
+            if why:  # the entry does not lead to its record: serve what came before it
+                log.error("event=read_corrupt queue_offset=%d offset=%d reason=%s", q_off, phy,
+                          why)
+                if records:
+                    next_offset = q_off
+                    break
+                return GetResult(GetStatus.CORRUPT_RECORD, q_off, min_q, max_q,
+                                 corrupt=(q_off, phy, why))
             records.append(raw)
             total += size
         if records:

@@ -657,3 +657,37 @@ def test_flipped_topic_bit_never_stops_the_store_from_starting(crash: Crash,
             assert store.max_phy_offset == lr.start
         finally:
             store.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_flipped_bit_in_an_old_segment_costs_one_message_not_the_queue(tmp_path: Path) -> None:
+    """An audit found one bad record made every pull batch holding it fail on the client,
+    with no word of which message it was. Now the pull returns the messages before it, then
+    names it (CorruptMessageError), and the consumer may pull on past it."""
+    from broker_harness import BrokerProcess, brokers
+
+    from common.client import Consumer, Producer
+    from common.errors import CorruptMessageError
+
+    seg = 64 * 1024
+    b = BrokerProcess(tmp_path / "b", mappedFileSizeCommitLog=seg)
+    with brokers(b):
+        with Producer([b.address]) as p:
+            sent = [p.send("t", b"%04d" % i + b"x" * 1000, queue_id=0) for i in range(400)]
+        assert b.terminate() == 0
+        victim = sent[5]
+        assert victim.commit_log_offset // seg == 0  # far below the segments recovery scans
+        path = b.store_root / "commitlog" / f"{0:020d}"
+        data = bytearray(path.read_bytes())
+        data[victim.commit_log_offset + 88 + 10] ^= 0x04  # a body byte
+        path.write_bytes(bytes(data))
+        b.start()
+        with Consumer([b.address]) as c:
+            first = c.pull("t", 0, 0, 32)
+            assert [m.queue_offset for m in first.messages] == [0, 1, 2, 3, 4]
+            with pytest.raises(CorruptMessageError) as e:
+                c.pull("t", 0, first.next_begin_offset, 32)
+            assert (e.value.queue_offset, e.value.commit_log_offset) == (
+                5, victim.commit_log_offset)
+            rest = c.pull("t", 0, e.value.queue_offset + 1, 32)
+            assert [m.queue_offset for m in rest.messages] == list(range(6, 38))

@@ -59,3 +59,49 @@ def test_a_malformed_answer_is_a_system_error_not_a_crash(fields: dict[str, Any]
     with pytest.raises(BrokerError) as err:
         send_results("orders", answer(**fields))
     assert err.value.code is ResponseCode.SYSTEM_ERROR
+
+
+def _records(n: int) -> list[bytes]:
+    from common.store import record as rec
+
+    out, phy = [], 0
+    for i in range(n):
+        raw = rec.encode(b"t", b"body%d" % i, b"", 0, queue_offset=10 + i, phy_offset=phy)
+        out.append(bytes(raw))
+        phy += len(raw)
+    return out
+
+
+def _pull_answer(bodies: list[bytes]) -> Response:
+    fields = {"status": "FOUND", "nextBeginOffset": 10 + len(bodies), "minOffset": 0,
+              "maxOffset": 99}
+    return Response(ResponseCode.SUCCESS, 1, "", fields, bodies)
+
+
+def test_a_corrupt_record_ends_a_pull_and_is_then_named() -> None:
+    """It used to fail the whole batch ("corrupt record in answer"), so no pull of that queue
+    could return the good messages before it, nor say which one was bad."""
+    from common.client import pull_result
+    from common.errors import CorruptMessageError
+
+    good = _records(5)
+    bad = bytearray(good[3])
+    bad[88] ^= 0x01  # the first body byte: only the CRC can tell
+    pr = pull_result(_pull_answer([*good[:3], bytes(bad), good[4]]))
+    assert [m.queue_offset for m in pr.messages] == [10, 11, 12]
+    assert pr.next_begin_offset == 13  # the next pull starts at the bad one...
+    with pytest.raises(CorruptMessageError) as e:
+        pull_result(_pull_answer([bytes(bad), good[4]]))  # ... and learns which it is
+    assert (e.value.queue_offset, e.value.commit_log_offset) == (13, sum(map(len, good[:3])))
+    assert not e.value.retriable and "pull from 14 to skip it" in e.value.remark
+
+
+def test_the_broker_naming_a_corrupt_record_raises_it_typed() -> None:
+    from common.client import pull_result
+    from common.errors import CorruptMessageError
+
+    resp = Response(ResponseCode.SYSTEM_ERROR, 1, "corrupt record at queue offset 7 ...",
+                    {"corruptQueueOffset": 7, "corruptCommitLogOffset": 4096}, [])
+    with pytest.raises(CorruptMessageError) as e:
+        pull_result(resp)
+    assert (e.value.queue_offset, e.value.commit_log_offset) == (7, 4096)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from common.config import load_config
-from common.errors import CorruptionError, PutStatus
+from common.errors import CorruptionError, GetStatus, PutStatus
 from common.message import Message
 from common.store.checkpoint import StoreCheckpoint
 from common.store.message_store import MessageStore
@@ -247,3 +247,26 @@ def test_a_damaged_consume_queue_is_rebuilt_from_the_log(tmp_path: Path, damage:
         assert r.queue_offset == 25  # not an offset the queue already used
     finally:
         again.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_an_entry_leading_into_the_middle_of_a_record_ends_the_read_there(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    try:
+        for i in range(10):
+            assert store.put(Message("t", b"m%d" % i), 0).ok
+        assert store.wait_dispatched(store.max_phy_offset)
+        cq = store.cq_store.get("t", 0)
+        assert cq is not None
+        phy = cq.get(4)[0]
+        cq._mfq.files[0].buffer[4 * 20 : 4 * 20 + 8] = (phy + 17).to_bytes(8, "big")
+        got = store.get_message("g", "t", 0, 0, 32)
+        assert [m.body for m in got.messages()] == [b"m0", b"m1", b"m2", b"m3"]
+        assert got.next_begin_offset == 4
+        bad = store.get_message("g", "t", 0, 4, 32)
+        assert bad.status is GetStatus.CORRUPT_RECORD and bad.records == []
+        assert bad.corrupt is not None and bad.corrupt[:2] == (4, phy + 17)
+        after = store.get_message("g", "t", 0, 5, 32)  # the rest of the queue is readable
+        assert [m.body for m in after.messages()] == [b"m%d" % i for i in range(5, 10)]
+    finally:
+        store.shutdown()
