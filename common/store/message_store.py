@@ -197,13 +197,20 @@ class MessageStore:
 
     # ---- the whole-record CRC: from where every record carries it ---------------------------
     def _crc_since(self) -> int | None:
+        """From which offset every record carries the whole-record CRC (None: no marker).
+        An unreadable marker refuses the start: taking it as absent would quietly stop
+        requiring the CRC of every record already written."""
         try:
-            return int(json.loads(self._crc_marker.read_text())["since"])
+            since = json.loads(self._crc_marker.read_bytes())["since"]
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError) as e:
-            log.error("event=record_crc_marker_unreadable path=%s error=%s", self._crc_marker, e)
-            return None
+            raise StoreError(f"{self._crc_marker} is unreadable ({e!r}); it should read "
+                             '{"since": <offset>}, the offset from which this store writes '
+                             "the whole-record CRC") from None
+        if isinstance(since, bool) or not isinstance(since, int) or since < 0:
+            raise StoreError(f"{self._crc_marker}: since must be an offset >= 0, not {since!r}")
+        return since
 
     def _crc_required_from(self) -> int | None:
         """Recovery requires the record CRC only where this store is known to have written it:

@@ -31,6 +31,9 @@ GARBAGE = b"\xff\x00 not json, not an epoch file \x80"
         ("config/topics.json", b'{"topicConfigTable": []}'),
         ("config/delayOffset.json", b'{"offsetTable": {"1": null}}'),
         ("config/delayOffset.json", b'{"offsetTable": {"1": [3]}}'),
+        # taken as absent, it stopped the CRC being required of every record written
+        ("config/recordCrc.json", b'{"since": "soon"}'),
+        ("config/recordCrc.json", GARBAGE),
     ],
 )
 def test_damaged_state_file_is_refused_clearly(tmp_path: Path, damaged: str,
