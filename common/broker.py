@@ -29,6 +29,7 @@ import prometheus_client
 
 from common import tables
 from common.config import BrokerConfig, split_addresses
+from common.consumer_groups import ConsumerGroups
 from common.errors import BrokerError, ConfigError, ResponseCode
 from common.ha import epochs, promotion, term
 from common.metrics import ConsumerLagCollector, StatusCollector
@@ -135,6 +136,7 @@ class Broker:
         config_dir = cfg.store_root / "config"
         self.topics = TopicTable(config_dir)
         self.offsets = ConsumerOffsetTable(config_dir)
+        self.consumer_groups = ConsumerGroups()
         self.role: Role | None = None
         self.server = RequestServer(cfg, self)
         self._started = time.monotonic()

@@ -7,6 +7,7 @@
     replog pull -t TOPIC [-q QUEUE] [-o OFFSET] [-n MAX] [--group G]
     replog query (--topic T --key K | --msg-id ID | --offset PHYOFFSET)
     replog offsets -t TOPIC [-q QUEUE] [--time T] [--group G [--reset]]   (an extension)
+    replog consume -t TOPIC[,TOPIC] --group G [--from latest|earliest] [-n MAX]   (an extension)
     replog status
     replog promote
 
@@ -308,6 +309,39 @@ def cmd_offsets(args: argparse.Namespace) -> int:
     for row in rows:
         table.add_row(*(str(row[c]) for c in cols))
     out.print(table)
+    return EXIT_OK
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    """A group member until ``--max`` messages or ``--idle-s`` without one (or Ctrl-C)."""
+    from common.group_consumer import GroupConsumer
+
+    topics = [t.strip() for t in args.topic.split(",") if t.strip()]
+    count = 0
+    consumed: list[dict[str, Any]] = []  # --json: one document at the end, as every command
+    with GroupConsumer(args.servers, args.group, topics, start=args.start,
+                       timeout_ms=args.timeout_ms) as consumer:
+        idle_until = time.monotonic() + args.idle_s
+        try:
+            while (args.max <= 0 or count < args.max) and time.monotonic() < idle_until:
+                messages = consumer.poll(timeout_ms=500)
+                if messages:
+                    idle_until = time.monotonic() + args.idle_s
+                for m in messages[: args.max - count if args.max > 0 else None]:
+                    count += 1
+                    if args.json:
+                        consumed.append(m.to_json())
+                    else:
+                        body = m.to_json()["body"]
+                        out.print(f"{m.topic}/{m.queue_id}@{m.queue_offset} "
+                                  f"{body if body is not None else f'<{len(m.body)} bytes>'}")
+        except KeyboardInterrupt:
+            pass
+    if args.json:
+        emit_json({"group": args.group, "topics": topics, "consumed": count,
+                   "messages": consumed})
+    else:
+        err.print(f"consumed {count} messages as a member of {args.group}")
     return EXIT_OK
 
 
@@ -626,6 +660,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", default="replog-cli")
     p.add_argument("--suspend-ms", type=int, default=0)
 
+    p = _client(sub, "consume", "read topics as a member of a consumer group")
+    p.add_argument("-t", "--topic", required=True, help="a topic or t1,t2")
+    p.add_argument("--group", required=True)
+    p.add_argument("--from", dest="start", choices=["latest", "earliest"], default="latest",
+                   help="where a queue the group never committed starts")
+    p.add_argument("-n", "--max", type=int, default=0, help="stop after N messages (0: no limit)")
+    p.add_argument("--idle-s", type=float, default=10.0, help="stop after S seconds without one")
+
     p = _client(sub, "query", "look a message up")
     p.add_argument("--topic")
     p.add_argument("--key")
@@ -660,6 +702,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "pull": cmd_pull,
     "query": cmd_query,
     "offsets": cmd_offsets,
+    "consume": cmd_consume,
     "status": cmd_status,
     "promote": cmd_promote,
     "cluster": cmd_cluster,

@@ -1428,8 +1428,30 @@ class Consumer(_Base):
 
         return self._with_retries(attempt, fixed=self.read_from)  # type: ignore[no-any-return]
 
-    def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
-        fields = {"group": self.group, "topic": topic, "queueId": queue_id, "queueOffset": offset}
+    def heartbeat(self, client_id: str, session_timeout_ms: int = 10_000, leave: bool = False
+                  ) -> list[str]:
+        """Tell the group's master that ``client_id`` of this group is alive for the next
+        ``session_timeout_ms`` (or, with ``leave``, gone); returns the group's live members,
+        sorted (``GroupConsumer``)."""
+        fields = {"group": self.group, "clientId": client_id,
+                  "sessionTimeoutMs": session_timeout_ms, "leave": int(leave)}
+
+        def attempt(address: str) -> list[str]:
+            resp = self._cluster.request(address, RequestCode.CONSUMER_HEARTBEAT, fields)
+            if not resp.ok:
+                raise BrokerError(resp.code, resp.remark)
+            return [str(m) for m in resp.fields.get("members", [])]
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+    def commit_offset(self, topic: str, queue_id: int, offset: int,
+                      client_id: str | None = None) -> None:
+        """Commit the group's next offset for the queue; with ``client_id`` (a group member)
+        the master refuses it (CONSUMER_NOT_ONLINE) unless the member owns the queue."""
+        fields: dict[str, Any] = {"group": self.group, "topic": topic, "queueId": queue_id,
+                                  "queueOffset": offset}
+        if client_id:
+            fields["clientId"] = client_id
 
         def attempt(address: str) -> None:
             resp = self._cluster.request(address, RequestCode.COMMIT_OFFSET, fields)

@@ -96,6 +96,7 @@ class ResponseCode(enum.IntEnum):
     QUERY_NOT_FOUND = 22
     OFFSET_OUT_OF_RANGE = 40  # replog: HA peer asked for bytes the master does not hold
     STALE_EPOCH = 41  # replog: a request carried an epoch older than the broker's
+    CONSUMER_NOT_ONLINE = 206  # a group member committing for a queue the group gave away
 
 
 # Codes a client may retry, possibly after re-discovering the master.

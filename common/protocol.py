@@ -89,6 +89,7 @@ class RequestCode(enum.IntEnum):
     GET_ALL_DELAY_OFFSET = 45  # delayOffset.json, as a body frame (a slave syncs it)
     SEND_BATCH = 320
     PROMOTE = 1001  # replog: turn a slave into its group's master
+    CONSUMER_HEARTBEAT = 1002  # replog: a group consumer is alive (or leaves); -> members
 
 
 WRITE_CODES = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC})
@@ -245,6 +246,8 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "topic": _TOPIC,
         "queueId": _QUEUE,
         "queueOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
+        # a GroupConsumer's id: the commit is refused unless it owns the queue (fencing)
+        "clientId": Field("str", hi=255),
     },
     RequestCode.FETCH_OFFSET: {
         "group": Field("group", required=True),
@@ -256,6 +259,12 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "queueNums": Field("int", required=True, lo=1, hi=MAX_QUEUE_NUMS),
     },
     RequestCode.PROMOTE: {"role": Field("role", default="SYNC_MASTER")},
+    RequestCode.CONSUMER_HEARTBEAT: {
+        "group": Field("group", required=True),
+        "clientId": Field("str", required=True, lo=1, hi=255),
+        "sessionTimeoutMs": Field("int", lo=100, hi=3_600_000, default=10_000),
+        "leave": Field("int", lo=0, hi=1, default=0),
+    },
 }
 
 # How many body frames each request carries: (min, max); None = the batch limit.

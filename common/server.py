@@ -57,6 +57,7 @@ from typing import Any, ClassVar, Protocol
 
 import zmq
 
+from common.consumer_groups import ConsumerGroups
 from common.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
 from common.loop import LoopParticipant, Participants
 from common.message import tags_code
@@ -163,6 +164,8 @@ class Services(Protocol):
     def fetch_offset(self, group: str, topic: str, queue_id: int) -> int: ...
 
     def config_document(self, code: RequestCode) -> bytes: ...  # GET_ALL_*: the JSON file
+
+    consumer_groups: ConsumerGroups  # CONSUMER_HEARTBEAT
 
     def handle_write(self, req: Request) -> Reply: ...
 
@@ -727,6 +730,15 @@ class RequestServer:
 
     def _commit_offset(self, req: Request) -> Response:
         f = req.fields
+        client = f.get("clientId")
+        if client:  # a group member: only the queue's owner in the group's view commits
+            nums, _ = self.services.topic_queue_nums(f["topic"])
+            if not self.services.consumer_groups.owns(f["group"], client, f["topic"],
+                                                      f["queueId"], nums):
+                return reply(req, ResponseCode.CONSUMER_NOT_ONLINE,
+                             f"{client} does not own {f['topic']}/{f['queueId']} in group "
+                             f"{f['group']} now (its session ran out or the queue moved): "
+                             "offset not committed")
         self.services.commit_offset(f["group"], f["topic"], f["queueId"], f["queueOffset"])
         return reply(req)
 
@@ -752,6 +764,12 @@ class RequestServer:
     def _query_by_offset(self, req: Request) -> Response:
         found = self.services.store.message_by_offset(req.fields["phyOffset"])
         return _messages_reply(req, [found] if found is not None else [], self.services.store)
+
+    def _consumer_heartbeat(self, req: Request) -> Response:
+        f = req.fields
+        members = self.services.consumer_groups.heartbeat(
+            f["group"], f["clientId"], f["sessionTimeoutMs"], leave=bool(f["leave"]))
+        return reply(req, fields={"members": members})
 
     def _config_document(self, req: Request) -> Response:
         return reply(req, bodies=[self.services.config_document(req.code)])
@@ -783,6 +801,7 @@ class RequestServer:
         RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: _search_offset,
         RequestCode.GET_MAX_OFFSET: _max_offset,
         RequestCode.GET_MIN_OFFSET: _min_offset,
+        RequestCode.CONSUMER_HEARTBEAT: _consumer_heartbeat,
         RequestCode.GET_ALL_TOPIC_CONFIG: _config_document,
         RequestCode.GET_ALL_CONSUMER_OFFSET: _config_document,
         RequestCode.GET_ALL_DELAY_OFFSET: _config_document,

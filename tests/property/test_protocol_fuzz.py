@@ -49,6 +49,7 @@ _VALID_VALUES = {
     "phyOffset": 0,
     "queueNums": 4,
     "timestamp": 0,
+    "clientId": "c",
 }
 
 

@@ -1,0 +1,252 @@
+"""``GroupConsumer``: consume topics as one member of a consumer group, queues shared out.
+
+What Kafka's ``KafkaConsumer.subscribe`` + ``poll`` and RocketMQ's ``DefaultLitePullConsumer``
+give::
+
+    with GroupConsumer(servers, group="billing", topics=["orders"]) as c:
+        while running:
+            for msg in c.poll(timeout_ms=1000):
+                handle(msg)
+
+* **Membership.** A thread sends CONSUMER_HEARTBEAT to the group's master every
+  ``heartbeat_ms``; the answer lists the group's live members (``common/consumer_groups.py``).
+  A member that stops heartbeating is dropped after ``session_timeout_ms`` (10 s, as Kafka's
+  ``session.timeout.ms`` bounds it: long enough that a stalled VM is not a departure);
+  ``close`` leaves at once.
+* **Assignment.** Every member sorts the members and each topic's queues the same way and takes
+  its share of each topic with RocketMQ's AllocateMessageQueueAveragely, so members agree
+  without talking to each other, and the master can check a commit against it (fencing).
+  The thread re-reads queue counts too, so a topic that grows is picked up.
+* **Offsets: at least once.** ``poll`` returns the messages of one queue at a time (round
+  robin over the assigned queues, long-polling when all are empty) and commits, at the next
+  ``poll``, ``commit`` or ``close`` and before a queue is given up, the offsets of everything
+  it returned before: as Kafka's ``enable.auto.commit`` does at ``poll``. A member that dies
+  between a poll and the next leaves the messages of that poll to be consumed again by the
+  queue's next owner. During a rebalance two members may briefly read one queue (the one
+  giving it up has not polled since): duplicates, never a gap. A queue the group never
+  committed starts at ``start``: ``"latest"`` (Kafka's and RocketMQ's default: only new
+  messages) or ``"earliest"``.
+
+Not thread-safe (like KafkaConsumer): one thread polls; the heartbeat thread only reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any, Self
+
+from common.client import Consumer
+from common.consumer_groups import allocate_averagely
+from common.errors import BrokerError, PullStatus, ResponseCode
+from common.message import MessageExt
+
+log = logging.getLogger("replog.group_consumer")
+
+LONG_POLL_MS = 500  # one empty round over the queues, then wait this long on one of them
+STARTS = ("latest", "earliest")
+
+Queue = tuple[str, int]
+
+
+class GroupConsumer:
+    def __init__(self, servers: str | Iterable[str], group: str, topics: Iterable[str], *,
+                 start: str = "latest", heartbeat_ms: int = 1000,
+                 session_timeout_ms: int = 10_000, max_messages: int = 32,
+                 timeout_ms: int = 10_000, client_id: str | None = None):
+        if start not in STARTS:
+            raise ValueError(f"start must be one of {STARTS}, not {start!r}")
+        self.group = group
+        self.topics = sorted(set(topics))
+        self.start = start
+        self.heartbeat_ms = heartbeat_ms
+        self.session_timeout_ms = session_timeout_ms
+        self.max_messages = max_messages
+        self.client_id = client_id or (
+            f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}")
+        self._consumer = Consumer(servers, group=group, timeout_ms=timeout_ms)
+        self._lock = threading.Lock()
+        self._view: tuple[list[str], list[Queue]] = ([], [])  # members, every queue (sorted)
+        self._view_version = 0
+        self._applied_version = -1
+        self._assigned: list[Queue] = []
+        self._positions: dict[Queue, int] = {}  # next offset to pull = consumed up to here
+        self._committed: dict[Queue, int] = {}
+        self._turn = 0
+        self._stop = threading.Event()
+        self._changed = threading.Event()
+        self._closed = False
+        try:
+            self._refresh()  # the first view before the first poll
+        except BrokerError:
+            self._consumer.close()
+            raise
+        self._thread = threading.Thread(target=self._run, name="replog-group-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- what a caller sees ------------------------------------------------------------------
+    def assignment(self) -> list[Queue]:
+        """The queues this member reads now (as of its last ``poll``)."""
+        return list(self._assigned)
+
+    def members(self) -> list[str]:
+        with self._lock:
+            return list(self._view[0])
+
+    def poll(self, timeout_ms: int = 1000) -> list[MessageExt]:
+        """Messages of one assigned queue ([] when none arrived within ``timeout_ms``); first
+        commits what the previous polls returned."""
+        if self._closed:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "group consumer is closed", False)
+        self.commit()
+        self._rebalance_if_changed()
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            found = self._one_round()
+            if found:
+                return found
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return []
+            if not self._assigned:  # nothing to read until the membership or topics change
+                self._changed.wait(left_ms / 1000.0)
+                self._changed.clear()
+                self._rebalance_if_changed()
+                continue
+            queue = self._assigned[self._turn % len(self._assigned)]
+            self._turn += 1
+            found = self._pull(queue, suspend_ms=min(LONG_POLL_MS, left_ms))
+            if found:
+                return found
+            self._rebalance_if_changed()
+
+    def commit(self) -> None:
+        """Commit the offsets of every message ``poll`` returned (synchronously). The master
+        refuses a queue this member no longer owns (its session ran out, or the queue moved):
+        that position is dropped, so it cannot move back what the queue's new owner committed
+        (the messages come again: at least once)."""
+        for queue, offset in list(self._positions.items()):
+            if self._committed.get(queue) == offset:
+                continue
+            try:
+                self._consumer.commit_offset(queue[0], queue[1], offset, self.client_id)
+            except BrokerError as e:
+                if e.code != ResponseCode.CONSUMER_NOT_ONLINE:
+                    raise
+                log.warning("event=group_commit_fenced group=%s client=%s topic=%s queue=%d",
+                            self.group, self.client_id, queue[0], queue[1])
+                self._positions.pop(queue, None)  # its new owner reads it; ours is stale
+                self._committed.pop(queue, None)
+                continue
+            self._committed[queue] = offset
+
+    def close(self) -> None:
+        """Commit, leave the group (its queues move to the others at once), stop."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._changed.set()
+        self._thread.join(5.0)
+        try:
+            self.commit()
+            self._consumer.heartbeat(self.client_id, self.session_timeout_ms, leave=True)
+        except BrokerError as e:
+            log.warning("event=group_consumer_close_incomplete group=%s error=%s", self.group, e)
+        finally:
+            self._consumer.close()
+
+    # ---- reading -----------------------------------------------------------------------------
+    def _one_round(self) -> list[MessageExt]:
+        for _ in range(len(self._assigned)):
+            queue = self._assigned[self._turn % len(self._assigned)]
+            self._turn += 1
+            found = self._pull(queue, suspend_ms=0)
+            if found:
+                return found
+        return []
+
+    def _pull(self, queue: Queue, suspend_ms: int) -> list[MessageExt]:
+        offset = self._positions[queue]
+        pr = self._consumer.pull(queue[0], queue[1], offset, self.max_messages,
+                                 suspend_ms=suspend_ms)
+        if pr.status == PullStatus.FOUND and pr.messages:
+            self._positions[queue] = pr.next_begin_offset
+            return pr.messages
+        if pr.status == PullStatus.OFFSET_ILLEGAL:  # retention deleted them, or a new master
+            log.warning("event=group_offset_moved group=%s topic=%s queue=%d from=%d to=%d",
+                        self.group, queue[0], queue[1], offset, pr.next_begin_offset)
+            self._positions[queue] = pr.next_begin_offset
+        return []
+
+    # ---- membership and assignment -------------------------------------------------------------
+    def _rebalance_if_changed(self) -> None:
+        with self._lock:
+            if self._view_version == self._applied_version:
+                return
+            members, queues = self._view
+            version = self._view_version
+        mine = [q for topic in self.topics for q in allocate_averagely(
+            [x for x in queues if x[0] == topic], members, self.client_id)]
+        for queue in self._assigned:
+            if queue not in mine:  # committed by commit() at the top of poll; forget it
+                self._positions.pop(queue, None)
+                self._committed.pop(queue, None)
+        for queue in mine:
+            if queue not in self._positions:
+                self._positions[queue] = self._start_offset(queue)
+                self._committed[queue] = self._positions[queue]
+        if mine != self._assigned:
+            log.info("event=group_rebalanced group=%s client=%s members=%d queues=%s",
+                     self.group, self.client_id, len(members),
+                     ",".join(f"{t}/{q}" for t, q in mine) or "-")
+        self._assigned = mine
+        self._applied_version = version
+
+    def _start_offset(self, queue: Queue) -> int:
+        committed = self._consumer.fetch_offset(queue[0], queue[1])
+        if committed >= 0:
+            return committed
+        if self.start == "earliest":
+            return self._consumer.min_offset(queue[0], queue[1])
+        return self._consumer.max_offset(queue[0], queue[1])
+
+    def _refresh(self) -> None:
+        """One heartbeat and a look at the topics' queue counts (the heartbeat thread)."""
+        members = self._consumer.heartbeat(self.client_id, self.session_timeout_ms)
+        queues = []
+        for topic in self.topics:
+            try:
+                queues += [(topic, q) for q in range(self._consumer.queue_nums(topic))]
+            except BrokerError as e:
+                if e.code != ResponseCode.TOPIC_NOT_EXIST:
+                    raise
+        with self._lock:
+            if (members, queues) != self._view:
+                self._view = (members, queues)
+                self._view_version += 1
+                self._changed.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.heartbeat_ms / 1000.0):
+            try:
+                self._refresh()
+            except BrokerError as e:  # no master for now: keep the last view, try again
+                log.warning("event=group_heartbeat_failed group=%s error=%s", self.group, e)
+
+    def status(self) -> dict[str, Any]:
+        return {"clientId": self.client_id, "members": self.members(),
+                "assignment": [f"{t}/{q}" for t, q in self._assigned],
+                "positions": {f"{t}/{q}": o for (t, q), o in self._positions.items()}}

@@ -1,0 +1,151 @@
+"""GroupConsumer against a real broker: queues shared by the members of a group, taken over
+when one leaves, offsets committed so a new member resumes where the group stood."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from broker_harness import BrokerProcess, brokers, run_cli
+from replication_harness import wait_for
+
+from common.client import Admin, Consumer, Producer
+from common.group_consumer import GroupConsumer
+
+pytestmark = pytest.mark.integration
+
+
+class Member:
+    """A GroupConsumer polled on its own thread, collecting bodies."""
+
+    def __init__(self, address: str, **kw: object) -> None:
+        self.consumer = GroupConsumer([address], "gc", ["g"], heartbeat_ms=200, **kw)
+        self.got: list[bytes] = []
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.got += [m.body for m in self.consumer.poll(timeout_ms=200)]
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.errors.append(e)
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return set(self.consumer.assignment())
+
+    def stop_polling(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def close(self) -> None:
+        self.stop_polling()
+        self.consumer.close()
+
+
+@contextlib.contextmanager
+def broker_with_topic(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker with topic g of 4 queues."""
+    b = BrokerProcess(tmp_path / "b")
+    with brokers(b):
+        with Admin([b.address]) as admin:
+            admin.create_topic("g", 4)
+        yield b
+
+
+def _send(address: str, first: int, count: int) -> list[bytes]:
+    bodies = [b"m%04d" % i for i in range(first, first + count)]
+    with Producer([address]) as p:
+        for i, body in enumerate(bodies):
+            p.send("g", body, queue_id=i % 4)
+    return bodies
+
+
+@pytest.mark.timeout(120)
+def test_members_share_the_queues_take_over_and_resume(tmp_path: Path) -> None:
+    with broker_with_topic(tmp_path) as b:
+        one = Member(b.address, start="earliest")
+        two = Member(b.address, start="earliest")
+        try:
+            all_queues = {("g", q) for q in range(4)}
+            wait_for(lambda: one.assignment() | two.assignment() == all_queues
+                     and not one.assignment() & two.assignment()
+                     and len(one.assignment()) == 2, 20, "the two members to split the queues")
+            sent = _send(b.address, 0, 200)
+            wait_for(lambda: len(one.got) + len(two.got) >= 200, 30, "200 messages consumed")
+            assert sorted(one.got + two.got) == sent  # each once: the split was stable
+            assert one.got and two.got
+
+            two.close()  # leaves at once: its queues move to `one`
+            wait_for(lambda: one.assignment() == all_queues, 20, "one to take every queue")
+            sent += _send(b.address, 200, 100)
+            wait_for(lambda: set(one.got + two.got) >= set(sent), 30, "the rest consumed")
+            assert not one.errors and not two.errors
+        finally:
+            one.close()
+            two.close()
+        # a new member of the group resumes at the group's committed offsets, not "latest"
+        three = Member(b.address, start="earliest")
+        try:
+            wait_for(lambda: three.assignment() == all_queues, 20, "three to take the queues")
+            sent_late = _send(b.address, 300, 8)
+            wait_for(lambda: len(three.got) >= 8, 30, "the new messages")
+            assert sorted(three.got) == sent_late  # nothing consumed before came again
+        finally:
+            three.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_silent_member_loses_its_queues_after_its_session(tmp_path: Path) -> None:
+    with broker_with_topic(tmp_path) as b:
+        one = Member(b.address, start="earliest", session_timeout_ms=1500)
+        two = Member(b.address, start="earliest", session_timeout_ms=1500)
+        try:
+            all_queues = {("g", q) for q in range(4)}
+            wait_for(lambda: len(one.assignment()) == 2 and len(two.assignment()) == 2, 20,
+                     "the two members to split the queues")
+            sent = _send(b.address, 0, 40)
+            wait_for(lambda: len(set(one.got + two.got)) >= 40, 30, "40 messages consumed")
+            # `two` hangs: no poll, no heartbeat, no leave (as a process stopped dead)
+            two.stop_polling()
+            two.consumer._stop.set()
+            two.consumer._thread.join(10)
+            wait_for(lambda: one.assignment() == all_queues, 20,
+                     "one to take every queue once two's session ran out")
+            sent += _send(b.address, 40, 40)
+            wait_for(lambda: set(one.got) >= set(sent[40:]), 30, "the new messages")
+            assert set(one.got + two.got) == set(sent)  # at least once: nothing lost
+            assert not one.errors and not two.errors
+            # `two` wakes with its old positions: the master fences its commits
+            one.stop_polling()
+            one.consumer.commit()  # everything `one` consumed, committed
+            with Consumer([b.address], group="gc") as c:
+                before = [c.fetch_offset("g", q) for q in range(4)]
+                stale = dict.fromkeys(two.consumer._positions, 0)
+                assert stale  # it held queues when it hung
+                two.consumer._positions.update(stale)
+                two.consumer.commit()  # refused queue by queue, no exception
+                assert [c.fetch_offset("g", q) for q in range(4)] == before
+            assert two.consumer._positions == {}  # given up, not retried
+        finally:
+            one.close()
+            two.close()
+
+
+@pytest.mark.timeout(120)
+def test_replog_consume_reads_as_a_group_member(tmp_path: Path) -> None:
+    with broker_with_topic(tmp_path) as b:
+        sent = _send(b.address, 0, 12)
+        rc, doc = run_cli("consume", "-s", b.address, "-t", "g", "--group", "cli",
+                          "--from", "earliest", "-n", "12", "--idle-s", "5")
+        assert rc == 0 and doc["consumed"] == 12
+        assert sorted(m["body"].encode() for m in doc["messages"]) == sent
+        # the group committed them: a second run finds nothing new
+        rc, doc = run_cli("consume", "-s", b.address, "-t", "g", "--group", "cli",
+                          "--from", "earliest", "--idle-s", "1")
+        assert rc == 0 and doc["consumed"] == 0
