@@ -63,20 +63,22 @@ _FLUSHED = done_future(PutStatus.PUT_OK)  # shared: a done Future never changes
 _cached_host = functools.lru_cache(maxsize=4096)(host_bytes)
 
 
-_HEAD = struct.Struct(">iI")  # TOTALSIZE, MAGICCODE
-_PHY = struct.Struct(">q")  # PHYSICALOFFSET
+# TOTALSIZE, MAGICCODE, then (past BODYCRC, QUEUEID, FLAG, QUEUEOFFSET) PHYSICALOFFSET
+_PLACE = struct.Struct(">iI20xq")
+assert _PLACE.size == record.POS_PHY_OFFSET + 8
 
 
 def _misplaced(raw: bytes, phy: int, size: int) -> str:
     """Why the bytes a ConsumeQueue entry leads to are not its record ("" when they are):
     the record's own size, magic and offset fields, a few struct reads per message. The CRC
     is the client's to check (``common.protocol.decode_record``)."""
-    total, magic = _HEAD.unpack_from(raw, 0)
+    if len(raw) < record.FIXED_BYTES:
+        return f"the queue entry says {size} bytes, less than any record"
+    total, magic, stored_phy = _PLACE.unpack_from(raw, 0)
     if magic != record.MAGIC_V1:
         return f"bad magic 0x{magic:08X}"
     if total != size:
         return f"record size {total}, the queue entry says {size}"
-    stored_phy = _PHY.unpack_from(raw, record.POS_PHY_OFFSET)[0]
     if stored_phy != phy:
         return f"the record says it is at {stored_phy}"
     return ""

@@ -268,5 +268,10 @@ def test_an_entry_leading_into_the_middle_of_a_record_ends_the_read_there(tmp_pa
         assert bad.corrupt is not None and bad.corrupt[:2] == (4, phy + 17)
         after = store.get_message("g", "t", 0, 5, 32)  # the rest of the queue is readable
         assert [m.body for m in after.messages()] == [b"m%d" % i for i in range(5, 10)]
+        # an entry of a size no record has (it used to be read, then fail to parse)
+        cq._mfq.files[0].buffer[6 * 20 + 8 : 6 * 20 + 12] = (12).to_bytes(4, "big")
+        tiny = store.get_message("g", "t", 0, 6, 32)
+        assert tiny.status is GetStatus.CORRUPT_RECORD
+        assert tiny.corrupt is not None and "less than any record" in tiny.corrupt[2]
     finally:
         store.shutdown()
