@@ -98,6 +98,7 @@ class BrokerStatus:
     haAddress: str  # where its slaves (or a rejoining old master) replicate from
     haMasterAddress: str  # a slave: the master HA address it replicates from ("" on a master)
     configSync: dict[str, Any]  # a slave: copying its master's tables (slave/config_sync.py)
+    consumerGroups: dict[str, int]  # group -> live GroupConsumer members (heartbeats)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -356,7 +357,8 @@ class Broker:
             return
         registry = prometheus_client.CollectorRegistry()
         registry.register(StatusCollector(self.snapshot))
-        registry.register(ConsumerLagCollector(self.offsets, self.store))
+        registry.register(ConsumerLagCollector(self.offsets, self.store,
+                                               self.consumer_groups.groups))
         server, _thread = prometheus_client.start_http_server(
             self.cfg.metricsPort, addr="0.0.0.0", registry=registry
         )
@@ -399,6 +401,7 @@ class Broker:
             haAddress=f"{self.cfg.brokerIP1}:{self.cfg.ha_port}",
             haMasterAddress=str(role_fields.get("haMasterAddress", "")),
             configSync=dict(role_fields.get("configSync", {})),
+            consumerGroups=self.consumer_groups.groups(),
         )
 
     def epoch(self) -> int:

@@ -3,7 +3,8 @@
 Every numeric figure of ``replog status`` is a ``replog_<snake_case>`` gauge labelled with the
 broker name and id; each slave a master serves adds ``replog_slave_{ack_offset,lag_bytes,
 in_sync}`` labelled with its address; each consumer group and topic in this broker's offset
-table adds ``replog_consumer_lag`` and ``replog_consumer_delay_seconds``. Collected per scrape.
+table adds ``replog_consumer_lag`` and ``replog_consumer_delay_seconds``; each group with live
+``GroupConsumer`` members ``replog_consumer_group_members``. Collected per scrape.
 """
 
 from __future__ import annotations
@@ -56,9 +57,11 @@ class ConsumerLagCollector:
     """
 
     def __init__(self, offsets: ConsumerOffsetTable, store: Any,
+                 groups: Callable[[], dict[str, int]] = dict,
                  now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000):
         self._offsets = offsets
         self._store = store
+        self._groups = groups
         self._now_ms = now_ms
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -73,6 +76,12 @@ class ConsumerLagCollector:
             delay.add_metric([group, topic], max(0.0, (now - oldest) / 1000) if oldest else 0.0)
         yield lag
         yield delay
+        members = GaugeMetricFamily("replog_consumer_group_members",
+                                    "live members of a consumer group (GroupConsumer heartbeats)",
+                                    labels=["group"])
+        for group, n in sorted(self._groups().items()):
+            members.add_metric([group], float(n))
+        yield members
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []

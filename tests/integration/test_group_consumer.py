@@ -76,6 +76,7 @@ def test_members_share_the_queues_take_over_and_resume(tmp_path: Path) -> None:
             wait_for(lambda: one.assignment() | two.assignment() == all_queues
                      and not one.assignment() & two.assignment()
                      and len(one.assignment()) == 2, 20, "the two members to split the queues")
+            assert b.status()["consumerGroups"] == {"gc": 2}
             sent = _send(b.address, 0, 200)
             wait_for(lambda: len(one.got) + len(two.got) >= 200, 30, "200 messages consumed")
             assert sorted(one.got + two.got) == sent  # each once: the split was stable

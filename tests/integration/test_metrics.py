@@ -13,6 +13,7 @@ from replication_harness import wait_for
 
 from common.client import Consumer, Producer
 from common.errors import SendStatus
+from common.group_consumer import GroupConsumer
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +63,9 @@ def test_metrics_export_status_slaves_and_consumer_lag(tmp_path: Path) -> None:
         delay = m[("replog_consumer_delay_seconds", (("group", "billing"), ("topic", "lagged")))]
         assert 0.1 <= delay < 60
         assert m[("replog_consumer_delay_seconds", (("group", "done"), ("topic", "lagged")))] == 0
+        with GroupConsumer([master.address], "live", ["lagged"]):
+            m = scrape(mp + 2)
+            assert m[("replog_consumer_group_members", (("group", "live"),))] == 1
 
         # the slave's ack reaches the master's per-slave gauges; the slave exports its own
         def slave_acked() -> bool:
