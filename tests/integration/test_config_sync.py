@@ -80,3 +80,44 @@ def test_a_promoted_slave_knows_topics_offsets_and_delay_progress(tmp_path: Path
         with Producer([slave.address]) as p:
             used = {p.send("wide", b"after").queue_id for _ in range(12)}
         assert used == set(range(6))  # the producer sees all six queues on the new master
+
+
+@pytest.mark.timeout(180)
+def test_a_consumer_group_resumes_on_the_promoted_slave_without_a_gap(tmp_path: Path) -> None:
+    """A GroupConsumer reading while its master is killed and the slave promoted: it finds the
+    new master, whose offsets came from the old one, and reads on. Every message sent with
+    SEND_OK (SYNC_MASTER) is consumed, and what comes twice is at most what was consumed in
+    the last sync interval before the kill."""
+    from common.group_consumer import GroupConsumer
+
+    port = free_port()
+    master = BrokerProcess(tmp_path / "m", listenPort=port, brokerRole="SYNC_MASTER")
+    slave = BrokerProcess(tmp_path / "s", brokerRole="SLAVE", brokerId=1,
+                          haMasterAddress=f"127.0.0.1:{port + 1}", slaveConfigSyncIntervalMs=200)
+    with brokers(master, slave):
+        with Admin([master.address]) as admin:
+            admin.create_topic("fo", 4)
+        servers = [master.address, slave.address]
+        with Producer(servers) as p:
+            sent = [b"a%03d" % i for i in range(100)]
+            assert all(p.send("fo", body).status == SendStatus.SEND_OK for body in sent)
+        got: list[bytes] = []
+        with GroupConsumer(servers, "fo-group", ["fo"], start="earliest",
+                           heartbeat_ms=200, timeout_ms=5000) as c:
+            wait_for(lambda: (got.extend(m.body for m in c.poll(200)) or len(set(got))) >= 100,
+                     30, "the first 100 messages")
+            c.poll(0)  # commits what the polls returned
+            with Consumer([master.address], group="fo-group", read_from=slave.address) as peek:
+                wait_for(lambda: sum(peek.fetch_offset("fo", q) for q in range(4)) == 100, 20,
+                         "the slave to have the group's offsets")
+            os.kill(master.pid, signal.SIGKILL)
+            assert master.proc is not None
+            master.proc.wait(10)
+            with Admin([slave.address]) as admin:
+                admin.promote(slave.address, role="ASYNC_MASTER")
+            with Producer(servers) as p:
+                later = [b"b%03d" % i for i in range(60)]
+                assert all(p.send("fo", body).status == SendStatus.SEND_OK for body in later)
+            wait_for(lambda: (got.extend(m.body for m in c.poll(200)) or True)
+                     and set(got) >= set(sent + later), 60, "every message after the failover")
+        assert len(got) == len(set(got))  # the offsets were synced before the kill: no repeats
