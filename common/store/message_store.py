@@ -25,6 +25,7 @@ from typing import NamedTuple
 from common.config import BrokerConfig, parse_delay_levels
 from common.errors import CorruptionError, GetStatus, PutStatus, StoreError
 from common.files import write_atomically
+from common.ha.promotion import path_of as promotion_path
 from common.message import (
     PROPERTY_WAIT,
     SCHEDULE_TOPIC,
@@ -179,8 +180,11 @@ class MessageStore:
         # the CommitLog first: a log damaged below its flushed offset stops the start before
         # any other file is touched
         self.commit_log.require_prop_crc_from = self._crc_required_from()
+        # a slave repairs from its master; a promoted one (its YAML still says SLAVE, its
+        # promotion record makes it a master again) must not
+        replica = self.cfg.is_slave and not promotion_path(self.root).exists()
         self.recovery = self.commit_log.recover(abnormal, self.checkpoint.physic_flushed_offset,
-                                                cut_below_flushed=self.cfg.is_slave)
+                                                cut_below_flushed=replica)
         self.cq_store.load()
         if self.index is not None:
             self.index.load(not abnormal, self.checkpoint.index_msg_timestamp)

@@ -167,6 +167,11 @@ def test_a_slave_cuts_damage_below_its_flushed_offset_to_fetch_it_again(tmp_path
     damaged = bytearray(seg.read_bytes())
     damaged[end // 2 + 3] ^= 0x40
     seg.write_bytes(bytes(damaged))
+    # a slave promoted before it stopped resumes as a master: it refuses like one
+    (tmp_path / "config" / "promotion.json").write_text("{}")
+    with pytest.raises(CorruptionError, match="below the offset"):
+        open_store(tmp_path, brokerRole="SLAVE", brokerId=1)
+    (tmp_path / "config" / "promotion.json").unlink()
     again = open_store(tmp_path, brokerRole="SLAVE", brokerId=1)
     try:
         assert 0 < again.max_phy_offset < end // 2 + 3  # cut at the damaged record
