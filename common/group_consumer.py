@@ -27,6 +27,11 @@ give::
   committed starts at ``start``: ``"latest"`` (Kafka's and RocketMQ's default: only new
   messages) or ``"earliest"``.
 
+Failover: the client follows the group's master (the highest epoch) like any client; while
+none answers within ``timeout_ms``, ``poll`` raises the BrokerError and the caller polls
+again. The new master knows the group's offsets (a slave copies them, ``slave/config_sync.py``)
+and learns the members from their next heartbeats.
+
 Not thread-safe (like KafkaConsumer): one thread polls; the heartbeat thread only reports.
 """
 
