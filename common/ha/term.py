@@ -35,12 +35,15 @@ Rules applied by ``begin_master_term`` before a master's HA service starts:
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from common.files import write_atomically
 from common.ha import epochs as ep
 from common.ha.epochs import EpochHistory
+
+log = logging.getLogger("replog.term")
 
 LEARNED_FILE = "haLearnedEpoch"
 _MAX_LEARNED_BYTES = 32
@@ -104,5 +107,10 @@ def begin_master_term(
         learned = ep.last_epoch(history)
     term = master_term_history(history, learned, min_phy_offset, max_phy_offset, broker_id)
     if term != history:
+        dropped = [e for e in history if e not in term]
+        if dropped:  # the log ends before they start: cut by recovery, or the file is wrong
+            log.warning("event=epochs_beyond_log_end_dropped epochs=%s max_phy_offset=%d",
+                        ",".join(f"{e.epoch}@{e.start_phy_offset}" for e in dropped),
+                        max_phy_offset)
         ep.save(store_root, term)
     return term

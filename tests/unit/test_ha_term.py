@@ -68,3 +68,13 @@ def test_next_epoch_is_above_every_epoch_seen_and_names_the_broker() -> None:
     assert min(ep.next_epoch(259, 1), ep.next_epoch(259, 2)) > 259
     with pytest.raises(ValueError):
         ep.next_epoch(1, 256)
+
+
+def test_epochs_past_the_log_end_are_dropped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ep.save(tmp_path, (E(1, 0), E(257, 500)))
+    with caplog.at_level("WARNING", logger="replog.term"):
+        history = term.begin_master_term(tmp_path, 0, 400)  # the log ends before epoch 257
+    assert E(257, 500) not in history
+    assert "epochs_beyond_log_end_dropped" in caplog.text and "257@500" in caplog.text
