@@ -32,7 +32,7 @@ from common.config import BrokerConfig, split_addresses
 from common.consumer_groups import ConsumerGroups
 from common.errors import BrokerError, ConfigError, ResponseCode
 from common.ha import epochs, promotion, term
-from common.metrics import ConsumerLagCollector, StatusCollector
+from common.metrics import ConsumerLagCollector, StatusCollector, dead_letters
 from common.port_hold import HA_BIND_HOST, PortHold
 from common.protocol import Request, RequestCode, Response
 from common.server import Reply, RequestServer, log_event, reply
@@ -99,6 +99,7 @@ class BrokerStatus:
     haMasterAddress: str  # a slave: the master HA address it replicates from ("" on a master)
     configSync: dict[str, Any]  # a slave: copying its master's tables (slave/config_sync.py)
     consumerGroups: dict[str, int]  # group -> live GroupConsumer members (heartbeats)
+    deadLetters: dict[str, int]  # group -> messages held in its %DLQ% topic (master/send_back.py)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -402,6 +403,7 @@ class Broker:
             haMasterAddress=str(role_fields.get("haMasterAddress", "")),
             configSync=dict(role_fields.get("configSync", {})),
             consumerGroups=self.consumer_groups.groups(),
+            deadLetters=dead_letters(store),
         )
 
     def epoch(self) -> int:

@@ -59,7 +59,13 @@ from zmq.utils.monitor import recv_monitor_message
 from common.config import split_addresses
 from common.errors import BrokerError, CorruptMessageError, PullStatus, ResponseCode, SendStatus
 from common.futures import LightFuture
-from common.message import PROPERTY_DELAY, Message, MessageExt
+from common.message import (
+    DEFAULT_MAX_RECONSUME_TIMES,
+    PROPERTY_DELAY,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    Message,
+    MessageExt,
+)
 from common.protocol import (
     Limits,
     ProtocolError,
@@ -1459,6 +1465,35 @@ class Consumer(_Base):
                 raise BrokerError(resp.code, resp.remark)
 
         self._with_retries(attempt)
+
+    def send_back(self, msg: MessageExt, delay_level: int = 0,
+                  max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES) -> SendResult:
+        """RocketMQ's ``sendMessageBack``: this group failed ``msg``, so the master stores a copy
+        in the group's retry topic ``%RETRY%<group>``, due after ``delay_level`` (0: the
+        broker's choice, level 3 + the times it came back already), or in its dead-letter topic
+        ``%DLQ%<group>`` once it came back ``max_reconsume_times`` times (or at once with
+        ``delay_level`` -1). The result names the copy (``topic`` is the retry or DLQ topic).
+
+        Only a ``SEND_OK`` result means the copy is as safe as a sent message (a SYNC_MASTER's
+        slave holds it): commit past ``msg`` after that, not before. A retried request may store
+        two copies (at least once)."""
+        if not -1 <= delay_level <= 64:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"delay_level {delay_level} is not -1..64", False)
+        fields: dict[str, Any] = {
+            "group": self.group, "offset": msg.commit_log_offset, "originTopic": msg.topic,
+            "delayLevel": delay_level, "maxReconsumeTimes": max_reconsume_times,
+        }
+        origin = msg.properties.get(PROPERTY_ORIGIN_MESSAGE_ID) or msg.msg_id
+        if origin:
+            fields["originMsgId"] = origin
+
+        def attempt(address: str) -> SendResult:
+            resp = self._cluster.request(address, RequestCode.CONSUMER_SEND_MSG_BACK, fields)
+            topic = resp.fields.get("topic")
+            return send_results(topic if isinstance(topic, str) else "", resp)[0]
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
 
     def fetch_offset(self, topic: str, queue_id: int) -> int:
         """The group's committed offset for the queue, or -1 when none was committed."""

@@ -27,6 +27,18 @@ give::
   committed starts at ``start``: ``"latest"`` (Kafka's and RocketMQ's default: only new
   messages) or ``"earliest"``.
 
+* **Retries and dead letters** (RocketMQ's ``RECONSUME_LATER``). ``reconsume_later(msg)`` on a
+  message of the last ``poll`` asks the master to store a copy in the group's retry topic
+  ``%RETRY%<group>``, due after a delay that grows with each retry (delay level 3 + the times it
+  came back: 10 s, 30 s, 1 min, ...); after ``max_reconsume_times`` (16) the copy goes to the
+  dead-letter topic ``%DLQ%<group>`` instead, which this consumer does not read. Every member
+  reads the retry topic besides ``topics`` (from its start: a retry is never skipped), and a
+  retried message comes back under the topic it was sent to, with ``reconsume_times`` counting
+  its returns. The original's offset is committed at the next ``poll`` as usual: the copy is
+  stored first. When the copy cannot be stored (the call raises) or is not acknowledged as a
+  send would be (a result other than SEND_OK), the member rewinds that queue to the message,
+  so the next polls return it (and what followed it) again: at least once.
+
 Failover: the client follows the group's master (the highest epoch) like any client; while
 none answers within ``timeout_ms``, ``poll`` raises the BrokerError and the caller polls
 again. The new master knows the group's offsets (a slave copies them, ``slave/config_sync.py``)
@@ -46,10 +58,16 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, Self
 
-from common.client import Consumer
+from common.client import Consumer, SendResult
 from common.consumer_groups import allocate_averagely
-from common.errors import BrokerError, PullStatus, ResponseCode
-from common.message import MessageExt
+from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.message import (
+    DEFAULT_MAX_RECONSUME_TIMES,
+    PROPERTY_RETRY_TOPIC,
+    RETRY_PREFIX,
+    MessageExt,
+    retry_topic,
+)
 
 log = logging.getLogger("replog.group_consumer")
 
@@ -63,11 +81,17 @@ class GroupConsumer:
     def __init__(self, servers: str | Iterable[str], group: str, topics: Iterable[str], *,
                  start: str = "latest", heartbeat_ms: int = 1000,
                  session_timeout_ms: int = 10_000, max_messages: int = 32,
-                 timeout_ms: int = 10_000, client_id: str | None = None):
+                 timeout_ms: int = 10_000, client_id: str | None = None,
+                 max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES):
         if start not in STARTS:
             raise ValueError(f"start must be one of {STARTS}, not {start!r}")
+        if not 0 <= max_reconsume_times <= 10_000:
+            raise ValueError(f"max_reconsume_times must be in 0..10000, not {max_reconsume_times}")
         self.group = group
         self.topics = sorted(set(topics))
+        self.retry_topic = retry_topic(group)
+        self._read_topics = sorted({*self.topics, self.retry_topic})
+        self.max_reconsume_times = max_reconsume_times
         self.start = start
         self.heartbeat_ms = heartbeat_ms
         self.session_timeout_ms = session_timeout_ms
@@ -83,6 +107,7 @@ class GroupConsumer:
         self._positions: dict[Queue, int] = {}  # next offset to pull = consumed up to here
         self._committed: dict[Queue, int] = {}
         self._turn = 0
+        self._last: tuple[Queue, dict[int, int]] | None = None  # last poll: queue, phy -> offset
         self._stop = threading.Event()
         self._changed = threading.Event()
         self._closed = False
@@ -116,6 +141,7 @@ class GroupConsumer:
         if self._closed:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "group consumer is closed", False)
         self.commit()
+        self._last = None
         self._rebalance_if_changed()
         deadline = time.monotonic() + timeout_ms / 1000.0
         while True:
@@ -136,6 +162,36 @@ class GroupConsumer:
             if found:
                 return found
             self._rebalance_if_changed()
+
+    def reconsume_later(self, msg: MessageExt, delay_level: int = 0) -> SendResult:
+        """This member failed ``msg`` (one of the last ``poll``): it comes back later, through
+        the group's retry topic, or goes to its DLQ after ``max_reconsume_times`` returns
+        (``delay_level`` -1: at once). ``delay_level`` 0 lets the broker choose (3 + the times
+        it came back). Returns the copy's SendResult (its ``topic`` says retry or DLQ).
+
+        If the copy is not stored (BrokerError, raised) or not acknowledged as a send would be
+        (a status other than SEND_OK, returned), the message's queue is rewound to it: the
+        next polls return it again rather than commit past it."""
+        last = self._last
+        if last is None or msg.commit_log_offset not in last[1]:
+            raise ValueError(
+                "reconsume_later takes a message of the last poll (its offset is committed at "
+                "the next poll)")
+        queue, offsets = last
+        try:
+            result = self._consumer.send_back(msg, delay_level, self.max_reconsume_times)
+        except BrokerError:
+            self._rewind(queue, offsets[msg.commit_log_offset])
+            raise
+        if result.status != SendStatus.SEND_OK:
+            self._rewind(queue, offsets[msg.commit_log_offset])
+        return result
+
+    def _rewind(self, queue: Queue, offset: int) -> None:
+        if queue in self._positions and self._positions[queue] > offset:
+            log.warning("event=group_rewind group=%s topic=%s queue=%d offset=%d",
+                        self.group, queue[0], queue[1], offset)
+            self._positions[queue] = offset
 
     def commit(self) -> None:
         """Commit the offsets of every message ``poll`` returned (synchronously). The master
@@ -189,6 +245,10 @@ class GroupConsumer:
                                  suspend_ms=suspend_ms)
         if pr.status == PullStatus.FOUND and pr.messages:
             self._positions[queue] = pr.next_begin_offset
+            self._last = (queue, {m.commit_log_offset: m.queue_offset for m in pr.messages})
+            if queue[0] == self.retry_topic:  # shown under the topic it was sent to
+                for m in pr.messages:
+                    m.topic = m.properties.get(PROPERTY_RETRY_TOPIC, m.topic)
             return pr.messages
         if pr.status == PullStatus.OFFSET_ILLEGAL:  # retention deleted them, or a new master
             log.warning("event=group_offset_moved group=%s topic=%s queue=%d from=%d to=%d",
@@ -203,7 +263,7 @@ class GroupConsumer:
                 return
             members, queues = self._view
             version = self._view_version
-        mine = [q for topic in self.topics for q in allocate_averagely(
+        mine = [q for topic in self._read_topics for q in allocate_averagely(
             [x for x in queues if x[0] == topic], members, self.client_id)]
         for queue in self._assigned:
             if queue not in mine:  # committed by commit() at the top of poll; forget it
@@ -224,7 +284,7 @@ class GroupConsumer:
         committed = self._consumer.fetch_offset(queue[0], queue[1])
         if committed >= 0:
             return committed
-        if self.start == "earliest":
+        if self.start == "earliest" or queue[0].startswith(RETRY_PREFIX):
             return self._consumer.min_offset(queue[0], queue[1])
         return self._consumer.max_offset(queue[0], queue[1])
 
@@ -232,7 +292,7 @@ class GroupConsumer:
         """One heartbeat and a look at the topics' queue counts (the heartbeat thread)."""
         members = self._consumer.heartbeat(self.client_id, self.session_timeout_ms)
         queues = []
-        for topic in self.topics:
+        for topic in self._read_topics:
             try:
                 queues += [(topic, q) for q in range(self._consumer.queue_nums(topic))]
             except BrokerError as e:

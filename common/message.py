@@ -24,9 +24,24 @@ PROPERTY_DELAY = "DELAY"
 PROPERTY_UNIQ_KEY = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
 PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QID = "REAL_QID"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # a sent-back copy: the topic the message first went to
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"  # a sent-back copy: the first copy's msgId
 KEY_SEPARATOR = " "
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ's consumer default: retries before the DLQ
+
+
+def retry_topic(group: str) -> str:
+    """A consumer group's retry topic (RocketMQ ``MixAll.getRetryTopic``)."""
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    """A consumer group's dead-letter topic (RocketMQ ``MixAll.getDLQTopic``)."""
+    return DLQ_PREFIX + group
 
 _MSG_ID = struct.Struct(">4siq")
 assert _MSG_ID.size == 16
@@ -106,6 +121,7 @@ class Message:
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     flag: int = 0
     delay_level: int = 0
+    reconsume_times: int = 0  # RECONSUMETIMES: how often a consumer sent it back (retries)
 
     def all_properties(self) -> dict[str, str]:
         props = dict(self.properties)

@@ -4,7 +4,8 @@ Every numeric figure of ``replog status`` is a ``replog_<snake_case>`` gauge lab
 broker name and id; each slave a master serves adds ``replog_slave_{ack_offset,lag_bytes,
 in_sync}`` labelled with its address; each consumer group and topic in this broker's offset
 table adds ``replog_consumer_lag`` and ``replog_consumer_delay_seconds``; each group with live
-``GroupConsumer`` members ``replog_consumer_group_members``. Collected per scrape.
+``GroupConsumer`` members ``replog_consumer_group_members``; each group with a dead-letter
+topic ``replog_dead_letters`` (messages its ``%DLQ%<group>`` holds). Collected per scrape.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily
 
+from common.message import DLQ_PREFIX
 from common.tables import ConsumerOffsetTable
 
 if TYPE_CHECKING:
@@ -82,9 +84,26 @@ class ConsumerLagCollector:
         for group, n in sorted(self._groups().items()):
             members.add_metric([group], float(n))
         yield members
+        dead = GaugeMetricFamily("replog_dead_letters",
+                                 "messages a group gave up on, held in its %DLQ% topic",
+                                 labels=["group"])
+        for group, n in sorted(dead_letters(self._store).items()):
+            dead.add_metric([group], float(n))
+        yield dead
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []
+
+
+def dead_letters(store: Any) -> dict[str, int]:
+    """group -> messages held in its dead-letter topic ``%DLQ%<group>`` (as retention left them)."""
+    out = {}
+    for topic, nums in store.topic_queues().items():
+        if topic.startswith(DLQ_PREFIX):
+            out[topic[len(DLQ_PREFIX):]] = sum(
+                store.max_queue_offset(topic, q) - store.min_queue_offset(topic, q)
+                for q in range(nums))
+    return out
 
 
 def group_lag(store: Any, topic: str, queues: dict[int, int]) -> tuple[int, int | None]:

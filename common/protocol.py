@@ -85,6 +85,7 @@ class RequestCode(enum.IntEnum):
     TOPIC_ROUTE = 105  # RocketMQ GET_ROUTEINFO_BY_TOPIC: a topic's queue count
     QUERY_BY_OFFSET = 33
     QUERY_BY_MSG_ID = 34
+    CONSUMER_SEND_MSG_BACK = 36  # a consumer failed a message: store it again for a retry or DLQ
     GET_ALL_CONSUMER_OFFSET = 43  # consumerOffset.json, as a body frame (a slave syncs it)
     GET_ALL_DELAY_OFFSET = 45  # delayOffset.json, as a body frame (a slave syncs it)
     SEND_BATCH = 320
@@ -92,7 +93,8 @@ class RequestCode(enum.IntEnum):
     CONSUMER_HEARTBEAT = 1002  # replog: a group consumer is alive (or leaves); -> members
 
 
-WRITE_CODES = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC})
+WRITE_CODES = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC,
+                         RequestCode.CONSUMER_SEND_MSG_BACK})
 
 
 class ProtocolError(Exception):
@@ -257,6 +259,15 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
     RequestCode.CREATE_TOPIC: {
         "topic": _TOPIC,
         "queueNums": Field("int", required=True, lo=1, hi=MAX_QUEUE_NUMS),
+    },
+    RequestCode.CONSUMER_SEND_MSG_BACK: {
+        "group": Field("group", required=True),
+        "offset": Field("int", required=True, lo=0, hi=MAX_OFFSET),  # the record's CommitLog offset
+        "originTopic": _TOPIC,  # the topic the consumer read it as (RocketMQ's originTopic)
+        "originMsgId": Field("str", hi=64),
+        # 0: the broker's choice (3 + reconsume times); -1: straight to the DLQ
+        "delayLevel": Field("int", lo=-1, hi=64, default=0),
+        "maxReconsumeTimes": Field("int", lo=0, hi=10_000, default=16),
     },
     RequestCode.PROMOTE: {"role": Field("role", default="SYNC_MASTER")},
     RequestCode.CONSUMER_HEARTBEAT: {

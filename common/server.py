@@ -62,6 +62,7 @@ from common.errors import BrokerError, CorruptMessageError, GetStatus, PullStatu
 from common.loop import LoopParticipant, Participants
 from common.message import tags_code
 from common.protocol import (
+    WRITE_CODES,
     Limits,
     ProtocolError,
     Request,
@@ -699,7 +700,7 @@ class RequestServer:
     # -- processors (the I/O thread) -----------------------------------------------------------
     def _process(self, identity: bytes, req: Request, started: float) -> Reply | None:
         code = req.code
-        if code in (RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC):
+        if code in WRITE_CODES:
             return self.services.handle_write(req)
         if code == RequestCode.PULL:
             return self._pull(identity, req, started)

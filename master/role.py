@@ -26,15 +26,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import time
 from typing import Any, Protocol
 
 from common.errors import PutStatus, ResponseCode
 from common.message import PROPERTY_DELAY, Message, encode_msg_id
 from common.protocol import SCHEMAS, Request, RequestCode, Response
-from common.server import Reply, reply
+from common.server import Reply, log_event, reply
+from common.store.schedule import born_host_of
 from common.tables import TopicTable
+from master import send_back
 from master.group_transfer import GroupTransfer, ReplicaPut
+
+log = logging.getLogger("replog.master")
 
 # store PutStatus -> response code (RocketMQ SendMessageProcessor)
 PUT_CODES: dict[PutStatus, ResponseCode] = {
@@ -101,6 +106,8 @@ class MasterRole:
         if req.code == RequestCode.CREATE_TOPIC:
             self.topics.create(req.fields["topic"], req.fields["queueNums"])
             return reply(req)
+        if req.code == RequestCode.CONSUMER_SEND_MSG_BACK:
+            return self._send_back(req)
         refusal = self._check_queue(req)
         if refusal is not None:
             return refusal
@@ -134,6 +141,27 @@ class MasterRole:
             )
         return self._after_append(req, pending)
 
+    def _send_back(self, req: Request) -> Reply:
+        """CONSUMER_SEND_MSG_BACK: store the consumer's failed message again, into its group's
+        retry topic (delayed) or DLQ (``master/send_back.py``); answered as a SEND of the copy."""
+        f = req.fields
+        offset = f["offset"]
+        try:
+            stored = self.store.find_message(offset)
+            back = send_back.plan(stored, f["group"], f["originTopic"], f["delayLevel"],
+                                  f["maxReconsumeTimes"], len(self.store.delay_levels_ms),
+                                  f.get("originMsgId") or "")
+        except (LookupError, send_back.SendBackRefused) as e:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"send-back refused: {e}")
+        topic = back.message.topic
+        if self.topics.queue_nums(topic) == 0:  # RocketMQ creates both on first use, one queue
+            self.topics.create(topic, 1)
+        log_event(log, "dead_letter" if back.dead else "send_back", group=f["group"],
+                  offset=offset, topic=topic, reconsume=back.message.reconsume_times,
+                  delay=back.message.delay_level)
+        return self._after_append(req, self.store.put_nowait(
+            back.message, 0, born_host_of(stored), stored.born_timestamp), {"topic": topic})
+
     def _check_queue(self, req: Request) -> Response | None:
         topic = req.fields["topic"]
         nums = self.topics.queue_nums(topic)
@@ -155,7 +183,8 @@ class MasterRole:
             )
         return None
 
-    def _after_append(self, req: Request, pending: Any) -> Reply:
+    def _after_append(self, req: Request, pending: Any,
+                      extra: dict[str, Any] | None = None) -> Reply:
         result = pending.result
         if result.status != PutStatus.PUT_OK:
             code = PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
@@ -168,6 +197,8 @@ class MasterRole:
         }
         if len(result.record_offsets) > 1:
             fields["offsets"] = list(result.record_offsets)
+        if extra:
+            fields.update(extra)
         flushed: concurrent.futures.Future[PutStatus] = pending.flushed
         end = result.phy_offset + result.wrote_bytes
         waits = self.replica_waits

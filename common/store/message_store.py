@@ -556,6 +556,22 @@ class MessageStore:
             log.error("event=read_corrupt offset=%d reason=%s", e.phy_offset, e.reason)
             return None
 
+    def find_message(self, phy_offset: int) -> MessageExt:
+        """The message whose record starts at ``phy_offset``, for a client that names one;
+        LookupError saying why not (no record starts there, or it fails its checks)."""
+        log_ = self.commit_log
+        if not log_.min_offset <= phy_offset < log_.max_offset:
+            raise LookupError(f"commitLogOffset {phy_offset} is outside the CommitLog "
+                              f"[{log_.min_offset}, {log_.max_offset})")
+        try:
+            found = log_.message_at(phy_offset)
+        except CorruptionError as e:
+            raise LookupError(f"no message starts at commitLogOffset {phy_offset}: "
+                              f"{e.reason}") from None
+        if found is None:
+            raise LookupError(f"no message starts at commitLogOffset {phy_offset}")
+        return found
+
     def record_at(self, phy_offset: int) -> bytes | None:
         """The stored bytes of the whole record at ``phy_offset`` (query answers)."""
         if not self.commit_log.min_offset <= phy_offset < self.commit_log.max_offset:

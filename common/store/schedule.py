@@ -50,7 +50,7 @@ def to_schedule_message(msg: Message, queue_id: int, levels: int) -> tuple[Messa
     props[PROPERTY_REAL_TOPIC] = msg.topic
     props[PROPERTY_REAL_QID] = str(queue_id)
     held = Message(SCHEDULE_TOPIC, msg.body, tags=msg.tags, keys=msg.keys, properties=props,
-                   flag=msg.flag, delay_level=level)
+                   flag=msg.flag, delay_level=level, reconsume_times=msg.reconsume_times)
     return held, level - 1
 
 
@@ -63,7 +63,14 @@ def to_real_message(held: MessageExt) -> tuple[Message, int]:
     tags = props.pop("TAGS", None)
     keys = props.pop("KEYS", None)
     props[SCHEDULE_SOURCE] = str(held.commit_log_offset)
-    return Message(topic, held.body, tags=tags, keys=keys, properties=props, flag=held.flag), queue_id
+    return Message(topic, held.body, tags=tags, keys=keys, properties=props, flag=held.flag,
+                   reconsume_times=held.reconsume_times), queue_id
+
+
+def born_host_of(msg: MessageExt) -> tuple[str, int]:
+    """A stored message's BORNHOST as the store's put takes it (ip, port)."""
+    ip, _, port = msg.born_host.rpartition(":")
+    return ip, int(port or 0)
 
 
 class ScheduleService:
@@ -135,7 +142,9 @@ class ScheduleService:
             if self._delivered_before(msg.topic, phy):
                 return True
             self._verify_after_start = False
-        result = store.put(msg, queue_id)
+        # delivered as RocketMQ's messageTimeup does: born time, born host and reconsume count
+        # are the original's, the store time is now
+        result = store.put(msg, queue_id, born_host_of(held), held.born_timestamp)
         if result.status is PutStatus.PUT_OK or result.status.stored:
             self.delivered += 1
             return True

@@ -27,11 +27,17 @@ def test_slave_refuses_writes_and_files_stay_unchanged(tmp_path: Path) -> None:
         with Producer([slave.address], retries=0) as p:
             transport = p._transport  # talk to the slave as a client that believes it is the master
             for i in range(WRITES):
-                if i % 2:
+                if i % 3 == 1:
                     code, fields, bodies = (
                         RequestCode.SEND,
                         {"topic": "t", "queueId": 0},
                         [b"x" * 100],
+                    )
+                elif i % 3 == 2:  # a consumer's send-back stores a copy: a write too
+                    code, fields, bodies = (
+                        RequestCode.CONSUMER_SEND_MSG_BACK,
+                        {"group": "g", "offset": 0, "originTopic": "t"},
+                        [],
                     )
                 else:
                     code, fields, bodies = (

@@ -66,6 +66,12 @@ def test_metrics_export_status_slaves_and_consumer_lag(tmp_path: Path) -> None:
         with GroupConsumer([master.address], "live", ["lagged"]):
             m = scrape(mp + 2)
             assert m[("replog_consumer_group_members", (("group", "live"),))] == 1
+        with Consumer([master.address], group="billing") as c:  # gives one up: a dead letter
+            (msg,) = c.pull("lagged", 0, 0, 1).messages
+            assert c.send_back(msg, delay_level=-1).topic == "%DLQ%billing"
+        wait_for(lambda: scrape(mp + 2).get(("replog_dead_letters", (("group", "billing"),))) == 1,
+                 10, "the dead letter in the metrics")
+        status = master.status()  # the dead letter moved the log's end
 
         # the slave's ack reaches the master's per-slave gauges; the slave exports its own
         def slave_acked() -> bool:

@@ -50,6 +50,8 @@ _VALID_VALUES = {
     "queueNums": 4,
     "timestamp": 0,
     "clientId": "c",
+    "offset": 0,
+    "originTopic": "t",
 }
 
 

@@ -1,0 +1,149 @@
+"""Consumer retries and dead letters against real brokers (RocketMQ's RECONSUME_LATER): a message
+a GroupConsumer fails comes back through %RETRY%<group> after its delay, under its own topic,
+with its reconsume count; after max_reconsume_times it lands in %DLQ%<group>; what succeeded is
+committed, and the group's offsets say so after a restart. Under SYNC_MASTER the copy is on the
+slave before the send-back answers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from broker_harness import BrokerProcess, brokers, free_port, run_cli
+from replication_harness import stop_process, wait_for
+
+from common.client import Admin, Consumer, Producer
+from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.group_consumer import GroupConsumer
+from common.message import MessageExt
+
+pytestmark = pytest.mark.integration
+
+LEVELS = "1s 1s 1s 1s"  # every retry is due after 1 s (level 3 + n is capped at the last)
+
+
+def consume(address: str, handle, until, timeout_s: float = 30.0, **kw: object) -> None:
+    """Poll group "gc" of topic "o" until ``until()``; ``handle(consumer, msg)`` per message."""
+    with GroupConsumer([address], "gc", ["o"], heartbeat_ms=200, start="earliest",
+                       max_reconsume_times=2, **kw) as c:
+        deadline = time.monotonic() + timeout_s
+        while not until():
+            assert time.monotonic() < deadline, "the messages did not all come back in time"
+            for msg in c.poll(timeout_ms=200):
+                handle(c, msg)
+
+
+@pytest.mark.timeout(120)
+def test_failed_messages_come_back_then_go_to_the_dlq(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b", messageDelayLevel=LEVELS)
+    with brokers(b):
+        with Admin([b.address]) as admin:
+            admin.create_topic("o", 1)
+        with Producer([b.address]) as p:
+            for body in (b"ok", b"flaky", b"poison"):
+                p.send("o", body, tags="T", keys=body.decode(), queue_id=0)
+        seen: list[tuple[bytes, str, int]] = []
+        copies: list[str] = []
+
+        def handle(c: GroupConsumer, msg: MessageExt) -> None:
+            seen.append((msg.body, msg.topic, msg.reconsume_times))
+            if msg.body == b"poison" or (msg.body == b"flaky" and msg.reconsume_times == 0):
+                r = c.reconsume_later(msg)
+                assert r.status == SendStatus.SEND_OK
+                copies.append(r.topic)
+
+        consume(b.address, handle, lambda: len(copies) == 4)
+        assert Counter(body for body, _, _ in seen) == {b"ok": 1, b"flaky": 2, b"poison": 3}
+        assert all(topic == "o" for _, topic, _ in seen)  # retries come back under their topic
+        assert sorted(n for body, _, n in seen if body == b"poison") == [0, 1, 2]
+        assert copies.count("%DLQ%gc") == 1 and copies[-1] == "%DLQ%gc"
+
+        with Consumer([b.address], group="gc") as c:
+            dead = c.pull("%DLQ%gc", 0, 0, 32)
+            assert dead.status == PullStatus.FOUND
+            (letter,) = dead.messages
+            assert letter.body == b"poison" and letter.reconsume_times == 3
+            assert letter.properties["RETRY_TOPIC"] == "o" and letter.tags == "T"
+            assert letter.keys == "poison"
+            with Admin([b.address]) as admin:
+                first = admin.query_by_key("o", "poison")
+            assert [m.msg_id for m in first] == [letter.properties["ORIGIN_MESSAGE_ID"]]
+            # everything the group read is committed: the original queue and the retry queue
+            wait_for(lambda: c.fetch_offset("%RETRY%gc", 0) == 3, 10, "retry queue committed")
+            assert c.fetch_offset("o", 0) == 3
+            assert c.queue_nums("%RETRY%gc") == 1 and c.queue_nums("%DLQ%gc") == 1
+        assert b.status()["deadLetters"] == {"gc": 1}
+        # the DLQ is an ordinary topic for the CLI
+        rc, doc = run_cli("pull", "-s", b.address, "-t", "%DLQ%gc", "-q", "0")
+        assert rc == 0 and [m["body"] for m in doc["messages"]] == ["poison"]
+
+        # a member that comes later finds nothing left: the group committed all of it
+        assert b.terminate() == 0
+        b.start()
+        again: list[bytes] = []
+        with GroupConsumer([b.address], "gc", ["o"], heartbeat_ms=200) as c:
+            deadline = time.monotonic() + 10
+            while len(c.assignment()) < 2:  # the assignment is applied by poll
+                assert time.monotonic() < deadline, "the queues were not assigned"
+                again += [m.body for m in c.poll(timeout_ms=200)]
+            for _ in range(3):
+                again += [m.body for m in c.poll(timeout_ms=300)]
+            assert set(c.assignment()) == {("o", 0), ("%RETRY%gc", 0)}
+        assert again == []
+
+
+@pytest.mark.timeout(60)
+def test_send_back_refusals_change_nothing(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b", messageDelayLevel=LEVELS)
+    with brokers(b):
+        with Producer([b.address]) as p:
+            sent = p.send("o", b"m", queue_id=0)
+        with Consumer([b.address], group="gc") as c:
+            (msg,) = c.pull("o", 0, 0, 1).messages
+            before = b.status()["maxPhyOffset"]
+            wrong = MessageExt(**{**msg.__dict__, "commit_log_offset": sent.commit_log_offset + 3})
+            with pytest.raises(BrokerError, match="no message starts at commitLogOffset") as e:
+                c.send_back(wrong)
+            assert e.value.code == ResponseCode.MESSAGE_ILLEGAL and not e.value.retriable
+            other = MessageExt(**{**msg.__dict__, "topic": "payments"})
+            with pytest.raises(BrokerError, match="is a message of topic o, not of payments"):
+                c.send_back(other)
+            with pytest.raises(BrokerError, match="delay_level 65"):
+                c.send_back(msg, delay_level=65)
+            assert b.status()["maxPhyOffset"] == before
+            r = c.send_back(msg, delay_level=-1)  # straight to the DLQ
+            assert r.topic == "%DLQ%gc" and r.status == SendStatus.SEND_OK
+            assert c.pull("%DLQ%gc", 0, 0, 8).messages[0].body == b"m"
+        wait_for(lambda: b.status()["deadLetters"] == {"gc": 1}, 10, "the dead letter counted")
+
+
+@pytest.mark.timeout(120)
+def test_sync_master_answers_a_send_back_once_the_slave_holds_the_copy(tmp_path: Path) -> None:
+    port = free_port(3)
+    master = BrokerProcess(tmp_path / "m", brokerRole="SYNC_MASTER", listenPort=port,
+                           haListenPort=port + 1, messageDelayLevel=LEVELS)
+    slave = BrokerProcess(tmp_path / "s", brokerRole="SLAVE", brokerId=1,
+                          haMasterAddress=f"127.0.0.1:{port + 1}", messageDelayLevel=LEVELS)
+    with brokers(master, slave):
+        wait_for(lambda: any(s["inSync"] for s in master.status()["slaves"]), 20, "slave in sync")
+        with Producer([master.address]) as p:
+            p.send("o", b"m", queue_id=0)
+        with Consumer([master.address], group="gc") as c:
+            (msg,) = c.pull("o", 0, 0, 1).messages
+            r = c.send_back(msg, delay_level=-1)
+        assert r.status == SendStatus.SEND_OK and r.topic == "%DLQ%gc"
+        with Consumer([slave.address], group="gc", read_from=slave.address) as c:
+            (letter,) = c.pull("%DLQ%gc", 0, 0, 1).messages  # the slave has it already
+        assert letter.body == b"m" and letter.commit_log_offset == r.commit_log_offset
+        stop_process(slave.pid)
+        try:
+            with Consumer([master.address], group="gc") as c:
+                r = c.send_back(msg, delay_level=-1)
+            # stored, but no slave acked it: the caller must not commit past the original
+            assert r.status == SendStatus.FLUSH_SLAVE_TIMEOUT
+        finally:
+            os.kill(slave.pid, signal.SIGCONT)
