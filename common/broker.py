@@ -32,10 +32,12 @@ from common.config import BrokerConfig, split_addresses
 from common.consumer_groups import ConsumerGroups
 from common.errors import BrokerError, ConfigError, ResponseCode
 from common.ha import epochs, promotion, term
+from common.message import retry_topic
 from common.metrics import ConsumerLagCollector, StatusCollector, dead_letters
 from common.port_hold import HA_BIND_HOST, PortHold
 from common.protocol import Request, RequestCode, Response
 from common.server import Reply, RequestServer, log_event, reply
+from common.store.record import MAX_TOPIC_BYTES
 from common.tables import ConsumerOffsetTable, TopicTable
 
 log = logging.getLogger("replog.broker")
@@ -423,6 +425,17 @@ class Broker:
 
     def topic_queue_nums(self, topic: str) -> tuple[int, bool]:
         return self.topics.queue_nums(topic), self.cfg.autoCreateTopicEnable
+
+    def ensure_retry_topic(self, group: str) -> None:
+        """A master creates a group's retry topic when its members first heartbeat (RocketMQ's
+        heartbeat does), one queue, so they read it before any send-back and a new master
+        has it even when the old one died before a slave copied its topics."""
+        role = self.role
+        topic = retry_topic(group)
+        if (role is None or role.name == "SLAVE" or self.topics.queue_nums(topic)
+                or len(topic.encode()) > min(self.cfg.maxTopicLength, MAX_TOPIC_BYTES)):
+            return
+        self.topics.create(topic, 1)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None:
         self.offsets.commit(group, topic, queue_id, queue_offset)

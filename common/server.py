@@ -168,6 +168,8 @@ class Services(Protocol):
 
     consumer_groups: ConsumerGroups  # CONSUMER_HEARTBEAT
 
+    def ensure_retry_topic(self, group: str) -> None: ...  # a master: %RETRY%<group> exists
+
     def handle_write(self, req: Request) -> Reply: ...
 
     def promote(self, req: Request) -> Reply: ...
@@ -770,6 +772,8 @@ class RequestServer:
         f = req.fields
         members = self.services.consumer_groups.heartbeat(
             f["group"], f["clientId"], f["sessionTimeoutMs"], leave=bool(f["leave"]))
+        if not f["leave"]:
+            self.services.ensure_retry_topic(f["group"])
         return reply(req, fields={"members": members})
 
     def _config_document(self, req: Request) -> Response:

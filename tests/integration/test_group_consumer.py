@@ -37,7 +37,8 @@ class Member:
             self.errors.append(e)
 
     def assignment(self) -> set[tuple[str, int]]:
-        return set(self.consumer.assignment())
+        """Its queues of topic g (the group's retry topic, one queue, goes to one member too)."""
+        return {q for q in self.consumer.assignment() if q[0] == "g"}
 
     def stop_polling(self) -> None:
         self._stop.set()

@@ -43,6 +43,11 @@ def test_failed_messages_come_back_then_go_to_the_dlq(tmp_path: Path) -> None:
     with brokers(b):
         with Admin([b.address]) as admin:
             admin.create_topic("o", 1)
+        with GroupConsumer([b.address], "gc", ["o"], heartbeat_ms=200) as c:
+            # its first heartbeat made the retry topic: it reads that before any retry
+            assert set(c.assignment()) == set()  # applied by the first poll
+            c.poll(timeout_ms=0)
+            assert set(c.assignment()) == {("o", 0), ("%RETRY%gc", 0)}
         with Producer([b.address]) as p:
             for body in (b"ok", b"flaky", b"poison"):
                 p.send("o", body, tags="T", keys=body.decode(), queue_id=0)
@@ -147,3 +152,54 @@ def test_sync_master_answers_a_send_back_once_the_slave_holds_the_copy(tmp_path:
             assert r.status == SendStatus.FLUSH_SLAVE_TIMEOUT
         finally:
             os.kill(slave.pid, signal.SIGCONT)
+
+
+@pytest.mark.timeout(180)
+def test_retries_stored_on_a_sync_master_survive_its_death(tmp_path: Path) -> None:
+    """Send-backs acknowledged by a SYNC_MASTER wait in the delay topic when the master is
+    SIGKILLed; the promoted slave's delay service delivers every one of them to the group."""
+    port = free_port(3)
+    levels = "4s 4s 4s 4s"  # not due before the kill (ten SYNC send-backs take ms)
+    master = BrokerProcess(tmp_path / "m", brokerRole="SYNC_MASTER", listenPort=port,
+                           haListenPort=port + 1, messageDelayLevel=levels)
+    slave = BrokerProcess(tmp_path / "s", brokerRole="SLAVE", brokerId=1,
+                          haMasterAddress=f"127.0.0.1:{port + 1}", messageDelayLevel=levels,
+                          slaveConfigSyncIntervalMs=200)
+    with brokers(master, slave):
+        wait_for(lambda: any(s["inSync"] for s in master.status()["slaves"]), 20, "slave in sync")
+        with Admin([master.address]) as admin:
+            admin.create_topic("o", 1)
+        bodies = {b"m%d" % i for i in range(10)}
+        with Producer([master.address]) as p:
+            for body in sorted(bodies):
+                assert p.send("o", body, queue_id=0).status == SendStatus.SEND_OK
+        came_back: set[bytes] = set()
+        with GroupConsumer([master.address, slave.address], "gc", ["o"], heartbeat_ms=200,
+                           start="earliest", timeout_ms=3000) as c:
+
+            def fail_first_deliveries() -> None:
+                for msg in c.poll(timeout_ms=200):
+                    if msg.reconsume_times == 0:
+                        assert c.reconsume_later(msg).status == SendStatus.SEND_OK
+                        sent_back.add(msg.body)
+                    else:
+                        assert msg.reconsume_times == 1 and msg.topic == "o"
+                        came_back.add(msg.body)
+
+            sent_back: set[bytes] = set()
+            wait_for(lambda: fail_first_deliveries() or sent_back == bodies, 20, "10 send-backs")
+            assert not came_back  # none due yet: all ten wait in the delay topic
+            os.kill(master.pid, signal.SIGKILL)
+            assert master.proc is not None
+            master.proc.wait(10)
+            with Admin([slave.address]) as admin:
+                assert admin.promote(slave.address, role="ASYNC_MASTER")["role"] == "ASYNC_MASTER"
+
+            def poll_on() -> bool:
+                try:
+                    fail_first_deliveries()  # an original may come again: its commit was lost
+                except BrokerError:
+                    pass  # the client is finding the new master
+                return came_back == bodies
+
+            wait_for(poll_on, 60, "every retry from the new master")

@@ -602,3 +602,23 @@ def test_an_unreadable_promotion_record_starts_the_broker_as_configured(
     assert broker.status()["role"] == "SLAVE"  # never a second master by accident
     with Admin([addr(broker)]) as a:
         assert a.status(addr(broker))["role"] == "SLAVE"  # and it serves
+
+
+def test_a_groups_first_heartbeat_makes_its_retry_topic_on_a_master_only(
+        make_broker: Callable[..., Broker]) -> None:
+    """RocketMQ's heartbeat creates %RETRY%<group> (one queue): members read it before any
+    send-back, and a new master has it from the members' next heartbeats. A slave's topics
+    are its master's copy: a heartbeat there changes nothing."""
+    master = make_broker()
+    with Consumer([addr(master)], group="billing") as c:
+        c.heartbeat("member-1")
+        c.heartbeat("member-1", leave=True)
+    assert master.topics.queue_nums("%RETRY%billing") == 1
+    slave = make_broker(brokerRole="SLAVE", brokerId=1, haMasterAddress="127.0.0.1:1")
+    with Consumer([addr(slave)], group="billing", read_from=addr(slave)) as c:
+        c._cluster._master = addr(slave)  # a client that takes the slave for the master
+        c.heartbeat("member-1")
+    assert slave.topics.queue_nums("%RETRY%billing") == 0
+    with Consumer([addr(master)], group="g" * 250) as c:  # its retry topic would be too long
+        c.heartbeat("member-1")
+    assert master.topics.queue_nums("%RETRY%" + "g" * 250) == 0
