@@ -39,6 +39,15 @@ give::
   send would be (a result other than SEND_OK), the member rewinds that queue to the message,
   so the next polls return it (and what followed it) again: at least once.
 
+* **Control** (as Kafka's consumer gives it): ``auto_commit=False`` leaves committing to the
+  caller (``commit()`` commits everything returned so far; ``close`` then commits nothing);
+  ``seek(topic, queue, offset)`` replays or skips an assigned queue; ``position`` reads it;
+  ``on_revoked(queues)`` and ``on_assigned(queues)`` are called on the polling thread, inside
+  ``poll``, with the queues a rebalance takes away (before they are forgotten) and gives. There
+  is no join barrier as in Kafka's group protocol: the queues have moved already when
+  ``on_revoked`` runs, so the master may refuse a commit for them there (the new owner then
+  reads from the last commit that landed: duplicates, never a gap).
+
 Failover: the client follows the group's master (the highest epoch) like any client; while
 none answers within ``timeout_ms``, ``poll`` raises the BrokerError and the caller polls
 again. The new master knows the group's offsets (a slave copies them, ``slave/config_sync.py``)
@@ -55,7 +64,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Self
 
 from common.client import Consumer, SendResult
@@ -82,7 +91,10 @@ class GroupConsumer:
                  start: str = "latest", heartbeat_ms: int = 1000,
                  session_timeout_ms: int = 10_000, max_messages: int = 32,
                  timeout_ms: int = 10_000, client_id: str | None = None,
-                 max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES):
+                 max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
+                 auto_commit: bool = True,
+                 on_assigned: Callable[[list[Queue]], object] | None = None,
+                 on_revoked: Callable[[list[Queue]], object] | None = None):
         if start not in STARTS:
             raise ValueError(f"start must be one of {STARTS}, not {start!r}")
         if not 0 <= max_reconsume_times <= 10_000:
@@ -92,6 +104,9 @@ class GroupConsumer:
         self.retry_topic = retry_topic(group)
         self._read_topics = sorted({*self.topics, self.retry_topic})
         self.max_reconsume_times = max_reconsume_times
+        self.auto_commit = auto_commit
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
         self.start = start
         self.heartbeat_ms = heartbeat_ms
         self.session_timeout_ms = session_timeout_ms
@@ -135,12 +150,29 @@ class GroupConsumer:
         with self._lock:
             return list(self._view[0])
 
+    def position(self, topic: str, queue_id: int) -> int:
+        """The next offset ``poll`` reads in an assigned queue (KeyError if not assigned)."""
+        return self._positions[(topic, queue_id)]
+
+    def seek(self, topic: str, queue_id: int, offset: int) -> None:
+        """Read an assigned queue from ``offset`` on (Kafka's ``seek``): replay, or skip ahead.
+        Committed like any progress; an offset outside the queue is moved to its nearest end
+        at the next pull (the broker answers OFFSET_ILLEGAL with where to go)."""
+        queue = (topic, queue_id)
+        if queue not in self._positions:
+            raise ValueError(f"{topic}/{queue_id} is not assigned to this member "
+                             f"({', '.join(f'{t}/{q}' for t, q in self._assigned) or 'none'})")
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, not {offset}")
+        self._positions[queue] = offset
+
     def poll(self, timeout_ms: int = 1000) -> list[MessageExt]:
         """Messages of one assigned queue ([] when none arrived within ``timeout_ms``); first
-        commits what the previous polls returned."""
+        commits what the previous polls returned (unless ``auto_commit`` is off)."""
         if self._closed:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "group consumer is closed", False)
-        self.commit()
+        if self.auto_commit:
+            self.commit()
         self._last = None
         self._rebalance_if_changed()
         deadline = time.monotonic() + timeout_ms / 1000.0
@@ -214,7 +246,8 @@ class GroupConsumer:
             self._committed[queue] = offset
 
     def close(self) -> None:
-        """Commit, leave the group (its queues move to the others at once), stop."""
+        """Commit (with ``auto_commit``), leave the group (its queues move to the others at
+        once), stop."""
         if self._closed:
             return
         self._closed = True
@@ -222,7 +255,8 @@ class GroupConsumer:
         self._changed.set()
         self._thread.join(5.0)
         try:
-            self.commit()
+            if self.auto_commit:
+                self.commit()
             self._consumer.heartbeat(self.client_id, self.session_timeout_ms, leave=True)
         except BrokerError as e:
             log.warning("event=group_consumer_close_incomplete group=%s error=%s", self.group, e)
@@ -265,20 +299,25 @@ class GroupConsumer:
             version = self._view_version
         mine = [q for topic in self._read_topics for q in allocate_averagely(
             [x for x in queues if x[0] == topic], members, self.client_id)]
-        for queue in self._assigned:
-            if queue not in mine:  # committed by commit() at the top of poll; forget it
-                self._positions.pop(queue, None)
-                self._committed.pop(queue, None)
+        revoked = [q for q in self._assigned if q not in mine]
+        if revoked and self.on_revoked is not None:
+            self.on_revoked(revoked)  # positions still held: a commit() there may still land
+        for queue in revoked:  # with auto_commit, committed by commit() at the top of poll
+            self._positions.pop(queue, None)
+            self._committed.pop(queue, None)
         for queue in mine:
             if queue not in self._positions:
                 self._positions[queue] = self._start_offset(queue)
                 self._committed[queue] = self._positions[queue]
+        added = [q for q in mine if q not in self._assigned]
         if mine != self._assigned:
             log.info("event=group_rebalanced group=%s client=%s members=%d queues=%s",
                      self.group, self.client_id, len(members),
                      ",".join(f"{t}/{q}" for t, q in mine) or "-")
         self._assigned = mine
         self._applied_version = version
+        if added and self.on_assigned is not None:
+            self.on_assigned(added)
 
     def _start_offset(self, queue: Queue) -> int:
         committed = self._consumer.fetch_offset(queue[0], queue[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,12 +129,14 @@ def test_a_silent_member_loses_its_queues_after_its_session(tmp_path: Path) -> N
             one.consumer.commit()  # everything `one` consumed, committed
             with Consumer([b.address], group="gc") as c:
                 before = [c.fetch_offset("g", q) for q in range(4)]
-                stale = dict.fromkeys(two.consumer._positions, 0)
-                assert stale  # it held queues when it hung
+                stale = {q: 0 for q in two.consumer._positions if q[0] == "g"}
+                assert stale  # it held queues of g when it hung
                 two.consumer._positions.update(stale)
                 two.consumer.commit()  # refused queue by queue, no exception
                 assert [c.fetch_offset("g", q) for q in range(4)] == before
-            assert two.consumer._positions == {}  # given up, not retried
+            # given up, not retried (the group's retry queue, if it held it, was at its commit:
+            # nothing to send, nothing fenced)
+            assert not [q for q in two.consumer._positions if q[0] == "g"]
         finally:
             one.close()
             two.close()
@@ -151,3 +154,62 @@ def test_replog_consume_reads_as_a_group_member(tmp_path: Path) -> None:
         rc, doc = run_cli("consume", "-s", b.address, "-t", "g", "--group", "cli",
                           "--from", "earliest", "--idle-s", "1")
         assert rc == 0 and doc["consumed"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_manual_commit_seek_and_rebalance_listeners(tmp_path: Path) -> None:
+    """Kafka's controls: with auto_commit off nothing is committed until commit(); seek replays
+    a queue; on_revoked / on_assigned name the queues a member gives up and takes."""
+    with broker_with_topic(tmp_path) as b:
+        sent = _send(b.address, 0, 20)
+        events: list[tuple[str, str, list[tuple[str, int]]]] = []
+
+        def listener(who: str, what: str):
+            return lambda queues: events.append((who, what, sorted(queues)))
+
+        def read_all(c: GroupConsumer, n: int) -> list[bytes]:
+            got: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(got) < n:
+                assert time.monotonic() < deadline, f"read {len(got)} of {n}"
+                got += [m.body for m in c.poll(timeout_ms=200)]
+            return got
+
+        one = GroupConsumer([b.address], "gc", ["g"], heartbeat_ms=200, start="earliest",
+                            auto_commit=False, on_assigned=listener("one", "assigned"),
+                            on_revoked=listener("one", "revoked"))
+        try:
+            assert sorted(read_all(one, 20)) == sent
+            g_queues = [("g", q) for q in range(4)]
+            assert events == [("one", "assigned", sorted([*g_queues, ("%RETRY%gc", 0)]))]
+            assert one.position("g", 1) == 5
+            one.seek("g", 1, 2)  # replay queue 1 from its third message
+            replay = read_all(one, 3)
+            assert sorted(replay) == [s for i, s in enumerate(sent) if i % 4 == 1][2:]
+            with pytest.raises(ValueError, match="not assigned"):
+                one.seek("g", 9, 0)
+            with Consumer([b.address], group="gc") as c:  # nothing committed yet
+                assert [c.fetch_offset("g", q) for q in range(4)] == [-1] * 4
+                one.commit()
+                assert [c.fetch_offset("g", q) for q in range(4)] == [5] * 4
+
+            two = GroupConsumer([b.address], "gc", ["g"], heartbeat_ms=200,
+                                on_assigned=listener("two", "assigned"))
+            try:
+                deadline = time.monotonic() + 20
+                def g_share(c: GroupConsumer) -> int:
+                    return len([q for q in c.assignment() if q[0] == "g"])
+
+                while g_share(one) > 2 or g_share(two) < 2:  # the retry queue: either one
+                    assert time.monotonic() < deadline, "the members did not split the queues"
+                    one.poll(timeout_ms=100)
+                    two.poll(timeout_ms=100)
+                given = set(one.assignment()) ^ {*g_queues, ("%RETRY%gc", 0)}
+                assert ("one", "revoked", sorted(given)) in events
+                assert ("two", "assigned", sorted(given)) in events
+            finally:
+                two.close()
+        finally:
+            one.close()
+        with Consumer([b.address], group="gc") as c:  # close() committed nothing more
+            assert [c.fetch_offset("g", q) for q in range(4)] == [5] * 4
