@@ -345,6 +345,38 @@ def cmd_consume(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_dlq(args: argparse.Namespace) -> int:
+    """A group's dead letters from its position in its DLQ; ``--resend`` re-drives them."""
+    from common import dead_letters
+
+    if args.max <= 0:
+        raise UsageError("-n must be at least 1")
+    with Consumer(args.servers, group=args.group, timeout_ms=args.timeout_ms) as consumer:
+        letters = dead_letters.read(consumer, args.max)
+        resent = 0
+        if args.resend and letters.messages:
+            with Producer(args.servers, timeout_ms=args.timeout_ms) as producer:
+                resent = len(dead_letters.redrive(producer, consumer, letters))
+    rows = [{**m.to_json(), "originTopic": m.properties.get("RETRY_TOPIC", m.topic),
+             "reconsumeTimes": m.reconsume_times} for m in letters.messages]
+    if args.json:
+        emit_json({"group": args.group, "fromOffset": letters.start, "maxOffset": letters.end,
+                   "resent": resent, "messages": rows})
+        return EXIT_OK
+    table = Table(title=f"dead letters of {args.group} (offset {letters.start} of "
+                        f"{letters.end})")
+    for col in ("queueOffset", "originTopic", "msgId", "reconsumeTimes", "body"):
+        table.add_column(col)
+    for row in rows:
+        body = row["body"] if row["body"] is not None else f"<{len(row['bodyBase64'])} b64>"
+        table.add_row(str(row["queueOffset"]), row["originTopic"], row["msgId"],
+                      str(row["reconsumeTimes"]), body[:60])
+    out.print(table)
+    if args.resend:
+        err.print(f"resent {resent} to %RETRY%{args.group}")
+    return EXIT_OK
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     modes = [args.key is not None, args.msg_id is not None, args.offset is not None]
     if sum(modes) != 1 or (args.key is not None and not args.topic):
@@ -668,6 +700,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--max", type=int, default=0, help="stop after N messages (0: no limit)")
     p.add_argument("--idle-s", type=float, default=10.0, help="stop after S seconds without one")
 
+    p = _client(sub, "dlq", "a consumer group's dead letters; --resend sends them to it again")
+    p.add_argument("--group", required=True)
+    p.add_argument("-n", "--max", type=int, default=32)
+    p.add_argument("--resend", action="store_true",
+                   help="send them to the group's retry topic and move past them")
+
     p = _client(sub, "query", "look a message up")
     p.add_argument("--topic")
     p.add_argument("--key")
@@ -703,6 +741,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "query": cmd_query,
     "offsets": cmd_offsets,
     "consume": cmd_consume,
+    "dlq": cmd_dlq,
     "status": cmd_status,
     "promote": cmd_promote,
     "cluster": cmd_cluster,

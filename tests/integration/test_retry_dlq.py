@@ -203,3 +203,49 @@ def test_retries_stored_on_a_sync_master_survive_its_death(tmp_path: Path) -> No
                 return came_back == bodies
 
             wait_for(poll_on, 60, "every retry from the new master")
+
+
+@pytest.mark.timeout(120)
+def test_dead_letters_are_listed_and_redriven_to_their_group_only(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b", messageDelayLevel=LEVELS)
+    with brokers(b):
+        with Admin([b.address]) as admin:
+            admin.create_topic("o", 1)
+        rc, doc = run_cli("dlq", "-s", b.address, "--group", "gc")
+        assert rc == 0 and doc["messages"] == [] and doc["resent"] == 0  # no DLQ yet
+        with Producer([b.address]) as p:
+            first = [p.send("o", body, keys=body.decode(), queue_id=0) for body in (b"a", b"b")]
+        given_up: list[bytes] = []
+
+        def give_up(c: GroupConsumer, msg: MessageExt) -> None:
+            assert c.reconsume_later(msg).topic == "%DLQ%gc"  # no retries allowed
+            given_up.append(msg.body)
+
+        with GroupConsumer([b.address], "gc", ["o"], heartbeat_ms=200, start="earliest",
+                           max_reconsume_times=0) as c:
+            deadline = time.monotonic() + 30
+            while len(given_up) < 2:
+                assert time.monotonic() < deadline
+                for msg in c.poll(timeout_ms=200):
+                    give_up(c, msg)
+        rc, doc = run_cli("dlq", "-s", b.address, "--group", "gc")
+        assert rc == 0 and doc["fromOffset"] == 0 and doc["maxOffset"] == 2
+        assert [(m["body"], m["originTopic"], m["reconsumeTimes"]) for m in doc["messages"]] == [
+            ("a", "o", 1), ("b", "o", 1)]
+        rc, doc = run_cli("dlq", "-s", b.address, "--group", "gc", "--resend")
+        assert rc == 0 and doc["resent"] == 2
+        rc, doc = run_cli("dlq", "-s", b.address, "--group", "gc", "--resend")
+        assert rc == 0 and doc["resent"] == 0 and doc["fromOffset"] == 2  # nothing twice
+        assert run_cli("dlq", "-s", b.address, "--group", "gc", "-n", "0")[0] == 2
+
+        got: list[MessageExt] = []
+        with GroupConsumer([b.address], "gc", ["o"], heartbeat_ms=200) as c:
+            deadline = time.monotonic() + 30
+            while len(got) < 2:
+                assert time.monotonic() < deadline, "the re-driven letters did not come"
+                got += c.poll(timeout_ms=200)
+        assert [(m.body, m.topic, m.reconsume_times, m.keys) for m in got] == [
+            (b"a", "o", 0, "a"), (b"b", "o", 0, "b")]
+        assert [m.properties["ORIGIN_MESSAGE_ID"] for m in got] == [r.msg_id for r in first]
+        with Consumer([b.address], group="other") as c:  # the topic itself got nothing new
+            assert c.max_offset("o", 0) == 2

@@ -1,0 +1,91 @@
+"""A consumer group's dead letters: list them, and send them to the group again (``replog dlq``).
+
+A message lands in ``%DLQ%<group>`` once the group gave up on it (``master/send_back.py``). Once
+the cause is fixed, an operator re-drives it: each dead letter is sent as a new message to the
+group's retry topic ``%RETRY%<group>``, which only that group reads, due at once, with its
+reconsume count starting over; members see it under its first topic (``RETRY_TOPIC``) with its
+first msgId (``ORIGIN_MESSAGE_ID``). Other groups of the topic are not disturbed, as they
+would be by a send to the topic itself.
+
+The group's position in its DLQ is its committed offset there (the DLQ has one queue, read by
+no member); a re-drive commits past each letter once it is resent, so running it again resends
+nothing twice, and a letter whose resend failed stays for the next run. A resend whose answer
+was lost may be stored twice (at least once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from common.client import Consumer, Producer, SendResult
+from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.message import (
+    PROPERTY_KEYS,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TAGS,
+    MessageExt,
+    dlq_topic,
+    retry_topic,
+)
+from common.store.reput import SCHEDULE_SOURCE
+
+DLQ_QUEUE = 0  # RocketMQ's DLQ_NUMS_PER_GROUP is 1
+
+# properties of one stored copy, not of the message (a resend is a new copy)
+_NOT_CARRIED = {PROPERTY_TAGS, PROPERTY_KEYS, SCHEDULE_SOURCE, "DELAY", "REAL_TOPIC",
+                "REAL_QID", "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"}
+
+
+@dataclasses.dataclass
+class Letters:
+    """Dead letters of ``group`` from ``start`` (its committed DLQ offset, or the DLQ's start)."""
+
+    group: str
+    start: int
+    end: int  # the DLQ's max offset when read
+    messages: list[MessageExt]
+
+
+def read(consumer: Consumer, max_nums: int) -> Letters:
+    """Up to ``max_nums`` dead letters of the consumer's group, from its position in its DLQ."""
+    topic = dlq_topic(consumer.group)
+    try:
+        consumer.queue_nums(topic)
+    except BrokerError as e:
+        if e.code != ResponseCode.TOPIC_NOT_EXIST:
+            raise
+        return Letters(consumer.group, 0, 0, [])  # the group never gave up on a message
+    start = max(consumer.fetch_offset(topic, DLQ_QUEUE), consumer.min_offset(topic, DLQ_QUEUE))
+    end = consumer.max_offset(topic, DLQ_QUEUE)
+    found: list[MessageExt] = []
+    offset = start
+    while offset < end and len(found) < max_nums:
+        pr = consumer.pull(topic, DLQ_QUEUE, offset, min(32, max_nums - len(found)))
+        if pr.status != PullStatus.FOUND or not pr.messages:
+            break
+        found += pr.messages
+        offset = pr.next_begin_offset
+    return Letters(consumer.group, start, end, found)
+
+
+def redrive(producer: Producer, consumer: Consumer, letters: Letters) -> list[SendResult]:
+    """Send each letter to the group's retry topic, committing the DLQ offset past it once it
+    is stored (SEND_OK); stops at the first failure (raised), what was resent before stays
+    committed."""
+    topic = retry_topic(letters.group)
+    results: list[SendResult] = []
+    for msg in letters.messages:
+        props = {k: v for k, v in msg.properties.items() if k not in _NOT_CARRIED}
+        props.setdefault(PROPERTY_RETRY_TOPIC, msg.topic)
+        props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, msg.msg_id)
+        result = producer.send(topic, msg.body, tags=msg.tags, keys=msg.keys, properties=props,
+                               flag=msg.flag)
+        if result.status != SendStatus.SEND_OK:  # stored, not as safe as a send must be
+            raise BrokerError(ResponseCode[result.status.name],
+                              f"resend of DLQ offset {msg.queue_offset} answered "
+                              f"{result.status}: left in the DLQ for the next run "
+                              f"({len(results)} resent)")
+        results.append(result)
+        consumer.commit_offset(dlq_topic(letters.group), DLQ_QUEUE, msg.queue_offset + 1)
+    return results
