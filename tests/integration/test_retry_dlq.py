@@ -6,10 +6,12 @@ slave before the send-back answers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,16 @@ pytestmark = pytest.mark.integration
 LEVELS = "1s 1s 1s 1s"  # every retry is due after 1 s (level 3 + n is capped at the last)
 
 
+@contextlib.contextmanager
+def broker_with_topic_o(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker (every delay level 1 s) with topic o of one queue."""
+    b = BrokerProcess(tmp_path / "b", messageDelayLevel=LEVELS)
+    with brokers(b):
+        with Admin([b.address]) as admin:
+            admin.create_topic("o", 1)
+        yield b
+
+
 def consume(address: str, handle, until, timeout_s: float = 30.0, **kw: object) -> None:
     """Poll group "gc" of topic "o" until ``until()``; ``handle(consumer, msg)`` per message."""
     with GroupConsumer([address], "gc", ["o"], heartbeat_ms=200, start="earliest",
@@ -39,10 +51,7 @@ def consume(address: str, handle, until, timeout_s: float = 30.0, **kw: object) 
 
 @pytest.mark.timeout(120)
 def test_failed_messages_come_back_then_go_to_the_dlq(tmp_path: Path) -> None:
-    b = BrokerProcess(tmp_path / "b", messageDelayLevel=LEVELS)
-    with brokers(b):
-        with Admin([b.address]) as admin:
-            admin.create_topic("o", 1)
+    with broker_with_topic_o(tmp_path) as b:
         with GroupConsumer([b.address], "gc", ["o"], heartbeat_ms=200) as c:
             # its first heartbeat made the retry topic: it reads that before any retry
             assert set(c.assignment()) == set()  # applied by the first poll
@@ -207,10 +216,7 @@ def test_retries_stored_on_a_sync_master_survive_its_death(tmp_path: Path) -> No
 
 @pytest.mark.timeout(120)
 def test_dead_letters_are_listed_and_redriven_to_their_group_only(tmp_path: Path) -> None:
-    b = BrokerProcess(tmp_path / "b", messageDelayLevel=LEVELS)
-    with brokers(b):
-        with Admin([b.address]) as admin:
-            admin.create_topic("o", 1)
+    with broker_with_topic_o(tmp_path) as b:
         rc, doc = run_cli("dlq", "-s", b.address, "--group", "gc")
         assert rc == 0 and doc["messages"] == [] and doc["resent"] == 0  # no DLQ yet
         with Producer([b.address]) as p:
