@@ -135,6 +135,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         raise UsageError("give exactly one of -b BODY, --file F or --count N --size BYTES")
     if args.count is not None and (args.size is None or args.count < 1 or args.size < 0):
         raise UsageError("--count N needs --size BYTES (N >= 1, BYTES >= 0)")
+    if args.shard_key is not None and args.queue is not None:
+        raise UsageError("give --queue or --shard-key, not both")
     with Producer(args.servers, timeout_ms=args.timeout_ms) as producer:
         if args.count is None:
             body = (
@@ -147,6 +149,7 @@ def cmd_send(args: argparse.Namespace) -> int:
                 args.keys,
                 queue_id=args.queue,
                 delay_level=args.delay_level,
+                shard_key=args.shard_key,
             )
             return _print_sends(args, [result], single=True)
         results = _send_many(producer, args)
@@ -165,13 +168,15 @@ def _send_many(producer: Producer, args: argparse.Namespace) -> list[SendResult]
             results = []
             for i in range(args.count):
                 results.append(producer.send(args.topic, body_for(i), args.tags, args.keys,
-                                             queue_id=args.queue, delay_level=args.delay_level))
+                                             queue_id=args.queue, delay_level=args.delay_level,
+                                             shard_key=args.shard_key))
                 progress.advance(task)
             return results
         for i in range(args.count):
             futures.append(
                 producer.send_async(
-                    args.topic, body_for(i), args.tags, args.keys, queue_id=args.queue
+                    args.topic, body_for(i), args.tags, args.keys, queue_id=args.queue,
+                    shard_key=args.shard_key,
                 )
             )
             futures[-1].add_done_callback(lambda _f: progress.advance(task))
@@ -682,6 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tags")
     p.add_argument("--keys")
     p.add_argument("--queue", type=int)
+    p.add_argument("--shard-key", help="every message of a key to one queue, in order")
     p.add_argument("--delay-level", type=int, default=0)
 
     p = _client(sub, "pull", "read from a consume queue")

@@ -63,8 +63,10 @@ from common.message import (
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_DELAY,
     PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_SHARDING_KEY,
     Message,
     MessageExt,
+    java_hash,
 )
 from common.protocol import (
     Limits,
@@ -182,6 +184,26 @@ class PullResult:
             "maxOffset": self.max_offset,
             "messages": [m.to_json() for m in self.messages],
         }
+
+
+def shard_queue(shard_key: str, queue_nums: int) -> int:
+    """The queue of a sharding key: RocketMQ's ``SelectMessageQueueByHash`` (the key's Java
+    ``hashCode``, made non-negative, modulo the queue count), so a Java producer of the same
+    topic sends the key to the same queue. A topic that gains queues moves keys, as in Kafka."""
+    return abs(java_hash(shard_key)) % queue_nums
+
+
+def _with_shard_key(properties: dict[str, str] | None, shard_key: str | None,
+                    queue_id: int | None) -> dict[str, str] | None:
+    """The properties with ``__SHARDINGKEY`` (RocketMQ 5's name) when a key is given."""
+    if shard_key is None:
+        return properties
+    if queue_id is not None:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                          "give queue_id or shard_key, not both", False)
+    if not shard_key:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "empty shard_key", False)
+    return {**(properties or {}), PROPERTY_SHARDING_KEY: shard_key}
 
 
 def send_results(topic: str, resp: Response) -> list[SendResult]:
@@ -1163,7 +1185,12 @@ class Producer(_Base):
         queue_id: int | None = None,
         delay_level: int = 0,
         flag: int = 0,
+        shard_key: str | None = None,
     ) -> SendResult:
+        """One message; ``shard_key`` picks its queue (every message of a key to one queue, in
+        order: RocketMQ's SelectMessageQueueByHash, Kafka's keyed partitioning), ``queue_id``
+        names one, neither spreads them round robin."""
+        properties = _with_shard_key(properties, shard_key, queue_id)
         msg = Message(topic, body, tags, keys, dict(properties or {}), flag, delay_level)
         self._check(msg)
         fields: dict[str, Any] = {"topic": topic}
@@ -1175,7 +1202,7 @@ class Producer(_Base):
             fields["delayLevel"] = msg.delay_level
 
         def attempt(address: str) -> SendResult:
-            qid = self._queue(topic, queue_id)
+            qid = self._queue(topic, queue_id, shard_key)
             resp = self._cluster.request(
                 address, RequestCode.SEND, {**fields, "queueId": qid}, [body]
             )
@@ -1234,8 +1261,18 @@ class Producer(_Base):
         keys: str | list[str] | None = None,
         properties: dict[str, str] | None = None,
         queue_id: int | None = None,
+        shard_key: str | None = None,
     ) -> concurrent.futures.Future[SendResult]:
-        """Queue a send; concurrent sends to one queue are coalesced into batch requests."""
+        """Queue a send; concurrent sends to one queue are coalesced into batch requests.
+        ``shard_key`` and ``queue_id`` pick the queue as for ``send``."""
+        if shard_key is not None:
+            properties = _with_shard_key(properties, shard_key, queue_id)
+            try:
+                queue_id = self._queue(topic, None, shard_key)
+            except BrokerError as e:  # no master or no such topic: reported like a send's
+                failed: concurrent.futures.Future[SendResult] = LightFuture()
+                failed.set_exception(e)
+                return failed
         if tags is None and keys is None and not properties:
             meta = None
             self._check_body(topic, body)
@@ -1280,9 +1317,11 @@ class Producer(_Base):
         if not topic:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "empty topic", False)
 
-    def _queue(self, topic: str, queue_id: int | None) -> int:
+    def _queue(self, topic: str, queue_id: int | None, shard_key: str | None = None) -> int:
         if queue_id is not None:
             return queue_id
+        if shard_key is not None:
+            return shard_queue(shard_key, self._cluster.queue_nums(topic))
         return next(self._rr) % self._cluster.queue_nums(topic)
 
     def _sticky_queue(self, topic: str) -> int:

@@ -26,6 +26,7 @@ PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QID = "REAL_QID"
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # a sent-back copy: the topic the message first went to
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"  # a sent-back copy: the first copy's msgId
+PROPERTY_SHARDING_KEY = "__SHARDINGKEY"  # the key that chose the message's queue (RocketMQ 5)
 KEY_SEPARATOR = " "
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
