@@ -82,6 +82,7 @@ from common.zmq_frames import POLLIN, POLLOUT, readable, send_frames
 
 DEFAULT_TIMEOUT_MS = 10_000
 DISCOVERY_TIMEOUT_MS = 2_000
+ROUTE_TTL_MS = 30_000  # a topic's queue count is asked again after this (RocketMQ's 30 s)
 DEFAULT_SPIN_US = 300  # call_sync polls without sleeping this long while answers come sooner
 MAX_BACKOFF_S = 1.0
 NO_MASTER_PAUSE_S = 0.05  # between discoveries that found no master (each waits for answers)
@@ -911,15 +912,17 @@ class _Cluster:
     that held it while waiting for that thread to answer its STATUS calls would deadlock it.
     Discoveries take turns on ``_discovering``, which the I/O thread never takes."""
 
-    def __init__(self, transport: Transport, servers: list[str], timeout_ms: int):
+    def __init__(self, transport: Transport, servers: list[str], timeout_ms: int,
+                 route_ttl_ms: int = ROUTE_TTL_MS):
         self.transport = transport
         self.servers = servers
         self.timeout_ms = timeout_ms
+        self.route_ttl_s = route_ttl_ms / 1000.0
         self._lock = threading.Lock()
         self._discovering = threading.Lock()
         self._generation = 0  # bumped by every forget: a discovery begun before is not cached
         self._master: str | None = None
-        self._routes: dict[str, int] = {}
+        self._routes: dict[str, tuple[int, float]] = {}  # topic -> (queue count, asked at)
         self._rechecked: dict[str, float] = {}
         transport.on_degraded = self.recheck
 
@@ -994,19 +997,28 @@ class _Cluster:
             raise NoMasterError(self.servers)
         return best[1]
 
-    def queue_nums(self, topic: str) -> int:
+    def queue_nums(self, topic: str, fresh: bool = False) -> int:
+        """The topic's queue count, asked of the master again once ``route_ttl_s`` old (a topic
+        that gains queues is used in full), or now with ``fresh``. A failed re-ask keeps the
+        count known before (the master is being found again, or is busy), unless ``fresh``."""
+        now = time.monotonic()
         with self._lock:
             known = self._routes.get(topic)
-        if known is not None:
-            return known
-        resp = self.request(self.master(), RequestCode.TOPIC_ROUTE, {"topic": topic})
-        if resp.code not in (ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST):
-            raise BrokerError(resp.code, resp.remark)
+        if known is not None and not fresh and now - known[1] < self.route_ttl_s:
+            return known[0]
+        try:
+            resp = self.request(self.master(), RequestCode.TOPIC_ROUTE, {"topic": topic})
+            if resp.code not in (ResponseCode.SUCCESS, ResponseCode.TOPIC_NOT_EXIST):
+                raise BrokerError(resp.code, resp.remark)
+        except BrokerError:
+            if known is None or fresh:
+                raise
+            return known[0]
         nums = int(resp.fields.get("queueNums", 0))
         if nums <= 0:
             raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, resp.remark or f"no topic {topic}")
         with self._lock:
-            self._routes[topic] = nums
+            self._routes[topic] = (nums, now)
         return nums
 
 
@@ -1018,13 +1030,14 @@ class _Base:
         servers: str | Iterable[str],
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         retries: int = 2,
+        route_ttl_ms: int = ROUTE_TTL_MS,
         **transport_args: Any,
     ):
         self.servers = parse_servers(servers)
         self.timeout_ms = timeout_ms
         self.retries = retries
         self._transport = Transport(name=type(self).__name__, **transport_args)
-        self._cluster = _Cluster(self._transport, self.servers, timeout_ms)
+        self._cluster = _Cluster(self._transport, self.servers, timeout_ms, route_ttl_ms)
         self._closed = threading.Event()
 
     def __enter__(self) -> Any:
@@ -1037,9 +1050,10 @@ class _Base:
         self._closed.set()
         self._transport.close()
 
-    def queue_nums(self, topic: str) -> int:
-        """How many queues ``topic`` has (asked of the master once, then cached)."""
-        return self._cluster.queue_nums(topic)
+    def queue_nums(self, topic: str, fresh: bool = False) -> int:
+        """How many queues ``topic`` has: cached for ``route_ttl_ms`` (30 s: RocketMQ clients
+        re-read routes every 30 s, Kafka's metadata every 5 min), asked now with ``fresh``."""
+        return self._cluster.queue_nums(topic, fresh)
 
     def _with_retries(self, attempt: Callable[[str], Any], fixed: str | None = None) -> Any:
         """Run ``attempt(master_address)``; retry retriable errors, re-discovering the master.
@@ -1152,11 +1166,13 @@ class Producer(_Base):
         max_pending: int = 65_536,
         max_message_size: int = 4 * 1024 * 1024,
         spin_us: int = DEFAULT_SPIN_US,
+        route_ttl_ms: int = ROUTE_TTL_MS,
     ):
         super().__init__(
             servers,
             timeout_ms,
             retries,
+            route_ttl_ms,
             spin_us=spin_us,
             batch_size=batch_size,
             linger_ms=linger_ms,
@@ -1448,8 +1464,9 @@ class Consumer(_Base):
             RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, topic, queue_id, timestamp=timestamp_ms
         )
 
-    def queue_nums(self, topic: str) -> int:
-        """How many queues the topic has, asked of the master each time; BrokerError
+    def queue_nums(self, topic: str, fresh: bool = True) -> int:
+        """How many queues the topic has, asked of the master each time (``fresh`` or not);
+        BrokerError
         TOPIC_NOT_EXIST when it has no such topic. (A producer's view, ``_Base.queue_nums``,
         is cached and counts the queues a first send would auto-create: a consumer's view
         counts only queues that exist.)"""

@@ -3,6 +3,7 @@ sent, through send, send_async and the CLI; the key is kept as __SHARDINGKEY."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,24 @@ def test_each_key_keeps_to_its_queue_in_order(tmp_path: Path) -> None:
                     assert q == shard_queue(key, 5)
                     got[key].append(m.body)
         assert got == sent  # each key's messages in one queue, in the order sent
+
+
+@pytest.mark.timeout(120)
+def test_a_producer_uses_the_queues_a_topic_gains(tmp_path: Path) -> None:
+    """The producer's queue counts are asked again after route_ttl_ms (RocketMQ's 30 s): it
+    used to keep the first count for its life, so queues added later got nothing from it."""
+    b = BrokerProcess(tmp_path / "b")
+    with brokers(b):
+        with Admin([b.address]) as admin:
+            admin.create_topic("grow", 2)
+        with Producer([b.address], route_ttl_ms=300) as p:
+            assert {p.send("grow", b"x").queue_id for _ in range(8)} == {0, 1}
+            with Admin([b.address]) as admin:
+                admin.create_topic("grow", 4)
+            used: set[int] = set()
+            deadline = time.monotonic() + 20
+            while used != {0, 1, 2, 3}:
+                assert time.monotonic() < deadline, f"only queues {used} used"
+                used.add(p.send("grow", b"y").queue_id)
+            r = p.send("grow", b"z", shard_key="order-42")
+            assert r.queue_id == shard_queue("order-42", 4)
