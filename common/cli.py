@@ -440,6 +440,15 @@ def cmd_status(args: argparse.Namespace) -> int:
                 *(str(s.get(c, "")) for c in ("address", "ackOffset", "lagBytes", "inSync"))
             )
         out.print(table)
+    members = status.get("consumerGroups") or {}
+    dead = status.get("deadLetters") or {}
+    if members or dead:
+        table = Table(title="consumer groups")
+        for col in ("group", "members", "deadLetters"):
+            table.add_column(col)
+        for group in sorted({*members, *dead}):
+            table.add_row(group, str(members.get(group, 0)), str(dead.get(group, 0)))
+        out.print(table)
     return EXIT_OK
 
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from broker_harness import BrokerProcess, brokers, free_port, run_cli
+from broker_harness import REPO, BrokerProcess, _child_env, brokers, free_port, run_cli
 from replication_harness import stop_process, wait_for
 
 from common.client import Admin, Consumer, Producer
@@ -133,6 +136,10 @@ def test_send_back_refusals_change_nothing(tmp_path: Path) -> None:
             assert r.topic == "%DLQ%gc" and r.status == SendStatus.SEND_OK
             assert c.pull("%DLQ%gc", 0, 0, 8).messages[0].body == b"m"
         wait_for(lambda: b.status()["deadLetters"] == {"gc": 1}, 10, "the dead letter counted")
+        human = subprocess.run([sys.executable, "-m", "common.cli", "status", "-s", b.address],
+                               cwd=REPO, env=_child_env(), capture_output=True, timeout=60,
+                               check=True).stdout.decode()
+        assert "consumer groups" in human and re.search(r"gc\W+0\W+1", human), human
 
 
 @pytest.mark.timeout(120)
