@@ -186,7 +186,7 @@ def _answer_once_then_close(sock: zmq.Socket[bytes], ctx: zmq.Context[zmq.Socket
 def test_an_answer_sent_just_before_the_broker_closes_is_kept() -> None:
     """The calling thread's socket keeps an answer it has not read yet when the connection
     drops. (With ZMQ_IMMEDIATE libzmq drops it: a draining broker's last answers were lost.)"""
-    from common.client import _new_dealer
+    from common.client import new_dealer
 
     sctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     router = sctx.socket(zmq.ROUTER)
@@ -194,7 +194,7 @@ def test_an_answer_sent_just_before_the_broker_closes_is_kept() -> None:
     server = threading.Thread(target=_answer_once_then_close, args=(router, sctx))
     server.start()
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sock = _new_dealer(ctx, f"127.0.0.1:{port}", blocking_call=True)
+    sock = new_dealer(ctx, f"127.0.0.1:{port}", blocking_call=True)
     try:
         sock.send_multipart([msgpack.packb([1, int(RequestCode.STATUS), 7, {}])])
         server.join(10)
@@ -274,13 +274,13 @@ def test_forgetting_the_master_does_not_wait_for_a_discovery(broker: ScriptedBro
     discovery waiting for that thread's answers must not hold them up (it used to hold the
     lock they take: the I/O thread stalled until the discovery gave up), and what a discovery
     begun before a ``forget`` finds is not cached."""
-    from common.client import _Cluster
+    from common.client import Cluster
 
     broker.delay_s = 1.0
     broker.fields = {"role": "ASYNC_MASTER", "epoch": 1}
     t = Transport(spin_us=0)
     try:
-        cluster = _Cluster(t, [broker.address], timeout_ms=5_000)
+        cluster = Cluster(t, [broker.address], timeout_ms=5_000)
         found: list[str] = []
 
         def discover() -> None:

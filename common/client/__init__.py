@@ -1,0 +1,88 @@
+"""Python clients: Producer, Consumer and Admin (CONTRACT section 4).
+
+The package, one module a layer (everything is imported from ``common.client``)::
+
+    results.py    SendResult / PullResult from an answer; ClientTimeoutError, NoMasterError...
+    transport.py  the I/O thread and its sockets, blocking calls, send_async coalescing
+    cluster.py    the cluster view (master discovery, topic routes); ClientBase's retry loop
+    producer.py   Producer          consumer.py  Consumer          admin.py  Admin
+
+Threads and sockets::
+
+    user threads --(inbox deque + pipe wakeup)--> one I/O thread per client --DEALER--> brokers
+                 <---------- concurrent.futures.Future resolved by the I/O thread ----------
+
+* One background I/O thread owns a ZeroMQ context and one DEALER socket per broker address. Any
+  number of requests are in flight on a socket at once; answers are matched by their opaque id.
+  Sockets use ``ZMQ_IMMEDIATE`` so a request is never parked for a broker that is down (it waits
+  in a bounded backlog until the connection is up or its deadline passes) and heartbeats so a
+  frozen broker is noticed. (libzmq drops an IMMEDIATE socket's unread answers when its
+  connection drops; a draining broker keeps its connections open a moment after its last
+  answers for that, see ``common/server.py``.)
+* A blocking call (``send``, ``send_batch``, ``pull``, ``status``...) runs on the calling
+  thread's own socket (not IMMEDIATE, so an answer that arrives just before the broker closes
+  is kept; no heartbeats, the call's deadline is enough; a call that times out closes the
+  socket, and a request still waiting in it for a connection goes with it) and first polls
+  for its answer without sleeping, up to ``spin_us`` (default 300 us), while recent answers
+  have come that fast: waking a sleeping thread costs about as much as a loopback round trip
+  on a VM. Slow answers (a SYNC_MASTER put, a long poll) turn this off by themselves;
+  ``spin_us=0`` turns it off for good.
+* Every request has a deadline (``timeout_ms``, default 10 s: longer than the broker's
+  ``slaveTimeout`` and ``syncFlushTimeout`` so FLUSH_SLAVE_TIMEOUT and FLUSH_DISK_TIMEOUT reach the
+  caller). A missed deadline raises ``ClientTimeoutError`` (a retriable ``BrokerError``; the send's
+  outcome is unknown).
+* Master discovery: the client asks every configured broker for its status and writes to the
+  master with the highest epoch; a timeout or SERVICE_NOT_AVAILABLE / STALE_EPOCH answer drops
+  the cached master so the next attempt discovers again.
+* ``Producer.send_async`` coalesces like Kafka's producer: messages for the same queue
+  accumulate while that queue has batches in flight (at most ``max_batches_in_flight`` per
+  queue, default 2: while one batch waits for its answer, for a SYNC_MASTER the slave's ack, the
+  next one is already being stored) and leave as one SEND_BATCH of at most ``batch_size``
+  messages, or after ``linger_ms``. A queue's batches travel on one socket to one broker, which
+  stores them in the order sent, so a queue keeps its order; a batch that fails and is retried
+  lands after what was sent meanwhile (with any setting, as in Kafka without idempotence).
+  Retries (only of errors marked retriable, at most ``retries``, with backoff) run on one small
+  retry thread, never on the I/O thread.
+"""
+
+from common.client.admin import Admin
+from common.client.cluster import ClientBase, Cluster, parse_servers
+from common.client.consumer import Consumer
+from common.client.producer import Producer, shard_queue
+from common.client.results import (
+    PULL_CODES,
+    SEND_CODES,
+    ClientTimeoutError,
+    ConnectionLostError,
+    NoMasterError,
+    PullResult,
+    SendResult,
+    pack_bodies,
+    pull_result,
+    send_results,
+)
+from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS, Transport, new_dealer
+
+__all__ = [
+    "DEFAULT_SPIN_US",
+    "DEFAULT_TIMEOUT_MS",
+    "PULL_CODES",
+    "SEND_CODES",
+    "Admin",
+    "ClientBase",
+    "ClientTimeoutError",
+    "Cluster",
+    "ConnectionLostError",
+    "Consumer",
+    "NoMasterError",
+    "Producer",
+    "PullResult",
+    "SendResult",
+    "Transport",
+    "new_dealer",
+    "pack_bodies",
+    "parse_servers",
+    "pull_result",
+    "send_results",
+    "shard_queue",
+]

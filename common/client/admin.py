@@ -1,0 +1,82 @@
+"""``Admin``: status, promotion, topics, config documents and message look-ups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.client.cluster import ClientBase
+from common.errors import BrokerError, ResponseCode
+from common.message import MessageExt
+from common.protocol import (
+    ProtocolError,
+    RequestCode,
+    decode_record,
+)
+
+
+class Admin(ClientBase):
+    """Status, promotion, topics and message look-ups against one broker or the group."""
+
+    def status(self, address: str | None = None) -> dict[str, Any]:
+        """One broker's status snapshot (CONTRACT section 3 fields and more)."""
+        return self._cluster.status(address or self.servers[0])
+
+    def promote(self, address: str | None = None, role: str = "SYNC_MASTER") -> dict[str, Any]:
+        """Turn the slave at ``address`` into its group's master; returns its new status."""
+        resp = self._cluster.request(
+            address or self.servers[0], RequestCode.PROMOTE, {"role": role}
+        )
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        self._cluster.forget()
+        return dict(resp.fields)
+
+    def config_document(self, code: RequestCode, address: str | None = None) -> bytes:
+        """A broker's table as its file holds it (JSON bytes): ``RequestCode.
+        GET_ALL_TOPIC_CONFIG`` (topics.json), ``GET_ALL_CONSUMER_OFFSET`` (consumerOffset.json)
+        or ``GET_ALL_DELAY_OFFSET`` (delayOffset.json); what a slave copies from its master."""
+        resp = self._cluster.request(address or self.servers[0], code, {})
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        if len(resp.bodies) != 1:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"{code.name}: {len(resp.bodies)} body frames, expected 1")
+        return bytes(resp.bodies[0])
+
+    def create_topic(self, topic: str, queue_nums: int) -> None:
+        def attempt(address: str) -> None:
+            resp = self._cluster.request(
+                address, RequestCode.CREATE_TOPIC, {"topic": topic, "queueNums": queue_nums}
+            )
+            if not resp.ok:
+                raise BrokerError(resp.code, resp.remark)
+
+        self._with_retries(attempt)
+
+    def query_by_key(
+        self, topic: str, key: str, max_nums: int = 32, address: str | None = None
+    ) -> list[MessageExt]:
+        return self._query(
+            RequestCode.QUERY_BY_KEY, {"topic": topic, "key": key, "maxNums": max_nums}, address
+        )
+
+    def query_by_msg_id(self, msg_id: str, address: str | None = None) -> MessageExt | None:
+        found = self._query(RequestCode.QUERY_BY_MSG_ID, {"msgId": msg_id}, address)
+        return found[0] if found else None
+
+    def query_by_offset(self, phy_offset: int, address: str | None = None) -> MessageExt | None:
+        found = self._query(RequestCode.QUERY_BY_OFFSET, {"phyOffset": phy_offset}, address)
+        return found[0] if found else None
+
+    def _query(
+        self, code: RequestCode, fields: dict[str, Any], address: str | None
+    ) -> list[MessageExt]:
+        resp = self._cluster.request(address or self.servers[0], code, fields)
+        if resp.code == ResponseCode.QUERY_NOT_FOUND:
+            return []
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        try:
+            return [decode_record(raw) for raw in resp.bodies]
+        except ProtocolError as e:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"corrupt record in answer: {e}") from None

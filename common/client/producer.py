@@ -1,0 +1,369 @@
+"""``Producer``: send, send_batch and send_async (CONTRACT section 4), queue selection and the
+retries of async sends."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
+
+from common.client.cluster import (
+    MAX_BACKOFF_S,
+    NO_MASTER_PAUSE_S,
+    REDISCOVER_CODES,
+    ROUTE_TTL_MS,
+    ClientBase,
+)
+from common.client.results import (
+    ClientTimeoutError,
+    NoMasterError,
+    SendResult,
+    pack_bodies,
+    send_results,
+)
+from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS, AsyncItem
+from common.errors import BrokerError, ResponseCode
+from common.futures import LightFuture
+from common.message import (
+    PROPERTY_DELAY,
+    PROPERTY_SHARDING_KEY,
+    Message,
+    java_hash,
+)
+from common.protocol import RequestCode
+
+
+def shard_queue(shard_key: str, queue_nums: int) -> int:
+    """The queue of a sharding key: RocketMQ's ``SelectMessageQueueByHash`` (the key's Java
+    ``hashCode``, made non-negative, modulo the queue count), so a Java producer of the same
+    topic sends the key to the same queue. A topic that gains queues moves keys, as in Kafka."""
+    return abs(java_hash(shard_key)) % queue_nums
+
+
+def _with_shard_key(properties: dict[str, str] | None, shard_key: str | None,
+                    queue_id: int | None) -> dict[str, str] | None:
+    """The properties with ``__SHARDINGKEY`` (RocketMQ 5's name) when a key is given."""
+    if shard_key is None:
+        return properties
+    if queue_id is not None:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                          "give queue_id or shard_key, not both", False)
+    if not shard_key:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "empty shard_key", False)
+    return {**(properties or {}), PROPERTY_SHARDING_KEY: shard_key}
+
+
+
+def _message_meta(msg: Message) -> list[Any] | None:
+    props = {k: v for k, v in msg.properties.items()}
+    if msg.delay_level > 0:
+        props["DELAY"] = str(msg.delay_level)
+    keys = msg.keys if isinstance(msg.keys, str) or msg.keys is None else " ".join(msg.keys)
+    if msg.tags is None and keys is None and not props and not msg.flag:
+        return None
+    return [msg.tags, keys, props or None, msg.flag]
+
+
+class _Retries:
+    """send_async messages waiting out their backoff before they are sent again: one thread
+    and a heap of due times. Every message that is due goes in the same pass, so the hundreds
+    of messages of the batches in flight when a connection drops are retried together after
+    one backoff (one discovery finds the master for all of them), not one backoff after the
+    other. ``close`` fails what is still waiting."""
+
+    def __init__(
+        self,
+        retry: Callable[[AsyncItem, BrokerError], None],
+        fail: Callable[[AsyncItem, BrokerError], None],
+    ):
+        self._retry = retry
+        self._fail = fail
+        self._heap: list[tuple[float, int, AsyncItem, BrokerError]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="replog-producer-retry", daemon=True)
+        self._thread.start()
+
+    def add(self, due: float, item: AsyncItem, err: BrokerError) -> bool:
+        """Retry ``item`` at ``due`` (monotonic); False once closed (then the caller fails it)."""
+        with self._cond:
+            if self._closed:
+                return False
+            heapq.heappush(self._heap, (due, next(self._seq), item, err))
+            self._cond.notify()
+            return True
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+        with self._cond:
+            left, self._heap = self._heap, []
+        for _, _, item, err in left:
+            self._fail(item, err)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed:
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        break
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+                if self._closed:
+                    return
+                due = []
+                while self._heap and self._heap[0][0] <= now:
+                    _, _, item, err = heapq.heappop(self._heap)
+                    due.append((item, err))
+            for item, err in due:
+                self._retry(item, err)
+
+
+class Producer(ClientBase):
+    """Sends messages to the master of a broker group (CONTRACT section 4)."""
+
+    def __init__(
+        self,
+        servers: str | Iterable[str],
+        *,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        retries: int = 2,
+        batch_size: int = 64,
+        linger_ms: float = 0.0,
+        max_batches_in_flight: int = 2,
+        max_pending: int = 65_536,
+        max_message_size: int = 4 * 1024 * 1024,
+        spin_us: int = DEFAULT_SPIN_US,
+        route_ttl_ms: int = ROUTE_TTL_MS,
+    ):
+        super().__init__(
+            servers,
+            timeout_ms,
+            retries,
+            route_ttl_ms,
+            spin_us=spin_us,
+            batch_size=batch_size,
+            linger_ms=linger_ms,
+            max_batches_in_flight=max_batches_in_flight,
+            max_in_flight=max_pending,
+            batch_timeout_ms=timeout_ms,
+        )
+        self.max_message_size = max_message_size
+        self._rr = itertools.count()
+        self._batch_size = max(1, batch_size)
+        self._sticky: dict[str, tuple[int, int]] = {}  # topic -> (queue, sends left on it)
+        self._sticky_lock = threading.Lock()
+        self._retries = _Retries(self._retry_item, self._fail_item)
+
+    def close(self) -> None:
+        super().close()
+        self._retries.close()
+
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None = None,
+        keys: str | list[str] | None = None,
+        properties: dict[str, str] | None = None,
+        queue_id: int | None = None,
+        delay_level: int = 0,
+        flag: int = 0,
+        shard_key: str | None = None,
+    ) -> SendResult:
+        """One message; ``shard_key`` picks its queue (every message of a key to one queue, in
+        order: RocketMQ's SelectMessageQueueByHash, Kafka's keyed partitioning), ``queue_id``
+        names one, neither spreads them round robin."""
+        properties = _with_shard_key(properties, shard_key, queue_id)
+        msg = Message(topic, body, tags, keys, dict(properties or {}), flag, delay_level)
+        self._check(msg)
+        fields: dict[str, Any] = {"topic": topic}
+        meta = _message_meta(msg)
+        if meta is not None:
+            fields.update(zip(("tags", "keys", "properties", "flag"), meta, strict=True))
+            fields = {k: v for k, v in fields.items() if v is not None}
+        if msg.delay_level:  # also in the DELAY property, RocketMQ's carrier, as brokers read it
+            fields["delayLevel"] = msg.delay_level
+
+        def attempt(address: str) -> SendResult:
+            qid = self._queue(topic, queue_id, shard_key)
+            resp = self._cluster.request(
+                address, RequestCode.SEND, {**fields, "queueId": qid}, [body]
+            )
+            return send_results(topic, resp)[0]
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+    def send_batch(
+        self, topic: str, bodies: Sequence[bytes | Message], queue_id: int | None = None
+    ) -> list[SendResult]:
+        """All messages in one request: one append, dense queue offsets, one acknowledgement."""
+        if not bodies:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "empty batch", False)
+        fields: dict[str, Any] = {"topic": topic}
+        if all(type(b) is bytes for b in bodies):  # plain bodies: no Message, no meta each
+            plain = list(cast("Sequence[bytes]", bodies))
+            self._check_body(topic, b"")
+            longest = max(map(len, plain))
+            if longest > self.max_message_size:
+                self._check_body(topic, next(b for b in plain if len(b) == longest))
+            packed = pack_bodies(fields, plain)
+        else:
+            packed = self._pack_messages(topic, bodies, fields)
+
+        def attempt(address: str) -> list[SendResult]:
+            qid = self._queue(topic, queue_id)
+            resp = self._cluster.request(
+                address, RequestCode.SEND_BATCH, {**fields, "queueId": qid}, packed
+            )
+            return send_results(topic, resp)
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+    def _pack_messages(
+        self, topic: str, bodies: Sequence[bytes | Message], fields: dict[str, Any]
+    ) -> list[bytes]:
+        msgs = [b if isinstance(b, Message) else Message(topic, b) for b in bodies]
+        for m in msgs:
+            self._check(m)
+            if m.topic != topic:
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch holds one topic", False)
+            if m.delay_level > 0 or PROPERTY_DELAY in m.properties:
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                                  "a batch cannot hold delayed messages (send them one by one)",
+                                  False)
+        metas = [_message_meta(m) for m in msgs]
+        if any(m is not None for m in metas):
+            fields["meta"] = metas
+        return pack_bodies(fields, [m.body for m in msgs])
+
+    def send_async(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None = None,
+        keys: str | list[str] | None = None,
+        properties: dict[str, str] | None = None,
+        queue_id: int | None = None,
+        shard_key: str | None = None,
+    ) -> concurrent.futures.Future[SendResult]:
+        """Queue a send; concurrent sends to one queue are coalesced into batch requests.
+        ``shard_key`` and ``queue_id`` pick the queue as for ``send``."""
+        if shard_key is not None:
+            properties = _with_shard_key(properties, shard_key, queue_id)
+            try:
+                queue_id = self._queue(topic, None, shard_key)
+            except BrokerError as e:  # no master or no such topic: reported like a send's
+                failed: concurrent.futures.Future[SendResult] = LightFuture()
+                failed.set_exception(e)
+                return failed
+        if tags is None and keys is None and not properties:
+            meta = None
+            self._check_body(topic, body)
+        else:
+            msg = Message(topic, body, tags, keys, dict(properties or {}))
+            self._check(msg)
+            if PROPERTY_DELAY in msg.properties:  # it would travel in a batch, which cannot
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                                  "send_async cannot delay a message: use send(delay_level=...)",
+                                  False)
+            meta = _message_meta(msg)
+        future: concurrent.futures.Future[SendResult] = LightFuture()
+        item = AsyncItem("", topic, 0, bytes(body), meta, future, 0.0, queue_id, 0,
+                         self._on_item_error, time.monotonic() + self.timeout_ms / 1000.0)
+        try:
+            self._transport.reserve(self.timeout_ms)
+        except BrokerError as e:
+            future.set_exception(e)
+            return future
+        try:
+            self._route(item)
+        except BrokerError as e:  # no master found: retried like a failed batch, if retriable
+            self._on_item_error(item, e)
+            return future
+        self._transport.requeue(item)
+        return future
+
+    # -- internals ------------------------------------------------------------------------------
+    def _check(self, msg: Message) -> None:
+        self._check_body(msg.topic, msg.body)
+
+    def _check_body(self, topic: str, body: bytes) -> None:
+        """Client-side refusals, raised before anything is sent."""
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "body must be bytes", False)
+        if len(body) > self.max_message_size:
+            raise BrokerError(
+                ResponseCode.MESSAGE_ILLEGAL,
+                f"body is {len(body)} bytes, maxMessageSize is {self.max_message_size}",
+                False,
+            )
+        if not topic:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "empty topic", False)
+
+    def _queue(self, topic: str, queue_id: int | None, shard_key: str | None = None) -> int:
+        if queue_id is not None:
+            return queue_id
+        if shard_key is not None:
+            return shard_queue(shard_key, self._cluster.queue_nums(topic))
+        return next(self._rr) % self._cluster.queue_nums(topic)
+
+    def _sticky_queue(self, topic: str) -> int:
+        """Kafka's sticky partitioner: keyless async sends stay on one queue for a batch's
+        worth of messages, so that concurrent sends coalesce into full batches, then move on
+        round-robin (load still spreads over every queue)."""
+        with self._sticky_lock:
+            queue_id, left = self._sticky.get(topic, (-1, 0))
+            if left <= 0:
+                queue_id = next(self._rr) % self._cluster.queue_nums(topic)
+                left = self._batch_size
+            self._sticky[topic] = (queue_id, left - 1)
+            return queue_id
+
+    def _route(self, item: AsyncItem) -> None:
+        """Pick the master and the queue for a message (may discover: not on the I/O thread)."""
+        item.address = self._cluster.master()
+        if item.fixed_queue is not None:
+            item.queue_id = item.fixed_queue
+        else:
+            item.queue_id = self._sticky_queue(item.topic)
+        item.enqueued = time.monotonic()
+
+    def _on_item_error(self, item: AsyncItem, err: BrokerError) -> None:
+        """A batch holding ``item`` failed (I/O thread) or no master was found for it (the
+        sending thread): retry it on the retry thread, or fail it. Never blocks."""
+        now = time.monotonic()
+        if isinstance(err, NoMasterError):  # waiting for a master uses no retry (give_up)
+            if now + NO_MASTER_PAUSE_S >= item.give_up or self._closed.is_set():
+                self._fail_item(item, err)
+            elif not self._retries.add(now + NO_MASTER_PAUSE_S, item, err):
+                self._fail_item(item, err)  # the producer is closing
+            return
+        if isinstance(err, ClientTimeoutError) or err.code in REDISCOVER_CODES:
+            self._cluster.forget(item.address)
+        if not err.retriable or item.attempt >= self.retries or self._closed.is_set():
+            self._fail_item(item, err)
+            return
+        item.attempt += 1
+        backoff = min(MAX_BACKOFF_S, 0.05 * 2 ** (item.attempt - 1))
+        if not self._retries.add(now + backoff, item, err):
+            self._fail_item(item, err)  # the producer is closing
+
+    def _retry_item(self, item: AsyncItem, err: BrokerError) -> None:
+        """Retry thread: the item's backoff is over; find the master again and send it."""
+        try:
+            self._route(item)
+            self._transport.requeue(item)
+        except BrokerError as e:
+            self._on_item_error(item, e)
+
+    def _fail_item(self, item: AsyncItem, err: BrokerError) -> None:
+        item.future.set_exception(err)
+        self._transport.release_one()

@@ -1,0 +1,656 @@
+"""The client's I/O thread: one DEALER per broker, requests in flight matched by opaque id,
+blocking calls on the calling thread's own socket, and the coalescing of ``send_async``
+messages into SEND_BATCH requests (see the package docstring for the whole picture)."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import heapq
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from common.client.results import (
+    ClientTimeoutError,
+    ConnectionLostError,
+    SendResult,
+    pack_bodies,
+    send_results,
+)
+from common.errors import BrokerError, ResponseCode
+from common.futures import LightFuture
+from common.protocol import (
+    Limits,
+    ProtocolError,
+    RequestCode,
+    Response,
+    decode_response,
+    encode_request,
+)
+from common.zmq_frames import POLLIN, POLLOUT, readable, send_frames
+
+DEFAULT_TIMEOUT_MS = 10_000
+DEFAULT_SPIN_US = 300  # call_sync polls without sleeping this long while answers come sooner
+RECV_BURST = 1024  # messages read from one socket before looking at the others
+LOST_CHECK_MS = 100  # a blocking call looks for a dropped connection this often
+CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
+# Answers meaning "stored, but no slave confirmed it": a reason to ask the group again who leads.
+DEGRADED_CODES = frozenset({ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE})
+
+
+class _Wakeup:
+    """A self-pipe the I/O thread polls beside its sockets; any thread may ``wake`` it."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._lock = threading.Lock()
+        self._pending = False
+        self._closed = False
+
+    def fileno(self) -> int:
+        return self._r
+
+    def wake(self) -> None:
+        if self._pending:
+            # A byte is in the pipe and the I/O thread has not cleared it yet. It clears before
+            # it drains its inbox, so what our caller queued before this call is seen then.
+            return
+        with self._lock:
+            if self._pending or self._closed:
+                return  # closed: the descriptors may already belong to another file
+            self._pending = True
+            try:
+                os.write(self._w, b"\x00")
+            except BlockingIOError:
+                pass  # pipe full: a wake is already pending
+
+    def clear(self) -> None:
+        """Empty the pipe, then re-arm: a wake after this writes a fresh byte (none is lost)."""
+        with self._lock:
+            try:
+                while os.read(self._r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+            self._pending = False
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            os.close(self._r)
+            os.close(self._w)
+
+
+@dataclasses.dataclass(eq=False)
+class _Call:
+    address: str
+    frames: list[bytes]
+    future: concurrent.futures.Future[Response]
+    timeout_ms: int
+    opaque: int = 0
+    deadline: float = 0.0
+    on_done: Callable[[_Call], None] | None = None  # runs on the I/O thread
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class AsyncItem:
+    """One message waiting to be coalesced into a batch (its future is the caller's)."""
+
+    address: str
+    topic: str
+    queue_id: int
+    body: bytes
+    meta: list[Any] | None
+    future: concurrent.futures.Future[SendResult]
+    enqueued: float
+    fixed_queue: int | None = None  # the queue the caller asked for, if any
+    attempt: int = 0
+    on_error: Callable[[AsyncItem, BrokerError], None] | None = None  # runs on the I/O thread
+    give_up: float = 0.0  # monotonic: when waiting for a master (NoMasterError) ends
+
+
+@dataclasses.dataclass(eq=False)
+class _QueueBatch:
+    items: collections.deque[AsyncItem] = dataclasses.field(default_factory=collections.deque)
+    in_flight: int = 0
+
+
+def new_dealer(
+    ctx: zmq.Context[zmq.Socket[bytes]], address: str, blocking_call: bool = False
+) -> zmq.Socket[bytes]:
+    """A DEALER to ``address``.
+
+    The I/O thread's sockets are ZMQ_IMMEDIATE, so no request is queued while the connection
+    is down, with heartbeats, so a frozen broker's connection is dropped. But libzmq then also
+    drops the answers not yet read when the connection drops (``socket_base_t::hiccuped`` ends
+    the pipe without delay), and a broker closes right after its last answers when it drains (a
+    test lost 18 of 40 such answers on a loaded VM). A ``blocking_call`` socket (one thread,
+    one call at a time) has neither: it keeps such an answer, and ``call_sync`` closes it when
+    its call times out, so no stale request outlives the call either. Without heartbeats it
+    also stays out of the libzmq assertions on heartbeat timers (libzmq issues 3596, 3937).
+    """
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 0 if blocking_call else 1)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+    if not blocking_call:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+    sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_LIMITS.max_frame_bytes)
+    sock.connect(f"tcp://{address}")
+    return sock
+
+
+class Transport:
+    """The I/O thread, its sockets and the map of requests in flight."""
+
+    def __init__(
+        self,
+        name: str = "replog-client",
+        batch_size: int = 64,
+        batch_bytes: int = 1024 * 1024,
+        linger_ms: float = 0.0,
+        max_batches_in_flight: int = 2,
+        max_in_flight: int = 65_536,
+        batch_timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        spin_us: int = DEFAULT_SPIN_US,
+    ):
+        self._batch_timeout_ms = batch_timeout_ms
+        self._spin_s = max(0, spin_us) / 1e6
+        self._rtt_s = 0.0  # moving average of call_sync round trips
+        self.on_degraded: Callable[[str], None] | None = None  # set by the cluster view
+        self._ctx = zmq.Context(io_threads=1)
+        self._sockets: dict[str, zmq.Socket[bytes]] = {}
+        self._addresses: dict[zmq.Socket[bytes], str] = {}
+        self._monitors: dict[zmq.Socket[bytes], str] = {}  # DISCONNECTED events per socket
+        self._backlog: dict[str, collections.deque[_Call]] = {}
+        self._inbox: collections.deque[_Call | AsyncItem] = collections.deque()
+        self._wakeup = _Wakeup()
+        self._pending: dict[int, _Call] = {}
+        self._deadlines: list[tuple[float, int]] = []
+        self._opaques = itertools.count(1)
+        self._batches: dict[tuple[str, str, int], _QueueBatch] = {}
+        self._ready: set[tuple[str, str, int]] = set()
+        self._batch_size = batch_size
+        self._batch_bytes = batch_bytes
+        self._linger_s = linger_ms / 1000.0
+        self._max_batches = max_batches_in_flight
+        self._max_pending = max_in_flight
+        self._pending_items = 0
+        self._pending_lock = threading.Lock()
+        self._pending_freed = threading.Condition(self._pending_lock)
+        self._stop = threading.Event()
+        self._local = threading.local()
+        self._direct: list[zmq.Socket[bytes]] = []
+        self._direct_monitors: dict[zmq.Socket[bytes], zmq.Socket[bytes]] = {}
+        self._direct_lock = threading.Lock()
+        self._poller = zmq.Poller()
+        self._poller.register(self._wakeup.fileno(), zmq.POLLIN)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # -- any thread ----------------------------------------------------------------------------
+    def call(
+        self,
+        address: str,
+        code: RequestCode,
+        fields: dict[str, Any] | None = None,
+        bodies: Sequence[bytes] = (),
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    ) -> concurrent.futures.Future[Response]:
+        """Send one request; the future resolves with the Response or a BrokerError."""
+        fut: concurrent.futures.Future[Response] = LightFuture()
+        opaque = next(self._opaques)  # itertools.count is atomic under the GIL
+        frames = encode_request(code, opaque, fields, bodies)
+        self._submit(_Call(address, frames, fut, timeout_ms, opaque))
+        return fut
+
+    def call_sync(
+        self,
+        address: str,
+        code: RequestCode,
+        fields: dict[str, Any] | None = None,
+        bodies: Sequence[bytes] = (),
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    ) -> Response:
+        """A blocking request on the calling thread's own socket to ``address``.
+
+        One request in flight per thread needs no hand-off to the I/O thread (two thread
+        switches saved per call); answers to earlier timed-out calls are skipped by opaque.
+        """
+        if self._stop.is_set():
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
+        sock = self._direct_socket(address)
+        self._connection_dropped(sock)  # forget drops before this request: it was not on them
+        opaque = next(self._opaques)
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        frames = encode_request(code, opaque, fields, bodies)
+        send_frames(sock, frames)  # never Again: no HWM, and queued until connected
+        sent = time.perf_counter()
+        if self._spin_s > 0.0 and self._rtt_s < self._spin_s:
+            resp = self._spin_for(sock, opaque, sent + min(self._spin_s, timeout_ms / 1000))
+            if resp is not None:
+                self._note_rtt(time.perf_counter() - sent)
+                return resp
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                # the request may still wait in the socket for a connection: it goes with it
+                self._drop_direct_socket(address, sock)
+                raise ClientTimeoutError(address, timeout_ms)
+            if not sock.poll(min(left_ms, LOST_CHECK_MS)):
+                if self._connection_dropped(sock):
+                    self._drop_direct_socket(address, sock)
+                    raise ConnectionLostError(address)
+                continue
+            try:
+                resp = decode_response(sock.recv_multipart(), CLIENT_LIMITS)
+            except ProtocolError:
+                continue
+            if resp.opaque == opaque:
+                self._note_rtt(time.perf_counter() - sent)
+                return resp
+
+    def _spin_for(self, sock: zmq.Socket[bytes], opaque: int, until: float) -> Response | None:
+        """Poll ``sock`` without sleeping until ``until``: the answer, or None (then block).
+
+        Waking a thread that sleeps in poll() costs tens of microseconds on a VM (often a
+        cross-CPU interrupt), as much as a whole loopback round trip; a caller that spins
+        for an answer expected within ``spin_us`` skips that wake-up (an adaptive mutex's
+        trick). ``call_sync`` spins only while the recent round trips fit in the budget, so a
+        slow path (a SYNC_MASTER put, a long poll) costs no CPU."""
+        clock = time.perf_counter
+        while True:
+            if not readable(sock):
+                if clock() >= until:
+                    return None
+                continue
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            try:
+                resp = decode_response(frames, CLIENT_LIMITS)
+            except ProtocolError:
+                continue
+            if resp.opaque == opaque:
+                return resp
+
+    def _note_rtt(self, seconds: float) -> None:
+        """Moving average of ``call_sync`` round trips (races between threads are harmless)."""
+        self._rtt_s += (seconds - self._rtt_s) / 8.0
+
+    def _direct_socket(self, address: str) -> zmq.Socket[bytes]:
+        sockets: dict[str, zmq.Socket[bytes]] | None = getattr(self._local, "sockets", None)
+        if sockets is None:
+            sockets = self._local.sockets = {}
+        sock = sockets.get(address)
+        if sock is None:
+            with self._direct_lock:
+                if self._stop.is_set():  # close() has run: it would never close this one
+                    raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
+                sock = new_dealer(self._ctx, address, blocking_call=True)
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                self._direct.append(sock)
+                self._direct_monitors[sock] = monitor
+            sockets[address] = sock
+            self._local.monitors = getattr(self._local, "monitors", {})
+            self._local.monitors[sock] = monitor
+        return sock
+
+    def _connection_dropped(self, sock: zmq.Socket[bytes]) -> bool:
+        """Whether the calling thread's socket ``sock`` lost a connection since last asked.
+
+        Checked while a blocking call waits (every LOST_CHECK_MS): an answer cannot come over
+        a new connection to a request sent on a dropped one (the broker's ROUTER knew the
+        peer by that connection), so the call ends with ConnectionLostError rather than at
+        its deadline and is retried at once, e.g. on the master found again."""
+        monitor = self._local.monitors.get(sock)
+        dropped = False
+        # the common case (no event) costs one getsockopt, not a raised zmq.Again: this also
+        # runs before every blocking request (1.8 against 3.4 us a call here)
+        while monitor is not None and monitor.getsockopt(zmq.EVENTS) & POLLIN:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            dropped = dropped or event["event"] == zmq.EVENT_DISCONNECTED
+        return dropped
+
+    def _drop_direct_socket(self, address: str, sock: zmq.Socket[bytes]) -> None:
+        """Close the calling thread's socket to ``address`` (LINGER 0: a request still queued
+        for a connection is dropped with it); the next call makes a new one."""
+        sockets: dict[str, zmq.Socket[bytes]] = self._local.sockets
+        if sockets.get(address) is sock:
+            del sockets[address]
+        self._local.monitors.pop(sock, None)
+        with self._direct_lock:
+            if sock in self._direct:
+                self._direct.remove(sock)
+                self._close_direct(sock)
+
+    def _close_direct(self, sock: zmq.Socket[bytes]) -> None:
+        """Under ``_direct_lock``: close a blocking-call socket and its monitor."""
+        monitor = self._direct_monitors.pop(sock, None)
+        if monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(linger=0)
+        sock.close(linger=0)
+
+    def reserve(self, timeout_ms: int) -> None:
+        """Take a pending-message slot for a send_async (blocks while too many messages are
+        pending, at most ``timeout_ms``); ``requeue`` hands the message over, and the slot is
+        freed when its future is settled."""
+        with self._pending_lock:
+            if self._pending_items >= self._max_pending:
+                limit = time.monotonic() + timeout_ms / 1000.0
+                while self._pending_items >= self._max_pending:
+                    left = limit - time.monotonic()
+                    if left <= 0:
+                        raise BrokerError(
+                            ResponseCode.SYSTEM_BUSY, "client has too many sends pending", True
+                        )
+                    self._pending_freed.wait(left)
+            self._pending_items += 1
+
+    def requeue(self, item: AsyncItem) -> None:
+        """A message goes to the coalescing accumulator (its pending slot is held)."""
+        self._submit(item)
+
+    def _release_items(self, count: int) -> None:
+        with self._pending_lock:
+            self._pending_items -= count
+            if self._pending_items < self._max_pending:
+                self._pending_freed.notify_all()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the I/O thread and close every socket (call once no thread uses the client)."""
+        self._stop.set()
+        with self._direct_lock:
+            for sock in self._direct:
+                self._close_direct(sock)
+            self._direct.clear()
+        self._wakeup.wake()
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self._wakeup.close()
+
+    def _submit(self, entry: _Call | AsyncItem) -> None:
+        if self._stop.is_set():
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
+        self._inbox.append(entry)
+        self._wakeup.wake()
+
+    # -- the I/O thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._loop_once()
+        finally:
+            self._fail_all(BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False))
+            for address in list(self._sockets):
+                self._close_socket(address)
+            self._ctx.term()
+
+    def _loop_once(self) -> None:
+        events = dict(self._poller.poll(self._poll_timeout_ms()))
+        if self._wakeup.fileno() in events:
+            self._wakeup.clear()
+        self._drain_inbox()
+        for sock, mask in events.items():
+            if sock in self._monitors:
+                self._on_monitor(sock)
+            elif isinstance(sock, zmq.Socket) and sock in self._addresses:
+                if mask & POLLIN:
+                    self._receive(sock)
+                if mask & POLLOUT:
+                    self._flush_backlog(self._addresses[sock])
+        now = time.monotonic()
+        self._send_ready_batches(now)
+        self._expire(now)
+
+    def _poll_timeout_ms(self) -> int:
+        deadline = self._deadlines[0][0] if self._deadlines else time.monotonic() + 1.0
+        if self._linger_s > 0:
+            for key in self._ready:
+                batch = self._batches[key]
+                if batch.items and batch.in_flight < self._max_batches:
+                    deadline = min(deadline, batch.items[0].enqueued + self._linger_s)
+        return max(0, min(1000, int((deadline - time.monotonic()) * 1000) + 1))
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            entry = self._inbox.popleft()
+            if isinstance(entry, _Call):
+                self._start_call(entry)
+            else:
+                key = (entry.address, entry.topic, entry.queue_id)
+                batch = self._batches.get(key)
+                if batch is None:
+                    batch = self._batches[key] = _QueueBatch()
+                batch.items.append(entry)
+                self._ready.add(key)
+
+    def _socket(self, address: str) -> zmq.Socket[bytes]:
+        sock = self._sockets.get(address)
+        if sock is None:
+            sock = new_dealer(self._ctx, address)
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._sockets[address] = sock
+            self._addresses[sock] = address
+            self._monitors[monitor] = address
+            self._poller.register(sock, zmq.POLLIN)
+            self._poller.register(monitor, zmq.POLLIN)
+        return sock
+
+    def _close_socket(self, address: str) -> None:
+        sock = self._sockets.pop(address)
+        del self._addresses[sock]
+        self._poller.unregister(sock)
+        for monitor, owner in list(self._monitors.items()):
+            if owner == address:
+                del self._monitors[monitor]
+                self._poller.unregister(monitor)
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disable_monitor()
+                monitor.close(linger=0)
+        sock.close(linger=0)
+
+    def _on_monitor(self, monitor: zmq.Socket[bytes]) -> None:
+        lost = False
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
+        if lost:
+            self._connection_lost(self._monitors[monitor])
+
+    def _connection_lost(self, address: str) -> None:
+        """The connection to ``address`` dropped: every request sent on it is unanswerable.
+
+        The answers still readable are taken first; then the socket is replaced by a new one
+        (so no request can ride a connection libzmq made again meanwhile and be failed here
+        although it may be answered), and the calls that went out on the old one end with
+        ConnectionLostError at once instead of at their deadline: a send_async batch is retried
+        on the master found again, Kafka's producer's behaviour on a broken connection. Calls
+        still waiting in the backlog were never sent; they wait for the new connection."""
+        sock = self._sockets[address]
+        self._receive(sock)
+        self._close_socket(address)
+        backlog = self._backlog.get(address) or ()
+        waiting = {call.opaque for call in backlog}
+        sent = [
+            call
+            for call in self._pending.values()
+            if call.address == address and call.opaque not in waiting
+        ]
+        for call in sent:
+            del self._pending[call.opaque]
+        if backlog:
+            self._poller.modify(self._socket(address), zmq.POLLIN | zmq.POLLOUT)
+        for call in sent:
+            self._finish(call, ConnectionLostError(address))
+
+    def _start_call(self, call: _Call) -> None:
+        call.deadline = time.monotonic() + call.timeout_ms / 1000.0
+        self._pending[call.opaque] = call
+        heapq.heappush(self._deadlines, (call.deadline, call.opaque))
+        backlog = self._backlog.get(call.address)
+        if backlog:
+            backlog.append(call)
+            return
+        if not self._try_send(call):
+            self._park(call)
+
+    def _try_send(self, call: _Call) -> bool:
+        try:
+            send_frames(self._socket(call.address), call.frames)
+            return True
+        except zmq.Again:
+            return False
+
+    def _park(self, call: _Call) -> None:
+        """No connection yet: wait for POLLOUT (bounded by the call's deadline)."""
+        self._backlog.setdefault(call.address, collections.deque()).append(call)
+        self._poller.modify(self._socket(call.address), zmq.POLLIN | zmq.POLLOUT)
+
+    def _flush_backlog(self, address: str) -> None:
+        backlog = self._backlog.get(address)
+        while backlog:
+            call = backlog[0]
+            if call.opaque in self._pending and not self._try_send(call):
+                return
+            backlog.popleft()
+        self._poller.modify(self._sockets[address], zmq.POLLIN)
+
+    def _receive(self, sock: zmq.Socket[bytes]) -> None:
+        for _ in range(RECV_BURST):
+            if not readable(sock):
+                return
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                resp = decode_response(frames, CLIENT_LIMITS)
+            except ProtocolError:
+                continue  # unmatched garbage; the request it answers will time out
+            call = self._pending.pop(resp.opaque, None)
+            if call is not None:
+                self._finish(call, resp)
+
+    def _finish(self, call: _Call, outcome: Response | BaseException) -> None:
+        if isinstance(outcome, BaseException):
+            call.future.set_exception(outcome)
+        else:
+            call.future.set_result(outcome)
+        if call.on_done is not None:
+            call.on_done(call)
+
+    def _expire(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, opaque = heapq.heappop(self._deadlines)
+            call = self._pending.pop(opaque, None)
+            if call is not None:
+                self._finish(call, ClientTimeoutError(call.address, call.timeout_ms))
+        if not self._pending:
+            self._deadlines.clear()
+
+    def _fail_all(self, err: BrokerError) -> None:
+        self._drain_inbox()
+        for call in list(self._pending.values()):
+            self._finish(call, err)
+        self._pending.clear()
+        for batch in self._batches.values():
+            while batch.items:
+                item = batch.items.popleft()
+                if not item.future.done():
+                    item.future.set_exception(err)
+                self._release_items(1)
+
+    # -- coalescing ---------------------------------------------------------------------------
+    def _send_ready_batches(self, now: float) -> None:
+        for key in list(self._ready):
+            batch = self._batches[key]
+            while batch.items and batch.in_flight < self._max_batches:
+                full = len(batch.items) >= self._batch_size
+                if not full and now - batch.items[0].enqueued < self._linger_s:
+                    break
+                self._send_batch(key, batch)
+            if not batch.items:
+                self._ready.discard(key)
+
+    def _send_batch(self, key: tuple[str, str, int], batch: _QueueBatch) -> None:
+        items: list[AsyncItem] = []
+        size = 0
+        while batch.items and len(items) < self._batch_size:
+            nxt = batch.items[0]
+            if items and size + len(nxt.body) > self._batch_bytes:
+                break
+            items.append(batch.items.popleft())
+            size += len(nxt.body)
+        address, topic, queue_id = key
+        fields: dict[str, Any] = {"topic": topic, "queueId": queue_id}
+        if any(i.meta is not None for i in items):
+            fields["meta"] = [i.meta for i in items]
+        code = RequestCode.SEND_BATCH
+        fut: concurrent.futures.Future[Response] = LightFuture()
+        opaque = next(self._opaques)
+        frames = encode_request(code, opaque, fields, pack_bodies(fields, [i.body for i in items]))
+        call = _Call(address, frames, fut, self._batch_timeout_ms, opaque)
+        call.on_done = lambda c: self._batch_done(key, batch, items, c)
+        batch.in_flight += 1
+        self._start_call(call)
+
+    def _batch_done(
+        self, key: tuple[str, str, int], batch: _QueueBatch, items: list[AsyncItem], call: _Call
+    ) -> None:
+        batch.in_flight -= 1
+        if batch.items:
+            self._ready.add(key)
+        try:
+            resp = call.future.result()
+            if resp.code in DEGRADED_CODES and self.on_degraded is not None:
+                self.on_degraded(call.address)
+            results = send_results(key[1], resp)
+            if len(results) != len(items):
+                raise BrokerError(
+                    ResponseCode.SYSTEM_ERROR,
+                    f"broker answered {len(results)} offsets for {len(items)} messages",
+                )
+        except BrokerError as e:
+            self._items_failed(items, e)
+            return
+        self._release_items(len(items))
+        for item, result in zip(items, results, strict=True):
+            item.future.set_result(result)
+
+    def _items_failed(self, items: list[AsyncItem], err: BrokerError) -> None:
+        finished = 0
+        for item in items:
+            if item.on_error is None or self._stop.is_set():
+                item.future.set_exception(err)
+                finished += 1
+            else:
+                item.on_error(item, err)  # retries or fails it (and then calls release_one)
+        self._release_items(finished)
+
+    def release_one(self) -> None:
+        self._release_items(1)
