@@ -42,6 +42,7 @@ from rich.table import Table
 from common.client import Admin, Consumer, Producer, SendResult, parse_servers
 from common.config import KNOWN_KEYS, dump_yaml, load_config
 from common.errors import BrokerError, ConfigError, SendStatus, StoreError
+from common.message import DEFAULT_COMPRESS_OVER_BYTES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_SERVERS = "127.0.0.1:10911"
@@ -137,7 +138,10 @@ def cmd_send(args: argparse.Namespace) -> int:
         raise UsageError("--count N needs --size BYTES (N >= 1, BYTES >= 0)")
     if args.shard_key is not None and args.queue is not None:
         raise UsageError("give --queue or --shard-key, not both")
-    with Producer(args.servers, timeout_ms=args.timeout_ms) as producer:
+    if args.compress_over < 0:
+        raise UsageError("--compress-over BYTES must be >= 0 (0: never compress)")
+    with Producer(args.servers, timeout_ms=args.timeout_ms,
+                  compress_over_bytes=args.compress_over or None) as producer:
         if args.count is None:
             body = (
                 args.body.encode("utf-8") if args.body is not None else Path(args.file).read_bytes()
@@ -698,6 +702,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", type=int)
     p.add_argument("--shard-key", help="every message of a key to one queue, in order")
     p.add_argument("--delay-level", type=int, default=0)
+    p.add_argument("--compress-over", type=int, default=DEFAULT_COMPRESS_OVER_BYTES,
+                   metavar="BYTES",
+                   help="deflate bodies of at least BYTES (default %(default)s, 0: never)")
 
     p = _client(sub, "pull", "read from a consume queue")
     p.add_argument("-t", "--topic", required=True)

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import socket
 import struct
+import zlib
 from typing import Any
 
 NAME_VALUE_SEP = "\x01"
@@ -33,6 +34,37 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ's consumer default: retries before the DLQ
+
+# SYSFLAG bits (RocketMQ ``MessageSysFlag``) a producer may set; the rest are the broker's.
+SYSFLAG_COMPRESSED = 0x1  # BODY is zlib-deflated (RocketMQ 4.x producers: bodies >= 4 KiB)
+CLIENT_SYSFLAGS = SYSFLAG_COMPRESSED
+DEFAULT_COMPRESS_OVER_BYTES = 4096  # RocketMQ's compressMsgBodyOverHowmuch
+DEFAULT_COMPRESS_LEVEL = 5  # RocketMQ's zipCompressLevel
+MAX_INFLATED_BYTES = 64 * 1024 * 1024  # a compressed body inflating past this is refused
+
+
+def compress_body(body: bytes, level: int = DEFAULT_COMPRESS_LEVEL) -> bytes | None:
+    """RocketMQ's ``UtilAll.compress``: the body deflated in zlib format (what Java's
+    ``Deflater`` writes and its ``InflaterInputStream`` reads), or None when that does not
+    make it smaller (an incompressible body is kept as it is, flag unset)."""
+    packed = zlib.compress(body, level)
+    return packed if len(packed) < len(body) else None
+
+
+def inflate_body(body: bytes | memoryview, max_bytes: int = MAX_INFLATED_BYTES) -> bytes:
+    """A COMPRESSED record's body as its producer sent it. Bounded: a body that would inflate
+    past ``max_bytes`` (a zip bomb, or a corrupt stream) raises ValueError, as does one that is
+    not a whole zlib stream; nothing larger than ``max_bytes`` is ever allocated."""
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(body, max_bytes)
+    except zlib.error as e:
+        raise ValueError(f"compressed body does not inflate: {e}") from None
+    if inflater.unconsumed_tail:
+        raise ValueError(f"compressed body inflates past {max_bytes} bytes")
+    if not inflater.eof:
+        raise ValueError("compressed body is a truncated zlib stream")
+    return out
 
 
 def retry_topic(group: str) -> str:
@@ -123,6 +155,7 @@ class Message:
     flag: int = 0
     delay_level: int = 0
     reconsume_times: int = 0  # RECONSUMETIMES: how often a consumer sent it back (retries)
+    sys_flag: int = 0  # SYSFLAG bits the record carries: SYSFLAG_COMPRESSED (body deflated)
 
     def all_properties(self) -> dict[str, str]:
         props = dict(self.properties)
@@ -138,7 +171,11 @@ class Message:
 
 @dataclasses.dataclass
 class MessageExt:
-    """A stored message, decoded from its CommitLog record."""
+    """A stored message, decoded from its CommitLog record.
+
+    ``body`` is the record's BODY as stored. The clients (``common.protocol.decode_record``)
+    inflate a COMPRESSED one, so users see what the producer sent; ``sys_flag``, ``body_crc``
+    and ``store_size`` still describe the stored record."""
 
     topic: str
     queue_id: int

@@ -44,9 +44,13 @@ import msgpack
 
 from common.errors import ResponseCode
 from common.message import (
+    CLIENT_SYSFLAGS,
+    MAX_INFLATED_BYTES,
     NAME_VALUE_SEP,
     PROPERTY_SEP,
+    SYSFLAG_COMPRESSED,
     MessageExt,
+    inflate_body,
 )
 from common.store import record
 
@@ -179,7 +183,7 @@ class Response(NamedTuple):
 class Field:
     """One named header field: its kind, whether it is required and its bounds."""
 
-    kind: str  # "int" | "str" | "topic" | "group" | "props" | "meta" | "sizes" | "role"
+    kind: str  # int, str, topic, group, props, meta, sizes, role, sysflag
     required: bool = False
     lo: int = 0
     hi: int = MAX_INT32
@@ -203,6 +207,7 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "flag": Field("int", lo=-MAX_INT32 - 1, hi=MAX_INT32, default=0),
         "delayLevel": Field("int", lo=0, hi=64, default=0),
         "bornTimestamp": _BORN,
+        "sysFlag": Field("sysflag", default=0),  # SYSFLAG bits a producer may set: COMPRESSED
     },
     RequestCode.SEND_BATCH: {
         "topic": _TOPIC,
@@ -284,7 +289,8 @@ BODY_COUNTS: dict[RequestCode, tuple[int, int | None]] = {
     RequestCode.SEND_BATCH: (1, None),
 }
 
-META_ITEMS = ("tags", "keys", "properties", "flag")  # one SEND_BATCH meta entry, in order
+# One SEND_BATCH meta entry, in order; the last, sysFlag, may be left out (then 0).
+META_ITEMS = ("tags", "keys", "properties", "flag", "sysFlag")
 
 
 # ---- encoding -------------------------------------------------------------------------------
@@ -575,6 +581,8 @@ def _check_value(name: str, spec: Field, value: Any, limits: Limits) -> Any:
         return _check_meta(name, value, limits)
     if kind == "sizes":
         return _check_sizes(name, value, limits)
+    if kind == "sysflag":
+        return _check_sys_flag(name, value)
     if kind == "role":
         if value not in ("SYNC_MASTER", "ASYNC_MASTER"):
             raise ProtocolError(name, "must be SYNC_MASTER or ASYNC_MASTER")
@@ -629,7 +637,7 @@ def _has_separator(text: str) -> bool:
 
 
 def _check_meta(name: str, value: Any, limits: Limits) -> list[tuple[Any, ...]]:
-    """SEND_BATCH ``meta``: one ``[tags, keys, properties, flag]`` (or nil) per body."""
+    """SEND_BATCH ``meta``: one ``[tags, keys, properties, flag(, sysFlag)]`` (or nil) per body."""
     if not isinstance(value, list):
         raise ProtocolError(name, f"expected array, got {type(value).__name__}")
     if len(value) > limits.max_batch_count:
@@ -638,17 +646,18 @@ def _check_meta(name: str, value: Any, limits: Limits) -> list[tuple[Any, ...]]:
     for i, entry in enumerate(value):
         where = f"{name}[{i}]"
         if entry is None:
-            out.append((None, None, {}, 0))
+            out.append((None, None, {}, 0, 0))
             continue
-        if not isinstance(entry, list) or len(entry) != len(META_ITEMS):
-            raise ProtocolError(where, "must be [tags, keys, properties, flag] or nil")
-        tags, keys, props, flag = entry
+        if not isinstance(entry, list) or not 4 <= len(entry) <= len(META_ITEMS):
+            raise ProtocolError(where, "must be [tags, keys, properties, flag(, sysFlag)] or nil")
+        tags, keys, props, flag = entry[:4]
         out.append(
             (
                 None if tags is None else _check_str(where + ".tags", tags, 0, MAX_TAGS_LENGTH),
                 None if keys is None else _check_str(where + ".keys", keys, 0, MAX_KEYS_LENGTH),
                 {} if props is None else _check_props(where + ".properties", props),
                 _check_flag(where + ".flag", flag),
+                _check_sys_flag(where + ".sysFlag", entry[4] if len(entry) > 4 else None),
             )
         )
     return out
@@ -659,6 +668,16 @@ def _check_flag(name: str, value: Any) -> int:
         return 0
     if not _is_int(value) or not -MAX_INT32 - 1 <= value <= MAX_INT32:
         raise ProtocolError(name, "must be an int32")
+    return int(value)
+
+
+def _check_sys_flag(name: str, value: Any) -> int:
+    """Only the SYSFLAG bits a producer sets (COMPRESSED); the others (transaction state,
+    IPv6 hosts, batch) are the broker's to set."""
+    if value is None:
+        return 0
+    if not _is_int(value) or value & ~CLIENT_SYSFLAGS or value < 0:
+        raise ProtocolError(name, f"must be 0 or a mix of {CLIENT_SYSFLAGS:#x} (COMPRESSED)")
     return int(value)
 
 
@@ -720,11 +739,13 @@ def _check_meta_count(meta: list[Any] | None, bodies: int) -> None:
 # ---- messages in responses ------------------------------------------------------------------
 
 
-def decode_record(raw: bytes) -> MessageExt:
+def decode_record(raw: bytes, max_inflated_bytes: int = MAX_INFLATED_BYTES) -> MessageExt:
     """A whole CommitLog record (a pull or query answer's body frame) -> MessageExt.
 
     The record is checked (magic, sizes, body CRC) before it is trusted; a bad one raises
-    ProtocolError naming the reason.
+    ProtocolError naming the reason. A COMPRESSED body is inflated (RocketMQ's
+    ``MessageDecoder.decode(..., deCompressBody=true)``), at most to ``max_inflated_bytes``;
+    one that does not inflate, or inflates past that, is a bad record too.
     """
     checked = record.check(raw, 0, len(raw))
     if checked.size <= 0 or checked.size != len(raw):
@@ -735,4 +756,10 @@ def decode_record(raw: bytes) -> MessageExt:
         topic.decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError("record.topic", "not valid UTF-8") from None
-    return record.decode_message(raw)
+    msg = record.decode_message(raw)
+    if msg.sys_flag & SYSFLAG_COMPRESSED:
+        try:
+            msg.body = inflate_body(msg.body, max_inflated_bytes)
+        except ValueError as e:
+            raise ProtocolError("record.body", str(e)) from None
+    return msg

@@ -128,6 +128,7 @@ class MasterRole:
                 props,
                 f["flag"],
                 delay,
+                sys_flag=f["sysFlag"],
             )
             pending = self.store.put_nowait(msg, f["queueId"], born_timestamp=born)
         else:
@@ -286,6 +287,6 @@ def _batch_messages(
     if meta is None:
         return bodies  # bodies alone: the store prepares them without a Message each
     return [
-        Message(topic, body, tags, keys, dict(props), flag)
-        for body, (tags, keys, props, flag) in zip(bodies, meta, strict=True)
+        Message(topic, body, tags, keys, dict(props), flag, sys_flag=sys_flag)
+        for body, (tags, keys, props, flag, sys_flag) in zip(bodies, meta, strict=True)
     ]

@@ -12,11 +12,11 @@ to store a copy of it again, by the message's CommitLog offset:
 * once it has been retried ``maxReconsumeTimes`` times, or when the consumer asks for delay
   level -1, the copy goes to ``%DLQ%G`` (one queue, no delay), which nobody reads unless asked.
 
-The copy keeps the body, flag, tags, keys and user properties, its born time and host, and
-records ``RETRY_TOPIC`` (the topic it was first sent to, so a consumer sees it under that name)
-and ``ORIGIN_MESSAGE_ID`` (the msgId of the first copy). The consumer commits past the failed
-message only after the master stored the copy, so nothing is lost between the two (at least
-once).
+The copy keeps the body (deflated if it was, with its COMPRESSED sysflag), flag, tags, keys and
+user properties, its born time and host, and records ``RETRY_TOPIC`` (the topic it was first
+sent to, so a consumer sees it under that name) and ``ORIGIN_MESSAGE_ID`` (the msgId of the
+first copy). The consumer commits past the failed message only after the master stored the
+copy, so nothing is lost between the two (at least once).
 
 This module is the pure part (what to store); ``master/role.py`` looks the message up and puts
 the copy like any SEND, with the same flush and replica waits.
@@ -88,5 +88,6 @@ def plan(stored: MessageExt, group: str, origin_topic: str, delay_level: int,
         topic = retry_topic(group)
         level = min(delay_level or FIRST_RETRY_LEVEL + times, levels)
     message = Message(topic, stored.body, properties=props, flag=stored.flag, delay_level=level,
-                      reconsume_times=min(times + 1, MAX_RECONSUME_TIMES))
+                      reconsume_times=min(times + 1, MAX_RECONSUME_TIMES),
+                      sys_flag=stored.sys_flag)  # a compressed body stays so (RocketMQ copies it)
     return SendBack(message, dead)

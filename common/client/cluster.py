@@ -28,7 +28,6 @@ REDISCOVER_CODES = frozenset(
 )
 
 
-
 def parse_servers(servers: str | Iterable[str]) -> list[str]:
     try:
         return split_addresses(servers)

@@ -29,12 +29,16 @@ from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS, AsyncIt
 from common.errors import BrokerError, ResponseCode
 from common.futures import LightFuture
 from common.message import (
+    DEFAULT_COMPRESS_LEVEL,
+    DEFAULT_COMPRESS_OVER_BYTES,
     PROPERTY_DELAY,
     PROPERTY_SHARDING_KEY,
+    SYSFLAG_COMPRESSED,
     Message,
+    compress_body,
     java_hash,
 )
-from common.protocol import RequestCode
+from common.protocol import META_ITEMS, RequestCode
 
 
 def shard_queue(shard_key: str, queue_nums: int) -> int:
@@ -57,15 +61,17 @@ def _with_shard_key(properties: dict[str, str] | None, shard_key: str | None,
     return {**(properties or {}), PROPERTY_SHARDING_KEY: shard_key}
 
 
-
-def _message_meta(msg: Message) -> list[Any] | None:
+def _message_meta(msg: Message, sys_flag: int = 0) -> list[Any] | None:
+    """A SEND_BATCH meta entry ``[tags, keys, properties, flag(, sysFlag)]``, None if empty;
+    ``sys_flag`` is the message's as sent (``Producer._deflate``)."""
     props = {k: v for k, v in msg.properties.items()}
     if msg.delay_level > 0:
         props["DELAY"] = str(msg.delay_level)
     keys = msg.keys if isinstance(msg.keys, str) or msg.keys is None else " ".join(msg.keys)
-    if msg.tags is None and keys is None and not props and not msg.flag:
+    if msg.tags is None and keys is None and not props and not msg.flag and not sys_flag:
         return None
-    return [msg.tags, keys, props or None, msg.flag]
+    meta = [msg.tags, keys, props or None, msg.flag]
+    return [*meta, sys_flag] if sys_flag else meta
 
 
 class _Retries:
@@ -142,7 +148,17 @@ class Producer(ClientBase):
         max_message_size: int = 4 * 1024 * 1024,
         spin_us: int = DEFAULT_SPIN_US,
         route_ttl_ms: int = ROUTE_TTL_MS,
+        compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER_BYTES,
+        compress_level: int = DEFAULT_COMPRESS_LEVEL,
     ):
+        """``compress_over_bytes``: a body of at least this many bytes is sent and stored
+        zlib-deflated with the COMPRESSED sysflag, when that makes it smaller (RocketMQ's
+        ``compressMsgBodyOverHowmuch``, 4 KiB, and ``zipCompressLevel``, 5); consumers get
+        it back inflated. None turns it off. ``max_message_size`` bounds the body as given."""
+        if not 0 <= compress_level <= 9:
+            raise ValueError(f"compress_level {compress_level} is not 0..9")
+        if compress_over_bytes is not None and compress_over_bytes < 1:
+            raise ValueError(f"compress_over_bytes {compress_over_bytes} must be >= 1 or None")
         super().__init__(
             servers,
             timeout_ms,
@@ -156,6 +172,8 @@ class Producer(ClientBase):
             batch_timeout_ms=timeout_ms,
         )
         self.max_message_size = max_message_size
+        self.compress_over_bytes = compress_over_bytes
+        self.compress_level = compress_level
         self._rr = itertools.count()
         self._batch_size = max(1, batch_size)
         self._sticky: dict[str, tuple[int, int]] = {}  # topic -> (queue, sends left on it)
@@ -184,10 +202,11 @@ class Producer(ClientBase):
         properties = _with_shard_key(properties, shard_key, queue_id)
         msg = Message(topic, body, tags, keys, dict(properties or {}), flag, delay_level)
         self._check(msg)
+        body, sys_flag = self._deflate(msg)
         fields: dict[str, Any] = {"topic": topic}
-        meta = _message_meta(msg)
+        meta = _message_meta(msg, sys_flag)
         if meta is not None:
-            fields.update(zip(("tags", "keys", "properties", "flag"), meta, strict=True))
+            fields.update(zip(META_ITEMS, meta, strict=False))
             fields = {k: v for k, v in fields.items() if v is not None}
         if msg.delay_level:  # also in the DELAY property, RocketMQ's carrier, as brokers read it
             fields["delayLevel"] = msg.delay_level
@@ -214,7 +233,11 @@ class Producer(ClientBase):
             longest = max(map(len, plain))
             if longest > self.max_message_size:
                 self._check_body(topic, next(b for b in plain if len(b) == longest))
-            packed = pack_bodies(fields, plain)
+            over = self.compress_over_bytes
+            if over is not None and longest >= over:
+                packed = self._pack_messages(topic, plain, fields)
+            else:
+                packed = pack_bodies(fields, plain)
         else:
             packed = self._pack_messages(topic, bodies, fields)
 
@@ -239,10 +262,11 @@ class Producer(ClientBase):
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "a batch cannot hold delayed messages (send them one by one)",
                                   False)
-        metas = [_message_meta(m) for m in msgs]
+        deflated = [self._deflate(m) for m in msgs]
+        metas = [_message_meta(m, sys_flag) for m, (_, sys_flag) in zip(msgs, deflated, strict=True)]
         if any(m is not None for m in metas):
             fields["meta"] = metas
-        return pack_bodies(fields, [m.body for m in msgs])
+        return pack_bodies(fields, [body for body, _ in deflated])
 
     def send_async(
         self,
@@ -264,7 +288,9 @@ class Producer(ClientBase):
                 failed: concurrent.futures.Future[SendResult] = LightFuture()
                 failed.set_exception(e)
                 return failed
-        if tags is None and keys is None and not properties:
+        over = self.compress_over_bytes
+        if (tags is None and keys is None and not properties
+                and (over is None or len(body) < over)):
             meta = None
             self._check_body(topic, body)
         else:
@@ -274,7 +300,8 @@ class Producer(ClientBase):
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
                                   "send_async cannot delay a message: use send(delay_level=...)",
                                   False)
-            meta = _message_meta(msg)
+            body, sys_flag = self._deflate(msg)
+            meta = _message_meta(msg, sys_flag)
         future: concurrent.futures.Future[SendResult] = LightFuture()
         item = AsyncItem("", topic, 0, bytes(body), meta, future, 0.0, queue_id, 0,
                          self._on_item_error, time.monotonic() + self.timeout_ms / 1000.0)
@@ -292,6 +319,18 @@ class Producer(ClientBase):
         return future
 
     # -- internals ------------------------------------------------------------------------------
+    def _deflate(self, msg: Message) -> tuple[bytes, int]:
+        """(body, sysflag) to send: the body deflated and COMPRESSED set when it is at least
+        ``compress_over_bytes`` long and deflating makes it smaller; else as given, with the
+        message's own sysflag (COMPRESSED there: the caller deflated the body itself)."""
+        over = self.compress_over_bytes
+        if over is None or len(msg.body) < over or msg.sys_flag & SYSFLAG_COMPRESSED:
+            return msg.body, msg.sys_flag
+        packed = compress_body(bytes(msg.body), self.compress_level)
+        if packed is None:
+            return msg.body, msg.sys_flag
+        return packed, msg.sys_flag | SYSFLAG_COMPRESSED
+
     def _check(self, msg: Message) -> None:
         self._check_body(msg.topic, msg.body)
 

@@ -29,7 +29,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.lib.stride_tricks import sliding_window_view
 
-from common.message import PROPERTY_KEYS, PROPERTY_TAGS, body_str, tags_code
+from common.message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    SYSFLAG_COMPRESSED,
+    body_str,
+    inflate_body,
+    tags_code,
+)
 from common.store import record
 from common.store.record import FIXED_BYTES, HEADER, MAGIC_V1
 
@@ -430,9 +437,22 @@ BODY_COLUMNS = frozenset({"body", "bodyBase64", "bodyBytes"})
 
 
 def body_bytes(recs: Records) -> pa.Array:
-    """The raw BODY of every record (binary)."""
-    return view_array(recs.buf, pa.py_buffer(recs.buf), recs.pos + HEADER.size, recs.body_len,
-                      pa.binary())
+    """Every record's body as its producer sent it (binary): the BODY bytes, inflated where
+    the record's SYSFLAG says COMPRESSED (as a RocketMQ consumer gets it). A compressed body
+    that does not inflate raises ValueError naming its CommitLog offset."""
+    raw = view_array(recs.buf, pa.py_buffer(recs.buf), recs.pos + HEADER.size, recs.body_len,
+                     pa.binary())
+    compressed = np.flatnonzero(recs.int_field("sys_flag") & SYSFLAG_COMPRESSED)
+    if compressed.size == 0:
+        return raw
+    bodies = raw.to_pylist()
+    phy = recs.int_field("phy_offset")
+    for i in compressed.tolist():
+        try:
+            bodies[i] = inflate_body(bodies[i])
+        except ValueError as e:
+            raise ValueError(f"record at CommitLog offset {int(phy[i])}: {e}") from None
+    return pa.array(bodies, type=pa.binary())
 
 
 def body_text(raw: pa.Array) -> pa.Array:

@@ -5,7 +5,9 @@ The first twelve columns are the contract's JSON message (section 3), with its m
 always the body's base64; the two timestamps are Spark timestamps (UTC, millisecond precision)
 rather than the JSON's integers, so that time functions and windows apply directly. After them
 come the record fields an operator needs when looking at the log itself, ``bodyBytes`` (the
-raw BODY) first.
+body's bytes) first. The three body columns hold the body as its producer sent it: a BODY
+stored deflated (SYSFLAG COMPRESSED, ``sysFlag & 1``) is inflated, as a consumer gets it;
+``bodyCrc`` and ``storeSize`` still describe the stored record.
 
 | column                     | Spark type            | from the record                          |
 |----------------------------|-----------------------|------------------------------------------|
@@ -19,9 +21,9 @@ raw BODY) first.
 | tags                       | string                | property TAGS                            |
 | keys                       | string                | property KEYS                            |
 | properties                 | map<string,string>    | PROPERTIES                               |
-| body                       | string                | BODY as UTF-8 text, null if it is not    |
-| bodyBase64                 | string                | BODY in base64                           |
-| bodyBytes                  | binary                | BODY                                     |
+| body                       | string                | BODY* as UTF-8 text, null if it is not   |
+| bodyBase64                 | string                | BODY* in base64                          |
+| bodyBytes                  | binary                | BODY* (*: inflated if COMPRESSED)        |
 | bornHost                   | string                | BORNHOST as ``ip:port``                  |
 | storeHost                  | string                | STOREHOSTADDRESS as ``ip:port``          |
 | sysFlag                    | int                   | SYSFLAG                                  |

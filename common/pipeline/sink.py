@@ -20,7 +20,9 @@ Columns (others are ignored, so a DataFrame read from replog can be written back
 | queueId     | int                        | optional                                  |
 
 Options: ``servers`` (required), ``topic``, ``queueId``, ``batchSize`` (64), ``timeoutMs``
-(10000), ``acceptStatuses`` (comma-separated SendStatus names, default ``SEND_OK``).
+(10000), ``acceptStatuses`` (comma-separated SendStatus names, default ``SEND_OK``),
+``compressOverBytes`` (4096: bodies of that size and more are stored deflated, as a
+RocketMQ producer stores them; 0 never).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from pyspark.sql.types import (
 )
 
 from common.errors import BrokerError, ResponseCode, SendStatus
-from common.message import Message
+from common.message import DEFAULT_COMPRESS_OVER_BYTES, Message
 
 DEFAULT_BATCH = 64
 DEFAULT_TIMEOUT_MS = 10_000
@@ -63,6 +65,7 @@ class SinkOptions:
     batch_size: int
     timeout_ms: int
     accept: frozenset[SendStatus]
+    compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER_BYTES  # None: never compress
 
     @classmethod
     def parse(cls, options: dict[str, str], schema: StructType) -> SinkOptions:
@@ -85,8 +88,11 @@ class SinkOptions:
         if batch <= 0:
             raise ValueError("batchSize must be positive")
         queue = o.get("queueid")
+        compress = int(o.get("compressoverbytes", DEFAULT_COMPRESS_OVER_BYTES))
+        if compress < 0:
+            raise ValueError("compressOverBytes must be >= 0 (0: never compress)")
         return cls(servers, topic, int(queue) if queue else None, batch,
-                   int(o.get("timeoutms", DEFAULT_TIMEOUT_MS)), accept)
+                   int(o.get("timeoutms", DEFAULT_TIMEOUT_MS)), accept, compress or None)
 
 
 @dataclasses.dataclass
@@ -126,7 +132,8 @@ class _Sender:
 
         self.opts = opts
         self.partition_id = partition_id
-        self.producer = Producer(list(opts.servers), timeout_ms=opts.timeout_ms)
+        self.producer = Producer(list(opts.servers), timeout_ms=opts.timeout_ms,
+                                 compress_over_bytes=opts.compress_over_bytes)
         self.pending: list[Message] = []
         self.key: tuple[str, int] | None = None
         self.sent = SentMessage(partition_id, 0)

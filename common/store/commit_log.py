@@ -213,7 +213,8 @@ class CommitLog:
         return None
 
     def _prepare(self, msg: Message, topic_part: bytes, queue_id: int) -> tuple | PutResult:
-        """(size, crc, flag, body, tail, reconsume times) of one record, or the refusal."""
+        """(size, crc, flag, body, tail, reconsume times, sysflag) of one record, or the
+        refusal."""
         if msg.tags or msg.keys or msg.properties or msg.delay_level:
             props = encode_properties(msg.all_properties())
         else:
@@ -230,7 +231,8 @@ class CommitLog:
             assert bad is not None
             return bad
         tail = topic_part + len(props).to_bytes(2, "big") + props
-        return (size, zlib.crc32(body) & 0x7FFFFFFF, msg.flag, body, tail, msg.reconsume_times)
+        return (size, zlib.crc32(body) & 0x7FFFFFFF, msg.flag, body, tail, msg.reconsume_times,
+                msg.sys_flag)
 
     def put(self, msg: Message, queue_id: int, born_ip: bytes = LOCALHOST, born_port: int = 0,
             born_timestamp: int = 0) -> PutResult:
@@ -270,7 +272,7 @@ class CommitLog:
         for msg in msgs:
             if type(msg) is bytes and len(msg) <= plain_max:
                 size = plain_fixed + len(msg)
-                items.append((size, crc32(msg) & 0x7FFFFFFF, 0, msg, plain_tail, 0))
+                items.append((size, crc32(msg) & 0x7FFFFFFF, 0, msg, plain_tail, 0, 0))
                 total += size
                 continue
             if not isinstance(msg, Message):
@@ -328,10 +330,10 @@ class CommitLog:
             add_parts = parts.extend
             entries: list[tuple[int, int, int]] = []
             plain = True
-            for size, crc, flag, body, tail, reconsume in items:
+            for size, crc, flag, body, tail, reconsume, sys_flag in items:
                 phy = base + pos
-                head = pack(size, magic, crc, queue_id, flag, queue_offset, phy, 0, born, born_ip,
-                            born_port, ts, store_ip, store_port, reconsume, 0, len(body))
+                head = pack(size, magic, crc, queue_id, flag, queue_offset, phy, sys_flag, born,
+                            born_ip, born_port, ts, store_ip, store_port, reconsume, 0, len(body))
                 if sealed:  # the CRC runs over the pieces; the join below is the one copy
                     front = tail[:-crc_len]
                     whole = crc32(front, crc32(body, crc32(head))) & 0x7FFFFFFF

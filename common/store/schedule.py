@@ -50,7 +50,8 @@ def to_schedule_message(msg: Message, queue_id: int, levels: int) -> tuple[Messa
     props[PROPERTY_REAL_TOPIC] = msg.topic
     props[PROPERTY_REAL_QID] = str(queue_id)
     held = Message(SCHEDULE_TOPIC, msg.body, tags=msg.tags, keys=msg.keys, properties=props,
-                   flag=msg.flag, delay_level=level, reconsume_times=msg.reconsume_times)
+                   flag=msg.flag, delay_level=level, reconsume_times=msg.reconsume_times,
+                   sys_flag=msg.sys_flag)
     return held, level - 1
 
 
@@ -64,7 +65,7 @@ def to_real_message(held: MessageExt) -> tuple[Message, int]:
     keys = props.pop("KEYS", None)
     props[SCHEDULE_SOURCE] = str(held.commit_log_offset)
     return Message(topic, held.body, tags=tags, keys=keys, properties=props, flag=held.flag,
-                   reconsume_times=held.reconsume_times), queue_id
+                   reconsume_times=held.reconsume_times, sys_flag=held.sys_flag), queue_id
 
 
 def born_host_of(msg: MessageExt) -> tuple[str, int]:

@@ -69,6 +69,7 @@ class StoreWriter:
         extra: dict[str, str] | None = None,
         born_ms: int = 1_700_000_000_000,
         store_ms: int | None = None,
+        sys_flag: int = 0,
     ) -> Written:
         props = dict(extra or {})
         if tags is not None:
@@ -80,7 +81,7 @@ class StoreWriter:
         queue_offset = self.queue_offsets.get(qkey, 0)
         rec = record.encode(
             topic.encode(), body, encode_properties(props), queue_id, queue_offset,
-            born_timestamp=born_ms, store_timestamp=store_ms,
+            born_timestamp=born_ms, store_timestamp=store_ms, sys_flag=sys_flag,
             born_ip=host_bytes("10.0.0.7"), born_port=5555,
             store_ip=host_bytes("127.0.0.1"), store_port=10911,
         )

@@ -48,7 +48,7 @@ def test_batch_with_meta_round_trip() -> None:
     meta = [["t", "k", {"a": "b"}, 3], None]
     frames = encode_request(RequestCode.SEND_BATCH, 1, send_fields(meta=meta), [b"x", b"y"])
     req = decode_request(frames, LIMITS)
-    assert req.fields["meta"] == [("t", "k", {"a": "b"}, 3), (None, None, {}, 0)]
+    assert req.fields["meta"] == [("t", "k", {"a": "b"}, 3, 0), (None, None, {}, 0, 0)]
     assert req.bodies == [b"x", b"y"]
 
 
