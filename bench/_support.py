@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +20,17 @@ from common.cli import broker_env
 from common.client import Admin
 from common.config import dump_yaml, load_config
 from common.errors import BrokerError
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    """SIGTERM (a broker drains and flushes), then SIGKILL if it has not ended in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def free_port(span: int = 1) -> int:

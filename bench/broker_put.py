@@ -26,7 +26,6 @@ import concurrent.futures
 import multiprocessing
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -182,7 +181,7 @@ def main() -> int:
     children: list[Callable[[], None]] = []
     try:
         broker, address = start_broker(home)
-        children.append(lambda: _stop(broker))
+        children.append(lambda: _support.stop(broker))
         echo_port = _support.free_port()
         ready = multiprocessing.Event()
         echo = multiprocessing.Process(target=_echo_server, args=(echo_port, ready), daemon=True)
@@ -191,7 +190,7 @@ def main() -> int:
         ready.wait(10)
         redis_proc, redis_port = start_redis(home)
         if redis_proc is not None:
-            children.append(lambda: _stop(redis_proc))
+            children.append(lambda: _support.stop(redis_proc))
         print(f"replog put benchmark (broker {address}, scale {SCALE}, {os.cpu_count()} CPUs)")
         with Producer([address]) as p:
             p.send("bench", b"warm-up", queue_id=0)
@@ -224,16 +223,6 @@ def run_size(p: Producer, size: int, echo_port: int, redis_port: int) -> None:
                 print("    vs" + ref.line()[1:] + f"   ratio {f.rate / ref.rate:.2f}x")
     if r1 is None:
         print("  (redis-server not installed: Redis references skipped)")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 if __name__ == "__main__":

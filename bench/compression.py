@@ -16,8 +16,6 @@ each size, in one run:
 from __future__ import annotations
 
 import argparse
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -112,12 +110,7 @@ def main() -> None:
                 print(f"  CommitLog bytes per message: {plain_bytes:.0f} plain, {on_bytes:.0f} "
                       f"deflated ({plain_bytes / on_bytes:.1f}x less)")
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            _support.stop(proc)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@ the start of that send to the pull's answer (so the send's own round trip is inc
 from __future__ import annotations
 
 import argparse
-import signal
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -58,11 +56,7 @@ def main() -> None:
         try:
             lat = measure(address, args.rounds)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _support.stop(proc)
     p90 = lat[int(0.9 * (len(lat) - 1))]
     print(f"long poll, {len(lat)} rounds: send -> parked pull answered: "
           f"p50 {statistics.median(lat):.2f} ms, p90 {p90:.2f} ms, max {lat[-1]:.2f} ms "
