@@ -8,6 +8,7 @@
     replog query (--topic T --key K | --msg-id ID | --offset PHYOFFSET)
     replog offsets -t TOPIC [-q QUEUE] [--time T] [--group G [--reset]]   (an extension)
     replog consume -t TOPIC[,TOPIC] --group G [--from latest|earliest] [-n MAX]   (an extension)
+    replog topics [-t TOPIC] [--create TOPIC --queues N]   (an extension)
     replog status
     replog promote
 
@@ -41,7 +42,7 @@ from rich.table import Table
 
 from common.client import Admin, Consumer, Producer, SendResult, parse_servers
 from common.config import KNOWN_KEYS, dump_yaml, load_config
-from common.errors import BrokerError, ConfigError, SendStatus, StoreError
+from common.errors import BrokerError, ConfigError, ResponseCode, SendStatus, StoreError
 from common.message import DEFAULT_COMPRESS_OVER_BYTES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -317,6 +318,51 @@ def cmd_offsets(args: argparse.Namespace) -> int:
         table.add_column(col, justify="right")
     for row in rows:
         table.add_row(*(str(row[c]) for c in cols))
+    out.print(table)
+    return EXIT_OK
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    """The group's topics with their queues and messages (RocketMQ's topicList/topicStatus,
+    ``kafka-topics --describe``); ``--create T --queues N`` makes a topic or grows it."""
+    if (args.create is None) != (args.queues is None):
+        raise UsageError("--create TOPIC and --queues N go together")
+    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+        if args.create is not None:
+            before = admin.create_topic(args.create, args.queues)
+            doc: dict[str, Any] = {"topic": args.create, "queueNums": args.queues,
+                                   "before": before}
+            if args.json:
+                emit_json(doc)
+            else:
+                what = "created" if before == 0 else (
+                    "unchanged" if before == args.queues else f"grown from {before}")
+                out.print(f"{args.create}: {args.queues} queues ({what})")
+            return EXIT_OK
+        topics = admin.topics()
+    rows = []
+    with Consumer(args.servers, timeout_ms=args.timeout_ms) as consumer:
+        for name in sorted(topics):
+            if args.topic and name != args.topic:
+                continue
+            ends = [(consumer.min_offset(name, q), consumer.max_offset(name, q))
+                    for q in range(topics[name])]
+            rows.append({"topic": name, "queueNums": topics[name],
+                         "messages": sum(hi - lo for lo, hi in ends),
+                         "maxOffsets": [hi for _, hi in ends]})
+    if args.topic and not rows:
+        raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"no topic {args.topic}", False)
+    if args.json:
+        emit_json({"topics": rows})
+        return EXIT_OK
+    table = Table(title="topics")
+    table.add_column("topic")
+    table.add_column("queues", justify="right")
+    table.add_column("messages", justify="right")
+    table.add_column("written per queue")
+    for row in rows:
+        table.add_row(row["topic"], str(row["queueNums"]), str(row["messages"]),
+                      " ".join(map(str, row["maxOffsets"])))
     out.print(table)
     return EXIT_OK
 
@@ -743,6 +789,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reset", action="store_true",
                    help="commit the offsets at --time for --group (replay or skip from then)")
 
+    p = _client(sub, "topics", "the group's topics, queues and messages; make or grow a topic")
+    p.add_argument("-t", "--topic", help="only this topic")
+    p.add_argument("--create", metavar="TOPIC", help="make TOPIC, or give it more queues")
+    p.add_argument("--queues", type=int, help="with --create: the queue count (never fewer)")
+
     _client(sub, "status", "one broker's state")
     p = _client(sub, "promote", "turn the slave at -s into the master")
     p.add_argument("--role", choices=["SYNC_MASTER", "ASYNC_MASTER"], default="SYNC_MASTER")
@@ -762,6 +813,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "pull": cmd_pull,
     "query": cmd_query,
     "offsets": cmd_offsets,
+    "topics": cmd_topics,
     "consume": cmd_consume,
     "dlq": cmd_dlq,
     "status": cmd_status,

@@ -104,8 +104,7 @@ class MasterRole:
     # -- writes (the server's I/O thread) ------------------------------------------------------
     def handle_write(self, req: Request) -> Reply:
         if req.code == RequestCode.CREATE_TOPIC:
-            self.topics.create(req.fields["topic"], req.fields["queueNums"])
-            return reply(req)
+            return self._create_topic(req)
         if req.code == RequestCode.CONSUMER_SEND_MSG_BACK:
             return self._send_back(req)
         refusal = self._check_queue(req)
@@ -141,6 +140,22 @@ class MasterRole:
                 f["topic"], f["queueId"], msgs, born_timestamp=born
             )
         return self._after_append(req, pending)
+
+    def _create_topic(self, req: Request) -> Response:
+        """CREATE_TOPIC (RocketMQ's updateTopic): make a topic, or give one more queues. Fewer
+        queues are refused, as Kafka refuses fewer partitions: producers and consumers would
+        stop seeing the queues cut off, and the messages in them."""
+        topic, nums = req.fields["topic"], req.fields["queueNums"]
+        have = self.topics.queue_nums(topic)
+        if nums < have:
+            return reply(req, ResponseCode.BAD_REQUEST,
+                         f"topic {topic} has {have} queues: a topic cannot shrink to {nums} "
+                         "(the messages in the queues cut off would be unreachable)")
+        if nums != have:
+            self.topics.create(topic, nums)
+            log_event(log, "topic_created" if have == 0 else "topic_grown", topic=topic,
+                      queues=nums, before=have)
+        return reply(req, fields={"queueNums": nums, "before": have})
 
     def _send_back(self, req: Request) -> Reply:
         """CONSUMER_SEND_MSG_BACK: store the consumer's failed message again, into its group's

@@ -7,11 +7,8 @@ from typing import Any
 from common.client.cluster import ClientBase
 from common.errors import BrokerError, ResponseCode
 from common.message import MessageExt
-from common.protocol import (
-    ProtocolError,
-    RequestCode,
-    decode_record,
-)
+from common.protocol import ProtocolError, RequestCode, decode_record
+from common.tables import loads, parse_topics
 
 
 class Admin(ClientBase):
@@ -43,15 +40,35 @@ class Admin(ClientBase):
                               f"{code.name}: {len(resp.bodies)} body frames, expected 1")
         return bytes(resp.bodies[0])
 
-    def create_topic(self, topic: str, queue_nums: int) -> None:
-        def attempt(address: str) -> None:
+    def create_topic(self, topic: str, queue_nums: int) -> int:
+        """Make ``topic`` with ``queue_nums`` queues on the group's master, or grow it to that
+        many (RocketMQ's updateTopic); returns how many it had before (0: it is new). A topic
+        never shrinks: fewer queues than it has is refused (BAD_REQUEST)."""
+
+        def attempt(address: str) -> int:
             resp = self._cluster.request(
                 address, RequestCode.CREATE_TOPIC, {"topic": topic, "queueNums": queue_nums}
             )
             if not resp.ok:
                 raise BrokerError(resp.code, resp.remark)
+            return int(resp.fields.get("before", 0))
 
-        self._with_retries(attempt)
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+    def topics(self) -> dict[str, int]:
+        """Every topic the group's master has, with its queue count (its topics.json; RocketMQ's
+        topicList, Kafka's listTopics). Topics are made on first use unless the master's
+        ``autoCreateTopicEnable`` is off."""
+
+        def attempt(address: str) -> dict[str, int]:
+            raw = self.config_document(RequestCode.GET_ALL_TOPIC_CONFIG, address)
+            try:
+                queues, _ = parse_topics(loads(raw, "topics.json"), f"topics.json of {address}")
+            except ValueError as e:
+                raise BrokerError(ResponseCode.SYSTEM_ERROR, str(e)) from None
+            return queues
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
 
     def query_by_key(
         self, topic: str, key: str, max_nums: int = 32, address: str | None = None

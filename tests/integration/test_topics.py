@@ -1,0 +1,54 @@
+"""replog topics: list a group's topics with their queues and messages; make or grow one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from broker_harness import REPO, BrokerProcess, _child_env, brokers, run_cli
+
+from common.client import Admin, Producer
+from common.errors import BrokerError, ResponseCode
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(120)
+def test_topics_are_listed_made_and_grown_never_shrunk(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b", defaultTopicQueueNums=2)
+    with brokers(b):
+        s = ["-s", b.address]
+        rc, made = run_cli("topics", *s, "--create", "orders", "--queues", "3")
+        assert rc == 0 and made == {"topic": "orders", "queueNums": 3, "before": 0}
+        rc, grown = run_cli("topics", *s, "--create", "orders", "--queues", "4")
+        assert rc == 0 and grown["before"] == 3
+        rc, refused = run_cli("topics", *s, "--create", "orders", "--queues", "1")
+        assert rc == 1 and refused["error"] == "BAD_REQUEST" and "cannot shrink" in refused["remark"]
+        with Admin([b.address]) as admin:
+            with pytest.raises(BrokerError) as e:
+                admin.create_topic("orders", 2)
+            assert e.value.code == ResponseCode.BAD_REQUEST and not e.value.retriable
+            with Producer([b.address]) as p:
+                for q in (0, 0, 3):
+                    p.send("orders", b"x", queue_id=q)
+                p.send("auto", b"y")  # made on first use, with defaultTopicQueueNums
+            assert admin.topics() == {"orders": 4, "auto": 2}
+        rc, listed = run_cli("topics", *s)
+        assert rc == 0
+        auto, orders = listed["topics"]  # sorted by name
+        assert (auto["topic"], auto["queueNums"], auto["messages"]) == ("auto", 2, 1)
+        assert sorted(auto["maxOffsets"]) == [0, 1]  # the producer picked one of its queues
+        assert orders == {"topic": "orders", "queueNums": 4, "messages": 3,
+                          "maxOffsets": [2, 0, 0, 1]}
+        rc, one = run_cli("topics", *s, "-t", "orders")
+        assert rc == 0 and [t["topic"] for t in one["topics"]] == ["orders"]
+        rc, missing = run_cli("topics", *s, "-t", "nope")
+        assert rc == 1 and missing["error"] == "TOPIC_NOT_EXIST"
+        rc, _ = run_cli("topics", *s, "--create", "x")
+        assert rc == 2  # --create without --queues is bad usage
+        human = subprocess.run([sys.executable, "-m", "common.cli", "topics", *s], cwd=REPO,
+                               env=_child_env(), capture_output=True, timeout=60, check=True)
+        text = human.stdout.decode()
+        assert "orders" in text and "2 0 0 1" in text, text
