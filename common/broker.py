@@ -32,11 +32,13 @@ from common.config import BrokerConfig, split_addresses
 from common.consumer_groups import ConsumerGroups
 from common.errors import BrokerError, ConfigError, ResponseCode
 from common.ha import epochs, promotion, term
+from common.logs import log_event
 from common.message import retry_topic
 from common.metrics import ConsumerLagCollector, StatusCollector, dead_letters
 from common.port_hold import HA_BIND_HOST, PortHold
 from common.protocol import Request, RequestCode, Response
-from common.server import Reply, RequestServer, log_event, reply
+from common.replies import Reply, reply
+from common.server import RequestServer
 from common.store.record import MAX_TOPIC_BYTES
 from common.tables import ConsumerOffsetTable, TopicTable
 

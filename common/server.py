@@ -44,12 +44,10 @@ Threads::
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import heapq
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -59,7 +57,9 @@ import zmq
 
 from common.consumer_groups import ConsumerGroups
 from common.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
+from common.logs import log_event
 from common.loop import LoopParticipant, Participants
+from common.mailbox import Mailbox
 from common.message import tags_code
 from common.protocol import (
     WRITE_CODES,
@@ -72,6 +72,8 @@ from common.protocol import (
     encode_response,
     error_response,
 )
+from common.replies import Answers, Deferred, LoopWaits, Reply, reply
+from common.server_stats import ServerStats
 from common.zmq_frames import readable, send_frames
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
@@ -82,70 +84,6 @@ PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 
 
 log = logging.getLogger("replog.server")
-
-
-def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
-    """One structured line per event: ``event=name key=value ...`` (values quoted if needed)."""
-    if not logger.isEnabledFor(level):
-        return
-    parts = [f"event={event}"]
-    for key, value in fields.items():
-        text = str(value)
-        if not text or any(c in text for c in ' "='):
-            text = '"' + text.replace('"', '\\"') + '"'
-        parts.append(f"{key}={text}")
-    logger.log(level, " ".join(parts))
-
-
-def reply(
-    req: Request,
-    code: ResponseCode = ResponseCode.SUCCESS,
-    remark: str = "",
-    fields: dict[str, Any] | None = None,
-    bodies: list[bytes] | None = None,
-) -> Response:
-    return Response(code, req.opaque, remark, fields or {}, bodies or [])
-
-
-# ---- requests answered later on the I/O thread itself ------------------------------------------
-
-
-class Deferred:
-    """A request a processor holds to answer later on the I/O thread (no Future, no thread hop).
-
-    The processor registers it with its ``owner`` before returning it; the server stamps who
-    asked (``identity``, ``code``, ``started``) and counts it in flight; ``owner.poll`` later hands
-    it back with its ``Response``. Only the I/O thread touches a Deferred's fields."""
-
-    __slots__ = ("code", "identity", "owner", "started")
-
-    def __init__(self, owner: LoopWaits) -> None:
-        self.owner = owner
-        self.identity = b""
-        self.code = RequestCode.SEND
-        self.started = 0.0
-
-
-Answers = list[tuple[Deferred, Response]]
-
-
-class LoopWaits(Protocol):
-    """The owner of Deferreds (``master/group_transfer.py``). Every method runs on the I/O thread;
-    ``bind`` hands over ``wake(owner)``, which any thread may call so that ``poll`` runs soon."""
-
-    @property
-    def pending(self) -> int: ...  # Deferreds held, answered by no poll yet
-
-    def bind(self, wake: Callable[[LoopWaits], None]) -> None: ...
-
-    def poll(self) -> Answers: ...  # what reports and passed deadlines settled
-
-    def timeout_ms(self) -> int | None: ...  # until the next deadline (None: none)
-
-    def release_all(self) -> Answers: ...  # the loop ends: answer everything held
-
-
-Reply = Response | concurrent.futures.Future | Deferred  # a Future resolves to a Response
 
 
 # ---- what the server needs from the broker --------------------------------------------------
@@ -175,146 +113,7 @@ class Services(Protocol):
     def promote(self, req: Request) -> Reply: ...
 
 
-# ---- figures for status and metrics ----------------------------------------------------------
-
-
-class RateMeter:
-    """Events per second over the last ``window_s`` seconds (one bucket per second)."""
-
-    def __init__(self, window_s: int = 10):
-        self._window = window_s
-        self._buckets: collections.deque[list[int]] = collections.deque(maxlen=window_s + 1)
-        self.total = 0
-
-    def add(self, count: int = 1, now: float | None = None) -> None:
-        second = int(time.monotonic() if now is None else now)
-        if not self._buckets or self._buckets[-1][0] != second:
-            self._buckets.append([second, 0])
-        self._buckets[-1][1] += count
-        self.total += count
-
-    def rate(self, now: float | None = None) -> float:
-        second = int(time.monotonic() if now is None else now)
-        done = sum(c for s, c in self._buckets if second - self._window <= s < second)
-        return done / self._window
-
-
-class LatencyWindow:
-    """The last ``size`` latencies (ms); percentiles computed on demand."""
-
-    def __init__(self, size: int = 4096):
-        self._values: collections.deque[float] = collections.deque(maxlen=size)
-
-    def add(self, latency_ms: float) -> None:
-        self._values.append(latency_ms)
-
-    def percentile(self, q: float) -> float:
-        values = sorted(self._values)
-        if not values:
-            return 0.0
-        return values[min(len(values) - 1, int(q * len(values)))]
-
-
-@dataclasses.dataclass
-class ServerStats:
-    put_msgs: RateMeter = dataclasses.field(default_factory=RateMeter)
-    get_msgs: RateMeter = dataclasses.field(default_factory=RateMeter)
-    put_latency: LatencyWindow = dataclasses.field(default_factory=LatencyWindow)
-    get_latency: LatencyWindow = dataclasses.field(default_factory=LatencyWindow)
-    requests: int = 0
-    refused_busy: int = 0
-    bad_requests: int = 0
-    inflight: int = 0
-    long_polls: int = 0
-    wakes_inline: int = 0  # owners woken on the I/O thread itself (e.g. by an HA ack)
-    wakes_posted: int = 0  # owners woken from another thread, through the mailbox
-
-    def figures(self) -> dict[str, Any]:
-        return {
-            "putTps": self.put_msgs.rate(),
-            "getTps": self.get_msgs.rate(),
-            "putTotal": self.put_msgs.total,
-            "getTotal": self.get_msgs.total,
-            "putLatencyP50Ms": self.put_latency.percentile(0.50),
-            "putLatencyP99Ms": self.put_latency.percentile(0.99),
-            "getLatencyP50Ms": self.get_latency.percentile(0.50),
-            "getLatencyP99Ms": self.get_latency.percentile(0.99),
-            "requests": self.requests,
-            "refusedBusy": self.refused_busy,
-            "badRequests": self.bad_requests,
-            "inflight": self.inflight,
-            "longPolls": self.long_polls,
-            "wakesInline": self.wakes_inline,
-            "wakesPosted": self.wakes_posted,
-        }
-
-
-# ---- the mailbox: other threads -> the I/O thread ---------------------------------------------
-
-
-class Mailbox:
-    """Bounded hand-off to the I/O thread: completions, arrival notices, commands."""
-
-    def __init__(self, capacity: int):
-        self._capacity = capacity
-        self._items: collections.deque[Any] = collections.deque()
-        self._arrivals: dict[tuple[str, int], int] = {}
-        self._lock = threading.Lock()
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self._armed = False
-        self._closed = False
-
-    def fileno(self) -> int:
-        return self._r
-
-    def post(self, item: Any) -> None:
-        """Queue an item; raises BrokerError(SYSTEM_BUSY) past the capacity (a bug guard)."""
-        with self._lock:
-            if self._closed:
-                return  # the loop has ended; nobody is left to answer
-            if len(self._items) >= self._capacity:
-                raise BrokerError(ResponseCode.SYSTEM_BUSY, "server mailbox full")
-            self._items.append(item)
-            self._wake_locked()
-
-    def arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
-        """Coalesced per queue: at most one pending notice per (topic, queue)."""
-        with self._lock:
-            key = (topic, queue_id)
-            self._arrivals[key] = max(max_offset, self._arrivals.get(key, 0))
-            self._wake_locked()
-
-    def _wake_locked(self) -> None:
-        if self._armed or self._closed:
-            return  # closed: the descriptors may already belong to another file
-        self._armed = True
-        try:
-            os.write(self._w, b"\x00")
-        except (BlockingIOError, OSError):
-            pass
-
-    def take(self) -> tuple[list[Any], dict[tuple[str, int], int]]:
-        with self._lock:  # writers hold the lock too: empty the pipe, then re-arm
-            try:
-                while os.read(self._r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
-            self._armed = False
-            items = list(self._items)
-            self._items.clear()
-            arrivals, self._arrivals = self._arrivals, {}
-        return items, arrivals
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._items.clear()
-            self._arrivals.clear()
-        os.close(self._r)
-        os.close(self._w)
+# ---- long polls and completions held by the loop ----------------------------------------------
 
 
 @dataclasses.dataclass(eq=False)

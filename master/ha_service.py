@@ -63,9 +63,9 @@ from common.config import BrokerConfig
 from common.ha import master_core as mc
 from common.ha import term
 from common.ha.protocol import HAProtocolError, Limits, decode
+from common.logs import log_event
 from common.loop import LoopHost, ParticipantThread
 from common.port_hold import HA_BIND_HOST
-from common.server import log_event
 from common.zmq_frames import POLLIN, readable, send_frames
 from master.group_transfer import GroupTransfer
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from common.client import Transport
 from common.errors import BrokerError
+from common.logs import log_event
 from common.protocol import RequestCode
-from common.server import log_event
 
 log = logging.getLogger("replog.config_sync")
 

@@ -54,7 +54,7 @@ from common.ha import epochs as ep
 from common.ha import slave_core as sc
 from common.ha import term
 from common.ha.protocol import Ack, HAProtocolError, Limits, decode, encode_header
-from common.server import log_event
+from common.logs import log_event
 from common.zmq_frames import readable, send_frames
 
 log = logging.getLogger("replog.ha_client")

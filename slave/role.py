@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from common.errors import ResponseCode
 from common.protocol import Request, Response
-from common.server import reply
+from common.replies import reply
 
 
 class HaClient(Protocol):

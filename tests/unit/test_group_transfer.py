@@ -15,7 +15,7 @@ import pytest
 from common.config import load_config
 from common.errors import PutStatus, ResponseCode
 from common.protocol import Response
-from common.server import Deferred, LoopWaits
+from common.replies import Deferred, LoopWaits
 from master.group_transfer import GroupTransfer, ReplicaPut
 
 pytestmark = pytest.mark.unit

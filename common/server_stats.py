@@ -1,0 +1,80 @@
+"""The request server's figures for status and metrics: rates, latency percentiles, counts."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any
+
+
+class RateMeter:
+    """Events per second over the last ``window_s`` seconds (one bucket per second)."""
+
+    def __init__(self, window_s: int = 10):
+        self._window = window_s
+        self._buckets: collections.deque[list[int]] = collections.deque(maxlen=window_s + 1)
+        self.total = 0
+
+    def add(self, count: int = 1, now: float | None = None) -> None:
+        second = int(time.monotonic() if now is None else now)
+        if not self._buckets or self._buckets[-1][0] != second:
+            self._buckets.append([second, 0])
+        self._buckets[-1][1] += count
+        self.total += count
+
+    def rate(self, now: float | None = None) -> float:
+        second = int(time.monotonic() if now is None else now)
+        done = sum(c for s, c in self._buckets if second - self._window <= s < second)
+        return done / self._window
+
+
+class LatencyWindow:
+    """The last ``size`` latencies (ms); percentiles computed on demand."""
+
+    def __init__(self, size: int = 4096):
+        self._values: collections.deque[float] = collections.deque(maxlen=size)
+
+    def add(self, latency_ms: float) -> None:
+        self._values.append(latency_ms)
+
+    def percentile(self, q: float) -> float:
+        values = sorted(self._values)
+        if not values:
+            return 0.0
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+
+@dataclasses.dataclass
+class ServerStats:
+    put_msgs: RateMeter = dataclasses.field(default_factory=RateMeter)
+    get_msgs: RateMeter = dataclasses.field(default_factory=RateMeter)
+    put_latency: LatencyWindow = dataclasses.field(default_factory=LatencyWindow)
+    get_latency: LatencyWindow = dataclasses.field(default_factory=LatencyWindow)
+    requests: int = 0
+    refused_busy: int = 0
+    bad_requests: int = 0
+    inflight: int = 0
+    long_polls: int = 0
+    wakes_inline: int = 0  # owners woken on the I/O thread itself (e.g. by an HA ack)
+    wakes_posted: int = 0  # owners woken from another thread, through the mailbox
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "putTps": self.put_msgs.rate(),
+            "getTps": self.get_msgs.rate(),
+            "putTotal": self.put_msgs.total,
+            "getTotal": self.get_msgs.total,
+            "putLatencyP50Ms": self.put_latency.percentile(0.50),
+            "putLatencyP99Ms": self.put_latency.percentile(0.99),
+            "getLatencyP50Ms": self.get_latency.percentile(0.50),
+            "getLatencyP99Ms": self.get_latency.percentile(0.99),
+            "requests": self.requests,
+            "refusedBusy": self.refused_busy,
+            "badRequests": self.bad_requests,
+            "inflight": self.inflight,
+            "longPolls": self.long_polls,
+            "wakesInline": self.wakes_inline,
+            "wakesPosted": self.wakes_posted,
+        }
+
