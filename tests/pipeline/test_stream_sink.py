@@ -174,12 +174,19 @@ def test_sink_sends_rows_in_order_per_partition(spark, broker) -> None:
 
 
 def test_sink_fails_the_task_on_a_refused_send(spark, broker) -> None:
+    """100 000 bytes are over the broker's maxMessageSize (64 KiB) as they are, not deflated:
+    refused with compression off, stored compressed (and read back whole) with the default."""
     from pyspark.sql import functions as F
 
     df = spark.range(1).select(F.expr("repeat('x', 100000)").alias("body"))
     with pytest.raises(Exception, match="MESSAGE_ILLEGAL"):
         (df.write.format("replog").option("servers", broker.address).option("topic", "big")
-         .mode("append").save())
+         .option("compressOverBytes", "0").mode("append").save())
+    df.write.format("replog").option("servers", broker.address).option("topic", "big").mode(
+        "append").save()
+    with Consumer([broker.address]) as c:
+        found = [m for q in range(4) for m in c.pull("big", q, 0, 8).messages]
+    assert [m.body for m in found] == [b"x" * 100000] and found[0].sys_flag & 1
 
 
 def test_stream_to_stream_copies_a_topic(spark, broker, tmp_path) -> None:

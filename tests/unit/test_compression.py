@@ -3,6 +3,7 @@ wire fields, the producer's choice, the store's record and the client's decoding
 
 from __future__ import annotations
 
+import base64
 import random
 import zlib
 from pathlib import Path
@@ -54,6 +55,24 @@ def test_bodies_deflate_as_javas_deflater_does_and_inflate_back() -> None:
 def test_an_incompressible_body_is_not_compressed() -> None:
     noise = random.Random(7).randbytes(8192)
     assert compress_body(noise) is None
+    text = b"".join(b"order %d shipped to %d at %d;" % (i, i * 7919 % 10007, i * i % 99991)
+                    for i in range(3000))
+    gzipped = zlib.compress(text, 9)  # a body its producer compressed already
+    assert compress_body(gzipped) is None
+
+
+def test_the_entropy_probe_spares_random_bodies_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random bytes are not even tried; text, base64 and structured binary are."""
+    tried = []
+    real = zlib.compress
+    monkeypatch.setattr(zlib, "compress", lambda data, level: tried.append(1) or real(data, level))
+    assert compress_body(random.Random(8).randbytes(8192)) is None and not tried
+    text_b64 = base64.b64encode(JAVA_SOURCE * 2)
+    binary = b"".join(i.to_bytes(4, "big") + b"\x00\x01status\x02" for i in range(600))
+    cjk = "訂單已發貨至倉庫七號，預計明日送達。".encode() * 100
+    for body in (JAVA_SOURCE, text_b64, binary, cjk):
+        assert inflate_body(compress_body(body) or b"") == body
+    assert len(tried) == 4
 
 
 def test_inflating_is_bounded_and_refuses_bad_streams() -> None:
