@@ -9,6 +9,7 @@
     replog offsets -t TOPIC [-q QUEUE] [--time T] [--group G [--reset]]   (an extension)
     replog consume -t TOPIC[,TOPIC] --group G [--from latest|earliest] [-n MAX]   (an extension)
     replog topics [-t TOPIC] [--create TOPIC --queues N]   (an extension)
+    replog groups [--group G]   (an extension)
     replog status
     replog promote
 
@@ -363,6 +364,53 @@ def cmd_topics(args: argparse.Namespace) -> int:
     for row in rows:
         table.add_row(row["topic"], str(row["queueNums"]), str(row["messages"]),
                       " ".join(map(str, row["maxOffsets"])))
+    out.print(table)
+    return EXIT_OK
+
+
+def cmd_groups(args: argparse.Namespace) -> int:
+    """Every consumer group on the master: live members, dead letters and, per topic, the
+    committed offsets and the lag (``kafka-consumer-groups --describe``, RocketMQ's
+    consumerProgress); ``--group G`` shows one."""
+    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+        offsets = admin.group_offsets()
+        status = admin.status(admin.master_address())
+    members: dict[str, int] = status.get("consumerGroups") or {}
+    dead: dict[str, int] = status.get("deadLetters") or {}
+    names = sorted({*offsets, *members, *dead})
+    if args.group is not None:
+        if args.group not in names:
+            raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
+                              f"no consumer group {args.group} on the master", False)
+        names = [args.group]
+    groups = []
+    with Consumer(args.servers, timeout_ms=args.timeout_ms) as consumer:
+        for name in names:
+            topics = []
+            for topic, committed in sorted(offsets.get(name, {}).items()):
+                queues = []
+                for q, offset in sorted(committed.items()):
+                    low, high = consumer.min_offset(topic, q), consumer.max_offset(topic, q)
+                    queues.append({"queueId": q, "committedOffset": offset, "maxOffset": high,
+                                   "lag": max(0, high - max(offset, low))})
+                topics.append({"topic": topic, "lag": sum(r["lag"] for r in queues),
+                               "queues": queues})
+            groups.append({"group": name, "members": members.get(name, 0),
+                           "deadLetters": dead.get(name, 0),
+                           "lag": sum(t["lag"] for t in topics), "topics": topics})
+    if args.json:
+        emit_json({"groups": groups})
+        return EXIT_OK
+    table = Table(title="consumer groups")
+    for col in ("group", "members", "topic", "queues", "lag", "deadLetters"):
+        table.add_column(col, justify="left" if col in ("group", "topic") else "right")
+    for g in groups:
+        rows = g["topics"] or [{"topic": "", "queues": [], "lag": 0}]
+        for i, topic_row in enumerate(rows):
+            first = i == 0
+            table.add_row(g["group"] if first else "", str(g["members"]) if first else "",
+                          topic_row["topic"], str(len(topic_row["queues"])), str(topic_row["lag"]),
+                          str(g["deadLetters"]) if first else "")
     out.print(table)
     return EXIT_OK
 
@@ -794,6 +842,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--create", metavar="TOPIC", help="make TOPIC, or give it more queues")
     p.add_argument("--queues", type=int, help="with --create: the queue count (never fewer)")
 
+    p = _client(sub, "groups", "consumer groups: members, lag per topic, dead letters")
+    p.add_argument("--group", help="only this group")
+
     _client(sub, "status", "one broker's state")
     p = _client(sub, "promote", "turn the slave at -s into the master")
     p.add_argument("--role", choices=["SYNC_MASTER", "ASYNC_MASTER"], default="SYNC_MASTER")
@@ -814,6 +865,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "query": cmd_query,
     "offsets": cmd_offsets,
     "topics": cmd_topics,
+    "groups": cmd_groups,
     "consume": cmd_consume,
     "dlq": cmd_dlq,
     "status": cmd_status,

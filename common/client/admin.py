@@ -8,7 +8,7 @@ from common.client.cluster import ClientBase
 from common.errors import BrokerError, ResponseCode
 from common.message import MessageExt
 from common.protocol import ProtocolError, RequestCode, decode_record
-from common.tables import loads, parse_topics
+from common.tables import loads, parse_offsets, parse_topics
 
 
 class Admin(ClientBase):
@@ -67,6 +67,31 @@ class Admin(ClientBase):
             except ValueError as e:
                 raise BrokerError(ResponseCode.SYSTEM_ERROR, str(e)) from None
             return queues
+
+        return self._with_retries(attempt)  # type: ignore[no-any-return]
+
+    def master_address(self) -> str:
+        """The client address of the group's master (the broker of the highest epoch that
+        answers as master); NoMasterError when none does."""
+        return self._cluster.master()
+
+    def group_offsets(self) -> dict[str, dict[str, dict[int, int]]]:
+        """Every consumer group's committed offsets on the group's master: group -> topic ->
+        queue -> the next offset to consume (its consumerOffset.json; RocketMQ's
+        GET_ALL_CONSUMER_OFFSET, Kafka's listConsumerGroupOffsets for every group)."""
+
+        def attempt(address: str) -> dict[str, dict[str, dict[int, int]]]:
+            raw = self.config_document(RequestCode.GET_ALL_CONSUMER_OFFSET, address)
+            source = f"consumerOffset.json of {address}"
+            try:
+                table = parse_offsets(loads(raw, source), source)
+            except ValueError as e:
+                raise BrokerError(ResponseCode.SYSTEM_ERROR, str(e)) from None
+            out: dict[str, dict[str, dict[int, int]]] = {}
+            for key, queues in table.items():
+                topic, _, group = key.rpartition("@")  # RocketMQ's "topic@group"
+                out.setdefault(group, {})[topic] = dict(queues)
+            return out
 
         return self._with_retries(attempt)  # type: ignore[no-any-return]
 

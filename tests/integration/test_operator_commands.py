@@ -1,4 +1,4 @@
-"""replog topics: list a group's topics with their queues and messages; make or grow one."""
+"""replog topics and replog groups: the topics and consumer groups as an operator sees them."""
 
 from __future__ import annotations
 
@@ -52,3 +52,42 @@ def test_topics_are_listed_made_and_grown_never_shrunk(tmp_path: Path) -> None:
                                env=_child_env(), capture_output=True, timeout=60, check=True)
         text = human.stdout.decode()
         assert "orders" in text and "2 0 0 1" in text, text
+
+
+@pytest.mark.timeout(120)
+def test_groups_show_members_lag_and_dead_letters(tmp_path: Path) -> None:
+    from common.client import Consumer
+
+    b = BrokerProcess(tmp_path / "b", defaultTopicQueueNums=2)
+    with brokers(b):
+        s = ["-s", b.address]
+        with Producer([b.address]) as p, Consumer([b.address], group="billing") as c:
+            for q, count in ((0, 5), (1, 3)):
+                for i in range(count):
+                    p.send("orders", f"m{q}-{i}".encode(), queue_id=q)
+            c.commit_offset("orders", 0, 2)
+            c.commit_offset("orders", 1, 3)
+            c.heartbeat("member-1")
+            first = c.pull("orders", 0, 0, 1).messages[0]
+            assert c.send_back(first, delay_level=-1).topic == "%DLQ%billing"
+            with Consumer([b.address], group="audit") as other:
+                other.commit_offset("orders", 0, 5)
+        rc, doc = run_cli("groups", *s)
+        assert rc == 0
+        by_name = {g["group"]: g for g in doc["groups"]}
+        assert set(by_name) == {"audit", "billing"}
+        billing = by_name["billing"]
+        assert (billing["members"], billing["deadLetters"], billing["lag"]) == (1, 1, 3)
+        (orders,) = billing["topics"]
+        assert orders["queues"] == [
+            {"queueId": 0, "committedOffset": 2, "maxOffset": 5, "lag": 3},
+            {"queueId": 1, "committedOffset": 3, "maxOffset": 3, "lag": 0},
+        ]
+        assert (by_name["audit"]["members"], by_name["audit"]["lag"]) == (0, 0)
+        rc, one = run_cli("groups", *s, "--group", "audit")
+        assert rc == 0 and [g["group"] for g in one["groups"]] == ["audit"]
+        rc, missing = run_cli("groups", *s, "--group", "nope")
+        assert rc == 1 and missing["error"] == "QUERY_NOT_FOUND"
+        human = subprocess.run([sys.executable, "-m", "common.cli", "groups", *s], cwd=REPO,
+                               env=_child_env(), capture_output=True, timeout=60, check=True)
+        assert "billing" in human.stdout.decode() and "orders" in human.stdout.decode()
