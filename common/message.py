@@ -63,10 +63,23 @@ def compress_body(body: bytes, level: int = DEFAULT_COMPRESS_LEVEL) -> bytes | N
     return packed if len(packed) < len(body) else None
 
 
-def inflate_body(body: bytes | memoryview, max_bytes: int = MAX_INFLATED_BYTES) -> bytes:
+# RocketMQ 5 names the codec of a COMPRESSED body in SYSFLAG bits 8-10 (0: 4.x, always zlib).
+COMPRESSION_TYPE_SHIFT = 8
+COMPRESSION_TYPES = {0: "ZLIB", 1: "LZ4", 2: "ZSTD", 3: "ZLIB"}
+
+
+def inflate_body(body: bytes | memoryview, max_bytes: int = MAX_INFLATED_BYTES,
+                 sys_flag: int = SYSFLAG_COMPRESSED) -> bytes:
     """A COMPRESSED record's body as its producer sent it. Bounded: a body that would inflate
     past ``max_bytes`` (a zip bomb, or a corrupt stream) raises ValueError, as does one that is
-    not a whole zlib stream; nothing larger than ``max_bytes`` is ever allocated."""
+    not a whole zlib stream; nothing larger than ``max_bytes`` is ever allocated. A record
+    of RocketMQ 5 compressed with LZ4 or ZSTD (``sys_flag`` says which) raises ValueError
+    naming the codec: replog reads zlib only."""
+    kind = (sys_flag >> COMPRESSION_TYPE_SHIFT) & 0x7
+    if COMPRESSION_TYPES.get(kind) != "ZLIB":
+        name = COMPRESSION_TYPES.get(kind, f"type {kind}")
+        raise ValueError(f"body compressed with {name} (SYSFLAG {sys_flag:#x}): replog inflates "
+                         "zlib only (RocketMQ 4.x, and 5.x with compressType ZLIB)")
     inflater = zlib.decompressobj()
     try:
         out = inflater.decompress(body, max_bytes)

@@ -759,7 +759,7 @@ def decode_record(raw: bytes, max_inflated_bytes: int = MAX_INFLATED_BYTES) -> M
     msg = record.decode_message(raw)
     if msg.sys_flag & SYSFLAG_COMPRESSED:
         try:
-            msg.body = inflate_body(msg.body, max_inflated_bytes)
+            msg.body = inflate_body(msg.body, max_inflated_bytes, msg.sys_flag)
         except ValueError as e:
             raise ProtocolError("record.body", str(e)) from None
     return msg

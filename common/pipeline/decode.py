@@ -442,14 +442,15 @@ def body_bytes(recs: Records) -> pa.Array:
     that does not inflate raises ValueError naming its CommitLog offset."""
     raw = view_array(recs.buf, pa.py_buffer(recs.buf), recs.pos + HEADER.size, recs.body_len,
                      pa.binary())
-    compressed = np.flatnonzero(recs.int_field("sys_flag") & SYSFLAG_COMPRESSED)
+    sys_flags = recs.int_field("sys_flag")
+    compressed = np.flatnonzero(sys_flags & SYSFLAG_COMPRESSED)
     if compressed.size == 0:
         return raw
     bodies = raw.to_pylist()
     phy = recs.int_field("phy_offset")
     for i in compressed.tolist():
         try:
-            bodies[i] = inflate_body(bodies[i])
+            bodies[i] = inflate_body(bodies[i], sys_flag=int(sys_flags[i]))
         except ValueError as e:
             raise ValueError(f"record at CommitLog offset {int(phy[i])}: {e}") from None
     return pa.array(bodies, type=pa.binary())

@@ -85,6 +85,10 @@ def test_inflating_is_bounded_and_refuses_bad_streams() -> None:
         inflate_body(JAVA_DEFLATED[:-6])
     with pytest.raises(ValueError, match="does not inflate"):
         inflate_body(b"this is not zlib at all")
+    assert inflate_body(JAVA_DEFLATED, sys_flag=SYSFLAG_COMPRESSED | 3 << 8) == JAVA_SOURCE
+    for kind, name in ((1, "LZ4"), (2, "ZSTD"), (5, "type 5")):
+        with pytest.raises(ValueError, match=f"compressed with {name}"):
+            inflate_body(JAVA_DEFLATED, sys_flag=SYSFLAG_COMPRESSED | kind << 8)
 
 
 # ---- the wire ---------------------------------------------------------------------------------
@@ -132,6 +136,8 @@ def test_a_compressed_record_decodes_to_the_body_its_producer_sent() -> None:
     with pytest.raises(ProtocolError, match="past 100 bytes"):
         decode_record(raw, max_inflated_bytes=100)
     assert decode_record(stored_record(JAVA_DEFLATED, 0)).body == JAVA_DEFLATED  # flag unset
+    with pytest.raises(ProtocolError, match="compressed with ZSTD"):  # RocketMQ 5's other codecs
+        decode_record(stored_record(JAVA_DEFLATED, SYSFLAG_COMPRESSED | 2 << 8))
 
 
 def test_a_compressed_body_that_does_not_inflate_is_a_corrupt_message() -> None:
