@@ -7,7 +7,8 @@
     replog pull -t TOPIC [-q QUEUE] [-o OFFSET] [-n MAX] [--group G]
     replog query (--topic T --key K | --msg-id ID | --offset PHYOFFSET)
     replog offsets -t TOPIC [-q QUEUE] [--time T] [--group G [--reset]]   (an extension)
-    replog consume -t TOPIC[,TOPIC] --group G [--from latest|earliest] [-n MAX]   (an extension)
+    replog consume -t TOPIC[,TOPIC] --group G [--from latest|earliest] [-n MAX]
+                   [--broadcasting [--offsets-file F]]   (an extension)
     replog topics [-t TOPIC] [--create TOPIC --queues N]   (an extension)
     replog groups [--group G]   (an extension)
     replog status
@@ -422,8 +423,12 @@ def cmd_consume(args: argparse.Namespace) -> int:
     topics = [t.strip() for t in args.topic.split(",") if t.strip()]
     count = 0
     consumed: list[dict[str, Any]] = []  # --json: one document at the end, as every command
+    if args.offsets_file is not None and not args.broadcasting:
+        raise UsageError("--offsets-file goes with --broadcasting")
+    model = "broadcasting" if args.broadcasting else "clustering"
     with GroupConsumer(args.servers, args.group, topics, start=args.start,
-                       timeout_ms=args.timeout_ms) as consumer:
+                       timeout_ms=args.timeout_ms, model=model,
+                       offsets_path=args.offsets_file) as consumer:
         idle_until = time.monotonic() + args.idle_s
         try:
             while (args.max <= 0 or count < args.max) and time.monotonic() < idle_until:
@@ -815,6 +820,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where a queue the group never committed starts")
     p.add_argument("-n", "--max", type=int, default=0, help="stop after N messages (0: no limit)")
     p.add_argument("--idle-s", type=float, default=10.0, help="stop after S seconds without one")
+    p.add_argument("--broadcasting", action="store_true",
+                   help="read every queue (every message), offsets kept in a local file")
+    p.add_argument("--offsets-file", help="with --broadcasting: where the offsets are kept "
+                   "(default ~/.replog_offsets/<host>@DEFAULT/<group>/offsets.json)")
 
     p = _client(sub, "dlq", "a consumer group's dead letters; --resend sends them to it again")
     p.add_argument("--group", required=True)

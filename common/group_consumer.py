@@ -48,6 +48,15 @@ give::
   ``on_revoked`` runs, so the master may refuse a commit for them there (the new owner then
   reads from the last commit that landed: duplicates, never a gap).
 
+* **Broadcasting** (RocketMQ's ``MessageModel.BROADCASTING``; Kafka's ``assign`` with offsets
+  kept by the application): with ``model="broadcasting"`` every member reads every queue of
+  ``topics``, so each gets every message. A member keeps its own offsets, in a local file
+  (RocketMQ's LocalFileOffsetStore), ``offsets_path`` or by default
+  ``~/.replog_offsets/<host>@<client_id or DEFAULT>/<group>/offsets.json``: a restarted member
+  resumes where it committed, and the broker holds no offsets, members or retry topic for it.
+  A failed message is not retried (RocketMQ drops it in this model): ``reconsume_later``
+  refuses.
+
 Failover: the client follows the group's master (the highest epoch) like any client; while
 none answers within ``timeout_ms``, ``poll`` raises the BrokerError and the caller polls
 again. The new master knows the group's offsets (a slave copies them, ``slave/config_sync.py``)
@@ -65,6 +74,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Self
 
 from common.client import Consumer, SendResult
@@ -77,13 +87,52 @@ from common.message import (
     MessageExt,
     retry_topic,
 )
+from common.tables import atomic_write_json, parse_offsets, read_json
 
 log = logging.getLogger("replog.group_consumer")
 
 LONG_POLL_MS = 500  # one empty round over the queues, then wait this long on one of them
 STARTS = ("latest", "earliest")
+MODELS = ("clustering", "broadcasting")
 
 Queue = tuple[str, int]
+
+
+class LocalOffsets:
+    """A broadcasting member's offsets in a file of consumerOffset.json's shape
+    (``{"offsetTable": {"topic@group": {"queueId": offset}}}``), written atomically at each
+    commit; an unreadable file is refused at start (ValueError naming it), never overwritten.
+    Other groups' entries in the file are written back as they were read."""
+
+    def __init__(self, path: Path, group: str):
+        self.path = path
+        self.group = group
+        doc = read_json(path)
+        table = parse_offsets(doc, str(path)) if doc is not None else {}
+        self._offsets: dict[Queue, int] = {}
+        self._others: dict[str, dict[str, int]] = {}
+        for key, queues in table.items():
+            topic, _, owner = key.rpartition("@")
+            if owner == group:
+                self._offsets.update({(topic, q): o for q, o in queues.items()})
+            else:
+                self._others[key] = {str(q): o for q, o in queues.items()}
+
+    def get(self, queue: Queue) -> int:
+        return self._offsets.get(queue, -1)
+
+    def put_all(self, offsets: dict[Queue, int]) -> None:
+        self._offsets.update(offsets)
+        table: dict[str, dict[str, int]] = dict(self._others)
+        for (topic, q), offset in sorted(self._offsets.items()):
+            table.setdefault(f"{topic}@{self.group}", {})[str(q)] = offset
+        atomic_write_json(self.path, {"offsetTable": table})
+
+
+def default_offsets_path(group: str, client_id: str | None) -> Path:
+    """RocketMQ's ``~/.rocketmq_offsets/<clientId>/<group>/offsets.json``, under our name."""
+    instance = f"{socket.gethostname()}@{client_id or 'DEFAULT'}"
+    return Path.home() / ".replog_offsets" / instance / group / "offsets.json"
 
 
 class GroupConsumer:
@@ -94,15 +143,30 @@ class GroupConsumer:
                  max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
                  auto_commit: bool = True,
                  on_assigned: Callable[[list[Queue]], object] | None = None,
-                 on_revoked: Callable[[list[Queue]], object] | None = None):
+                 on_revoked: Callable[[list[Queue]], object] | None = None,
+                 model: str = "clustering", offsets_path: str | Path | None = None):
         if start not in STARTS:
             raise ValueError(f"start must be one of {STARTS}, not {start!r}")
+        if model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, not {model!r}")
+        if offsets_path is not None and model != "broadcasting":
+            raise ValueError("offsets_path is for model='broadcasting' (clustering offsets are "
+                             "kept by the master)")
         if not 0 <= max_reconsume_times <= 10_000:
             raise ValueError(f"max_reconsume_times must be in 0..10000, not {max_reconsume_times}")
         self.group = group
         self.topics = sorted(set(topics))
         self.retry_topic = retry_topic(group)
-        self._read_topics = sorted({*self.topics, self.retry_topic})
+        self.model = model
+        self.broadcasting = model == "broadcasting"
+        # broadcasting reads no retry topic: nothing is sent back in that model
+        self._read_topics = sorted(
+            set(self.topics) if self.broadcasting else {*self.topics, self.retry_topic})
+        self._local: LocalOffsets | None = None
+        if self.broadcasting:
+            self._local = LocalOffsets(
+                Path(offsets_path) if offsets_path is not None
+                else default_offsets_path(group, client_id), group)
         self.max_reconsume_times = max_reconsume_times
         self.auto_commit = auto_commit
         self.on_assigned = on_assigned
@@ -204,6 +268,9 @@ class GroupConsumer:
         If the copy is not stored (BrokerError, raised) or not acknowledged as a send would be
         (a status other than SEND_OK, returned), the message's queue is rewound to it: the
         next polls return it again rather than commit past it."""
+        if self.broadcasting:
+            raise ValueError("a broadcasting consumer has no retry topic: RocketMQ drops a "
+                             "message that fails in this model; handle or log it yourself")
         last = self._last
         if last is None or msg.commit_log_offset not in last[1]:
             raise ValueError(
@@ -229,7 +296,14 @@ class GroupConsumer:
         """Commit the offsets of every message ``poll`` returned (synchronously). The master
         refuses a queue this member no longer owns (its session ran out, or the queue moved):
         that position is dropped, so it cannot move back what the queue's new owner committed
-        (the messages come again: at least once)."""
+        (the messages come again: at least once). A broadcasting member writes its offsets
+        file instead."""
+        if self._local is not None:
+            changed = {q: o for q, o in self._positions.items() if self._committed.get(q) != o}
+            if changed:
+                self._local.put_all(changed)
+                self._committed.update(changed)
+            return
         for queue, offset in list(self._positions.items()):
             if self._committed.get(queue) == offset:
                 continue
@@ -257,7 +331,8 @@ class GroupConsumer:
         try:
             if self.auto_commit:
                 self.commit()
-            self._consumer.heartbeat(self.client_id, self.session_timeout_ms, leave=True)
+            if not self.broadcasting:
+                self._consumer.heartbeat(self.client_id, self.session_timeout_ms, leave=True)
         except BrokerError as e:
             log.warning("event=group_consumer_close_incomplete group=%s error=%s", self.group, e)
         finally:
@@ -297,8 +372,11 @@ class GroupConsumer:
                 return
             members, queues = self._view
             version = self._view_version
-        mine = [q for topic in self._read_topics for q in allocate_averagely(
-            [x for x in queues if x[0] == topic], members, self.client_id)]
+        if self.broadcasting:
+            mine = [q for q in queues if q[0] in self._read_topics]  # every queue, sorted
+        else:
+            mine = [q for topic in self._read_topics for q in allocate_averagely(
+                [x for x in queues if x[0] == topic], members, self.client_id)]
         revoked = [q for q in self._assigned if q not in mine]
         if revoked and self.on_revoked is not None:
             self.on_revoked(revoked)  # positions still held: a commit() there may still land
@@ -320,7 +398,8 @@ class GroupConsumer:
             self.on_assigned(added)
 
     def _start_offset(self, queue: Queue) -> int:
-        committed = self._consumer.fetch_offset(queue[0], queue[1])
+        committed = (self._local.get(queue) if self._local is not None
+                     else self._consumer.fetch_offset(queue[0], queue[1]))
         if committed >= 0:
             return committed
         if self.start == "earliest" or queue[0].startswith(RETRY_PREFIX):
@@ -328,8 +407,10 @@ class GroupConsumer:
         return self._consumer.max_offset(queue[0], queue[1])
 
     def _refresh(self) -> None:
-        """One heartbeat and a look at the topics' queue counts (the heartbeat thread)."""
-        members = self._consumer.heartbeat(self.client_id, self.session_timeout_ms)
+        """One heartbeat and a look at the topics' queue counts (the heartbeat thread); a
+        broadcasting member is no member of anything and sends none."""
+        members = ([self.client_id] if self.broadcasting
+                   else self._consumer.heartbeat(self.client_id, self.session_timeout_ms))
         queues = []
         for topic in self._read_topics:
             try:

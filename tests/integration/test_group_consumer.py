@@ -15,6 +15,7 @@ from replication_harness import wait_for
 
 from common.client import Admin, Consumer, Producer
 from common.group_consumer import GroupConsumer
+from common.message import MessageExt
 
 pytestmark = pytest.mark.integration
 
@@ -213,3 +214,55 @@ def test_manual_commit_seek_and_rebalance_listeners(tmp_path: Path) -> None:
             one.close()
         with Consumer([b.address], group="gc") as c:  # close() committed nothing more
             assert [c.fetch_offset("g", q) for q in range(4)] == [5] * 4
+
+
+def drain(consumer: GroupConsumer, want: int, timeout_s: float = 20.0) -> list[MessageExt]:
+    got: list[MessageExt] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        got += consumer.poll(timeout_ms=200)
+    return got
+
+
+@pytest.mark.timeout(120)
+def test_broadcasting_members_each_read_everything_and_keep_their_own_offsets(
+        tmp_path: Path) -> None:
+    """RocketMQ's BROADCASTING: two members of one group both get all 12 messages over the 4
+    queues; each resumes from its own offsets file after a restart (the broker holds no
+    offsets and no members for them); a failed message is not sent back."""
+    files = [tmp_path / "a" / "offsets.json", tmp_path / "b" / "offsets.json"]
+    with broker_with_topic(tmp_path) as b, Producer([b.address]) as p:
+        members = [GroupConsumer([b.address], "bc", ["g"], start="earliest", heartbeat_ms=200,
+                                 model="broadcasting", offsets_path=f) for f in files]
+        try:
+            for i in range(12):
+                p.send("g", f"m{i}".encode(), queue_id=i % 4)
+            for m in members:
+                got = drain(m, 12)
+                assert sorted(x.body for x in got) == sorted(f"m{i}".encode() for i in range(12))
+                assert m.assignment() == [("g", q) for q in range(4)]
+            with pytest.raises(ValueError, match="broadcasting"):
+                members[1].reconsume_later(got[-1])
+        finally:
+            for m in members:
+                m.close()
+        with Consumer([b.address], group="bc") as c:
+            assert [c.fetch_offset("g", q) for q in range(4)] == [-1, -1, -1, -1]
+        with Admin([b.address]) as admin:
+            assert "bc" not in admin.status()["consumerGroups"]
+        for i in range(12, 16):
+            p.send("g", f"m{i}".encode(), queue_id=i % 4)
+        again = GroupConsumer([b.address], "bc", ["g"], model="broadcasting",
+                              offsets_path=files[0])
+        try:
+            assert sorted(x.body for x in drain(again, 4)) == [b"m12", b"m13", b"m14", b"m15"]
+            assert again.poll(timeout_ms=300) == []
+        finally:
+            again.close()
+        rc, out = run_cli("consume", "-s", b.address, "-t", "g", "--group", "bc",
+                          "--broadcasting", "--offsets-file", str(files[1]), "--idle-s", "2")
+        assert rc == 0 and sorted(m["body"] for m in out["messages"]) == [
+            "m12", "m13", "m14", "m15"]
+        rc, _ = run_cli("consume", "-s", b.address, "-t", "g", "--group", "bc",
+                        "--offsets-file", str(files[1]))
+        assert rc == 2  # an offsets file without --broadcasting is bad usage

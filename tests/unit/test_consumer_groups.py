@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import socket
+from pathlib import Path
+
 import pytest
 
 from common.consumer_groups import ConsumerGroups, allocate_averagely
@@ -48,3 +52,29 @@ def test_allocation_is_a_partition_in_contiguous_runs(n_queues: int, n_members: 
     sizes = [len(s) for s in shares]
     assert max(sizes) - min(sizes) <= 1
     assert allocate_averagely(queues, members, "stranger") == []
+
+
+def test_a_broadcasting_members_offsets_file(tmp_path: Path) -> None:
+    """LocalOffsets: consumerOffset.json's shape, written whole at each commit; other groups'
+    entries in the same file are kept; a damaged file is refused, naming it, and left as is."""
+    from common.group_consumer import LocalOffsets, default_offsets_path
+
+    path = tmp_path / "o" / "offsets.json"
+    store = LocalOffsets(path, "bc")
+    assert store.get(("t", 0)) == -1
+    store.put_all({("t", 0): 5, ("t", 3): 9})
+    store.put_all({("t", 0): 7})
+    again = LocalOffsets(path, "bc")
+    assert (again.get(("t", 0)), again.get(("t", 3)), again.get(("t", 1))) == (7, 9, -1)
+    assert json.loads(path.read_text()) == {"offsetTable": {"t@bc": {"0": 7, "3": 9}}}
+    other = LocalOffsets(path, "other")
+    assert other.get(("t", 0)) == -1
+    other.put_all({("t", 1): 4})
+    assert LocalOffsets(path, "bc").get(("t", 3)) == 9 and LocalOffsets(path, "other").get(
+        ("t", 1)) == 4
+    path.write_text('{"offsetTable": {"t@bc": {"0": "seven"}}}')
+    with pytest.raises(ValueError, match=str(path)):
+        LocalOffsets(path, "bc")
+    assert "seven" in path.read_text()
+    assert default_offsets_path("g", None).parts[-4:-1] == (
+        ".replog_offsets", f"{socket.gethostname()}@DEFAULT", "g")
