@@ -373,7 +373,7 @@ class GroupConsumer:
             members, queues = self._view
             version = self._view_version
         if self.broadcasting:
-            mine = [q for q in queues if q[0] in self._read_topics]  # every queue, sorted
+            mine = list(queues)  # every queue of the topics read, sorted
         else:
             mine = [q for topic in self._read_topics for q in allocate_averagely(
                 [x for x in queues if x[0] == topic], members, self.client_id)]

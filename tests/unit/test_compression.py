@@ -231,7 +231,8 @@ def test_copies_the_broker_makes_stay_compressed() -> None:
     assert real.sys_flag == SYSFLAG_COMPRESSED and real.body == JAVA_DEFLATED and queue_id == 1
 
 
-def test_the_spark_sink_and_the_cli_take_the_threshold() -> None:
+def test_the_spark_sinks_compress_over_bytes_option() -> None:
+    """(replog send --compress-over is tested through the CLI in test_broker_roundtrip.)"""
     from pyspark.sql.types import BinaryType, StructField, StructType
 
     from common.pipeline.sink import SinkOptions
