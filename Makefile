@@ -9,14 +9,14 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,spark]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install -q -e '.[dev,spark,drills]' --config-settings editable_mode=compat
 	sync  # the install leaves ~900 MB dirty: write it now, not during the first timed tests
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python -m common.demo
+	$(BIN)/python -m common.cli.demo
 
 # Died of a signal (status >= 128): name the test and the thread that crashed (tests/conftest.py).
 test: $(STAMP)

@@ -16,10 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from common.cli import broker_env
+from common.cli.cluster import broker_env
 from common.client import Admin
-from common.config import dump_yaml, load_config
-from common.errors import BrokerError
+from common.core.config import dump_yaml, load_config
+from common.core.errors import BrokerError
 
 
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:

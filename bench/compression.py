@@ -24,7 +24,7 @@ import _support
 from _support import Figure
 
 from common.client import Admin, Producer
-from common.message import compress_body, inflate_body
+from common.core.message import compress_body, inflate_body
 
 SIZES = (4096, 16 * 1024, 64 * 1024)
 BATCH = 16

@@ -19,7 +19,7 @@ from pathlib import Path
 import _support
 
 from common.client import Consumer, Producer
-from common.errors import PullStatus
+from common.core.errors import PullStatus
 
 
 def _send_later(producer: Producer, sent_at: list[float]) -> None:

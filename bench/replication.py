@@ -49,7 +49,7 @@ import zmq
 from _support import Figure
 
 from common.client import Admin, Producer
-from common.errors import SendStatus
+from common.core.errors import SendStatus
 
 BODY = 1024
 FRAME = 32 * 1024

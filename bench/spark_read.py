@@ -3,7 +3,7 @@
     .venv/bin/python bench/spark_read.py [--records 1000000] [--body 128] [--text] [--dir DIR] [--master local[2]]
 
 Writes a store of ``--records`` messages with ``--body``-byte bodies in 64 MiB segments
-(vectorised; RocketMQ layout through ``common.store.record``), then times, in this one run:
+(vectorised; RocketMQ layout through ``common.format.record``), then times, in this one run:
 
 - ``plain``: one Python process decoding every record with the store's own record-by-record
   decoder (``commit_log.to_message``: header unpack, properties, msgId, hosts);
@@ -30,10 +30,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.message import encode_properties, host_bytes
+from common.core.message import encode_properties, host_bytes
+from common.format import record
 from common.pipeline.decode import Records, decode, walk
 from common.pipeline.layout import list_segments
-from common.store import record
 from common.store.commit_log import to_message
 
 SEGMENT_BYTES = 64 * 1024 * 1024

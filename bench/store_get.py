@@ -32,9 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.config import load_config
-from common.errors import GetStatus, PutStatus
-from common.message import Message
+from common.core.config import load_config
+from common.core.errors import GetStatus, PutStatus
+from common.core.message import Message
 from common.store.message_store import MessageStore
 
 TOPIC = "BenchTopic"

@@ -35,9 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.config import load_config
-from common.errors import PutStatus
-from common.message import Message, encode_properties
+from common.core.config import load_config
+from common.core.errors import PutStatus
+from common.core.message import Message, encode_properties
 from common.store.allocate import AllocateService
 from common.store.commit_log import CommitLog
 from common.store.message_store import MessageStore

@@ -1,10 +1,10 @@
 """SYNC_MASTER: make a stored put wait until enough in-sync slaves have acked it.
 
 The driver of ``common.ha.group_transfer_core.GroupTransferCore``, run on the request server's
-I/O thread (a ``common.replies.LoopWaits``: no thread of its own, no Future per put)::
+I/O thread (a ``common.broker.replies.LoopWaits``: no thread of its own, no Future per put)::
 
     master role (I/O thread)  admit(put, end_phy_offset, flushed) -> a status now, or None: the
-                              put (a ``common.replies.Deferred``) is held
+                              put (a ``common.broker.replies.Deferred``) is held
     HA service (I/O thread)   report_quorum(quorum_offset) after each batch of acks: stores the
                               offset and wakes the owner; the HA socket is polled by the I/O
                               thread itself, so the server polls us in that same pass (no
@@ -48,11 +48,11 @@ import math
 import time
 from collections.abc import Callable
 
-from common.config import BrokerConfig
-from common.errors import PutStatus
+from common.broker.replies import Answers, Deferred, LoopWaits
+from common.core.config import BrokerConfig
+from common.core.errors import PutStatus
+from common.format.protocol import Response
 from common.ha.group_transfer_core import Admission, GroupTransferCore, needed_acks
-from common.protocol import Response
-from common.replies import Answers, Deferred, LoopWaits
 
 _ADMISSION_STATUS = {
     Admission.SEND_OK: PutStatus.PUT_OK,

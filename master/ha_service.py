@@ -1,7 +1,7 @@
 """The master's HA service: a ZeroMQ ROUTER on ``haListenPort`` driving ``MasterCore``.
 
-A loop participant (``common.loop``): it owns the socket but no thread. With a request server
-(``build_master_replication(..., host=broker.server)``, what ``common/cli.py`` does) the
+A loop participant (``common.broker.loop``): it owns the socket but no thread. With a request server
+(``build_master_replication(..., host=broker.server)``, what ``common/cli/main.py`` does) the
 server's I/O thread, "replog-io", polls the HA socket beside the client ROUTER and calls::
 
     after_burst        after each burst of client requests (puts were appended on that very
@@ -16,7 +16,7 @@ server's I/O thread, "replog-io", polls the HA socket beside the client ROUTER a
                        runs after_burst (one coalesced mailbox item)
 
 Without a request server it runs on a thread of its own, "replog-ha-service"
-(``common.loop.ParticipantThread``), with the same calls. The core is read under ``_lock``
+(``common.broker.loop.ParticipantThread``), with the same calls. The core is read under ``_lock``
 because ``slaves()`` and the status/metrics threads read it from elsewhere.
 
 Actions are carried out in order: ``Send`` and ``ReadAndSend`` (bytes read with
@@ -41,7 +41,7 @@ Lifecycle: ``start`` records the term's epoch, binds (a bind error raises here) 
 to the host; ``stop`` detaches, which returns once the socket is closed on the host's thread,
 then releases the SYNC waiters and terminates the service's ZeroMQ context.
 
-``create(cfg, store, role_name, host)`` is the factory ``common/cli.py`` calls for a master
+``create(cfg, store, role_name, host)`` is the factory ``common/cli/main.py`` calls for a master
 role; ``build_master_replication`` returns ``(service, replica waits or None)``: the
 ``GroupTransfer`` the master role admits SYNC puts into, on the request server's I/O thread.
 """
@@ -59,14 +59,14 @@ from typing import Any
 
 import zmq
 
-from common.config import BrokerConfig
+from common.broker.loop import LoopHost, ParticipantThread
+from common.broker.port_hold import HA_BIND_HOST
+from common.core.config import BrokerConfig
+from common.core.logs import log_event
+from common.format.zmq_frames import POLLIN, readable, send_frames
 from common.ha import master_core as mc
 from common.ha import term
 from common.ha.protocol import HAProtocolError, Limits, decode
-from common.logs import log_event
-from common.loop import LoopHost, ParticipantThread
-from common.port_hold import HA_BIND_HOST
-from common.zmq_frames import POLLIN, readable, send_frames
 from master.group_transfer import GroupTransfer
 
 log = logging.getLogger("replog.ha_service")
@@ -90,7 +90,7 @@ class HaServiceStats:
 
 
 class HaService:
-    """Replication service of one master term; a ``common.loop.LoopParticipant``."""
+    """Replication service of one master term; a ``common.broker.loop.LoopParticipant``."""
 
     def __init__(
         self,
@@ -468,7 +468,7 @@ class HaService:
         return int(self._clock() * 1000)
 
 
-# ---- factories (called from the composition root, common/cli.py) -----------------------------
+# ---- factories (called from the composition root, common/cli/main.py) -----------------------------
 def build_master_replication(
     cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None
 ) -> tuple[HaService, GroupTransfer | None]:
@@ -481,5 +481,5 @@ def build_master_replication(
 def create(
     cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None
 ) -> HaService:
-    """``common/cli.py``'s hook: the service, carrying ``group_transfer`` (None when ASYNC)."""
+    """``common/cli/main.py``'s hook: the service, carrying ``group_transfer`` (None when ASYNC)."""
     return build_master_replication(cfg, store, role_name, host)[0]

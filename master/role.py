@@ -7,7 +7,7 @@ A put goes (on the server's I/O thread)::
     -> pending.flushed                        FLUSH_DISK_TIMEOUT under SYNC_FLUSH, else done
     -> replica_waits.admit(put, end, flushed) SYNC_MASTER only (master/group_transfer.py): a
                                               status now, or the put is held as a
-                                              ``common.replies.Deferred`` that the I/O thread
+                                              ``common.broker.replies.Deferred`` that the I/O thread
                                               answers when acks cover it (FLUSH_SLAVE_TIMEOUT,
                                               SLAVE_NOT_AVAILABLE); the flush wait runs alongside
     -> Response (SUCCESS or the status code, with the offsets: ``queueId``, ``queueOffset`` and
@@ -30,13 +30,13 @@ import logging
 import time
 from typing import Any, Protocol
 
-from common.errors import PutStatus, ResponseCode
-from common.logs import log_event
-from common.message import PROPERTY_DELAY, Message, encode_msg_id
-from common.protocol import SCHEMAS, Request, RequestCode, Response
-from common.replies import Reply, reply
+from common.broker.replies import Reply, reply
+from common.broker.tables import TopicTable
+from common.core.errors import PutStatus, ResponseCode
+from common.core.logs import log_event
+from common.core.message import PROPERTY_DELAY, Message, encode_msg_id
+from common.format.protocol import SCHEMAS, Request, RequestCode, Response
 from common.store.schedule import born_host_of
-from common.tables import TopicTable
 from master import send_back
 from master.group_transfer import GroupTransfer, ReplicaPut
 

@@ -26,20 +26,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.message import (
+from common.core.message import (
     DLQ_PREFIX,
     PROPERTY_DELAY,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
+    SCHEDULE_SOURCE,
     SCHEDULE_TOPIC,
     Message,
     MessageExt,
     dlq_topic,
     retry_topic,
 )
-from common.store.reput import SCHEDULE_SOURCE
 
 FIRST_RETRY_LEVEL = 3  # RocketMQ: delay level 3 + reconsumeTimes when the consumer gives 0
 MAX_RECONSUME_TIMES = 0x7FFFFFFF  # RECONSUMETIMES is a Java int

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from common.client import Transport
-from common.errors import BrokerError
-from common.logs import log_event
-from common.protocol import RequestCode
+from common.core.errors import BrokerError
+from common.core.logs import log_event
+from common.format.protocol import RequestCode
 
 log = logging.getLogger("replog.config_sync")
 

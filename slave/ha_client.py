@@ -31,7 +31,7 @@ Sessions: the first is the wall clock in ms, so a restarted slave (SIGKILL) alwa
 session greater than any it used before; it resumes from its own max offset (never zero unless
 empty).
 
-``create(cfg, store)`` is the factory ``common/cli.py`` calls; ``build_slave_replication`` is
+``create(cfg, store)`` is the factory ``common/cli/main.py`` calls; ``build_slave_replication`` is
 the same.
 """
 
@@ -48,14 +48,14 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from common.config import BrokerConfig
-from common.errors import StoreError
+from common.core.config import BrokerConfig
+from common.core.errors import StoreError
+from common.core.logs import log_event
+from common.format.zmq_frames import readable, send_frames
 from common.ha import epochs as ep
 from common.ha import slave_core as sc
 from common.ha import term
 from common.ha.protocol import Ack, HAProtocolError, Limits, decode, encode_header
-from common.logs import log_event
-from common.zmq_frames import readable, send_frames
 
 log = logging.getLogger("replog.ha_client")
 
@@ -424,5 +424,5 @@ def build_slave_replication(cfg: BrokerConfig, store: Any) -> HaClient:
 
 
 def create(cfg: BrokerConfig, store: Any) -> HaClient:
-    """``common/cli.py``'s hook (same as ``build_slave_replication``)."""
+    """``common/cli/main.py``'s hook (same as ``build_slave_replication``)."""
     return build_slave_replication(cfg, store)

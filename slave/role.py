@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from common.errors import ResponseCode
-from common.protocol import Request, Response
-from common.replies import reply
+from common.broker.replies import reply
+from common.core.errors import ResponseCode
+from common.format.protocol import Request, Response
 
 
 class HaClient(Protocol):

@@ -1,4 +1,4 @@
-"""Python clients: Producer, Consumer and Admin (CONTRACT section 4).
+"""Python clients: Producer, Consumer and Admin (docs/contract.md §4).
 
 The package, one module a layer (everything is imported from ``common.client``)::
 
@@ -18,7 +18,7 @@ Threads and sockets::
   in a bounded backlog until the connection is up or its deadline passes) and heartbeats so a
   frozen broker is noticed. (libzmq drops an IMMEDIATE socket's unread answers when its
   connection drops; a draining broker keeps its connections open a moment after its last
-  answers for that, see ``common/server.py``.)
+  answers for that, see ``common/broker/server.py``.)
 * A blocking call (``send``, ``send_batch``, ``pull``, ``status``...) runs on the calling
   thread's own socket (not IMMEDIATE, so an answer that arrives just before the broker closes
   is kept; no heartbeats, the call's deadline is enough; a call that times out closes the

@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from common.client.cluster import ClientBase
-from common.errors import BrokerError, ResponseCode
-from common.message import MessageExt
-from common.protocol import ProtocolError, RequestCode, decode_record
-from common.tables import loads, parse_offsets, parse_topics
+from common.core.errors import BrokerError, ResponseCode
+from common.core.message import MessageExt
+from common.format.protocol import ProtocolError, RequestCode, decode_record
+from common.format.tables import loads, parse_offsets, parse_topics
 
 
 class Admin(ClientBase):
     """Status, promotion, topics and message look-ups against one broker or the group."""
 
     def status(self, address: str | None = None) -> dict[str, Any]:
-        """One broker's status snapshot (CONTRACT section 3 fields and more)."""
+        """One broker's status snapshot (docs/contract.md §3 fields and more)."""
         return self._cluster.status(address or self.servers[0])
 
     def promote(self, address: str | None = None, role: str = "SYNC_MASTER") -> dict[str, Any]:

@@ -11,9 +11,9 @@ from typing import Any
 
 from common.client.results import ClientTimeoutError, NoMasterError
 from common.client.transport import DEFAULT_TIMEOUT_MS, DEGRADED_CODES, Transport
-from common.config import split_addresses
-from common.errors import BrokerError, ResponseCode
-from common.protocol import (
+from common.core.config import split_addresses
+from common.core.errors import BrokerError, ResponseCode
+from common.format.protocol import (
     RequestCode,
     Response,
 )

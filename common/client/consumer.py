@@ -8,13 +8,13 @@ from typing import Any
 from common.client.cluster import ClientBase
 from common.client.results import PullResult, SendResult, pull_result, send_results
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS
-from common.errors import BrokerError, ResponseCode
-from common.message import (
+from common.core.errors import BrokerError, ResponseCode
+from common.core.message import (
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_ORIGIN_MESSAGE_ID,
     MessageExt,
 )
-from common.protocol import RequestCode
+from common.format.protocol import RequestCode
 
 
 class Consumer(ClientBase):

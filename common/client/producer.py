@@ -1,4 +1,4 @@
-"""``Producer``: send, send_batch and send_async (CONTRACT section 4), queue selection and the
+"""``Producer``: send, send_batch and send_async (docs/contract.md §4), queue selection and the
 retries of async sends."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from common.client.results import (
     send_results,
 )
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS, AsyncItem
-from common.errors import BrokerError, ResponseCode
-from common.futures import LightFuture
-from common.message import (
+from common.core.errors import BrokerError, ResponseCode
+from common.core.futures import LightFuture
+from common.core.message import (
     DEFAULT_COMPRESS_LEVEL,
     DEFAULT_COMPRESS_OVER_BYTES,
     PROPERTY_DELAY,
@@ -38,7 +38,7 @@ from common.message import (
     compress_body,
     java_hash,
 )
-from common.protocol import META_ITEMS, RequestCode
+from common.format.protocol import META_ITEMS, RequestCode
 
 
 def shard_queue(shard_key: str, queue_nums: int) -> int:
@@ -133,7 +133,7 @@ class _Retries:
 
 
 class Producer(ClientBase):
-    """Sends messages to the master of a broker group (CONTRACT section 4)."""
+    """Sends messages to the master of a broker group (docs/contract.md §4)."""
 
     def __init__(
         self,

@@ -8,14 +8,20 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from common.errors import BrokerError, CorruptMessageError, PullStatus, ResponseCode, SendStatus
-from common.message import MessageExt
-from common.protocol import (
+from common.core.errors import (
+    BrokerError,
+    CorruptMessageError,
+    PullStatus,
+    ResponseCode,
+    SendStatus,
+)
+from common.core.message import MessageExt
+from common.format import record
+from common.format.protocol import (
     ProtocolError,
     Response,
     decode_record,
 )
-from common.store import record
 
 SEND_CODES = {
     ResponseCode.SUCCESS: SendStatus.SEND_OK,

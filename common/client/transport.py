@@ -26,9 +26,9 @@ from common.client.results import (
     pack_bodies,
     send_results,
 )
-from common.errors import BrokerError, ResponseCode
-from common.futures import LightFuture
-from common.protocol import (
+from common.core.errors import BrokerError, ResponseCode
+from common.core.futures import LightFuture
+from common.format.protocol import (
     Limits,
     ProtocolError,
     RequestCode,
@@ -36,7 +36,7 @@ from common.protocol import (
     decode_response,
     encode_request,
 )
-from common.zmq_frames import POLLIN, POLLOUT, readable, send_frames
+from common.format.zmq_frames import POLLIN, POLLOUT, readable, send_frames
 
 DEFAULT_TIMEOUT_MS = 10_000
 DEFAULT_SPIN_US = 300  # call_sync polls without sleeping this long while answers come sooner

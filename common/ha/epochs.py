@@ -27,7 +27,7 @@ import zlib
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
-from common.errors import StoreError
+from common.core.errors import StoreError
 
 log = logging.getLogger("replog.epochs")
 

@@ -26,7 +26,7 @@ import enum
 import heapq
 from collections.abc import Hashable
 
-from common.config import BrokerConfig
+from common.core.config import BrokerConfig
 
 
 class Admission(enum.Enum):

@@ -48,8 +48,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeAlias
 
-from common.config import BrokerConfig
-from common.errors import ResponseCode
+from common.core.config import BrokerConfig
+from common.core.errors import ResponseCode
 from common.ha import epochs as ep
 from common.ha.epochs import EpochHistory
 from common.ha.protocol import (
@@ -133,7 +133,7 @@ class SlaveSnapshot:
     refused_acks: int
 
     def as_status(self) -> dict[str, Any]:
-        """The CONTRACT's ``slaves`` entry of ``replog status --json``."""
+        """docs/contract.md's ``slaves`` entry of ``replog status --json``."""
         return {"address": self.address, "ackOffset": self.ack_offset,
                 "lagBytes": self.lag_bytes, "inSync": self.in_sync}
 

@@ -14,13 +14,13 @@ It holds (``resumed_role``) while all of these are true:
   restart of the current master from a restart of a master that another promotion has since
   replaced (the YAML of a broker put back as a slave of the broker it once replaced reads the
   same as at its promotion); the start-up probe can, and a resumed master follows a master of
-  a newer epoch it finds (CONTRACT section 6). Without ``groupServers`` the broker starts as
+  a newer epoch it finds (docs/contract.md §6). Without ``groupServers`` the broker starts as
   its YAML says and logs ``promotion_not_resumed``;
 * the YAML still says what it said at the promotion (``brokerRole`` and ``haMasterAddress``):
   an operator who edits either has decided the role, and the file wins (delete
   ``promotion.json`` to demote with an unchanged file);
 * the store's newest epoch is still the one the promotion opened: once the broker has
-  followed a newer master (``groupServers``, CONTRACT section 6) and copied its epoch, the
+  followed a newer master (``groupServers``, docs/contract.md §6) and copied its epoch, the
   record is spent.
 
 A record that cannot be read is reported and ignored:
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.files import write_atomically
+from common.core.files import write_atomically
 
 PROMOTION_FILE = "promotion.json"
 MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
@@ -90,6 +90,14 @@ class Promotion:
 
 def path_of(store_root: str | os.PathLike[str]) -> Path:
     return Path(store_root) / "config" / PROMOTION_FILE
+
+
+def repairs_from_master(is_slave: bool, store_root: str | os.PathLike[str]) -> bool:
+    """Whether a store may cut damage below its flushed offset at start-up, to fetch those
+    bytes from its master again: a replicating slave may; a master may not, nor a slave whose
+    promotion record makes it a master again at this start (the bytes may be nowhere else).
+    The broker hands the answer to the store (``MessageStore(repair_from_master=...)``)."""
+    return is_slave and not path_of(store_root).exists()
 
 
 def record(

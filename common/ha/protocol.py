@@ -47,8 +47,8 @@ from typing import Any, TypeAlias
 
 import msgpack
 
-from common.config import BrokerConfig
-from common.errors import ResponseCode
+from common.core.config import BrokerConfig
+from common.core.errors import ResponseCode
 from common.ha.epochs import EpochEntry, EpochHistory
 
 PROTOCOL_VERSION = 1

@@ -42,8 +42,8 @@ import dataclasses
 import enum
 from typing import TypeAlias
 
-from common.config import BrokerConfig
-from common.errors import ResponseCode
+from common.core.config import BrokerConfig
+from common.core.errors import ResponseCode
 from common.ha import epochs as ep
 from common.ha.epochs import EpochHistory
 from common.ha.protocol import (

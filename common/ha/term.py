@@ -39,7 +39,7 @@ import logging
 import os
 from pathlib import Path
 
-from common.files import write_atomically
+from common.core.files import write_atomically
 from common.ha import epochs as ep
 from common.ha.epochs import EpochHistory
 

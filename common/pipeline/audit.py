@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.store import record
+from common.format import record
 
 from .decode import walk
 from .layout import Segment, flushed_offset, list_segments, valid_end

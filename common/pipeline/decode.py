@@ -1,7 +1,7 @@
 """Vectorised decoding of CommitLog bytes (numpy gathers + Arrow) into Arrow record batches.
 
 The record layout, its magic codes and the header ``struct`` come from
-``common.store.record``; this module only reads them, many records at a time:
+``common.format.record``; this module only reads them, many records at a time:
 
 1. ``walk`` finds the chain of whole, structurally valid records in a buffer without a Python
    loop per record. Every record carries its own CommitLog offset (PHYSICALOFFSET), so a
@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.lib.stride_tricks import sliding_window_view
 
-from common.message import (
+from common.core.message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     SYSFLAG_COMPRESSED,
@@ -37,8 +37,8 @@ from common.message import (
     inflate_body,
     tags_code,
 )
-from common.store import record
-from common.store.record import FIXED_BYTES, HEADER, MAGIC_V1
+from common.format import record
+from common.format.record import FIXED_BYTES, HEADER, MAGIC_V1
 
 from .schema import COLUMN_NAMES, arrow_schema
 
@@ -335,7 +335,7 @@ class Properties:
 
 def split_properties(recs: Records) -> Properties:
     """Parse ``name\\x01value\\x02`` lists the way the store's reader does
-    (``common.message.decode_properties``, minus the whole-record CRC entry)."""
+    (``common.core.message.decode_properties``, minus the whole-record CRC entry)."""
     n = len(recs)
     raw = view_array(recs.buf, pa.py_buffer(recs.buf), recs.props_pos, recs.props_len, pa.binary())
     offsets = np.frombuffer(raw.buffers()[1], dtype=np.int32)[: n + 1].astype(np.int64)

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from common.errors import StoreError
+from common.core.errors import StoreError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

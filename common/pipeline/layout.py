@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import CorruptionError, StoreError
-from common.store import record
+from common.core.errors import CorruptionError, StoreError
+from common.format import record
 
 from .decode import walk
 

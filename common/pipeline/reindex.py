@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from common.message import SCHEDULE_TOPIC
+from common.core.message import SCHEDULE_TOPIC
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

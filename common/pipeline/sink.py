@@ -41,8 +41,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from common.errors import BrokerError, ResponseCode, SendStatus
-from common.message import DEFAULT_COMPRESS_OVER_BYTES, Message
+from common.core.errors import BrokerError, ResponseCode, SendStatus
+from common.core.message import DEFAULT_COMPRESS_OVER_BYTES, Message
 
 DEFAULT_BATCH = 64
 DEFAULT_TIMEOUT_MS = 10_000

@@ -46,8 +46,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from common.errors import BrokerError, PullStatus, ResponseCode
-from common.message import MessageExt, body_str, tags_code
+from common.core.errors import BrokerError, PullStatus, ResponseCode
+from common.core.message import MessageExt, body_str, tags_code
 
 from .schema import arrow_schema, check_schema
 

@@ -22,7 +22,7 @@ import os
 import struct
 from pathlib import Path
 
-from common.errors import StoreError
+from common.core.errors import StoreError
 
 CHECKPOINT = struct.Struct(">qqqqq")
 assert CHECKPOINT.size == 40

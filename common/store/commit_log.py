@@ -25,15 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from common.errors import CorruptionError, PutStatus, StoreError
-from common.message import (
+from common.core.errors import CorruptionError, PutStatus, StoreError
+from common.core.message import (
     Message,
     MessageExt,
     encode_msg_id,
     encode_properties,
     host_bytes,
 )
-from common.store import record
+from common.format import record
 from common.store.allocate import PREFAULT_AHEAD, PREFAULT_STEP, AllocateService
 from common.store.mapped_file import MappedFile
 from common.store.mapped_file_queue import MappedFileQueue
@@ -572,7 +572,7 @@ class CommitLog:
     def _refuse_below_flushed(self, phy: int, flushed: int, reason: str) -> None:
         """The valid log ends below what the checkpoint says was on disk: a damaged or missing
         segment, not a torn tail. Cutting there would erase acknowledged, durable records
-        (RELIABILITY rule 5), so recovery stops with nothing changed."""
+        (docs/guarantees.md rule 5), so recovery stops with nothing changed."""
         mf = self.queue.find(phy)
         where = (f"segment {mf.path.name} position {phy - mf.file_from_offset}" if mf is not None
                  else f"no segment holds it (the log's segments end at {self.max_offset})")

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from common.errors import StoreError
+from common.core.errors import StoreError
 from common.store.commit_log import TOPIC_PATTERN
 from common.store.mapped_file import MappedFile
 from common.store.mapped_file_queue import MappedFileQueue

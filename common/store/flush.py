@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 
-from common.errors import PutStatus
+from common.core.errors import PutStatus
 
 log = logging.getLogger("replog.store")
 

@@ -53,8 +53,8 @@ from operator import mul
 from pathlib import Path
 from struct import Struct
 
-from common.errors import StoreError
-from common.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, java_hash
+from common.core.errors import StoreError
+from common.core.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, java_hash
 from common.store import native
 from common.store.mapped_file import CREATING_SUFFIX
 
@@ -113,7 +113,7 @@ def _positive(h: int) -> int:
 
 
 def string_hash(text: str) -> int:
-    """Java ``String.hashCode()``: same result as ``common.message.java_hash``, faster."""
+    """Java ``String.hashCode()``: same result as ``common.core.message.java_hash``, faster."""
     units = _units(text)
     if len(units) > _FAST_HASH_MAX_UNITS:
         return java_hash(text)

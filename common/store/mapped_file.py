@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from common.errors import StoreError
+from common.core.errors import StoreError
 from common.store import native
 
 OS_PAGE_SIZE = 4096

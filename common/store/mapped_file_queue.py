@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from common.errors import StoreError
+from common.core.errors import StoreError
 from common.store.mapped_file import MappedFile, file_name, is_creating_name, parse_file_name
 
 log = logging.getLogger("replog.store")

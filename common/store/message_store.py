@@ -22,11 +22,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from common.config import BrokerConfig, parse_delay_levels
-from common.errors import CorruptionError, GetStatus, PutStatus, StoreError
-from common.files import write_atomically
-from common.ha.promotion import path_of as promotion_path
-from common.message import (
+from common.core.config import BrokerConfig, parse_delay_levels
+from common.core.errors import CorruptionError, GetStatus, PutStatus, StoreError
+from common.core.files import write_atomically
+from common.core.message import (
     PROPERTY_WAIT,
     SCHEDULE_TOPIC,
     Message,
@@ -34,7 +33,7 @@ from common.message import (
     decode_msg_id,
     host_bytes,
 )
-from common.store import record
+from common.format import record
 from common.store.allocate import AllocateService
 from common.store.checkpoint import AbortFile, StoreCheckpoint, StoreLock
 from common.store.cleanup import CleanService
@@ -72,7 +71,7 @@ assert _PLACE.size == record.POS_PHY_OFFSET + 8
 def _misplaced(raw: bytes, phy: int, size: int) -> str:
     """Why the bytes a ConsumeQueue entry leads to are not its record ("" when they are):
     the record's own size, magic and offset fields, a few struct reads per message. The CRC
-    is the client's to check (``common.protocol.decode_record``)."""
+    is the client's to check (``common.format.protocol.decode_record``)."""
     if len(raw) < record.FIXED_BYTES:
         return f"the queue entry says {size} bytes, less than any record"
     total, magic, stored_phy = _PLACE.unpack_from(raw, 0)
@@ -119,8 +118,15 @@ class StoreStats:
 
 
 class MessageStore:
-    def __init__(self, cfg: BrokerConfig):
+    def __init__(self, cfg: BrokerConfig, *, repair_from_master: bool | None = None):
+        """``repair_from_master`` is a fact about the broker's role that the store cannot
+        know: whether, at start-up, damage below the flushed offset may be cut because a
+        master holds those bytes and will send them again (a replicating slave), or must
+        refuse the start (a master, or a slave whose promotion record makes it one again:
+        the broker decides, ``common/broker/broker.py``). None: the configured role says."""
         self.cfg = cfg
+        self.repair_from_master = cfg.is_slave if repair_from_master is None \
+            else repair_from_master
         self.root = cfg.store_root
         self.delay_levels_ms = parse_delay_levels(cfg.messageDelayLevel)
         self._lock_file = StoreLock(self.root)
@@ -180,11 +186,10 @@ class MessageStore:
         # the CommitLog first: a log damaged below its flushed offset stops the start before
         # any other file is touched
         self.commit_log.require_prop_crc_from = self._crc_required_from()
-        # a slave repairs from its master; a promoted one (its YAML still says SLAVE, its
-        # promotion record makes it a master again) must not
-        replica = self.cfg.is_slave and not promotion_path(self.root).exists()
+        # a slave repairs from its master; a master (or a slave about to resume a promotion)
+        # must not: those bytes may exist nowhere else
         self.recovery = self.commit_log.recover(abnormal, self.checkpoint.physic_flushed_offset,
-                                                cut_below_flushed=replica)
+                                                cut_below_flushed=self.repair_from_master)
         self.cq_store.load()
         if self.index is not None:
             self.index.load(not abnormal, self.checkpoint.index_msg_timestamp)

@@ -17,25 +17,25 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from common.errors import CorruptionError, StoreError
-from common.message import (
+from common.core.errors import CorruptionError, StoreError
+from common.core.message import (
     KEY_SEPARATOR,
     NAME_VALUE_SEP,
     PROPERTY_DELAY,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
+    SCHEDULE_SOURCE,
     SCHEDULE_TOPIC,
     decode_properties,
     tags_code,
 )
-from common.store import record
+from common.format import record
 from common.store.commit_log import CommitLog, WriteDigest
 
 log = logging.getLogger("replog.store")
 
 ArrivalListener = Callable[[str, int, int], None]  # topic, queue_id, max queue offset
-SCHEDULE_SOURCE = "__SCHED_SRC"  # property naming the schedule record a delivery came from
 
 
 class DispatchRequest(NamedTuple):

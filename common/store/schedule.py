@@ -21,18 +21,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.errors import PutStatus
-from common.files import write_atomically
-from common.message import (
+from common.core.errors import PutStatus
+from common.core.files import write_atomically
+from common.core.message import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
+    SCHEDULE_SOURCE,
     SCHEDULE_TOPIC,
     Message,
     MessageExt,
 )
-from common.store.reput import SCHEDULE_SOURCE
-from common.tables import parse_delay_offsets, read_table
+from common.format.tables import parse_delay_offsets, read_table
 
 if TYPE_CHECKING:
     from common.store.message_store import MessageStore

@@ -1,4 +1,4 @@
-"""Failover drills (RELIABILITY 4.1): real broker processes, SIGKILL / SIGSTOP, promotion.
+"""Failover drills (docs/drills.md): real broker processes, SIGKILL / SIGSTOP, promotion.
 
 The drills reuse the process helpers of ``tests/integration`` (free ports, brokers by pid,
 relay, deadline waits); that directory goes on ``sys.path`` here. At the end of the session

@@ -1,4 +1,4 @@
-"""The drill harness (RELIABILITY 4.1): history, workload, faults, checker, final heal and compare.
+"""The drill harness (docs/drills.md): history, workload, faults, checker, final heal and compare.
 
 * ``History``: JSON lines ``{t, proc, op: put|get|fault, type: invoke|ok|fail|info, msg_id,
   queue, offset, status}`` (plus a few extra fields: ``handler`` = the broker that stored a put,
@@ -36,8 +36,8 @@ from broker_harness import BrokerProcess, free_port, run_cli
 from replication_harness import Relay, commitlog_digest, stop_process, wait_for
 
 from common.client import ClientTimeoutError, Consumer, Producer
-from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
-from common.message import decode_msg_id
+from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.core.message import decode_msg_id
 
 RESULTS: list[dict[str, Any]] = []  # one per drill run; conftest prints them at the end
 CURRENT_TEST = ""  # the pytest node id of the running drill (set by conftest)

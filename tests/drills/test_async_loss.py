@@ -1,4 +1,4 @@
-"""RELIABILITY row 3: the loss window of an ASYNC master, measured, PR tier.
+"""docs/drills.md row 3: the loss window of an ASYNC master, measured, PR tier.
 
 An ASYNC master acknowledges a put before its slave has the bytes, so a SIGKILL followed by the
 slave's promotion loses what the slave had not received: the master's max offset at the kill

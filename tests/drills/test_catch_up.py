@@ -1,4 +1,4 @@
-"""Slave far behind catches up (RELIABILITY 4.1 row 11), PR tier.
+"""Slave far behind catches up (docs/drills.md row 11), PR tier.
 
 An ASYNC_MASTER and its slave run a steady put workload through the client. The slave is
 SIGSTOPped while ``DRILL_CATCHUP_MB`` (default 192; the nightly figure is 2048) more MiB are
@@ -42,7 +42,7 @@ SEGMENT = 32 * 1024 * 1024
 PRODUCERS = 2
 RATE = 250.0  # puts/s per producer: the load that goes on through the catch-up
 BASELINE_S = 8.0
-RATE_FLOOR_MB_S = 20.0  # RELIABILITY row 11's calibration floor
+RATE_FLOOR_MB_S = 20.0  # docs/drills.md row 11's calibration floor
 ANON_GROWTH_LIMIT = 64 * 1024 * 1024
 P99_FACTOR = 2.0  # row 11: master put p99 during catch-up under 2x the baseline
 FILL_BODY = 16 * 1024

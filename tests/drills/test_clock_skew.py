@@ -1,4 +1,4 @@
-"""Clock skew (RELIABILITY 4.1 row 15), PR tier.
+"""Clock skew (docs/drills.md row 15), PR tier.
 
 Row 1's drill (SYNC_MASTER, SIGKILL the master at a random time, promote the slave, restart
 the old master as its slave; producers and a consumer throughout) with one broker's wall clock

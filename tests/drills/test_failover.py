@@ -1,4 +1,4 @@
-"""Failover drills, PR tier (RELIABILITY 4.1 rows 1, 2, 4 and 13).
+"""Failover drills, PR tier (docs/drills.md rows 1, 2, 4 and 13).
 
 Each drill starts its own brokers on free ports, records a history (``harness.History``), and
 ends with a heal, a drain of every queue from every replica, a byte comparison of the
@@ -29,9 +29,9 @@ from harness import (
 from replication_harness import commitlog_digest, wait_for
 
 from common.client import SEND_CODES, Transport
-from common.errors import BrokerError, ResponseCode
+from common.core.errors import BrokerError, ResponseCode
+from common.format.protocol import RequestCode
 from common.ha import epochs
-from common.protocol import RequestCode
 
 pytestmark = [pytest.mark.drill, pytest.mark.integration]
 

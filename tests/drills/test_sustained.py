@@ -1,4 +1,4 @@
-"""Sustained load (RELIABILITY 4.1 row 14), PR tier.
+"""Sustained load (docs/drills.md row 14), PR tier.
 
 A master and its slave take a steady put load through the client, 256 B bodies, with no fault:
 ASYNC_MASTER at 2000 puts/s and SYNC_MASTER at 500 puts/s (4 producers each). Once a second

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from common.client import Admin
-from common.config import dump_yaml, load_config
-from common.errors import BrokerError
+from common.core.config import dump_yaml, load_config
+from common.core.errors import BrokerError
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 30.0

@@ -1,4 +1,4 @@
-"""RELIABILITY row 9 against a live broker: malformed frames over one client socket.
+"""docs/drills.md row 9 against a live broker: malformed frames over one client socket.
 
 Replays the fixed corpus of ``tests/property/test_protocol_fuzz.py`` plus 2 500 seeded random bad
 frames (random bytes, random msgpack values, mutations of a valid request). Every frame must get
@@ -21,8 +21,8 @@ import zmq
 from broker_harness import BrokerProcess, brokers
 
 from common.client import Producer
-from common.errors import ResponseCode, SendStatus
-from common.protocol import (
+from common.core.errors import ResponseCode, SendStatus
+from common.format.protocol import (
     PROTOCOL_VERSION,
     Limits,
     RequestCode,

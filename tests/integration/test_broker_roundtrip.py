@@ -13,8 +13,8 @@ from broker_harness import BrokerProcess, brokers, run_cli
 from replication_harness import wait_for
 
 from common.client import Admin, Consumer, Producer
-from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
-from common.message import Message
+from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.core.message import Message
 
 pytestmark = pytest.mark.integration
 
@@ -300,8 +300,8 @@ def test_large_bodies_are_stored_compressed_and_read_back_whole(tmp_path: Path) 
     """Bodies of 4 KiB and more travel and rest deflated (SYSFLAG COMPRESSED, RocketMQ's
     compressMsgBodyOverHowmuch) through send, send_batch, send_async and the CLI; every reader
     (pull, query, the CLI) gets the bodies back as sent, and small bodies are left alone."""
-    from common.message import SYSFLAG_COMPRESSED
-    from common.store import record
+    from common.core.message import SYSFLAG_COMPRESSED
+    from common.format import record
 
     b = BrokerProcess(tmp_path / "b", defaultTopicQueueNums=1)
     big = b"".join(b"order %06d shipped to warehouse 7;" % i for i in range(600))  # ~21 KiB

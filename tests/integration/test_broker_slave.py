@@ -1,4 +1,4 @@
-"""RELIABILITY row 13: a slave-role broker refuses every write; its files stay unchanged."""
+"""docs/drills.md row 13: a slave-role broker refuses every write; its files stay unchanged."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from broker_harness import BrokerProcess, brokers, run_cli, tree_digest
 
 from common.client import Admin, Producer
-from common.errors import BrokerError, ResponseCode
-from common.protocol import RequestCode
+from common.core.errors import BrokerError, ResponseCode
+from common.format.protocol import RequestCode
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 from broker_harness import REPO, BrokerProcess, brokers
 
 from common.client import Producer
-from common.errors import SendStatus
+from common.core.errors import SendStatus
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 from broker_harness import BrokerProcess, brokers
 
 from common.client import Admin, Consumer, Producer
-from common.errors import PullStatus, SendStatus
+from common.core.errors import PullStatus, SendStatus
 
 pytestmark = pytest.mark.integration
 

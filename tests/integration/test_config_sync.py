@@ -14,8 +14,8 @@ from broker_harness import BrokerProcess, brokers, free_port
 from replication_harness import wait_for
 
 from common.client import Admin, Consumer, Producer
-from common.errors import PullStatus, SendStatus
-from common.protocol import RequestCode
+from common.core.errors import PullStatus, SendStatus
+from common.format.protocol import RequestCode
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,7 @@ def test_a_consumer_group_resumes_on_the_promoted_slave_without_a_gap(tmp_path: 
     new master, whose offsets came from the old one, and reads on. Every message sent with
     SEND_OK (SYNC_MASTER) is consumed, and what comes twice is at most what was consumed in
     the last sync interval before the kill."""
-    from common.group_consumer import GroupConsumer
+    from common.client.group_consumer import GroupConsumer
 
     port = free_port()
     master = BrokerProcess(tmp_path / "m", listenPort=port, brokerRole="SYNC_MASTER")

@@ -1,4 +1,4 @@
-"""Crash recovery with real processes (RELIABILITY rows 6-8; issue 2 and 3 acceptance).
+"""Crash recovery with real processes (docs/drills.md rows 6-8; issue 2 and 3 acceptance).
 
 One child writes under SYNC_FLUSH and prints every put it saw acknowledged (flushed); it is
 SIGKILLed at a random point. On copies of that directory:
@@ -39,9 +39,9 @@ from typing import Any
 
 import pytest
 
-from common.config import BrokerConfig, load_config
-from common.errors import PutStatus
-from common.message import Message
+from common.core.config import BrokerConfig, load_config
+from common.core.errors import PutStatus
+from common.core.message import Message
 from common.store.commit_log import CommitLog
 from common.store.message_store import MessageStore
 
@@ -81,8 +81,8 @@ def message_of(seed: int, i: int) -> tuple[Message, int]:
 WRITER = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, sys.argv[3])
-    from common.config import load_config
-    from common.errors import PutStatus
+    from common.core.config import load_config
+    from common.core.errors import PutStatus
     from common.store.message_store import MessageStore
     from test_crash_recovery import cfg_fields, message_of
     from pathlib import Path
@@ -103,8 +103,8 @@ WRITER = textwrap.dedent("""
 RECOVERER = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, sys.argv[3])
-    from common.config import load_config
-    from common.message import Message
+    from common.core.config import load_config
+    from common.core.message import Message
     from common.store.message_store import MessageStore
     from test_crash_recovery import cfg_fields
     from pathlib import Path
@@ -667,7 +667,7 @@ def test_a_flipped_bit_in_an_old_segment_costs_one_message_not_the_queue(tmp_pat
     from broker_harness import BrokerProcess, brokers
 
     from common.client import Consumer, Producer
-    from common.errors import CorruptMessageError
+    from common.core.errors import CorruptMessageError
 
     seg = 64 * 1024
     b = BrokerProcess(tmp_path / "b", mappedFileSizeCommitLog=seg)

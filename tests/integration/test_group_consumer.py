@@ -14,8 +14,8 @@ from broker_harness import BrokerProcess, brokers, run_cli
 from replication_harness import wait_for
 
 from common.client import Admin, Consumer, Producer
-from common.group_consumer import GroupConsumer
-from common.message import MessageExt
+from common.client.group_consumer import GroupConsumer
+from common.core.message import MessageExt
 
 pytestmark = pytest.mark.integration
 

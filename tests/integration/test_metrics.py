@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from replication_harness import wait_for
 
 from common.client import Consumer, Producer
-from common.errors import SendStatus
-from common.group_consumer import GroupConsumer
+from common.client.group_consumer import GroupConsumer
+from common.core.errors import SendStatus
 
 pytestmark = pytest.mark.integration
 

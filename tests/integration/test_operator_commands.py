@@ -10,7 +10,7 @@ import pytest
 from broker_harness import REPO, BrokerProcess, _child_env, brokers, run_cli
 
 from common.client import Admin, Producer
-from common.errors import BrokerError, ResponseCode
+from common.core.errors import BrokerError, ResponseCode
 
 pytestmark = pytest.mark.integration
 

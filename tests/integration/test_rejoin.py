@@ -1,4 +1,4 @@
-"""CONTRACT section 6: a broker that restarts into a group whose master has a newer epoch joins
+"""docs/contract.md §6: a broker that restarts into a group whose master has a newer epoch joins
 as a slave, truncates what only it holds past the divergence point, and catches up; a promoted
 slave restarted from its unchanged YAML is still the master."""
 
@@ -13,7 +13,7 @@ from broker_harness import BrokerProcess, brokers, free_port
 from replication_harness import SEGMENT_BYTES, assert_identical, wait_converged, wait_for
 
 from common.client import Admin, Producer
-from common.errors import SendStatus
+from common.core.errors import SendStatus
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Malformed replication streams from a test peer (RELIABILITY rows 10-11).
+"""Malformed replication streams from a test peer (docs/drills.md rows 10-11).
 
 A fake *slave* (a DEALER speaking the HA protocol) against a real master: an ack beyond what
 was sent drops the peer (RocketMQ #3015); asking for bytes past the master's max is answered
@@ -21,8 +21,10 @@ from broker_harness import BrokerProcess, brokers, free_port
 from replication_harness import commitlog_digest, wait_for
 
 from common.client import Consumer, Producer, pull_result
-from common.config import load_config
-from common.errors import ResponseCode, SendStatus
+from common.core.config import load_config
+from common.core.errors import ResponseCode, SendStatus
+from common.core.message import Message
+from common.format.protocol import RequestCode
 from common.ha.epochs import EpochEntry
 from common.ha.protocol import (
     Ack,
@@ -35,8 +37,6 @@ from common.ha.protocol import (
     encode_data,
     encode_header,
 )
-from common.message import Message
-from common.protocol import RequestCode
 from common.store.message_store import MessageStore
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Replication between real broker processes (issue 5 acceptance; RELIABILITY rows 11-13).
+"""Replication between real broker processes (issue 5 acceptance; docs/drills.md rows 11-13).
 
 Every test starts its own master and slave on free ports, kills them by pid in ``finally``
 (``brokers``), and waits for conditions with deadlines.
@@ -28,13 +28,13 @@ from replication_harness import (
 )
 
 from common.client import Consumer, Producer
-from common.errors import ResponseCode, SendStatus
-from common.protocol import RequestCode
+from common.core.errors import ResponseCode, SendStatus
+from common.format.protocol import RequestCode
 
 pytestmark = pytest.mark.integration
 
 SLAVE_TIMEOUT_MS = 1000
-LATE_MS = 250  # RELIABILITY row 12: FLUSH_SLAVE_TIMEOUT within [T, T + 250 ms]
+LATE_MS = 250  # docs/drills.md row 12: FLUSH_SLAVE_TIMEOUT within [T, T + 250 ms]
 
 
 def timed_send(p: Producer, body: bytes) -> tuple[SendStatus, float]:

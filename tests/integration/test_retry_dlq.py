@@ -22,9 +22,9 @@ from broker_harness import REPO, BrokerProcess, _child_env, brokers, free_port, 
 from replication_harness import stop_process, wait_for
 
 from common.client import Admin, Consumer, Producer
-from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
-from common.group_consumer import GroupConsumer
-from common.message import MessageExt
+from common.client.group_consumer import GroupConsumer
+from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.core.message import MessageExt
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 from broker_harness import BrokerProcess, brokers, run_cli
 
 from common.client import Admin, Consumer, Producer, shard_queue
-from common.errors import SendStatus
+from common.core.errors import SendStatus
 
 pytestmark = pytest.mark.integration
 

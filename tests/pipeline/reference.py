@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.message import tags_code
+from common.core.message import tags_code
+from common.format import record
 from common.pipeline.layout import list_segments
-from common.store import record
 from common.store.commit_log import to_message
 
 

@@ -1,7 +1,7 @@
 """Writes small, valid store directories byte by byte, without the broker: for decoder tests
 that need records the store would never write (forged headers inside bodies, odd properties).
 
-Segments hold records made by ``common.store.record.encode``, a BLANK record pads each full
+Segments hold records made by ``common.format.record.encode``, a BLANK record pads each full
 segment, files are full-size and named by their 20-digit start offset, and ConsumeQueue files
 get one 20-byte entry per record, exactly as the broker lays them out.
 """
@@ -12,8 +12,8 @@ import dataclasses
 import struct
 from pathlib import Path
 
-from common.message import encode_properties, host_bytes, tags_code
-from common.store import record
+from common.core.message import encode_properties, host_bytes, tags_code
+from common.format import record
 
 CQ_ENTRY = struct.Struct(">qiq")
 assert CQ_ENTRY.size == 20

@@ -11,8 +11,8 @@ from pathlib import Path
 from reference import expected_rows
 from storegen import Written
 
-from common.config import load_config
-from common.message import Message
+from common.core.config import load_config
+from common.core.message import Message
 from common.store.message_store import MessageStore
 
 SEGMENT_BYTES = 64 * 1024

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from reference import expected_rows, normalise
 from storegen import StoreWriter
 
-from common.message import SYSFLAG_COMPRESSED, body_str, encode_properties, tags_code
+from common.core.message import SYSFLAG_COMPRESSED, body_str, encode_properties, tags_code
+from common.format import record
 from common.pipeline.decode import Records, base64_strings, decode, walk
 from common.pipeline.layout import list_segments, valid_end
-from common.store import record
 from common.store.commit_log import to_message
 
 pytestmark = pytest.mark.spark

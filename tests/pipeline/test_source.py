@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from reference import expected_rows, normalise
 
+from common.format import record
 from common.pipeline import register
 from common.pipeline.layout import list_segments
-from common.store import record
 
 pytestmark = pytest.mark.spark
 
@@ -82,7 +82,7 @@ def test_a_user_schema_selects_and_orders_columns(spark, store, expected) -> Non
 
 
 def test_body_is_utf8_text_or_null_beside_its_base64(spark, store, expected) -> None:
-    """CONTRACT sections 3 and 7: the DataFrame's body is the message JSON's body."""
+    """docs/contract.md §3 and §7: the DataFrame's body is the message JSON's body."""
     df = spark.read.format("replog").schema(
         "commitLogOffset bigint, body string, bodyBase64 string").load(store.path)
     rows = [tuple(r) for r in df.orderBy("commitLogOffset").collect()]
@@ -180,8 +180,8 @@ def test_reading_a_live_store_sees_a_whole_prefix(spark, tmp_path) -> None:
     import threading
     import time
 
-    from common.config import load_config
-    from common.message import Message
+    from common.core.config import load_config
+    from common.core.message import Message
     from common.store.checkpoint import read_checkpoint
     from common.store.message_store import MessageStore
 

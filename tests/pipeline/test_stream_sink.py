@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from broker_harness import BrokerProcess, brokers
 
 from common.client import Admin, Consumer, Producer
-from common.errors import PullStatus, SendStatus
-from common.message import MessageExt
+from common.core.errors import PullStatus, SendStatus
+from common.core.message import MessageExt
 from common.pipeline.stream import group_status, safe_end
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]

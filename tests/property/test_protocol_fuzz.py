@@ -1,4 +1,4 @@
-"""Malformed client frames (RELIABILITY row 9), against the pure decoder.
+"""Malformed client frames (docs/drills.md row 9), against the pure decoder.
 
 Every frame list either decodes to a valid Request or raises ProtocolError naming a field; no
 other exception escapes and nothing is allocated from a claimed length. Hypothesis generates
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.errors import ResponseCode
-from common.protocol import (
+from common.core.errors import ResponseCode
+from common.format.protocol import (
     PROTOCOL_VERSION,
     SCHEMAS,
     Limits,
@@ -71,7 +71,7 @@ def test_valid_base_requests_are_accepted() -> None:
 
 
 def fixed_corpus(limits: Limits = LIMITS) -> list[tuple[str, list[bytes]]]:
-    """The named nasty frames of RELIABILITY row 9, as (label, frames)."""
+    """The named nasty frames of docs/drills.md row 9, as (label, frames)."""
     corpus: list[tuple[str, list[bytes]]] = [("empty message", []), ("empty header", [b""])]
     header = VALID_SEND[0]
     corpus += [(f"truncated at {i}", [header[:i], b"body"]) for i in range(1, len(header))]

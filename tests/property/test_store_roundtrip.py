@@ -37,9 +37,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from common.config import BrokerConfig, load_config
-from common.errors import GetStatus, PutStatus
-from common.message import Message
+from common.core.config import BrokerConfig, load_config
+from common.core.errors import GetStatus, PutStatus
+from common.core.message import Message
 from common.store.message_store import MessageStore
 
 pytestmark = pytest.mark.property
@@ -163,8 +163,8 @@ def test_ordinary_topics_are_accepted_and_hidden_names_never_break_a_restart(
 # ---- 2. state machine with real crashes -------------------------------------------------------
 FORK_SERVER = textwrap.dedent("""
     import json, os, signal, sys
-    from common.config import load_config
-    from common.message import Message
+    from common.core.config import load_config
+    from common.core.message import Message
     from common.store.message_store import MessageStore
 
     def work(job, w):

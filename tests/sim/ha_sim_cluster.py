@@ -19,7 +19,7 @@ import heapq
 import random
 from collections.abc import Hashable, Sequence
 
-from common.config import BrokerConfig
+from common.core.config import BrokerConfig
 from common.ha import epochs as ep
 from common.ha import master_core as mc
 from common.ha import slave_core as sc

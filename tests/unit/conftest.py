@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from common.broker import Broker
-from common.cli import make_role
-from common.config import BrokerConfig, load_config
+from common.broker.broker import Broker
+from common.cli.bootstrap import make_role
+from common.core.config import BrokerConfig, load_config
 
 
 @pytest.fixture

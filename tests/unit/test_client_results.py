@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from common.client import SendResult, send_results
-from common.errors import BrokerError, PullStatus, SendStatus
-from common.message import encode_msg_id
-from common.protocol import Response, ResponseCode
+from common.core.errors import BrokerError, PullStatus, SendStatus
+from common.core.message import encode_msg_id
+from common.format.protocol import Response, ResponseCode
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +62,7 @@ def test_a_malformed_answer_is_a_system_error_not_a_crash(fields: dict[str, Any]
 
 
 def _records(n: int) -> list[bytes]:
-    from common.store import record as rec
+    from common.format import record as rec
 
     out, phy = [], 0
     for i in range(n):
@@ -82,7 +82,7 @@ def test_a_corrupt_record_ends_a_pull_and_is_then_named() -> None:
     """It used to fail the whole batch ("corrupt record in answer"), so no pull of that queue
     could return the good messages before it, nor say which one was bad."""
     from common.client import pull_result
-    from common.errors import CorruptMessageError
+    from common.core.errors import CorruptMessageError
 
     good = _records(5)
     bad = bytearray(good[3])
@@ -98,7 +98,7 @@ def test_a_corrupt_record_ends_a_pull_and_is_then_named() -> None:
 
 def test_the_broker_naming_a_corrupt_record_raises_it_typed() -> None:
     from common.client import pull_result
-    from common.errors import CorruptMessageError
+    from common.core.errors import CorruptMessageError
 
     resp = Response(ResponseCode.SYSTEM_ERROR, 1, "corrupt record at queue offset 7 ...",
                     {"corruptQueueOffset": 7, "corruptCommitLogOffset": 4096}, [])

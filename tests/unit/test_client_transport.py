@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from common.client import ClientTimeoutError, ConnectionLostError, Transport
-from common.protocol import RequestCode, Response, ResponseCode, encode_response
+from common.format.protocol import RequestCode, Response, ResponseCode, encode_response
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 

@@ -12,8 +12,8 @@ import pytest
 from test_schedule_retention import make_store
 
 from common.client import Producer, pull_result
-from common.errors import CorruptMessageError, PutStatus, ResponseCode
-from common.message import (
+from common.core.errors import CorruptMessageError, PutStatus, ResponseCode
+from common.core.message import (
     SYSFLAG_COMPRESSED,
     Message,
     MessageExt,
@@ -21,7 +21,8 @@ from common.message import (
     encode_properties,
     inflate_body,
 )
-from common.protocol import (
+from common.format import record
+from common.format.protocol import (
     Limits,
     ProtocolError,
     RequestCode,
@@ -30,7 +31,6 @@ from common.protocol import (
     decode_request,
     encode_request,
 )
-from common.store import record
 from common.store.schedule import to_real_message, to_schedule_message
 from master.send_back import plan
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import StoreError
+from common.core.errors import StoreError
 from common.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from common.consumer_groups import ConsumerGroups, allocate_averagely
+from common.broker.consumer_groups import ConsumerGroups
+from common.core.allocation import allocate_averagely
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +58,7 @@ def test_allocation_is_a_partition_in_contiguous_runs(n_queues: int, n_members: 
 def test_a_broadcasting_members_offsets_file(tmp_path: Path) -> None:
     """LocalOffsets: consumerOffset.json's shape, written whole at each commit; other groups'
     entries in the same file are kept; a damaged file is refused, naming it, and left as is."""
-    from common.group_consumer import LocalOffsets, default_offsets_path
+    from common.client.group_consumer import LocalOffsets, default_offsets_path
 
     path = tmp_path / "o" / "offsets.json"
     store = LocalOffsets(path, "bc")

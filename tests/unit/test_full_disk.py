@@ -97,7 +97,7 @@ def test_a_full_disk_refuses_replicated_bytes_without_killing_the_process(tmp_pa
 PUT_ENOSPC_SCRIPT = """
 import sys
 from pathlib import Path
-from common.message import Message
+from common.core.message import Message
 from common.store.commit_log import CommitLog
 root = Path(sys.argv[1])
 (root / "commitlog").mkdir()
@@ -200,8 +200,8 @@ def test_a_full_disk_refuses_index_keys_without_killing_the_process(tmp_path: Pa
 STORE_SCRIPT = """
 import sys, time
 from pathlib import Path
-from common.config import load_config
-from common.message import Message
+from common.core.config import load_config
+from common.core.message import Message
 from common.store.message_store import MessageStore
 root = Path(sys.argv[1])
 cfg = load_config(None, (), env={}, storePathRootDir=str(root / "store"),

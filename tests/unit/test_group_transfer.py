@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from common.config import load_config
-from common.errors import PutStatus, ResponseCode
-from common.protocol import Response
-from common.replies import Deferred, LoopWaits
+from common.broker.replies import Deferred, LoopWaits
+from common.core.config import load_config
+from common.core.errors import PutStatus, ResponseCode
+from common.format.protocol import Response
 from master.group_transfer import GroupTransfer, ReplicaPut
 
 pytestmark = pytest.mark.unit

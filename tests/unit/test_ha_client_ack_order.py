@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import zmq
 
-from common.config import load_config
+from common.core.config import load_config
 from common.ha.epochs import EpochEntry
 from common.ha.protocol import Ack, Hello, HelloReply, Limits, decode, encode, encode_data
 from slave.ha_client import HaClient

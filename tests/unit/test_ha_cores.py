@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from common.config import BrokerConfig
-from common.errors import ConfigError, ResponseCode
+from common.core.config import BrokerConfig
+from common.core.errors import ConfigError, ResponseCode
+from common.format import record
 from common.ha import master_core as mc
 from common.ha import slave_core as sc
 from common.ha.epochs import EpochEntry as E
@@ -25,7 +26,6 @@ from common.ha.protocol import (
     Limits,
     decode,
 )
-from common.store import record
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.config import BrokerConfig
-from common.errors import ResponseCode
+from common.core.config import BrokerConfig
+from common.core.errors import ResponseCode
 from common.ha.epochs import EpochEntry
 from common.ha.protocol import (
     MAX_REASON_BYTES,

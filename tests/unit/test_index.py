@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.errors import StoreError
-from common.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, java_hash
+from common.core.errors import StoreError
+from common.core.message import PROPERTY_KEYS, PROPERTY_UNIQ_KEY, java_hash
 from common.store.index import IndexService, index_hash, index_keys, string_hash
 from common.store.index import key_hash as svc_key_hash
 

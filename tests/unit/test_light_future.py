@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.futures import LightFuture
+from common.core.futures import LightFuture
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 

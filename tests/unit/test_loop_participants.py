@@ -1,4 +1,4 @@
-"""Loop participants (``common/loop.py``): the request server's I/O thread drives other sockets.
+"""Loop participants (``common/broker/loop.py``): the request server's I/O thread drives other sockets.
 
 A probe participant records which thread calls it; a fake slave (a DEALER speaking the HA
 protocol, played by the test) shows the master's HA service served by the I/O thread itself:
@@ -22,15 +22,15 @@ import pytest
 import zmq
 from test_request_server import FakeStore, addr, free_port
 
-from common.broker import Broker
+from common.broker.broker import Broker
+from common.broker.loop import ParticipantThread
+from common.broker.server import RequestServer
 from common.client import Admin, Producer
-from common.config import load_config
-from common.errors import SendStatus
+from common.core.config import load_config
+from common.core.errors import SendStatus
+from common.core.message import Message
 from common.ha.protocol import Ack, Data, Frame, Heartbeat, Hello, HelloReply, Limits, decode
 from common.ha.protocol import encode as encode_frame
-from common.loop import ParticipantThread
-from common.message import Message
-from common.server import RequestServer
 from master.ha_service import HaService
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import StoreError
-from common.message import Message
+from common.core.errors import StoreError
+from common.core.message import Message
 from common.store import native
 from common.store.allocate import PREFAULT_AHEAD, AllocateService
 from common.store.commit_log import CommitLog

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from common.cli import UsageError, parse_time_ms
-from common.config import load_config
-from common.message import Message
+from common.cli.consumers import parse_time_ms
+from common.cli.output import UsageError
+from common.core.config import load_config
+from common.core.message import Message
 from common.store import commit_log
 from common.store.message_store import MessageStore
 

@@ -1,13 +1,14 @@
-"""Wire protocol codecs, tested on bytes (common/protocol.py)."""
+"""Wire protocol codecs, tested on bytes (common/format/protocol.py)."""
 
 from __future__ import annotations
 
 import msgpack
 import pytest
 
-from common.errors import ResponseCode
-from common.message import encode_msg_id, encode_properties, host_bytes
-from common.protocol import (
+from common.core.errors import ResponseCode
+from common.core.message import encode_msg_id, encode_properties, host_bytes
+from common.format import record
+from common.format.protocol import (
     PROTOCOL_VERSION,
     Limits,
     ProtocolError,
@@ -18,7 +19,6 @@ from common.protocol import (
     encode_request,
     encode_response,
 )
-from common.store import record
 
 pytestmark = pytest.mark.unit
 

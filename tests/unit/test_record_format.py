@@ -3,7 +3,7 @@ the store lock; configuration loading.
 
 ``walk_log`` / ``decode_record`` below parse the segment files with plain ``open``, ``int.from_bytes``
 and ``zlib`` at the offsets of RocketMQ 4.x's v1 record (reference section 1.1), never through
-``common.store.record``: a bug shared by the encoder and the production decoder cannot hide.
+``common.format.record``: a bug shared by the encoder and the production decoder cannot hide.
 With ``enabledAppendPropCRC`` (the default) the properties end with RocketMQ 5's reserved
 ``__CRC32#\x01`` + 10 digits (least significant first) + ``\x02`` entry: the crc32 of the whole
 record except those 20 bytes; the decoder checks it and strips it from ``props``.
@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from common.config import BrokerConfig, load_config
-from common.errors import ConfigError, GetStatus, PutStatus, StoreError
-from common.message import Message
+from common.core.config import BrokerConfig, load_config
+from common.core.errors import ConfigError, GetStatus, PutStatus, StoreError
+from common.core.message import Message
 from common.store.commit_log import PutResult
 from common.store.message_store import MessageStore
 
@@ -500,7 +500,7 @@ def test_second_store_in_the_same_process_refuses_to_start(tmp_path: Path) -> No
 
 HOLDER = textwrap.dedent("""
     import sys
-    from common.config import load_config
+    from common.core.config import load_config
     from common.store.message_store import MessageStore
     store = MessageStore(load_config(env={}, storePathRootDir=sys.argv[1],
                                      mappedFileSizeCommitLog=4096, maxHashSlotNum=64,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_config
-from common.message import Message
+from common.core.config import load_config
+from common.core.message import Message
 from common.store.message_store import MessageStore
 
 pytestmark = pytest.mark.unit

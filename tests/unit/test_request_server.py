@@ -1,6 +1,6 @@
 """Request server, roles and clients in one process, over real sockets, on an in-memory store.
 
-The fake store keeps RocketMQ records in memory (``common.store.record``) and implements the part
+The fake store keeps RocketMQ records in memory (``common.format.record``) and implements the part
 of the store API the broker uses, so the server's mechanics (pipelining, coalescing, long polling,
 overload, drain, slave refusal) are tested apart from the storage engine.
 """
@@ -20,14 +20,21 @@ import msgpack
 import pytest
 import zmq
 
-from common.broker import Broker
+from common.broker.broker import Broker
 from common.client import Admin, Consumer, NoMasterError, Producer
-from common.errors import BrokerError, GetStatus, PullStatus, PutStatus, ResponseCode, SendStatus
+from common.core.errors import (
+    BrokerError,
+    GetStatus,
+    PullStatus,
+    PutStatus,
+    ResponseCode,
+    SendStatus,
+)
+from common.core.message import Message, encode_msg_id, encode_properties, host_bytes, tags_code
+from common.format import protocol, record
+from common.format.protocol import PROTOCOL_VERSION, RequestCode, decode_record, decode_response
 from common.ha import epochs as ep
 from common.ha import promotion
-from common.message import Message, encode_msg_id, encode_properties, host_bytes, tags_code
-from common.protocol import PROTOCOL_VERSION, RequestCode, decode_record, decode_response
-from common.store import record
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -183,7 +190,7 @@ class FakeStore:
         return decode_record(raw) if raw else None
 
     def message_by_msg_id(self, msg_id: str) -> Any:
-        from common.message import decode_msg_id
+        from common.core.message import decode_msg_id
 
         return self.message_by_offset(decode_msg_id(msg_id)[2])
 
@@ -431,7 +438,7 @@ def raw_call(address: str, frames: list[bytes], timeout_ms: int = 3000) -> Any:
         sock.connect(f"tcp://{address}")
         sock.send_multipart(frames)
         return decode_response(
-            sock.recv_multipart(), __import__("common.protocol").protocol.Limits()
+            sock.recv_multipart(), protocol.Limits()
         )
     finally:
         sock.close()

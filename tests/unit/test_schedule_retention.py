@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_config
-from common.errors import GetStatus, PutStatus
-from common.message import SCHEDULE_TOPIC, Message
+from common.core.config import load_config
+from common.core.errors import GetStatus, PutStatus
+from common.core.message import SCHEDULE_TOPIC, Message
 from common.store.message_store import MessageStore
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_schedule_retention import make_store, wait_for
 
-from common.errors import GetStatus, PutStatus
-from common.message import Message, MessageExt
+from common.core.errors import GetStatus, PutStatus
+from common.core.message import Message, MessageExt
 from master.send_back import SendBackRefused, plan
 
 pytestmark = pytest.mark.unit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.client import Producer, shard_queue
-from common.errors import BrokerError, ResponseCode
+from common.core.errors import BrokerError, ResponseCode
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""slave/config_sync.py and common/tables.py: a slave takes its master's tables, whole or not
+"""slave/config_sync.py and common/format/tables.py: a slave takes its master's tables, whole or not
 at all, and a stopped sync applies nothing more."""
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ from typing import Any
 
 import pytest
 
-from common.errors import BrokerError, ResponseCode
-from common.protocol import RequestCode, Response
-from common.tables import (
-    ConsumerOffsetTable,
-    TopicTable,
-    delay_offsets_bytes,
-    replace_delay_offsets,
-)
+from common.broker.tables import ConsumerOffsetTable, TopicTable
+from common.core.errors import BrokerError, ResponseCode
+from common.format.protocol import RequestCode, Response
+from common.format.tables import delay_offsets_bytes, replace_delay_offsets
 from slave.config_sync import DOCUMENTS, ConfigSync
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

@@ -7,20 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_config
-from common.errors import CorruptionError, GetStatus, PutStatus
-from common.message import Message
+from common.core.config import load_config
+from common.core.errors import CorruptionError, GetStatus, PutStatus
+from common.core.message import Message
+from common.ha import promotion
 from common.store.checkpoint import StoreCheckpoint
 from common.store.message_store import MessageStore
 
 pytestmark = pytest.mark.unit
 
 
-def open_store(root: Path, **over: object) -> MessageStore:
+def open_store(root: Path, repair_from_master: bool | None = None,
+               **over: object) -> MessageStore:
     store = MessageStore(load_config(env={}, storePathRootDir=str(root),
                                      mappedFileSizeCommitLog=16 * 1024,
                                      mappedFileSizeConsumeQueue=20 * 64, maxHashSlotNum=97,
-                                     maxIndexNum=400, **over))
+                                     maxIndexNum=400, **over),
+                         repair_from_master=repair_from_master)
     store.start()
     return store
 
@@ -71,7 +74,7 @@ def files_of(root: Path) -> dict[str, bytes]:
 def test_damage_below_the_flushed_offset_refuses_to_start_and_changes_nothing(
     tmp_path: Path, shutdown: str, damage: str
 ) -> None:
-    """RELIABILITY rule 5 / row 7: below the checkpoint's flushed offset a bad record is not a
+    """docs/guarantees.md rule 5, docs/drills.md row 7: below the checkpoint's flushed offset a bad record is not a
     torn tail; cutting there would erase durable records. A master's start stops, naming the
     offset (a slave's cuts there and fetches the rest again from its master: next test)."""
     store = open_store(tmp_path)
@@ -169,10 +172,12 @@ def test_a_slave_cuts_damage_below_its_flushed_offset_to_fetch_it_again(tmp_path
     seg.write_bytes(bytes(damaged))
     # a slave promoted before it stopped resumes as a master: it refuses like one
     (tmp_path / "config" / "promotion.json").write_text("{}")
+    assert not promotion.repairs_from_master(True, tmp_path)
     with pytest.raises(CorruptionError, match="below the offset"):
-        open_store(tmp_path, brokerRole="SLAVE", brokerId=1)
+        open_store(tmp_path, brokerRole="SLAVE", brokerId=1, repair_from_master=False)
     (tmp_path / "config" / "promotion.json").unlink()
-    again = open_store(tmp_path, brokerRole="SLAVE", brokerId=1)
+    assert promotion.repairs_from_master(True, tmp_path)
+    again = open_store(tmp_path, brokerRole="SLAVE", brokerId=1, repair_from_master=True)
     try:
         assert 0 < again.max_phy_offset < end // 2 + 3  # cut at the damaged record
     finally:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from common.zmq_frames import POLLIN, send_frames
+from common.format.zmq_frames import POLLIN, send_frames
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -1,4 +1,4 @@
-"""Skews a broker's wall clock by ``DRILL_CLOCK_SKEW_S`` seconds (RELIABILITY row 15).
+"""Skews a broker's wall clock by ``DRILL_CLOCK_SKEW_S`` seconds (docs/drills.md row 15).
 
 On ``PYTHONPATH`` of one broker process only, the way libfaketime would be ``LD_PRELOAD``ed on
 it, without needing libfaketime on the machine: ``time.time``, ``time.time_ns`` and

@@ -28,6 +28,7 @@ PROPERTY_REAL_QID = "REAL_QID"
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # a sent-back copy: the topic the message first went to
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"  # a sent-back copy: the first copy's msgId
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"  # the key that chose the message's queue (RocketMQ 5)
+SCHEDULE_SOURCE = "__SCHED_SRC"  # property naming the schedule record a delivery came from
 KEY_SEPARATOR = " "
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
@@ -198,7 +199,7 @@ class Message:
 class MessageExt:
     """A stored message, decoded from its CommitLog record.
 
-    ``body`` is the record's BODY as stored. The clients (``common.protocol.decode_record``)
+    ``body`` is the record's BODY as stored. The clients (``common.format.protocol.decode_record``)
     inflate a COMPRESSED one, so users see what the producer sent; ``sys_flag``, ``body_crc``
     and ``store_size`` still describe the stored record."""
 

@@ -17,7 +17,7 @@ a batch of 64 would be 65 frames); the broker cuts the frame at those lengths.
 | element   | msgpack type | meaning                                                        |
 |-----------|--------------|----------------------------------------------------------------|
 | version   | int          | ``PROTOCOL_VERSION``; anything else -> VERSION_NOT_SUPPORTED   |
-| code      | int          | ``RequestCode`` / ``common.errors.ResponseCode``               |
+| code      | int          | ``RequestCode`` / ``common.core.errors.ResponseCode``               |
 | opaque    | int >= 0     | the client's request id, echoed in the response (pipelining)   |
 | remark    | str          | a human reason on a response ("" on success)                   |
 | fields    | map str->..  | per-code named fields, checked against ``SCHEMAS``              |
@@ -42,8 +42,8 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from common.errors import ResponseCode
-from common.message import (
+from common.core.errors import ResponseCode
+from common.core.message import (
     CLIENT_SYSFLAGS,
     MAX_INFLATED_BYTES,
     NAME_VALUE_SEP,
@@ -52,7 +52,7 @@ from common.message import (
     MessageExt,
     inflate_body,
 )
-from common.store import record
+from common.format import record
 
 PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 1024 * 1024  # never more than the frame limit either

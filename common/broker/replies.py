@@ -1,6 +1,6 @@
 """What a request processor hands back: an answer now (``reply``), a Future that resolves to
 one on any thread, or a ``Deferred`` that its owner (a ``LoopWaits``) answers later on the
-request server's I/O thread (``common/server.py`` tells the whole story)."""
+request server's I/O thread (``common/broker/server.py`` tells the whole story)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from common.errors import ResponseCode
-from common.protocol import Request, RequestCode, Response
+from common.core.errors import ResponseCode
+from common.format.protocol import Request, RequestCode, Response
 
 
 def reply(

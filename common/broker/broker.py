@@ -1,12 +1,12 @@
 """The broker process: one store, one request server and the current role.
 
-The role objects come from the composition root (``common/cli.py``) through a ``RoleFactory``;
+The role objects come from the composition root (``common/cli/main.py``) through a ``RoleFactory``;
 nothing here imports ``master/`` or ``slave/``. A role decides what happens to writes (a master
 appends, a slave refuses); reads, status and consumer offsets are served the same way by every
-role (``common/server.py``).
+role (``common/broker/server.py``).
 
-State under ``<storePathRootDir>/config/``: topics and consumer offsets (``common/tables.py``).
-Prometheus collectors: ``common/metrics.py``.
+State under ``<storePathRootDir>/config/``: topics and consumer offsets (``common/broker/tables.py``).
+Prometheus collectors: ``common/broker/metrics.py``.
 
 Shutdown is two-stage (uvicorn): the first SIGTERM/SIGINT drains in-flight requests, stops the
 role, persists the offsets and shuts the store down (flush, checkpoint, remove the abort file);
@@ -27,20 +27,20 @@ from typing import Any, Protocol
 
 import prometheus_client
 
-from common import tables
-from common.config import BrokerConfig, split_addresses
-from common.consumer_groups import ConsumerGroups
-from common.errors import BrokerError, ConfigError, ResponseCode
+from common.broker.consumer_groups import ConsumerGroups
+from common.broker.metrics import ConsumerLagCollector, StatusCollector, dead_letters
+from common.broker.port_hold import HA_BIND_HOST, PortHold
+from common.broker.replies import Reply, reply
+from common.broker.server import RequestServer
+from common.broker.tables import ConsumerOffsetTable, TopicTable
+from common.core.config import BrokerConfig, split_addresses
+from common.core.errors import BrokerError, ConfigError, ResponseCode
+from common.core.logs import log_event
+from common.core.message import retry_topic
+from common.format import tables
+from common.format.protocol import Request, RequestCode, Response
+from common.format.record import MAX_TOPIC_BYTES
 from common.ha import epochs, promotion, term
-from common.logs import log_event
-from common.message import retry_topic
-from common.metrics import ConsumerLagCollector, StatusCollector, dead_letters
-from common.port_hold import HA_BIND_HOST, PortHold
-from common.protocol import Request, RequestCode, Response
-from common.replies import Reply, reply
-from common.server import RequestServer
-from common.store.record import MAX_TOPIC_BYTES
-from common.tables import ConsumerOffsetTable, TopicTable
 
 log = logging.getLogger("replog.broker")
 
@@ -152,7 +152,7 @@ class Broker:
         self._housekeeper: threading.Thread | None = None
         self._metrics_server: Any = None
         self._epoch_cache: tuple[float, int] = (-1.0, 0)
-        self._ha_port_hold: PortHold | None = None  # a slave's haListenPort (common/port_hold.py)
+        self._ha_port_hold: PortHold | None = None  # a slave's haListenPort (common/broker/port_hold.py)
         # the YAML's role, before a resumed promotion or a rejoin changes cfg (promotion.json)
         self._configured = (cfg.brokerRole, cfg.haMasterAddress or "")
 

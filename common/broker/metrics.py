@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from common.message import DLQ_PREFIX
-from common.tables import ConsumerOffsetTable
+from common.broker.tables import ConsumerOffsetTable
+from common.core.message import DLQ_PREFIX
 
 if TYPE_CHECKING:
-    from common.broker import BrokerStatus
+    from common.broker.broker import BrokerStatus
 
 
 class StatusCollector:

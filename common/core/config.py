@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from common.errors import ConfigError
+from common.core.errors import ConfigError
 
 ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")

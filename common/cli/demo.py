@@ -19,9 +19,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from common.cli import LocalCluster, running_cluster
+from common.cli.cluster import LocalCluster, running_cluster
 from common.client import Admin, Consumer, Producer
-from common.errors import BrokerError
+from common.core.errors import BrokerError
 
 console = Console(highlight=False)
 

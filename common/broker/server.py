@@ -21,7 +21,7 @@ Threads::
   every held request (``owner.release_all``) when it ends. (A self-pipe rather than an inproc
   socket: any thread can write it without owning a ZeroMQ socket, which keeps shutdown free of
   per-thread sockets.)
-* Loop participants (``common.loop``; the master's HA service): ``attach``/``detach`` (any
+* Loop participants (``common.broker.loop``; the master's HA service): ``attach``/``detach`` (any
   thread, through the mailbox; ``detach`` returns once the participant's ``close`` ran here)
   put a component's sockets into this loop. After each burst of requests the loop calls their
   ``after_burst`` before reput (the HA service streams the new bytes at once), their
@@ -34,7 +34,7 @@ Threads::
   ``maxInflightRequests``; past that a request is answered SYSTEM_BUSY at once, so no queue grows
   without bound (STATUS is always served: clients need it to find the master and health checks
   to see the overload). Oversized single frames are cut by ZeroMQ itself (``ZMQ_MAXMSGSIZE``, which
-  disconnects the peer); everything else malformed gets a typed error (``common.protocol``).
+  disconnects the peer); everything else malformed gets a typed error (``common.format.protocol``).
 * Long polling: a pull at the end of a queue with ``suspendMs`` > 0 is parked until reput reports
   a new message for that queue (``store.add_arrival_listener``) or the wait ends; the parked pull
   is re-run and answered.
@@ -55,13 +55,15 @@ from typing import Any, ClassVar, Protocol
 
 import zmq
 
-from common.consumer_groups import ConsumerGroups
-from common.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
-from common.logs import log_event
-from common.loop import LoopParticipant, Participants
-from common.mailbox import Mailbox
-from common.message import tags_code
-from common.protocol import (
+from common.broker.consumer_groups import ConsumerGroups
+from common.broker.loop import LoopParticipant, Participants
+from common.broker.mailbox import Mailbox
+from common.broker.replies import Answers, Deferred, LoopWaits, Reply, reply
+from common.broker.server_stats import ServerStats
+from common.core.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
+from common.core.logs import log_event
+from common.core.message import tags_code
+from common.format.protocol import (
     WRITE_CODES,
     Limits,
     ProtocolError,
@@ -72,9 +74,7 @@ from common.protocol import (
     encode_response,
     error_response,
 )
-from common.replies import Answers, Deferred, LoopWaits, Reply, reply
-from common.server_stats import ServerStats
-from common.zmq_frames import readable, send_frames
+from common.format.zmq_frames import readable, send_frames
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
@@ -90,7 +90,7 @@ log = logging.getLogger("replog.server")
 
 
 class Services(Protocol):
-    """The broker as the processors see it (implemented by ``common.broker.Broker``)."""
+    """The broker as the processors see it (implemented by ``common.broker.broker.Broker``)."""
 
     store: Any
 
@@ -160,7 +160,7 @@ class RequestServer:
         self._waits: set[LoopWaits] = set()  # owners holding Deferreds
         self._waits_due = float("inf")  # monotonic time of the owners' earliest deadline
         self._due_owners: list[LoopWaits] = []  # woken on the I/O thread: poll this pass
-        self._participants = Participants(self._mailbox.post)  # common/loop.py
+        self._participants = Participants(self._mailbox.post)  # common/broker/loop.py
         self._io_ident = 0
         self._ctx = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[bytes] | None = None
@@ -210,7 +210,7 @@ class RequestServer:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
-    # -- loop participants (any thread; common/loop.py) ----------------------------------------
+    # -- loop participants (any thread; common/broker/loop.py) ----------------------------------------
     def attach(self, participant: LoopParticipant) -> None:
         """Drive ``participant`` on the I/O thread from its next pass (before ``start`` too)."""
         self._participants.attach(participant)

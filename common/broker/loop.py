@@ -14,7 +14,7 @@ them beside its own and calls the participant, always on the host's one thread:
     on_timer()            that time has passed
     close()               detached or the host's loop ends: close the sockets (host thread)
 
-Hosts: the request server's I/O thread (``common.server.RequestServer.attach``/``detach``,
+Hosts: the request server's I/O thread (``common.broker.server.RequestServer.attach``/``detach``,
 through ``Participants``), so a participant's sockets are served with no thread hand-off at
 all, or, without a request server, a ``ParticipantThread`` of its own. ``LoopHost.detach``
 returns once ``close`` ran. A participant that raises is logged, closed and dropped; the host

@@ -18,17 +18,17 @@ from __future__ import annotations
 import dataclasses
 
 from common.client import Consumer, Producer, SendResult
-from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
-from common.message import (
+from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.core.message import (
     PROPERTY_KEYS,
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_TAGS,
+    SCHEDULE_SOURCE,
     MessageExt,
     dlq_topic,
     retry_topic,
 )
-from common.store.reput import SCHEDULE_SOURCE
 
 DLQ_QUEUE = 0  # RocketMQ's DLQ_NUMS_PER_GROUP is 1
 

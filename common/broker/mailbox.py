@@ -8,7 +8,7 @@ import os
 import threading
 from typing import Any
 
-from common.errors import BrokerError, ResponseCode
+from common.core.errors import BrokerError, ResponseCode
 
 
 class Mailbox:

@@ -9,7 +9,7 @@ give::
                 handle(msg)
 
 * **Membership.** A thread sends CONSUMER_HEARTBEAT to the group's master every
-  ``heartbeat_ms``; the answer lists the group's live members (``common/consumer_groups.py``).
+  ``heartbeat_ms``; the answer lists the group's live members (``common/broker/consumer_groups.py``).
   A member that stops heartbeating is dropped after ``session_timeout_ms`` (10 s, as Kafka's
   ``session.timeout.ms`` bounds it: long enough that a stalled VM is not a departure);
   ``close`` leaves at once.
@@ -78,16 +78,16 @@ from pathlib import Path
 from typing import Any, Self
 
 from common.client import Consumer, SendResult
-from common.consumer_groups import allocate_averagely
-from common.errors import BrokerError, PullStatus, ResponseCode, SendStatus
-from common.message import (
+from common.core.allocation import allocate_averagely
+from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.core.message import (
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_RETRY_TOPIC,
     RETRY_PREFIX,
     MessageExt,
     retry_topic,
 )
-from common.tables import atomic_write_json, parse_offsets, read_json
+from common.format.tables import atomic_write_json, parse_offsets, read_json
 
 log = logging.getLogger("replog.group_consumer")
 

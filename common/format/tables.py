@@ -1,4 +1,4 @@
-"""A broker's tables under ``<storePathRootDir>/config/``: topics and consumer offsets.
+"""The shapes of a broker's tables under ``<storePathRootDir>/config/``: parse, check, write.
 
 RocketMQ's file names and JSON shapes; every write is atomic (temp file, fsync, rename, fsync of
 the directory):
@@ -20,13 +20,11 @@ is), from a master the document is ignored and the table keeps what it had.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from common.files import write_atomically
-from common.protocol import MAX_QUEUE_NUMS
+from common.core.files import write_atomically
+from common.format.protocol import MAX_QUEUE_NUMS
 
 TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "consumerOffset.json"
@@ -145,127 +143,3 @@ def replace_delay_offsets(path: Path, raw: bytes, source: str) -> bool:
         return False
     atomic_write_json(path, {"offsetTable": {str(k): v for k, v in sorted(offsets.items())}})
     return True
-
-
-# ---- tables -----------------------------------------------------------------------------------
-
-
-class TopicTable:
-    """Topic -> queue count, persisted in ``config/topics.json``; thread-safe."""
-
-    def __init__(self, config_dir: Path):
-        self.path = config_dir / TOPICS_FILE
-        self._lock = threading.Lock()
-        self._queues, self._counter = parse_topics(read_table(self.path), str(self.path))
-
-    def merge_seen(self, seen: dict[str, int]) -> None:
-        """Topics found in the ConsumeQueues (e.g. replicated to a slave) but not configured."""
-        with self._lock:
-            for name, nums in seen.items():
-                self._queues[name] = max(nums, self._queues.get(name, 0))
-
-    def queue_nums(self, topic: str) -> int:
-        return self._queues.get(topic, 0)
-
-    def create(self, topic: str, queue_nums: int) -> None:
-        with self._lock:
-            if self._queues.get(topic) == queue_nums:
-                return
-            self._queues[topic] = queue_nums
-            self._counter += 1
-            atomic_write_json(self.path, self._to_json())
-
-    def topics(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._queues)
-
-    def to_bytes(self) -> bytes:
-        """The table as topics.json holds it (what a slave asks for)."""
-        with self._lock:
-            return json_bytes(self._to_json())
-
-    def replace(self, raw: bytes, source: str, seen: dict[str, int] | None = None) -> bool:
-        """Take a master's topics.json (ValueError, nothing changed, if it is malformed); True
-        if the table changed (then it is written). Topics this store holds messages of keep at
-        least the queues ``seen`` in its ConsumeQueues."""
-        queues, counter = parse_topics(loads(raw, source), source)
-        for name, nums in (seen or {}).items():
-            queues[name] = max(nums, queues.get(name, 0))
-        with self._lock:
-            if queues == self._queues:
-                return False
-            self._queues, self._counter = queues, max(counter, self._counter + 1)
-            atomic_write_json(self.path, self._to_json())
-            return True
-
-    def _to_json(self) -> dict[str, Any]:
-        table = {
-            name: {
-                "topicName": name,
-                "readQueueNums": nums,
-                "writeQueueNums": nums,
-                "perm": PERM_READ_WRITE,
-            }
-            for name, nums in sorted(self._queues.items())
-        }
-        version = {"timestamp": int(time.time() * 1000), "counter": self._counter}
-        return {"topicConfigTable": table, "dataVersion": version}
-
-
-class ConsumerOffsetTable:
-    """``topic@group`` -> queue id -> next offset to consume; persisted when changed."""
-
-    def __init__(self, config_dir: Path):
-        self.path = config_dir / OFFSETS_FILE
-        self._lock = threading.Lock()
-        self._table = parse_offsets(read_table(self.path), str(self.path))
-        self._dirty = False
-
-    def commit(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None:
-        with self._lock:
-            self._table.setdefault(f"{topic}@{group}", {})[queue_id] = queue_offset
-            self._dirty = True
-
-    def fetch(self, group: str, topic: str, queue_id: int) -> int:
-        with self._lock:
-            return self._table.get(f"{topic}@{group}", {}).get(queue_id, -1)
-
-    def snapshot(self) -> dict[tuple[str, str], dict[int, int]]:
-        """(group, topic) -> queue id -> committed offset: a copy, for metrics."""
-        with self._lock:
-            items = [(k, dict(v)) for k, v in self._table.items()]
-        out = {}
-        for key, queues in items:
-            topic, _, group = key.rpartition("@")
-            out[(group, topic)] = queues
-        return out
-
-    def to_bytes(self) -> bytes:
-        """The table as consumerOffset.json holds it (what a slave asks for)."""
-        with self._lock:
-            return json_bytes(self._to_json())
-
-    def replace(self, raw: bytes, source: str) -> bool:
-        """Take a master's consumerOffset.json whole (ValueError, nothing changed, if it is
-        malformed); True if the table changed (written by the next ``persist``)."""
-        table = parse_offsets(loads(raw, source), source)
-        with self._lock:
-            if table == self._table:
-                return False
-            self._table = table
-            self._dirty = True
-            return True
-
-    def persist(self, force: bool = False) -> bool:
-        """Write the table if it changed since the last write; True if written."""
-        with self._lock:
-            if not (self._dirty or force):
-                return False
-            snapshot = self._to_json()
-            self._dirty = False
-        atomic_write_json(self.path, snapshot)
-        return True
-
-    def _to_json(self) -> dict[str, Any]:
-        return {"offsetTable": {k: {str(q): o for q, o in v.items()}
-                                for k, v in self._table.items()}}

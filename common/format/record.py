@@ -39,8 +39,8 @@ import struct
 import zlib
 from typing import NamedTuple
 
-from common.errors import CorruptionError
-from common.message import MessageExt, decode_properties, encode_msg_id
+from common.core.errors import CorruptionError
+from common.core.message import MessageExt, decode_properties, encode_msg_id
 
 MAGIC_V1 = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194

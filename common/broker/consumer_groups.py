@@ -1,6 +1,6 @@
 """Which consumers of each group are alive (RocketMQ's ConsumerManager, in short).
 
-A ``GroupConsumer`` (``common/group_consumer.py``) sends CONSUMER_HEARTBEAT every
+A ``GroupConsumer`` (``common/client/group_consumer.py``) sends CONSUMER_HEARTBEAT every
 ``heartbeat_ms`` to the group's master; the answer is the group's live members, sorted, from
 which every member computes the same assignment, topic by topic (as RocketMQ's rebalance
 does). So can the master: it refuses a member's offset commit for a queue the allocation gives
@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+
+from common.core.allocation import allocate_averagely
 
 MAX_GROUPS = 100_000  # bounds the table against clients inventing group names
 
@@ -76,15 +78,3 @@ class ConsumerGroups:
                 del members[cid]
             if not members:
                 del self._groups[group]
-
-
-def allocate_averagely(queues: list[tuple[str, int]], members: list[str],
-                       me: str) -> list[tuple[str, int]]:
-    """RocketMQ's AllocateMessageQueueAveragely: ``queues`` and ``members`` sorted, each
-    member gets a contiguous run, the first ``len(queues) % len(members)`` one more."""
-    if me not in members or not queues:
-        return []
-    index, n = members.index(me), len(members)
-    per, extra = divmod(len(queues), n)
-    start = index * per + min(index, extra)
-    return queues[start : start + per + (1 if index < extra else 0)]

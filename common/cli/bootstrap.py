@@ -1,0 +1,64 @@
+"""The composition root: the one module that knows the role classes (``master/``, ``slave/``)
+and hands them to ``common.broker.broker.Broker``; ``replog broker -c FILE`` runs here."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from common.cli.output import EXIT_FAILED, EXIT_OK, err
+from common.core.config import load_config
+from common.core.errors import StoreError
+from common.ha import promotion
+
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+def make_role(role_name: str, broker: Any) -> Any:
+    """Build the role object for ``role_name`` (the broker hands itself in)."""
+    if role_name == "SLAVE":
+        from slave.config_sync import ConfigSync
+        from slave.ha_client import build_slave_replication
+        from slave.role import SlaveRole
+
+        ha_client = build_slave_replication(broker.cfg, broker.store)
+        sync = ConfigSync(broker.cfg.slaveConfigSyncIntervalMs, ha_client.master_address,
+                          broker.apply_master_document)
+        return SlaveRole(broker.cfg, ha_client=ha_client, config_sync=sync)
+    from master.ha_service import build_master_replication
+    from master.role import MasterRole
+
+    # the request server's I/O thread drives the HA socket itself (no thread hand-off per put)
+    service, waiter = build_master_replication(
+        broker.cfg, broker.store, role_name, host=broker.server
+    )
+    return MasterRole(broker.cfg, broker.store, broker.topics, role_name, waiter, service)
+
+
+def run_broker(config_path: str, overrides: Sequence[str]) -> int:
+    from common.broker.broker import Broker
+    from common.store.message_store import MessageStore
+
+    cfg = load_config(config_path, overrides)
+    # The I/O thread gives up the GIL on every socket call; with the default 5 ms switch
+    # interval a busy store thread (reput, flush) can hold it that long each time (convoy).
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        replica = promotion.repairs_from_master(cfg.is_slave, cfg.store_root)
+        broker = Broker(cfg, MessageStore(cfg, repair_from_master=replica), make_role)
+        broker.serve_forever()
+    except (StoreError, ValueError, OSError) as e:
+        logging.getLogger("replog.broker").error("event=broker_start_failed error=%r", str(e))
+        err.print(f"replog broker: cannot start: {e}", soft_wrap=True)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+

@@ -1,0 +1,226 @@
+"""``replog cluster up``: a local broker group as child processes (what ``make run`` runs)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from common.cli.output import EXIT_OK, UsageError, emit_json, err, out
+from common.client import Admin
+from common.core.config import KNOWN_KEYS, dump_yaml, load_config
+from common.core.errors import BrokerError
+
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 20.0
+CLUSTER_SEGMENT_BYTES = 128 * 1024 * 1024
+
+
+@dataclasses.dataclass
+class ChildBroker:
+    name: str
+    role: str
+    address: str
+    config_path: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "address": self.address,
+            "pid": self.process.pid if self.process else None,
+            "config": str(self.config_path),
+            "log": str(self.log_path),
+        }
+
+
+class LocalCluster:
+    """1 master + N slaves as child ``replog broker`` processes under one directory."""
+
+    def __init__(
+        self, directory: Path, slaves: int = 2, mode: str = "sync", base_port: int = 10911
+    ):
+        self.directory = directory.resolve()
+        self.base_port = base_port
+        self.size = slaves + 1
+        self.children = [self._child(i, mode) for i in range(slaves + 1)]
+
+    def _child(self, index: int, mode: str) -> ChildBroker:
+        port = self.base_port + 10 * index
+        master_role = "SYNC_MASTER" if mode == "sync" else "ASYNC_MASTER"
+        role = master_role if index == 0 else "SLAVE"
+        home = self.directory / f"broker-{index}"
+        cfg = load_config(
+            None,
+            (),
+            env={},
+            brokerName="broker-a",
+            brokerId=index,
+            brokerRole=role,
+            listenPort=port,
+            haListenPort=port + 1,
+            haMasterAddress="" if index == 0 else f"127.0.0.1:{self.base_port + 1}",
+            # the master, restarted after a slave was promoted, rejoins as a slave; a promoted
+            # slave, restarted, checks that no newer master exists before it resumes
+            groupServers=",".join(f"127.0.0.1:{self.base_port + 10 * i}"
+                                  for i in range(self.size) if i != index),
+            storePathRootDir=str(home / "store"),
+            metricsPort=port + 2,
+            mappedFileSizeCommitLog=CLUSTER_SEGMENT_BYTES,
+        )
+        child = ChildBroker(
+            f"broker-{index}", role, f"127.0.0.1:{port}", home / "broker.yaml", home / "broker.log"
+        )
+        child.config_path.parent.mkdir(parents=True, exist_ok=True)
+        child.config_path.write_text(dump_yaml(cfg))
+        return child
+
+    def start(self) -> None:
+        for child in self.children:
+            child.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(child.log_path, "ab") as log_file:
+                child.process = subprocess.Popen(
+                    [sys.executable, "-m", "common.cli", "broker", "-c", str(child.config_path)],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=broker_env(),
+                )
+        self.wait_ready(READY_TIMEOUT_S)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with Admin([c.address for c in self.children], timeout_ms=1000, retries=0) as admin:
+            for child in self.children:
+                while True:
+                    if child.process is not None and child.process.poll() is not None:
+                        raise RuntimeError(
+                            f"{child.name} exited with {child.process.returncode}; "
+                            f"see {child.log_path}"
+                        )
+                    try:
+                        admin.status(child.address)
+                        break
+                    except BrokerError:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(
+                                f"{child.name} not answering at {child.address}"
+                            ) from None
+
+    def status_line(self, admin: Admin) -> str:
+        parts = []
+        for child in self.children:
+            try:
+                s = admin.status(child.address)
+                parts.append(
+                    f"{child.name} {s['role']} max={s['maxPhyOffset']} "
+                    f"put/s={s.get('putTps', 0):.0f}"
+                )
+            except BrokerError:
+                parts.append(f"{child.name} DOWN")
+        return " | ".join(parts)
+
+    def stop(self) -> None:
+        """SIGTERM every child, wait (bounded), SIGKILL what is left."""
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in self.children:
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait(5)
+
+
+def broker_env() -> dict[str, str]:
+    """This environment minus ``REPLOG_*`` variables that are not config keys (REPLOG_DEMO_...),
+    which a broker would refuse as unknown keys."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("REPLOG_") or k[len("REPLOG_") :] in KNOWN_KEYS
+    }
+
+
+@contextlib.contextmanager
+def running_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    if args.action != "up":
+        raise UsageError("usage: replog cluster up [...]")
+    if args.slaves < 0 or not 1 <= args.base_port <= 65535 - 10 * args.slaves - 2:
+        raise UsageError("--slaves must be >= 0 and ports must fit below 65536")
+    cluster = LocalCluster(Path(args.dir), args.slaves, args.mode, args.base_port)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with running_cluster(cluster):
+            _announce(args, cluster)
+            _watch(args, cluster, stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not args.json:
+        out.print("cluster stopped")
+    return EXIT_OK
+
+
+def _announce(args: argparse.Namespace, cluster: LocalCluster) -> None:
+    if args.json:
+        emit_json(
+            {"dir": str(cluster.directory), "brokers": [c.to_json() for c in cluster.children]}
+        )
+        return
+    table = Table(title=f"replog cluster under {cluster.directory}")
+    for col in ("name", "role", "client address", "HA port", "pid", "log"):
+        table.add_column(col)
+    for c in cluster.children:
+        port = int(c.address.rsplit(":", 1)[1])
+        table.add_row(
+            c.name,
+            c.role,
+            c.address,
+            str(port + 1),
+            str(c.process.pid if c.process else ""),
+            str(c.log_path),
+        )
+    out.print(table)
+    out.print(f"try: replog status -s {cluster.children[0].address}   (Ctrl-C stops the cluster)")
+
+
+def _watch(args: argparse.Namespace, cluster: LocalCluster, stop: threading.Event) -> None:
+    deadline = time.monotonic() + args.duration if args.duration else float("inf")
+    with Admin([c.address for c in cluster.children], timeout_ms=1000, retries=0) as admin:
+        while not stop.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                break
+            if not args.json:
+                err.print(cluster.status_line(admin), end="\r", soft_wrap=True)
+    if not args.json:
+        err.print()
+
+
+

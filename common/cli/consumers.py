@@ -1,0 +1,149 @@
+"""``replog offsets``, ``consume`` and ``dlq``: where consumers stand, a group member, dead
+letters."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+from typing import Any
+
+from rich.table import Table
+
+from common.cli.output import EXIT_OK, UsageError, emit_json, err, out
+from common.client import Consumer, Producer
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def parse_time_ms(text: str) -> int:
+    """``--time``: ms since the epoch, or an ISO 8601 date-time (local time unless it names a
+    zone, as RocketMQ's and Kafka's offset-reset tools read it)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(
+            f"--time {text!r}: give ms since the epoch or an ISO 8601 date-time "
+            "(2026-11-22T10:00:00, 2026-11-22T10:00:00+00:00)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # a naive date-time is local time
+    # in integers: a float timestamp * 1000 can land 1 ms early (.678 -> 677.9999)
+    return (when - _EPOCH) // datetime.timedelta(milliseconds=1)
+
+
+def cmd_offsets(args: argparse.Namespace) -> int:
+    if args.reset and (args.time is None or args.group is None):
+        raise UsageError("--reset needs --group G and --time T")
+    timestamp = parse_time_ms(args.time) if args.time is not None else None
+    with Consumer(args.servers, group=args.group or "replog-cli",
+                  timeout_ms=args.timeout_ms) as consumer:
+        queues = [args.queue] if args.queue is not None else range(consumer.queue_nums(args.topic))
+        rows = []
+        for q in queues:
+            row: dict[str, Any] = {
+                "queueId": q,
+                "minOffset": consumer.min_offset(args.topic, q),
+                "maxOffset": consumer.max_offset(args.topic, q),
+            }
+            if timestamp is not None:
+                row["offsetAtTime"] = consumer.search_offset(args.topic, q, timestamp)
+            if args.group is not None:
+                committed = consumer.fetch_offset(args.topic, q)
+                if args.reset:
+                    consumer.commit_offset(args.topic, q, row["offsetAtTime"])
+                    row["previousOffset"], committed = committed, row["offsetAtTime"]
+                row["committedOffset"] = committed
+                row["lag"] = row["maxOffset"] - max(committed, row["minOffset"])
+            rows.append(row)
+    doc = {"topic": args.topic, "timestamp": timestamp, "group": args.group,
+           "reset": bool(args.reset), "queues": rows}
+    if args.json:
+        emit_json(doc)
+        return EXIT_OK
+    title = f"{args.topic}" + (f" (group {args.group})" if args.group else "")
+    if args.reset:
+        title += f": offsets reset to {args.time}"
+    table = Table(title=title)
+    cols = list(rows[0]) if rows else ["queueId", "minOffset", "maxOffset"]
+    for col in cols:
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(*(str(row[c]) for c in cols))
+    out.print(table)
+    return EXIT_OK
+
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    """A group member until ``--max`` messages or ``--idle-s`` without one (or Ctrl-C)."""
+    from common.client.group_consumer import GroupConsumer
+
+    topics = [t.strip() for t in args.topic.split(",") if t.strip()]
+    count = 0
+    consumed: list[dict[str, Any]] = []  # --json: one document at the end, as every command
+    if args.offsets_file is not None and not args.broadcasting:
+        raise UsageError("--offsets-file goes with --broadcasting")
+    model = "broadcasting" if args.broadcasting else "clustering"
+    with GroupConsumer(args.servers, args.group, topics, start=args.start,
+                       timeout_ms=args.timeout_ms, model=model,
+                       offsets_path=args.offsets_file) as consumer:
+        idle_until = time.monotonic() + args.idle_s
+        try:
+            while (args.max <= 0 or count < args.max) and time.monotonic() < idle_until:
+                messages = consumer.poll(timeout_ms=500)
+                if messages:
+                    idle_until = time.monotonic() + args.idle_s
+                for m in messages[: args.max - count if args.max > 0 else None]:
+                    count += 1
+                    if args.json:
+                        consumed.append(m.to_json())
+                    else:
+                        body = m.to_json()["body"]
+                        out.print(f"{m.topic}/{m.queue_id}@{m.queue_offset} "
+                                  f"{body if body is not None else f'<{len(m.body)} bytes>'}")
+        except KeyboardInterrupt:
+            pass
+    if args.json:
+        emit_json({"group": args.group, "topics": topics, "consumed": count,
+                   "messages": consumed})
+    else:
+        err.print(f"consumed {count} messages as a member of {args.group}")
+    return EXIT_OK
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    """A group's dead letters from its position in its DLQ; ``--resend`` re-drives them."""
+    from common.client import dead_letters
+
+    if args.max <= 0:
+        raise UsageError("-n must be at least 1")
+    with Consumer(args.servers, group=args.group, timeout_ms=args.timeout_ms) as consumer:
+        letters = dead_letters.read(consumer, args.max)
+        resent = 0
+        if args.resend and letters.messages:
+            with Producer(args.servers, timeout_ms=args.timeout_ms) as producer:
+                resent = len(dead_letters.redrive(producer, consumer, letters))
+    rows = [{**m.to_json(), "originTopic": m.properties.get("RETRY_TOPIC", m.topic),
+             "reconsumeTimes": m.reconsume_times} for m in letters.messages]
+    if args.json:
+        emit_json({"group": args.group, "fromOffset": letters.start, "maxOffset": letters.end,
+                   "resent": resent, "messages": rows})
+        return EXIT_OK
+    table = Table(title=f"dead letters of {args.group} (offset {letters.start} of "
+                        f"{letters.end})")
+    for col in ("queueOffset", "originTopic", "msgId", "reconsumeTimes", "body"):
+        table.add_column(col)
+    for row in rows:
+        body = row["body"] if row["body"] is not None else f"<{len(row['bodyBase64'])} b64>"
+        table.add_row(str(row["queueOffset"]), row["originTopic"], row["msgId"],
+                      str(row["reconsumeTimes"]), body[:60])
+    out.print(table)
+    if args.resend:
+        err.print(f"resent {resent} to %RETRY%{args.group}")
+    return EXIT_OK
+
+
+

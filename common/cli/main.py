@@ -1,0 +1,210 @@
+"""The ``replog`` command: its arguments and the command each runs (``docs/contract.md``).
+
+    replog broker -c FILE [--set k=v]...
+    replog cluster up [--dir D] [--slaves N] [--mode sync|async] [--base-port P] [--duration S]
+    replog send -t TOPIC (-b BODY | --file F | --count N --size BYTES) [--tags T] [--keys K]
+                [--queue Q] [--delay-level L]
+    replog pull -t TOPIC [-q QUEUE] [-o OFFSET] [-n MAX] [--group G]
+    replog query (--topic T --key K | --msg-id ID | --offset PHYOFFSET)
+    replog offsets -t TOPIC [-q QUEUE] [--time T] [--group G [--reset]]   (an extension)
+    replog consume -t TOPIC[,TOPIC] --group G [--from latest|earliest] [-n MAX]
+                   [--broadcasting [--offsets-file F]]   (an extension)
+    replog topics [-t TOPIC] [--create TOPIC --queues N]   (an extension)
+    replog groups [--group G]   (an extension)
+    replog status
+    replog promote
+
+Client commands take ``-s/--servers host:port[,...]`` and ``--json`` (one JSON document on
+stdout). Exit status: 0 success, 1 refused or failed (the outcome is still printed), 2 bad usage.
+
+The commands live one family a module: ``messages`` (send, pull, query), ``consumers``
+(offsets, consume, dlq), ``admin`` (topics, groups, status, promote), ``cluster`` (cluster up),
+and ``bootstrap`` (broker: the composition root, the one module that imports ``master/`` and
+``slave/``). Output helpers and exit codes: ``output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from common.cli import admin, cluster, consumers, messages
+from common.cli.bootstrap import run_broker
+from common.cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    emit_json,
+    err,
+    error_doc,
+)
+from common.client import parse_servers
+from common.core.config import ConfigError
+from common.core.errors import BrokerError
+from common.core.message import DEFAULT_COMPRESS_OVER_BYTES
+
+DEFAULT_SERVERS = "127.0.0.1:10911"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replog", description="replicated commit-log broker")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("broker", help="run one broker")
+    p.add_argument("-c", "--config", required=True)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+
+    p = sub.add_parser("pipeline", help="run a Spark job: audit, stats or reindex",
+                       add_help=False)
+    p.add_argument("job_args", nargs=argparse.REMAINDER)
+
+    p = sub.add_parser("cluster", help="run a local broker group")
+    p.add_argument("action", choices=["up"])
+    p.add_argument("--dir", default="run/cluster")
+    p.add_argument("--slaves", type=int, default=2)
+    p.add_argument("--mode", choices=["sync", "async"], default="sync")
+    p.add_argument("--base-port", type=int, default=10911)
+    p.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs until Ctrl-C")
+    p.add_argument("--json", action="store_true")
+
+    p = _client(sub, "send", "produce messages")
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-b", "--body")
+    p.add_argument("--file")
+    p.add_argument("--count", type=int)
+    p.add_argument("--size", type=int)
+    p.add_argument("--tags")
+    p.add_argument("--keys")
+    p.add_argument("--queue", type=int)
+    p.add_argument("--shard-key", help="every message of a key to one queue, in order")
+    p.add_argument("--delay-level", type=int, default=0)
+    p.add_argument("--compress-over", type=int, default=DEFAULT_COMPRESS_OVER_BYTES,
+                   metavar="BYTES",
+                   help="deflate bodies of at least BYTES (default %(default)s, 0: never)")
+
+    p = _client(sub, "pull", "read from a consume queue")
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-q", "--queue", type=int, default=0)
+    p.add_argument("-o", "--offset", type=int)
+    p.add_argument("-n", "--max", type=int, default=32)
+    p.add_argument("--group", default="replog-cli")
+    p.add_argument("--suspend-ms", type=int, default=0)
+
+    p = _client(sub, "consume", "read topics as a member of a consumer group")
+    p.add_argument("-t", "--topic", required=True, help="a topic or t1,t2")
+    p.add_argument("--group", required=True)
+    p.add_argument("--from", dest="start", choices=["latest", "earliest"], default="latest",
+                   help="where a queue the group never committed starts")
+    p.add_argument("-n", "--max", type=int, default=0, help="stop after N messages (0: no limit)")
+    p.add_argument("--idle-s", type=float, default=10.0, help="stop after S seconds without one")
+    p.add_argument("--broadcasting", action="store_true",
+                   help="read every queue (every message), offsets kept in a local file")
+    p.add_argument("--offsets-file", help="with --broadcasting: where the offsets are kept "
+                   "(default ~/.replog_offsets/<host>@DEFAULT/<group>/offsets.json)")
+
+    p = _client(sub, "dlq", "a consumer group's dead letters; --resend sends them to it again")
+    p.add_argument("--group", required=True)
+    p.add_argument("-n", "--max", type=int, default=32)
+    p.add_argument("--resend", action="store_true",
+                   help="send them to the group's retry topic and move past them")
+
+    p = _client(sub, "query", "look a message up")
+    p.add_argument("--topic")
+    p.add_argument("--key")
+    p.add_argument("--msg-id")
+    p.add_argument("--offset", type=int)
+    p.add_argument("-n", "--max", type=int, default=32)
+
+    p = _client(sub, "offsets", "a topic's queue offsets; the offset at a time; a group's lag")
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-q", "--queue", type=int, help="one queue (default: every queue)")
+    p.add_argument("--time", help="ms since the epoch or ISO 8601: the first offset stored then")
+    p.add_argument("--group", help="show the group's committed offsets and lag")
+    p.add_argument("--reset", action="store_true",
+                   help="commit the offsets at --time for --group (replay or skip from then)")
+
+    p = _client(sub, "topics", "the group's topics, queues and messages; make or grow a topic")
+    p.add_argument("-t", "--topic", help="only this topic")
+    p.add_argument("--create", metavar="TOPIC", help="make TOPIC, or give it more queues")
+    p.add_argument("--queues", type=int, help="with --create: the queue count (never fewer)")
+
+    p = _client(sub, "groups", "consumer groups: members, lag per topic, dead letters")
+    p.add_argument("--group", help="only this group")
+
+    _client(sub, "status", "one broker's state")
+    p = _client(sub, "promote", "turn the slave at -s into the master")
+    p.add_argument("--role", choices=["SYNC_MASTER", "ASYNC_MASTER"], default="SYNC_MASTER")
+    return parser
+
+
+def _client(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
+    p.add_argument("-s", "--servers", default=DEFAULT_SERVERS, type=_servers_arg)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--timeout-ms", type=int, default=10_000)
+    return p
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "send": messages.cmd_send,
+    "pull": messages.cmd_pull,
+    "query": messages.cmd_query,
+    "offsets": consumers.cmd_offsets,
+    "topics": admin.cmd_topics,
+    "groups": admin.cmd_groups,
+    "consume": consumers.cmd_consume,
+    "dlq": consumers.cmd_dlq,
+    "status": admin.cmd_status,
+    "promote": admin.cmd_promote,
+    "cluster": cluster.cmd_cluster,
+}
+
+
+def _servers_arg(text: str) -> str:
+    """``-s`` checked while parsing, so a malformed one is bad usage (exit 2), not a failure."""
+    try:
+        parse_servers(text)
+    except BrokerError as e:
+        raise argparse.ArgumentTypeError(e.remark) from None
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["pipeline"]:  # the Spark jobs parse their own arguments
+        from common.pipeline.jobs import main as pipeline_main
+
+        return pipeline_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "broker":
+            return run_broker(args.config, args.set)
+
+        return COMMANDS[args.command](args)
+    except UsageError as e:
+        parser.error(str(e))  # exits 2
+    except ConfigError as e:
+        err.print(f"replog: {e}")
+        return EXIT_USAGE
+    except BrokerError as e:
+        if getattr(args, "json", False):
+            emit_json(error_doc(e))
+        else:
+            err.print(f"replog: {e.code.name}: {e.remark}")
+        return EXIT_FAILED
+    except OSError as e:
+        err.print(f"replog: {e}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
+
+

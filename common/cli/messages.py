@@ -1,0 +1,155 @@
+"""``replog send``, ``pull`` and ``query``: messages in and out."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from common.cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    emit_json,
+    err,
+    key_value_table,
+    out,
+    print_messages,
+)
+from common.client import Admin, Consumer, Producer, SendResult
+from common.core.errors import SendStatus
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    sources = [args.body is not None, args.file is not None, args.count is not None]
+    if sum(sources) != 1:
+        raise UsageError("give exactly one of -b BODY, --file F or --count N --size BYTES")
+    if args.count is not None and (args.size is None or args.count < 1 or args.size < 0):
+        raise UsageError("--count N needs --size BYTES (N >= 1, BYTES >= 0)")
+    if args.shard_key is not None and args.queue is not None:
+        raise UsageError("give --queue or --shard-key, not both")
+    if args.compress_over < 0:
+        raise UsageError("--compress-over BYTES must be >= 0 (0: never compress)")
+    with Producer(args.servers, timeout_ms=args.timeout_ms,
+                  compress_over_bytes=args.compress_over or None) as producer:
+        if args.count is None:
+            body = (
+                args.body.encode("utf-8") if args.body is not None else Path(args.file).read_bytes()
+            )
+            result = producer.send(
+                args.topic,
+                body,
+                args.tags,
+                args.keys,
+                queue_id=args.queue,
+                delay_level=args.delay_level,
+                shard_key=args.shard_key,
+            )
+            return _print_sends(args, [result], single=True)
+        results = _send_many(producer, args)
+    return _print_sends(args, results, single=False)
+
+
+def _send_many(producer: Producer, args: argparse.Namespace) -> list[SendResult]:
+    """``--count N --size BYTES``: pipelined sends with a progress bar (human mode)."""
+    from rich.progress import Progress
+
+    futures = []
+    body_for = _body_maker(args.size)
+    with Progress(console=err, disable=args.json or args.count < 100, transient=True) as progress:
+        task = progress.add_task(f"sending {args.count} messages", total=args.count)
+        if args.delay_level:  # send_async coalesces into batches, which cannot be delayed
+            results = []
+            for i in range(args.count):
+                results.append(producer.send(args.topic, body_for(i), args.tags, args.keys,
+                                             queue_id=args.queue, delay_level=args.delay_level,
+                                             shard_key=args.shard_key))
+                progress.advance(task)
+            return results
+        for i in range(args.count):
+            futures.append(
+                producer.send_async(
+                    args.topic, body_for(i), args.tags, args.keys, queue_id=args.queue,
+                    shard_key=args.shard_key,
+                )
+            )
+            futures[-1].add_done_callback(lambda _f: progress.advance(task))
+        results = [f.result() for f in futures]
+    return results
+
+
+def _body_maker(size: int) -> Callable[[int], bytes]:
+    def body(i: int) -> bytes:
+        prefix = f"msg-{i}-".encode()
+        return (prefix * (size // max(1, len(prefix)) + 1))[:size]
+
+    return body
+
+
+def _print_sends(args: argparse.Namespace, results: list[SendResult], single: bool) -> int:
+    ok = all(r.status == SendStatus.SEND_OK for r in results)
+    if args.json:
+        emit_json(results[0].to_json() if single else [r.to_json() for r in results])
+    elif single:
+        r = results[0]
+        out.print(
+            key_value_table(
+                "send",
+                [
+                    ("status", r.status.value),
+                    ("msgId", r.msg_id),
+                    ("queueId", r.queue_id),
+                    ("queueOffset", r.queue_offset),
+                    ("commitLogOffset", r.commit_log_offset),
+                ],
+            )
+        )
+    else:
+        counts: dict[str, int] = {}
+        for r in results:
+            counts[r.status.value] = counts.get(r.status.value, 0) + 1
+        out.print(key_value_table(f"sent {len(results)} messages", sorted(counts.items())))
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    with Consumer(args.servers, group=args.group, timeout_ms=args.timeout_ms) as consumer:
+        offset = args.offset
+        if offset is None:
+            committed = consumer.fetch_offset(args.topic, args.queue)
+            offset = max(0, committed)
+        result = consumer.pull(args.topic, args.queue, offset, args.max, suspend_ms=args.suspend_ms)
+    if args.json:
+        emit_json(result.to_json())
+    else:
+        out.print(
+            f"status={result.status.value} nextBeginOffset={result.next_begin_offset} "
+            f"minOffset={result.min_offset} maxOffset={result.max_offset}"
+        )
+        print_messages(result.messages)
+    return EXIT_OK
+
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    modes = [args.key is not None, args.msg_id is not None, args.offset is not None]
+    if sum(modes) != 1 or (args.key is not None and not args.topic):
+        raise UsageError("give exactly one of --topic T --key K, --msg-id ID or --offset PHYOFFSET")
+    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+        if args.key is not None:
+            found = admin.query_by_key(args.topic, args.key, args.max)
+        else:
+            one = (
+                admin.query_by_msg_id(args.msg_id)
+                if args.msg_id is not None
+                else admin.query_by_offset(args.offset)
+            )
+            found = [one] if one is not None else []
+    if args.json:
+        emit_json({"found": len(found), "messages": [m.to_json() for m in found]})
+    else:
+        print_messages(found)
+    return EXIT_OK if found else EXIT_FAILED
+
+
+

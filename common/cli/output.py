@@ -1,0 +1,64 @@
+"""What every ``replog`` command prints with: consoles, JSON documents, tables, exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from common.core.errors import BrokerError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class UsageError(Exception):
+    """Bad command-line usage (exit status 2)."""
+
+
+
+def emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def error_doc(e: BrokerError) -> dict[str, Any]:
+    return {"error": e.code.name, "remark": e.remark, "retriable": e.retriable}
+
+
+
+def key_value_table(title: str, rows: Sequence[tuple[str, Any]]) -> Table:
+    table = Table(title=title, show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for name, value in rows:
+        table.add_row(name, str(value))
+    return table
+
+
+
+def print_messages(messages: Sequence[Any]) -> None:
+    table = Table(title=f"{len(messages)} messages")
+    for col in ("queueOffset", "commitLogOffset", "msgId", "tags", "keys", "body"):
+        table.add_column(col)
+    for m in messages:
+        doc = m.to_json()
+        body = doc["body"] if doc["body"] is not None else f"<{len(m.body)} bytes>"
+        table.add_row(
+            str(m.queue_offset),
+            str(m.commit_log_offset),
+            m.msg_id,
+            str(m.tags or ""),
+            str(m.keys or ""),
+            body[:60],
+        )
+    out.print(table)
+
+
+
