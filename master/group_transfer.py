@@ -89,10 +89,14 @@ class GroupTransfer:
         cfg: BrokerConfig,
         in_sync: Callable[[], int],
         clock: Callable[[], float] = time.monotonic,
+        sync_set: Callable[[], int] | None = None,
     ):
         self._core = GroupTransferCore.from_config(cfg)
         self._needed = needed_acks(cfg)
         self._in_sync = in_sync
+        # controller mode: how many SyncStateSet members (the master aside) a put waits for;
+        # every one of them, and SLAVE_NOT_AVAILABLE while they are fewer than needed
+        self._sync_set = sync_set
         self._clock = clock
         self._quorum = -1  # the latest quorum offset the HA service reported
         self._flushed: collections.deque[tuple[ReplicaPut, PutStatus]] = collections.deque()
@@ -110,6 +114,11 @@ class GroupTransfer:
     @property
     def pending(self) -> int:
         return self._core.pending + len(self._awaiting_flush)
+
+    @property
+    def confirmed_offset(self) -> int:
+        """The highest offset whose puts were (or would now be) answered SEND_OK."""
+        return max(self._quorum, self._core.acked_offset)
 
     # ---- reports (any thread) ----------------------------------------------------------------
     def report_quorum(self, quorum_offset: int) -> None:
@@ -159,13 +168,22 @@ class GroupTransfer:
     def _admit_replica(self, put: ReplicaPut, end_phy_offset: int) -> PutStatus | None:
         if self._stopped:
             return PutStatus.FLUSH_SLAVE_TIMEOUT
-        if self._needed <= 0 or end_phy_offset <= self._quorum:
+        needed, in_sync = self._needed, -1
+        if self._sync_set is not None:
+            members = self._sync_set()
+            if members < self._needed:
+                self.not_available += 1
+                return PutStatus.SLAVE_NOT_AVAILABLE
+            needed = in_sync = members
+        if needed <= 0 or end_phy_offset <= self._quorum:
             return PutStatus.PUT_OK  # already acked (the core's own mark may lag the report)
         core = self._core
         if not core.pending:
             core.on_acks(self._quorum)  # nobody waits: just the high-water mark
         now_ms = math.ceil(self._clock() * 1000)  # rounded up: a deadline is never early
-        admission = core.admit(put, end_phy_offset, now_ms, self._in_sync(), self._needed)
+        if in_sync < 0:
+            in_sync = self._in_sync()
+        admission = core.admit(put, end_phy_offset, now_ms, in_sync, needed)
         if admission is Admission.WAIT:
             if self._quorum > core.acked_offset:
                 self._kick()  # reported while this put was being registered

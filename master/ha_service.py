@@ -37,6 +37,16 @@ backlog (bounded; its reads are deferred, so no log bytes are held) that is retr
 socket is writable again; EHOSTUNREACH or an overflowing backlog disconnects the peer in the
 core. Incoming messages are capped with ``MAXMSGSIZE``.
 
+Controller mode (``common/broker/controller.py``): acks count per SyncStateSet member. A SYNC
+put completes once *every* member but the master holds it (``MasterCore.acked_offset_all``) and
+answers SLAVE_NOT_AVAILABLE at once while the set, counting the master, is smaller than
+``inSyncReplicas``. Every ``SSS_CHECK_MS`` the timer asks ``SyncStateSetKeeper`` whether a
+member should leave (not connected, or not caught up for ``haMaxTimeSlaveNotCatchup``) or a
+slave join (its ack holds what was acknowledged to clients); the change goes to the controller
+as a compare-and-set and counts only once committed. While it is pending, acks count against
+both sets: a joining member is waited for at once, a leaving one until ZooKeeper has it. A
+slave acking in a newer epoch fences this master (``Fenced``): the controller is told at once.
+
 Lifecycle: ``start`` records the term's epoch, binds (a bind error raises here) and attaches
 to the host; ``stop`` detaches, which returns once the socket is closed on the host's thread,
 then releases the SYNC waiters and terminates the service's ZeroMQ context.
@@ -55,7 +65,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -64,6 +74,7 @@ from common.broker.port_hold import HA_BIND_HOST
 from common.core.config import BrokerConfig
 from common.core.logs import log_event
 from common.format.zmq_frames import POLLIN, readable, send_frames
+from common.ha import controller_core as cc
 from common.ha import master_core as mc
 from common.ha import term
 from common.ha.protocol import HAProtocolError, Limits, decode
@@ -77,6 +88,7 @@ BACKLOG_RETRY_MS = 5  # after a backlog flush that made no progress
 JOIN_TIMEOUT_S = 5.0
 RATE_SAMPLE_MS = 1000
 SNDHWM_SLACK = 64  # heartbeats and errors beyond the DATA frames of a full window
+SSS_CHECK_MS = 250  # controller mode: how often the SyncStateSet is looked at
 _SENT, _AGAIN, _GONE = "sent", "again", "gone"
 
 
@@ -87,6 +99,17 @@ class HaServiceStats:
     eagain: int = 0
     dropped_peers: int = 0
     bad_frames: int = 0
+
+
+class SyncStateHost(Protocol):
+    """The controller as the HA service sees it (``common/broker/controller.py``)."""
+
+    def committed_sync_state_set(self) -> tuple[frozenset[int], int] | None: ...
+
+    def propose(self, change: cc.SetChange, based_on_epoch: int,
+                done: Callable[[bool, Any], None]) -> None: ...
+
+    def stale_master_seen(self, epoch: int) -> None: ...
 
 
 class HaService:
@@ -100,6 +123,7 @@ class HaService:
         clock: Callable[[], float] = time.monotonic,
         bind_host: str = HA_BIND_HOST,
         host: LoopHost | None = None,
+        sync_state: SyncStateHost | None = None,
     ):
         self._cfg = cfg
         self._store = store
@@ -121,9 +145,22 @@ class HaService:
         self._backlog_stalled = False
         self._rates: dict[bytes, tuple[int, int, float]] = {}  # peer -> (t_ms, ack, bytes/s)
         self.stats = HaServiceStats()
+        # controller mode: the SyncStateSet as committed, a change under way, its outcome
+        self._sync_state = sync_state
+        self._me = cfg.brokerId
+        self._keeper = cc.SyncStateSetKeeper(cfg.brokerId, cfg.haMaxTimeSlaveNotCatchup)
+        self._committed: frozenset[int] = frozenset({cfg.brokerId})
+        self._committed_epoch = -1
+        self._pending: frozenset[int] | None = None
+        self._proposing = False
+        self._proposal_result: tuple[bool, Any] | None = None
+        self._required: frozenset[int] = frozenset()  # members but me whose acks a put needs
+        self._sss_due_ms = 0
         self.group_transfer: GroupTransfer | None = None
         if role_name == "SYNC_MASTER":
-            self.group_transfer = GroupTransfer(cfg, self.in_sync_count, clock)
+            self.group_transfer = GroupTransfer(
+                cfg, self.in_sync_count, clock,
+                sync_set=(lambda: len(self._required)) if sync_state is not None else None)
 
     @property
     def epoch(self) -> int:
@@ -210,6 +247,8 @@ class HaService:
         out = []
         for s in snaps:
             doc = s.as_status()
+            if self._sync_state is not None:
+                doc["inSyncStateSet"] = s.broker_id in self._committed
             doc.update(
                 brokerId=s.broker_id,
                 nextPhyOffset=s.next_phy_offset,
@@ -226,6 +265,29 @@ class HaService:
     def acked_offset_quorum(self, needed: int) -> int:
         with self._lock:
             return self._core.acked_offset_quorum(needed) if self._core is not None else -1
+
+    def slave_acks(self) -> dict[int, int]:
+        """broker id -> acked offset of every connected slave (a switchover waits on it)."""
+        with self._lock:
+            return self._core.progress() if self._core is not None else {}
+
+    def sync_state_set(self) -> dict[str, Any]:
+        """Controller mode: the set as committed, a change pending, who a put waits for."""
+        return {"committed": sorted(self._committed), "epoch": self._committed_epoch,
+                "pending": sorted(self._pending) if self._pending is not None else None,
+                "waitsFor": sorted(self._required)}
+
+    def _quorum_offset(self) -> int:
+        """The offset the replica waits may count as held by enough slaves."""
+        gt = self.group_transfer
+        assert gt is not None
+        if self._sync_state is None:
+            return self.acked_offset_quorum(gt.needed)
+        if len(self._required) + 1 < self._cfg.inSyncReplicas:
+            return mc.NO_OFFSET
+        with self._lock:
+            return self._core.acked_offset_all(self._required) if self._core is not None \
+                else mc.NO_OFFSET
 
     # ---- the append listener (putting threads) -----------------------------------------------
     def _on_append(self, _max_phy_offset: int) -> None:
@@ -246,6 +308,8 @@ class HaService:
         return self._items
 
     def after_burst(self) -> None:
+        if self._proposal_result is not None:
+            self._take_proposal_result()
         if not self._streaming:
             return  # no slave: nothing to stream (a HELLO reads the max before it is served)
         sock = self._sock
@@ -264,6 +328,8 @@ class HaService:
 
     def timeout_ms(self) -> int:
         timeout = MAX_POLL_MS
+        if self._sync_state is not None:
+            timeout = min(timeout, max(0, self._sss_due_ms - self._now_ms()))
         with self._lock:
             deadline = self._core.next_deadline_ms() if self._core is not None else None
         if deadline is not None:
@@ -275,6 +341,11 @@ class HaService:
     def on_timer(self) -> None:
         sock = self._sock
         assert sock is not None
+        if self._proposal_result is not None:
+            self._take_proposal_result()
+        if self._sync_state is not None and self._now_ms() >= self._sss_due_ms:
+            self._sss_due_ms = self._now_ms() + SSS_CHECK_MS
+            self._check_sync_state_set()
         actions = self._log_actions()
         actions.extend(self._timer_actions())
         if self._backlog:
@@ -366,9 +437,10 @@ class HaService:
                     epoch=action.epoch,
                     reason=action.reason,
                 )
+                if self._sync_state is not None:
+                    self._sync_state.stale_master_seen(action.epoch)
         if acks_advanced and self.group_transfer is not None:
-            gt = self.group_transfer
-            gt.report_quorum(self.acked_offset_quorum(gt.needed))
+            self.group_transfer.report_quorum(self._quorum_offset())
         self._after_actions(sock)
 
     def _after_actions(self, sock: zmq.Socket[Any]) -> None:
@@ -467,14 +539,82 @@ class HaService:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
+    # ---- controller mode: the SyncStateSet (the host's thread) -------------------------------
+    def _check_sync_state_set(self) -> None:
+        committed = self._sync_state.committed_sync_state_set() if self._sync_state else None
+        if committed is None:
+            return  # the controller does not (yet) name this broker master
+        members, epoch = committed
+        if epoch != self._committed_epoch:
+            self._committed, self._committed_epoch = members, epoch
+            self._set_required()
+        if self._proposing:
+            return
+        with self._lock:
+            core = self._core
+            assert core is not None
+            progress = core.progress()
+            master_max = core.max_phy_offset
+            epoch_start = core.history[-1].start_phy_offset
+        slaves = [cc.SlaveProgress(m, a) for m, a in progress.items()]
+        change = self._keeper.observe(members, slaves, master_max,
+                                      self._confirm_offset(master_max), epoch_start,
+                                      self._now_ms())
+        if change is None:
+            return
+        if change.added:
+            # from now on a put waits for the joining member too; its ack holds every byte
+            # acknowledged so far (checked just now, on this thread, which answers the puts)
+            self._pending = change.members
+            self._set_required()
+        self._proposing = True
+        log_event(log, "ha_sync_state_set_change", members=sorted(change.members),
+                  reason=change.reason)
+        assert self._sync_state is not None
+        self._sync_state.propose(change, epoch, self._on_proposal_done)
+
+    def _on_proposal_done(self, ok: bool, state: Any) -> None:
+        """The controller thread: the compare-and-set's outcome, taken on the host's thread."""
+        self._proposal_result = (ok, state)
+        wake = self._wake
+        if wake is not None:
+            wake()
+
+    def _take_proposal_result(self) -> None:
+        result, self._proposal_result = self._proposal_result, None
+        if result is None:
+            return
+        ok, state = result
+        self._proposing = False
+        self._pending = None
+        if ok and state is not None:
+            self._committed = state.sync_state_set
+            self._committed_epoch = state.sync_state_set_epoch
+        self._set_required()
+
+    def _set_required(self) -> None:
+        members = self._committed | (self._pending or frozenset())
+        self._required = frozenset(members - {self._me})
+        if self.group_transfer is not None:
+            self.group_transfer.report_quorum(self._quorum_offset())
+
+    def _confirm_offset(self, master_max: int) -> int:
+        """The highest offset acknowledged to clients (what a joining member must hold)."""
+        gt = self.group_transfer
+        if gt is None or not self._required:
+            return master_max  # ASYNC, or nobody to wait for: every append is acknowledged
+        return max(gt.confirmed_offset, 0)
+
 
 # ---- factories (called from the composition root, common/cli/main.py) -----------------------------
 def build_master_replication(
-    cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None
+    cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None,
+    sync_state: SyncStateHost | None = None,
 ) -> tuple[HaService, GroupTransfer | None]:
     """The HA service of a master term and, for SYNC_MASTER, its replica waits. ``host``: the
-    request server whose I/O thread drives it (None: a thread of its own)."""
-    service = HaService(cfg, store, role_name, host=host)
+    request server whose I/O thread drives it (None: a thread of its own); ``sync_state``: the
+    controller, in controller mode."""
+    service = HaService(cfg, store, role_name, host=host, sync_state=sync_state)
     return service, service.group_transfer
 
 

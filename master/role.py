@@ -28,6 +28,7 @@ import concurrent.futures
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from common.broker.replies import Reply, reply
@@ -76,6 +77,7 @@ class MasterRole:
         role_name: str = "ASYNC_MASTER",
         replica_waits: GroupTransfer | None = None,
         ha_service: HaService | None = None,
+        write_gate: Callable[[], str] | None = None,
     ):
         if role_name not in ("SYNC_MASTER", "ASYNC_MASTER"):
             raise ValueError(f"not a master role: {role_name}")
@@ -85,6 +87,10 @@ class MasterRole:
         self._name = role_name
         self.replica_waits = replica_waits
         self.ha_service = ha_service
+        # controller mode: "" while this master may take writes, else why not (a fresh lease,
+        # still the elected master, no switchover under way: common/broker/controller.py)
+        self._write_gate = write_gate
+        self.fenced_writes = 0
 
     @property
     def name(self) -> str:
@@ -100,10 +106,25 @@ class MasterRole:
 
     def status_fields(self) -> dict[str, Any]:
         slaves = self.ha_service.slaves() if self.ha_service is not None else []
-        return {"masterAddress": self.cfg.client_address, "slaves": slaves}
+        fields: dict[str, Any] = {"masterAddress": self.cfg.client_address, "slaves": slaves,
+                                  "fencedWrites": self.fenced_writes}
+        sss = getattr(self.ha_service, "sync_state_set", None)
+        if self._write_gate is not None and callable(sss):
+            fields["syncStateSet"] = sss()
+        return fields
+
+    def slave_acks(self) -> dict[int, int]:
+        acks = getattr(self.ha_service, "slave_acks", None)
+        return acks() if callable(acks) else {}
 
     # -- writes (the server's I/O thread) ------------------------------------------------------
     def handle_write(self, req: Request) -> Reply:
+        gate = self._write_gate
+        if gate is not None:
+            refusal = gate()
+            if refusal:
+                self.fenced_writes += 1
+                return reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, refusal)
         if req.code == RequestCode.CREATE_TOPIC:
             return self._create_topic(req)
         if req.code == RequestCode.CONSUMER_SEND_MSG_BACK:

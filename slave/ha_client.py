@@ -65,9 +65,9 @@ JOIN_TIMEOUT_S = 5.0
 SNDHWM = 1000
 RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 1000
-# An ACK header is msgpack [4, session, ack_offset]: a fixarray of 3 whose first item is 4.
+# An ACK header is msgpack [4, session, ack_offset, epoch]: a fixarray of 4, first item 4.
 _ACK_PREFIX = encode_header(Ack(0, 0))[:2]
-assert _ACK_PREFIX == b"\x93\x04"
+assert _ACK_PREFIX == b"\x94\x04"
 _MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
@@ -108,7 +108,16 @@ class HaClient:
         self._pending_ack: tuple[bytes | memoryview, ...] | None = None
         self._unacked_bytes = 0
         self._undispatched = False  # appended since the last dispatch_inline
+        self._min_master_epoch = 0  # the controller's: an older master is refused
         self.stats = HaClientStats()
+
+    def require_epoch(self, epoch: int) -> None:
+        """Refuse masters older than ``epoch`` (the controller names a master of that epoch);
+        every ack also carries it, so a replaced master that still hears from us stops."""
+        with self._lock:
+            self._min_master_epoch = max(self._min_master_epoch, epoch)
+            if self._core is not None:
+                self._core.require_epoch(epoch)
 
     def master_address(self) -> str:
         """The master's client address as its HELLO_REPLY told it ("" before any reply)."""
@@ -379,9 +388,11 @@ class HaClient:
 
     def _new_core(self, first_session: int) -> sc.SlaveCore:
         history = ep.load(self._cfg.store_root)
-        return sc.SlaveCore(
+        core = sc.SlaveCore(
             self._cfg, int(self._store.max_phy_offset), history, first_session, self._now_ms()
         )
+        core.require_epoch(self._min_master_epoch)
+        return core
 
     # ---- sockets -----------------------------------------------------------------------------
     def _open(self) -> None:

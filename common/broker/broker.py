@@ -104,6 +104,8 @@ class BrokerStatus:
     configSync: dict[str, Any]  # a slave: copying its master's tables (slave/config_sync.py)
     consumerGroups: dict[str, int]  # group -> live GroupConsumer members (heartbeats)
     deadLetters: dict[str, int]  # group -> messages held in its %DLQ% topic (master/send_back.py)
+    controller: dict[str, Any]  # controller mode: ZooKeeper session, lease, SyncStateSet, epoch
+    fencedWrites: int  # controller mode: writes refused for a stale lease or a lost election
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -155,6 +157,16 @@ class Broker:
         self._ha_port_hold: PortHold | None = None  # a slave's haListenPort (common/broker/port_hold.py)
         # the YAML's role, before a resumed promotion or a rejoin changes cfg (promotion.json)
         self._configured = (cfg.brokerRole, cfg.haMasterAddress or "")
+        # controller mode: ZooKeeper elects the master (common/broker/controller.py); role
+        # changes come from its thread and from PROMOTE, one at a time
+        self._role_lock = threading.RLock()
+        self._standby_reason = "waiting for the controller" if cfg.enableControllerMode else ""
+        self.controller: Any = None
+        if cfg.enableControllerMode:
+            from common.broker.controller import Controller
+
+            self.controller = Controller(cfg, self)
+            self.server.reply_gate = self._reply_gate
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _follow_newer_master(self) -> None:
@@ -254,15 +266,26 @@ class Broker:
 
     def _start_serving(self) -> None:
         self.topics.merge_seen(self.store.topic_queues())
-        self._resume_promotion()
-        if self.cfg.brokerRole != "SLAVE" and self.cfg.groupServers:
-            self._follow_newer_master()
-        if self.cfg.brokerRole == "SLAVE":
+        if self.controller is not None:
+            # a standby slave with nothing to follow until the controller names the master
+            self.cfg.haMasterAddress = ""
+            role_name = "SLAVE"
+        else:
+            self._resume_promotion()
+            if self.cfg.brokerRole != "SLAVE" and self.cfg.groupServers:
+                self._follow_newer_master()
+            role_name = self.cfg.brokerRole
+        if role_name == "SLAVE":
             self._ha_port_hold = PortHold(HA_BIND_HOST, self.cfg.ha_port)
-        self.role = self.role_factory(self.cfg.brokerRole, self)
+            self.store.become_slave()
+        else:
+            self.store.become_master()  # delay delivery on, queue offsets continued
+        self.role = self.role_factory(role_name, self)
         self.role.start()
         self.store.add_arrival_listener(self.server.on_arrival)
         self.server.start()
+        if self.controller is not None:
+            self.controller.start()
         self._housekeeper = threading.Thread(
             target=self._housekeep, name="replog-housekeeping", daemon=True
         )
@@ -279,7 +302,12 @@ class Broker:
         )
 
     def shutdown(self) -> None:
-        """Drain, stop the role, persist offsets, shut the store down (removes the abort file)."""
+        """Drain, stop the role, persist offsets, shut the store down (removes the abort file).
+
+        In controller mode the broker leaves the group first: its member znode goes, so the
+        others elect a master at once, and its writes are refused while it drains."""
+        if self.controller is not None:
+            self.controller.stop()
         log_event(log, "broker_draining", inflight=self.server.stats.inflight)
         drained = self.server.drain(DRAIN_TIMEOUT_S)
         self._stop.set()
@@ -381,9 +409,18 @@ class Broker:
         max_phy = int(store.max_phy_offset)
         flushed = int(store.flushed_phy_offset)
         dispatched = int(store.dispatched_phy_offset)
+        broker_id = self.cfg.brokerId
+        if self.controller is not None and role is not None and role.name != "SLAVE":
+            broker_id = 0  # RocketMQ's MASTER_ID: whoever the controller elected
+        controller: dict[str, Any] = {"enabled": False}
+        if self.controller is not None:
+            controller = self.controller.status()
+            controller["standbyReason"] = self._standby_reason
+            if "syncStateSet" in role_fields:
+                controller["haSyncStateSet"] = role_fields["syncStateSet"]
         return BrokerStatus(
             brokerName=self.cfg.brokerName,
-            brokerId=self.cfg.brokerId,
+            brokerId=broker_id,
             role=role.name if role is not None else "STARTING",
             epoch=self.epoch(),
             minPhyOffset=int(store.min_phy_offset),
@@ -408,6 +445,8 @@ class Broker:
             configSync=dict(role_fields.get("configSync", {})),
             consumerGroups=self.consumer_groups.groups(),
             deadLetters=dead_letters(store),
+            controller=controller,
+            fencedWrites=int(role_fields.get("fencedWrites", 0)),
         )
 
     def epoch(self) -> int:
@@ -478,6 +517,8 @@ class Broker:
         return self._admin.submit(self._promote, req, target)
 
     def _promote(self, req: Request, target: str) -> Response:
+        if self.controller is not None:
+            return self._switchover(req)
         current = self.role
         if current is not None and current.name != "SLAVE":
             return reply(req, fields=self.status(), remark=f"already {current.name}")
@@ -525,3 +566,131 @@ class Broker:
             maxPhyOffset=self.store.max_phy_offset,
         )
         return reply(req, fields=self.status())
+
+    # -- controller mode (common/broker/controller.py calls these on its thread) ----------------
+    def write_refusal(self) -> str:
+        """"" while writes may be taken; else why not (the master role asks for every write)."""
+        controller = self.controller
+        return "" if controller is None else controller.write_refusal()
+
+    def _reply_gate(self, resp: Response) -> Response:
+        """The last look before a SEND_OK leaves (the request server calls it): a master whose
+        lease ran out meanwhile (paused after the append) must not promise the message. The
+        record is stored; whether the next master has it is unknown: FLUSH_SLAVE_TIMEOUT."""
+        controller = self.controller
+        if controller is None or controller.acknowledge_ok():
+            return resp
+        controller.stats.fenced_writes += 1
+        return resp._replace(
+            code=ResponseCode.FLUSH_SLAVE_TIMEOUT,
+            remark="stored, but this master's controller lease ran out before the answer: "
+                   "the next master may not have it")
+
+    def local_record(self, incarnation: str) -> Any:
+        from common.ha.controller_core import MemberRecord
+
+        role = self.role
+        name = "STARTING" if role is None else ("SLAVE" if role.name == "SLAVE" else "MASTER")
+        max_phy = int(self.store.max_phy_offset)
+        return MemberRecord(
+            member_id=self.cfg.brokerId, address=self.cfg.client_address,
+            ha_address=f"{self.cfg.brokerIP1}:{self.cfg.ha_port}", role=name,
+            last_epoch=max(0, self.epoch()), max_offset=max_phy, confirm_offset=max_phy,
+            priority=self.cfg.brokerElectionPriority, incarnation=incarnation)
+
+    def slave_acks(self) -> dict[int, int]:
+        getter = getattr(self.role, "slave_acks", None)
+        return getter() if callable(getter) else {}
+
+    def act_as_master(self, state: Any) -> None:
+        """The controller elected this broker (or handed it the group): open the term's epoch
+        (the number ZooKeeper recorded) at this log's end and serve as the master. A master
+        role already running (re-elected after losing its session) is replaced."""
+        with self._role_lock:
+            current = self.role
+            if current is not None:
+                current.stop()  # a slave's replication ends before the epoch is written
+            self.store.become_master()
+            max_phy = int(self.store.max_phy_offset)
+            history = epochs.truncate_beyond(epochs.load(self.cfg.store_root), max_phy)
+            history = epochs.append_epoch(history, state.master_epoch, max_phy)
+            epochs.save(self.cfg.store_root, history)
+            role = self.role_factory(self.cfg.brokerRole, self)
+            self._release_ha_port()  # the HA service binds it now
+            try:
+                role.start()
+            except BaseException:
+                self._hold_ha_port()
+                raise
+            self.role = role
+            self._standby_reason = ""
+            log_event(log, "broker_elected_master", role=role.name, epoch=state.master_epoch,
+                      maxPhyOffset=max_phy)
+
+    def act_as_slave(self, state: Any) -> None:
+        """Follow the master the controller names: re-point replication at run time (a demoted
+        master stops its HA service first; the handshake truncates what only it held)."""
+        with self._role_lock:
+            current = self.role
+            ha_address = state.master_ha_address
+            if (current is not None and current.name == "SLAVE"
+                    and self.cfg.haMasterAddress == ha_address):
+                self._require_epoch(current, state.master_epoch)
+                return
+            was_master = current is not None and current.name != "SLAVE"
+            if current is not None:
+                current.stop()
+            if was_master:
+                self.store.become_slave()
+            self.cfg.haMasterAddress = ha_address
+            self._hold_ha_port()
+            role = self.role_factory("SLAVE", self)
+            self._require_epoch(role, state.master_epoch)
+            role.start()
+            self.role = role
+            self._standby_reason = ""
+            log_event(log, "broker_follows", master=state.master_address, ha=ha_address,
+                      epoch=state.master_epoch, demoted=was_master)
+
+    def stand_by(self, reason: str) -> None:
+        """No master can be elected now: writes are refused (a master role stays, fenced, so
+        its reads go on), and the reason shows in status."""
+        self._standby_reason = reason
+
+    def _require_epoch(self, role: Any, epoch: int) -> None:
+        client = getattr(role, "ha_client", None)
+        require = getattr(client, "require_epoch", None)
+        if callable(require):
+            require(epoch)
+
+    def _hold_ha_port(self) -> None:
+        if self._ha_port_hold is None:
+            try:
+                self._ha_port_hold = PortHold(HA_BIND_HOST, self.cfg.ha_port)
+            except OSError as e:
+                log_event(log, "ha_port_hold_failed", logging.WARNING, error=str(e))
+
+    def _switchover(self, req: Request) -> Response:
+        """PROMOTE in controller mode: a planned handover to this broker, carried out by the
+        master (writes pause until this broker holds everything, then a new epoch)."""
+        controller = self.controller
+        role = self.role
+        if role is not None and role.name != "SLAVE":
+            return reply(req, fields=self.status(), remark=f"already {role.name}")
+        timeout_s = self.cfg.switchoverTimeoutMs / 1000.0 + 5.0
+        state = controller.request_switchover(self.cfg.brokerId, timeout_s)
+        if state is None:
+            return reply(req, ResponseCode.SYSTEM_ERROR,
+                         f"switchover to member {self.cfg.brokerId} did not happen within "
+                         f"{timeout_s:.0f} s (it must be live and in the SyncStateSet, and "
+                         "catch up within switchoverTimeoutMs); the master kept the group",
+                         self.status())
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            role = self.role
+            if role is not None and role.name != "SLAVE" and controller.is_master():
+                return reply(req, fields=self.status())
+            time.sleep(0.02)
+        return reply(req, ResponseCode.SYSTEM_ERROR,
+                     "the controller named this broker master but it is not serving yet",
+                     self.status())

@@ -84,6 +84,9 @@ PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 
 
 log = logging.getLogger("replog.server")
+# writes whose SUCCESS promises a stored message (a controller-mode master checks its lease last)
+_ACKED_WRITES = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH,
+                           RequestCode.CONSUMER_SEND_MSG_BACK})
 
 
 # ---- what the server needs from the broker --------------------------------------------------
@@ -172,6 +175,8 @@ class RequestServer:
         self._bound = threading.Event()
         self._bind_error: BaseException | None = None
         self._seq = 0
+        # controller mode: the last look at a SEND_OK before it leaves (Broker._reply_gate)
+        self.reply_gate: Callable[[Response], Response] | None = None
 
     # -- lifecycle (any thread) ------------------------------------------------------------------
     def start(self, timeout_s: float = 5.0) -> None:
@@ -421,6 +426,7 @@ class RequestServer:
     def _send_answers(self, sock: zmq.Socket[bytes], answers: Answers) -> None:
         for held, resp in answers:
             self.stats.inflight -= 1
+            resp = self._gated(held.code, resp)
             self._account(held.code, resp, held.started)
             self._send(sock, held.identity, _encode(resp))
 
@@ -449,6 +455,7 @@ class RequestServer:
             resp = Response(
                 ResponseCode.SYSTEM_ERROR, done.opaque, f"internal error: {e!r}", {}, []
             )
+        resp = self._gated(done.code, resp)
         self._account(done.code, resp, done.started)
         self._send(sock, done.identity, _encode(resp))
 
@@ -461,8 +468,15 @@ class RequestServer:
         code: RequestCode | None = None,
     ) -> None:
         if code is not None:
+            resp = self._gated(code, resp)
             self._account(code, resp, started)
         self._send(sock, identity, _encode(resp))
+
+    def _gated(self, code: RequestCode, resp: Response) -> Response:
+        gate = self.reply_gate
+        if gate is None or resp.code != ResponseCode.SUCCESS or code not in _ACKED_WRITES:
+            return resp
+        return gate(resp)
 
     def _account(self, code: RequestCode, resp: Response, started: float) -> None:
         latency_ms = (time.monotonic() - started) * 1000

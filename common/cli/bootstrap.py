@@ -32,9 +32,10 @@ def make_role(role_name: str, broker: Any) -> Any:
 
     # the request server's I/O thread drives the HA socket itself (no thread hand-off per put)
     service, waiter = build_master_replication(
-        broker.cfg, broker.store, role_name, host=broker.server
+        broker.cfg, broker.store, role_name, host=broker.server, sync_state=broker.controller
     )
-    return MasterRole(broker.cfg, broker.store, broker.topics, role_name, waiter, service)
+    return MasterRole(broker.cfg, broker.store, broker.topics, role_name, waiter, service,
+                      write_gate=broker.write_refusal)
 
 
 def run_broker(config_path: str, overrides: Sequence[str]) -> int:
@@ -52,7 +53,9 @@ def run_broker(config_path: str, overrides: Sequence[str]) -> int:
     )
     try:
         replica = promotion.repairs_from_master(cfg.is_slave, cfg.store_root)
-        broker = Broker(cfg, MessageStore(cfg, repair_from_master=replica), make_role)
+        # delay delivery writes to the log: the broker turns it on once it knows it is master
+        store = MessageStore(cfg, repair_from_master=replica, start_schedule=False)
+        broker = Broker(cfg, store, make_role)
         broker.serve_forever()
     except (StoreError, ValueError, OSError) as e:
         logging.getLogger("replog.broker").error("event=broker_start_failed error=%r", str(e))

@@ -22,6 +22,13 @@ DISCOVERY_TIMEOUT_MS = 2_000
 ROUTE_TTL_MS = 30_000  # a topic's queue count is asked again after this (RocketMQ's 30 s)
 MAX_BACKOFF_S = 1.0
 NO_MASTER_PAUSE_S = 0.05  # between discoveries that found no master (each waits for answers)
+MASTER_GRACE_S = 0.1  # after a master answered: how long a newer one may still answer
+STRAGGLER_S = 0.3  # after the last answer: how long a silent broker is waited for
+NO_MASTER_CACHE_S = 0.25  # "no master" is believed this long before asking again
+SLAVES_FRESH_S = 5.0  # slaves found by a discovery serve reads this long without another
+MAX_SERVERS = 64  # brokers learned from answers, beyond those given
+MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
+READ_PREFERENCES = ("master", "slave")
 # Answers after which the cached master is no longer trusted.
 REDISCOVER_CODES = frozenset(
     {ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.STALE_EPOCH, ResponseCode.SYSTEM_ERROR}
@@ -55,6 +62,11 @@ class Cluster:
         self._master: str | None = None
         self._routes: dict[str, tuple[int, float]] = {}  # topic -> (queue count, asked at)
         self._rechecked: dict[str, float] = {}
+        self._learned: list[str] = []  # brokers an answer named (a slave's master, members)
+        self._slaves: list[str] = []  # what the last discovery found answering as slaves
+        self._slaves_at = float("-inf")
+        self._no_master_at = float("-inf")
+        self._next_slave = 0
         transport.on_degraded = self.recheck
 
     def status(self, address: str, timeout_ms: int | None = None) -> dict[str, Any]:
@@ -96,12 +108,58 @@ class Cluster:
             with self._lock:
                 if self._master is not None:
                     return self._master
+                believed = time.monotonic() - self._no_master_at < NO_MASTER_CACHE_S
                 generation = self._generation
+            if believed:
+                raise NoMasterError(self.known_servers())
             found = self._discover()
             with self._lock:
                 if self._generation == generation:
                     self._master = found
             return found
+
+    def reader(self, preference: str | None) -> str:
+        """Where a read goes. ``None``/"master": the master, or while no master answers a
+        slave of the group (RocketMQ 4.x consumers read from a slave then, and return to the
+        master once one answers). "slave": a slave (in turn), the master when none answers.
+        Anything else is an address: that broker."""
+        if preference not in (None, *READ_PREFERENCES):
+            return str(preference)
+        if preference == "slave":
+            slave = self._a_slave()
+            if slave is None:
+                try:
+                    self.master()  # a discovery: it also finds the slaves
+                except NoMasterError:
+                    pass
+                slave = self._a_slave()
+            return slave if slave is not None else self.master()
+        try:
+            return self.master()
+        except NoMasterError:
+            slave = self._a_slave()
+            if slave is None:
+                raise
+            return slave
+
+    def slaves(self) -> list[str]:
+        """The brokers the last discovery found answering as slaves (fresh ones only)."""
+        with self._lock:
+            if time.monotonic() - self._slaves_at > SLAVES_FRESH_S:
+                return []
+            return list(self._slaves)
+
+    def known_servers(self) -> list[str]:
+        """The servers given, then those learned from answers."""
+        with self._lock:
+            return self.servers + [s for s in self._learned if s not in self.servers]
+
+    def _a_slave(self) -> str | None:
+        slaves = self.slaves()
+        if not slaves:
+            return None
+        self._next_slave = (self._next_slave + 1) % len(slaves)
+        return slaves[self._next_slave]
 
     def forget(self, address: str | None = None) -> None:
         with self._lock:
@@ -111,22 +169,76 @@ class Cluster:
                 self._routes.clear()
 
     def _discover(self) -> str:
+        """Ask every known broker for its status, at once, and pick the master of the newest
+        epoch. Answers teach more brokers: a slave names its master (``masterAddress``, and in
+        controller mode the controller's master and members), so a client given one broker of
+        the group finds the rest. It returns without waiting out a silent broker: a master
+        answering with the epoch a controller names is taken at once, another master after
+        ``MASTER_GRACE_S``, and brokers still silent ``STRAGGLER_S`` after the last answer are
+        taken for down (a SIGKILLed broker's requests would wait for the whole timeout)."""
         timeout = min(self.timeout_ms, DISCOVERY_TIMEOUT_MS)
-        futures = {
-            s: self.transport.call(s, RequestCode.STATUS, None, (), timeout) for s in self.servers
-        }
+        start = time.monotonic()
+        deadline = start + timeout / 1000.0
+        pending: dict[concurrent.futures.Future[Response], str] = {}
+        asked: set[str] = set()
+
+        def ask(address: str) -> None:
+            if address not in asked and len(asked) < len(self.servers) + MAX_SERVERS:
+                asked.add(address)
+                pending[self.transport.call(address, RequestCode.STATUS, None, (),
+                                            timeout)] = address
+
+        for s in self.known_servers():
+            ask(s)
         best: tuple[int, str] | None = None
-        for address, fut in futures.items():
-            try:
-                status = fut.result(timeout / 1000.0 + 5.0).fields
-            except (BrokerError, concurrent.futures.TimeoutError):
-                continue
-            if status.get("role") in ("SYNC_MASTER", "ASYNC_MASTER"):
-                candidate = (int(status.get("epoch", 0)), address)
-                best = candidate if best is None or candidate > best else best
+        named_epoch = 0  # the epoch a controller names (slaves in controller mode say it)
+        first_master = last_answer = None
+        slaves: list[str] = []
+        while pending:
+            now = time.monotonic()
+            limit = deadline
+            if first_master is not None:
+                limit = min(limit, first_master + MASTER_GRACE_S)
+            if last_answer is not None:
+                limit = min(limit, last_answer + STRAGGLER_S)
+            if now >= limit:
+                break
+            done, _ = concurrent.futures.wait(list(pending), timeout=limit - now,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in done:
+                address = pending.pop(fut)
+                try:
+                    status = fut.result().fields
+                except BrokerError:
+                    continue
+                last_answer = time.monotonic()
+                role = status.get("role")
+                epoch = _int(status.get("epoch"))
+                if role in MASTER_ROLES and not _fenced(status):
+                    candidate = (epoch, address)
+                    best = candidate if best is None or candidate > best else best
+                    first_master = first_master or last_answer
+                elif role == "SLAVE":
+                    slaves.append(address)
+                for hint, hint_epoch in _hints(status):
+                    named_epoch = max(named_epoch, hint_epoch)
+                    self._learn(hint)
+                    ask(hint)
+            if best is not None and named_epoch and best[0] >= named_epoch:
+                break  # the master the controller names has answered
+        with self._lock:
+            self._slaves, self._slaves_at = slaves, time.monotonic()
+            if best is None:
+                self._no_master_at = time.monotonic()
         if best is None:
-            raise NoMasterError(self.servers)
+            raise NoMasterError(self.known_servers())
         return best[1]
+
+    def _learn(self, address: str) -> None:
+        with self._lock:
+            if (address not in self.servers and address not in self._learned
+                    and len(self._learned) < MAX_SERVERS):
+                self._learned.append(address)
 
     def queue_nums(self, topic: str, fresh: bool = False) -> int:
         """The topic's queue count, asked of the master again once ``route_ttl_s`` old (a topic
@@ -151,6 +263,42 @@ class Cluster:
         with self._lock:
             self._routes[topic] = (nums, now)
         return nums
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _fenced(status: dict[str, Any]) -> bool:
+    """A master the controller no longer backs (it lost its lease or its election)."""
+    controller = status.get("controller")
+    return isinstance(controller, dict) and bool(controller.get("enabled")) \
+        and not (controller.get("isMaster") and controller.get("leaseFresh"))
+
+
+def _hints(status: dict[str, Any]) -> list[tuple[str, int]]:
+    """Brokers a status answer names, with the epoch it vouches for (0: none)."""
+    out: list[tuple[str, int]] = []
+    master = status.get("masterAddress")
+    if isinstance(master, str) and master and status.get("role") == "SLAVE":
+        out.append((master, 0))
+    controller = status.get("controller")
+    if isinstance(controller, dict) and controller.get("enabled"):
+        named = controller.get("masterAddress")
+        if isinstance(named, str) and named:
+            out.append((named, _int(controller.get("masterEpoch"))))
+        members = controller.get("members")
+        if isinstance(members, dict):
+            for record in members.values():
+                address = record.get("address") if isinstance(record, dict) else None
+                if isinstance(address, str) and address:
+                    out.append((address, 0))
+    return [(a, e) for a, e in out if _is_address(a)]
+
+
+def _is_address(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
 
 
 class ClientBase:
@@ -186,21 +334,32 @@ class ClientBase:
         re-read routes every 30 s, Kafka's metadata every 5 min), asked now with ``fresh``."""
         return self._cluster.queue_nums(topic, fresh)
 
-    def _with_retries(self, attempt: Callable[[str], Any], fixed: str | None = None) -> Any:
+    def _with_retries(self, attempt: Callable[[str], Any], fixed: str | None = None,
+                      read_from: str | None = None, read: bool = False,
+                      wait_for_master: bool = True) -> Any:
         """Run ``attempt(master_address)``; retry retriable errors, re-discovering the master.
 
-        With ``fixed`` (a consumer reading from a chosen broker) no master is needed at all.
+        With ``fixed`` (a consumer reading from a chosen broker) no master is needed at all;
+        with ``read`` the broker is the one ``read_from`` prefers (``Cluster.reader``: the
+        master, or a slave while none answers). ``wait_for_master`` False: NoMasterError at
+        once when no master answers, instead of waiting for one up to ``timeout_ms``.
         """
         give_up = time.monotonic() + self.timeout_ms / 1000.0  # for finding a master
         n = 0
         while True:
             address = None
             try:
-                address = fixed or self._cluster.master()
+                if fixed:
+                    address = fixed
+                elif read:
+                    address = self._cluster.reader(read_from)
+                else:
+                    address = self._cluster.master()
                 return attempt(address)
             except NoMasterError:
                 # each discovery waits up to DISCOVERY_TIMEOUT_MS for an answer: no spin here
-                if self._closed.wait(NO_MASTER_PAUSE_S) or time.monotonic() >= give_up:
+                if (not wait_for_master or self._closed.wait(NO_MASTER_PAUSE_S)
+                        or time.monotonic() >= give_up):
                     raise
             except BrokerError as e:
                 if isinstance(e, ClientTimeoutError) or e.code in REDISCOVER_CODES:

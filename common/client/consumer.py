@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
 from common.client.cluster import ClientBase
-from common.client.results import PullResult, SendResult, pull_result, send_results
+from common.client.results import (
+    NoMasterError,
+    PullResult,
+    SendResult,
+    pull_result,
+    send_results,
+)
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import (
@@ -30,9 +37,17 @@ class Consumer(ClientBase):
         read_from: str | None = None,
         spin_us: int = DEFAULT_SPIN_US,
     ):
+        """``read_from``: where pulls and offset reads go. None or "master": the master, and a
+        slave of the group while no master answers (RocketMQ 4.x consumers do so during a
+        failover); "slave": the slaves in turn, the master when none answers; an address:
+        that broker only. Offset commits always go to the master; one made while no master
+        answers is kept here and sent with the next one that reaches a master (``close``
+        tries too), so a failover loses none of them."""
         super().__init__(servers, timeout_ms, retries, spin_us=spin_us)
         self.group = group
-        self.read_from = read_from  # a fixed broker to read from (e.g. a slave); None = master
+        self.read_from = read_from
+        self._unsent_commits: dict[tuple[str, int], tuple[int, str | None]] = {}
+        self._commits_lock = threading.Lock()
 
     def pull(
         self,
@@ -57,14 +72,17 @@ class Consumer(ClientBase):
 
         def attempt(address: str) -> PullResult:
             resp = self._cluster.request(
-                self.read_from or address,
+                address,
                 RequestCode.PULL,
                 fields,
                 timeout_ms=self.timeout_ms + suspend_ms,
             )
             return pull_result(resp)
 
-        return self._with_retries(attempt, fixed=self.read_from)  # type: ignore[no-any-return]
+        return self._read(attempt)  # type: ignore[no-any-return]
+
+    def _read(self, attempt: Any) -> Any:
+        return self._with_retries(attempt, read_from=self.read_from, read=True)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         """The oldest queue offset still held (RocketMQ ``minOffset``, Kafka
@@ -103,12 +121,12 @@ class Consumer(ClientBase):
         fields: dict[str, Any] = {"topic": topic, "queueId": queue_id, **extra}
 
         def attempt(address: str) -> int:
-            resp = self._cluster.request(self.read_from or address, code, fields)
+            resp = self._cluster.request(address, code, fields)
             if not resp.ok:
                 raise BrokerError(resp.code, resp.remark)
             return int(resp.fields["offset"])
 
-        return self._with_retries(attempt, fixed=self.read_from)  # type: ignore[no-any-return]
+        return self._read(attempt)  # type: ignore[no-any-return]
 
     def heartbeat(self, client_id: str, session_timeout_ms: int = 10_000, leave: bool = False
                   ) -> list[str]:
@@ -130,6 +148,18 @@ class Consumer(ClientBase):
                       client_id: str | None = None) -> None:
         """Commit the group's next offset for the queue; with ``client_id`` (a group member)
         the master refuses it (CONSUMER_NOT_ONLINE) unless the member owns the queue."""
+        if self._unsent_commits and not self.flush_commits():
+            with self._commits_lock:  # still no master: keep this one too, newest wins
+                self._unsent_commits[(topic, queue_id)] = (offset, client_id)
+            return
+        try:
+            self._commit_now(topic, queue_id, offset, client_id)
+        except NoMasterError:
+            with self._commits_lock:
+                self._unsent_commits[(topic, queue_id)] = (offset, client_id)
+
+    def _commit_now(self, topic: str, queue_id: int, offset: int,
+                    client_id: str | None) -> None:
         fields: dict[str, Any] = {"group": self.group, "topic": topic, "queueId": queue_id,
                                   "queueOffset": offset}
         if client_id:
@@ -140,7 +170,7 @@ class Consumer(ClientBase):
             if not resp.ok:
                 raise BrokerError(resp.code, resp.remark)
 
-        self._with_retries(attempt)
+        self._with_retries(attempt, wait_for_master=False)
 
     def send_back(self, msg: MessageExt, delay_level: int = 0,
                   max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES) -> SendResult:
@@ -175,12 +205,43 @@ class Consumer(ClientBase):
         """The group's committed offset for the queue, or -1 when none was committed."""
         fields = {"group": self.group, "topic": topic, "queueId": queue_id}
 
+        with self._commits_lock:
+            unsent = self._unsent_commits.get((topic, queue_id))
+        if unsent is not None:
+            return unsent[0]  # committed here while no master answered: that is the newest
+
         def attempt(address: str) -> int:
-            resp = self._cluster.request(
-                self.read_from or address, RequestCode.FETCH_OFFSET, fields
-            )
+            resp = self._cluster.request(address, RequestCode.FETCH_OFFSET, fields)
             if not resp.ok:
                 raise BrokerError(resp.code, resp.remark)
             return int(resp.fields.get("queueOffset", -1))
 
-        return self._with_retries(attempt, fixed=self.read_from)  # type: ignore[no-any-return]
+        return self._read(attempt)  # type: ignore[no-any-return]
+
+    @property
+    def unsent_commits(self) -> dict[tuple[str, int], int]:
+        """Offsets committed while no master answered, not yet sent: (topic, queue) -> offset."""
+        with self._commits_lock:
+            return {k: v[0] for k, v in self._unsent_commits.items()}
+
+    def flush_commits(self) -> bool:
+        """Send the offsets kept while no master answered; True when none is left."""
+        with self._commits_lock:
+            unsent = dict(self._unsent_commits)
+        for (topic, queue_id), (offset, client_id) in unsent.items():
+            try:
+                self._commit_now(topic, queue_id, offset, client_id)
+            except NoMasterError:
+                return False
+            with self._commits_lock:
+                if self._unsent_commits.get((topic, queue_id)) == (offset, client_id):
+                    del self._unsent_commits[(topic, queue_id)]
+        return True
+
+    def close(self) -> None:
+        if self._unsent_commits and not self._closed.is_set():
+            try:
+                self.flush_commits()
+            except BrokerError:
+                pass  # reported by unsent_commits; nothing else to do at close
+        super().close()

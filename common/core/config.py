@@ -76,6 +76,18 @@ class BrokerConfig:
     # replog: how often a slave copies its master's topics, consumer offsets and delay offsets
     # (RocketMQ's SlaveSynchronize, every 10 s there); 0: never
     slaveConfigSyncIntervalMs: int = 1000
+    # controller mode (RocketMQ 5's key names): the group elects its master through ZooKeeper
+    # (docs/operations.md "Automatic failover"); brokerRole then names the mode a broker runs
+    # while it is the master, and brokerId is its member id in the group (1..255)
+    enableControllerMode: bool = False
+    controllerAddr: str = ""  # host:port[,host:port...][/chroot] of the ZooKeeper ensemble
+    controllerSessionTimeoutMs: int = 10_000  # replog: the ZooKeeper session timeout
+    controllerLeaseMs: int = 0  # replog: a master's write lease; 0: half the session timeout
+    controllerPollIntervalMs: int = 5000  # replog: read the group state even without a watch
+    enableElectUncleanMaster: bool = False  # elect outside the SyncStateSet (may lose data)
+    haMaxTimeSlaveNotCatchup: int = 15_000  # a slave behind this long leaves the SyncStateSet
+    brokerElectionPriority: int = 2**31 - 1  # lower wins among equals (RocketMQ's default)
+    switchoverTimeoutMs: int = 10_000  # replog: a planned handover waits this long at most
     # retention
     fileReservedTime: int = 72
     deleteWhen: str = "04"
@@ -122,7 +134,9 @@ class BrokerConfig:
         _require(self.flushDiskType in FLUSH_TYPES, "flushDiskType", f"must be one of {FLUSH_TYPES}")
         _require(self.brokerId <= 255, "brokerId", "must be <= 255 (it names the epochs the "
                  "broker opens when promoted)")
-        if self.brokerRole == "SLAVE":
+        if self.enableControllerMode:
+            self._validate_controller()
+        elif self.brokerRole == "SLAVE":
             _require(self.brokerId > 0, "brokerId", "a SLAVE needs brokerId > 0")
         else:
             _require(self.brokerId == 0, "brokerId", "a master has brokerId 0")
@@ -150,6 +164,51 @@ class BrokerConfig:
                 split_addresses(self.groupServers)
             except ValueError as e:
                 _require(False, "groupServers", str(e))
+
+
+    def _validate_controller(self) -> None:
+        _require(self.brokerRole != "SLAVE", "brokerRole", "in controller mode the controller "
+                 "picks the master: give SYNC_MASTER or ASYNC_MASTER, the mode this broker runs "
+                 "whenever it is elected")
+        _require(1 <= self.brokerId <= 255, "brokerId", "in controller mode brokerId is the "
+                 "broker's member id in its group, 1..255 (the master answers as brokerId 0)")
+        try:
+            parse_controller_addr(self.controllerAddr)
+        except ValueError as e:
+            _require(False, "controllerAddr", str(e))
+        _require(1000 <= self.controllerSessionTimeoutMs <= 600_000, "controllerSessionTimeoutMs",
+                 "must be in 1000..600000 (ZooKeeper also clamps it to 2..20 tickTimes)")
+        lease = self.controller_lease_ms
+        _require(100 <= lease < self.controllerSessionTimeoutMs * 2 // 3, "controllerLeaseMs",
+                 f"must be 0 (half the session timeout) or in 100..<2/3 of "
+                 f"controllerSessionTimeoutMs ({self.controllerSessionTimeoutMs}): a master must "
+                 "stop writing before ZooKeeper can expire its session and elect another")
+        _require(100 <= self.controllerPollIntervalMs <= 600_000, "controllerPollIntervalMs",
+                 "must be in 100..600000")
+        _require(self.haMaxTimeSlaveNotCatchup >= self.slaveTimeout, "haMaxTimeSlaveNotCatchup",
+                 f"must be >= slaveTimeout ({self.slaveTimeout}): a slave slower than one put's "
+                 "wait must not leave the SyncStateSet")
+        _require(self.switchoverTimeoutMs >= 100, "switchoverTimeoutMs", "must be >= 100")
+
+    @property
+    def controller_lease_ms(self) -> int:
+        return self.controllerLeaseMs or self.controllerSessionTimeoutMs // 2
+
+
+def parse_controller_addr(text: str) -> tuple[str, str]:
+    """``host:port[,host:port...][/chroot]`` -> (the hosts as kazoo takes them, the chroot or
+    ""); ValueError naming what is wrong."""
+    hosts, slash, chroot = text.strip().partition("/")
+    if not hosts:
+        raise ValueError("controller mode needs the ZooKeeper ensemble: host:port[,host:port]"
+                         "[/chroot]")
+    split_addresses(hosts)
+    if slash:
+        parts = chroot.split("/")
+        if not chroot or any(not p or p in (".", "..") for p in parts):
+            raise ValueError(f"chroot /{chroot!r} is not a ZooKeeper path")
+        return hosts, "/" + chroot
+    return hosts, ""
 
 
 def _require(ok: bool, key: str, why: str) -> None:

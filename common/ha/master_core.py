@@ -212,6 +212,27 @@ class MasterCore:
                       reverse=True)
         return acks[n - 1] if len(acks) >= n else NO_OFFSET
 
+    def acked_offset_all(self, members: frozenset[int]) -> int:
+        """The highest offset every slave of ``members`` (broker ids) has acked: what a
+        SyncStateSet holds (the master's max when it names no slave); NO_OFFSET while a member
+        has no connection that finished its handshake."""
+        if not members:
+            return self._max
+        acks: dict[int, int] = {}
+        for p in self._peers.values():
+            if p.broker_id in members:
+                acks[p.broker_id] = max(acks.get(p.broker_id, NO_OFFSET), p.ack_offset)
+        if len(acks) < len(members):
+            return NO_OFFSET
+        return min(acks.values())
+
+    def progress(self) -> dict[int, int]:
+        """broker id -> the offset it has acked, for every connected slave."""
+        out: dict[int, int] = {}
+        for p in self._peers.values():
+            out[p.broker_id] = max(out.get(p.broker_id, NO_OFFSET), p.ack_offset)
+        return out
+
     def slaves(self) -> tuple[SlaveSnapshot, ...]:
         return tuple(self._snapshot(p) for p in self._peers.values())
 
@@ -274,6 +295,12 @@ class MasterCore:
                            "no handshake on this connection: send HELLO")]
         if ack.session != peer.session:
             return []  # from an older handshake of this connection
+        if ack.epoch > self.epoch:
+            # the slave follows a newer master: this one is stale and must not count the ack
+            reason = (f"slave {peer.address} acks in epoch {ack.epoch}, this master is at "
+                      f"{self.epoch}")
+            return [_error(peer_id, ack.session, ResponseCode.STALE_EPOCH, reason),
+                    Fenced(peer_id, ack.epoch, reason), *self._forget(peer_id, reason)]
         if ack.ack_offset > peer.next_phy_offset:
             reason = (f"impossible ack {ack.ack_offset}: only {peer.next_phy_offset} was sent "
                       f"(master max {self._max})")

@@ -18,7 +18,8 @@ recognised and ignored (ZeroMQ reconnects silently; a stale reply must never tru
 |      |             |                | master_address (its client host:port; optional)           |     |
 |  3   | DATA        | master->slave  | session, epoch, epoch_start_phy_offset, phy_offset,       | yes |
 |      |             |                | length (== len(raw), 1..haTransferBatchSize)              |     |
-|  4   | ACK         | slave->master  | session, ack_offset (the slave's max offset; heartbeat)   | no  |
+|  4   | ACK         | slave->master  | session, ack_offset (the slave's max offset; heartbeat),  | no  |
+|      |             |                | epoch (the newest the slave knows; optional, 0: unknown)  |     |
 |  5   | HEARTBEAT   | master->slave  | session, epoch, max_phy_offset, sent_phy_offset           | no  |
 |  6   | ERROR       | either         | session, code (ResponseCode), phy_offset (-1: none),      | no  |
 |      |             |                | reason (UTF-8)                                            |     |
@@ -29,6 +30,10 @@ the slave first truncates its log there (the point where the epoch histories sto
 which a slave reports as its ``masterAddress`` (RocketMQ's ``masterAddr``; the HA address it
 connects to is its ``haMasterAddress``). A reply without it (six fields, as before the field
 was added) decodes with ``""``.
+``epoch`` in ACK is the newest epoch the slave knows, from its epoch file or from the controller
+(``docs/operations.md``, automatic failover): a master of an older epoch that reads it knows it
+has been replaced and stops acknowledging writes. An ACK of two fields (before the field was
+added) decodes with 0.
 ``sent_phy_offset`` in HEARTBEAT is how far the master has streamed in this session: a slave
 holding less knows bytes were lost and asks again. ERROR with OFFSET_OUT_OF_RANGE carries in
 ``phy_offset`` the master's min offset (slave too far behind) or the truncate point.
@@ -132,6 +137,7 @@ class Data:
 class Ack:
     session: int
     ack_offset: int
+    epoch: int = 0  # the newest epoch the slave knows (0: not said)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -182,7 +188,7 @@ def encode_header(frame: Hello | HelloReply | Ack | Heartbeat | Error) -> bytes:
                       frame.max_phy_offset, frame.start_phy_offset, _epochs_out(frame.epochs),
                       frame.master_address])
     if isinstance(frame, Ack):
-        return _pack([FrameType.ACK, frame.session, frame.ack_offset])
+        return _pack([FrameType.ACK, frame.session, frame.ack_offset, frame.epoch])
     if isinstance(frame, Heartbeat):
         return _pack([FrameType.HEARTBEAT, frame.session, frame.epoch, frame.max_phy_offset,
                       frame.sent_phy_offset])
@@ -348,9 +354,15 @@ def _decode_data(fields: list[Any], raw: bytes | memoryview, limits: Limits) -> 
 
 def _decode_ack(fields: list[Any], limits: Limits) -> Ack:
     k = FrameType.ACK
-    f = _fields(k, fields, ("session", "ack_offset"))
+    names: tuple[str, ...] = ("session", "ack_offset")
+    if len(fields) == len(names) + 1:  # with the slave's epoch
+        names += ("epoch",)
+    elif len(fields) != len(names):
+        raise HAProtocolError(f"{k.name}: expected 2 or 3 fields, got {len(fields)}")
+    f = _fields(k, fields, names)
     return Ack(session=_int(k, "session", f["session"], 0, MAX_SESSION),
-               ack_offset=_int(k, "ack_offset", f["ack_offset"]))
+               ack_offset=_int(k, "ack_offset", f["ack_offset"]),
+               epoch=_int(k, "epoch", f.get("epoch", 0), 0, _MAX_EPOCH))
 
 
 def _decode_heartbeat(fields: list[Any], limits: Limits) -> Heartbeat:

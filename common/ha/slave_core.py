@@ -145,6 +145,7 @@ class SlaveCore:
         self._resyncs = 0
         self._ignored_frames = 0
         self._master_address = ""  # kept across reconnects: the last master that answered
+        self._min_master_epoch = 0  # the controller's newest epoch: an older master is refused
 
     # ---- read-only state ---------------------------------------------------------------------
     @property
@@ -162,6 +163,17 @@ class SlaveCore:
     @property
     def history(self) -> EpochHistory:
         return self._history
+
+    @property
+    def known_epoch(self) -> int:
+        """The newest epoch this slave knows of (its log's, its master's, the controller's);
+        every ACK carries it, so a master of an older term learns it was replaced."""
+        return max(ep.last_epoch(self._history), self._master_epoch, self._min_master_epoch)
+
+    def require_epoch(self, epoch: int) -> None:
+        """Refuse any master older than ``epoch`` from now on (the controller named a master
+        of that epoch): its HELLO_REPLY fails the handshake, its DATA starts a new one."""
+        self._min_master_epoch = max(self._min_master_epoch, epoch)
 
     def stats(self) -> SlaveStats:
         return SlaveStats(self._state, self._session, self._max, self._master_epoch,
@@ -209,6 +221,10 @@ class SlaveCore:
             return self._fail(ResponseCode.STALE_EPOCH, reply.epoch,
                               f"master epoch {reply.epoch} is older than ours "
                               f"{ep.last_epoch(self._history)}", now_ms)
+        if reply.epoch < self._min_master_epoch:
+            return self._fail(ResponseCode.STALE_EPOCH, reply.epoch,
+                              f"master epoch {reply.epoch} is older than the controller's "
+                              f"{self._min_master_epoch}: a replaced master", now_ms)
         actions = self._move_to(reply, now_ms)
         if self._state is SlaveState.FAILED:
             return actions
@@ -225,6 +241,10 @@ class SlaveCore:
     def on_data(self, data: Data, now_ms: int) -> list[SlaveAction]:
         if not self._current(data.session, SlaveState.TRANSFER):
             return []
+        if data.epoch < self._min_master_epoch:
+            return self._fail(ResponseCode.STALE_EPOCH, data.epoch,
+                              f"DATA of epoch {data.epoch} from a master the controller "
+                              f"replaced (epoch {self._min_master_epoch})", now_ms)
         self._last_heard_ms = now_ms
         if data.end_phy_offset <= self._max:
             self._ignored_frames += 1  # a duplicate of bytes we hold
@@ -295,7 +315,7 @@ class SlaveCore:
 
     def _ack(self, now_ms: int) -> SendToMaster:
         self._last_sent_ms = now_ms
-        return SendToMaster((encode_header(Ack(self._session, self._max)),))
+        return SendToMaster((encode_header(Ack(self._session, self._max, self.known_epoch)),))
 
     def _resync(self, reason: str, now_ms: int, reconnect: bool) -> list[SlaveAction]:
         """Start a new handshake from our own max offset."""

@@ -118,15 +118,21 @@ class StoreStats:
 
 
 class MessageStore:
-    def __init__(self, cfg: BrokerConfig, *, repair_from_master: bool | None = None):
+    def __init__(self, cfg: BrokerConfig, *, repair_from_master: bool | None = None,
+                 start_schedule: bool | None = None):
         """``repair_from_master`` is a fact about the broker's role that the store cannot
         know: whether, at start-up, damage below the flushed offset may be cut because a
         master holds those bytes and will send them again (a replicating slave), or must
         refuse the start (a master, or a slave whose promotion record makes it one again:
-        the broker decides, ``common/broker/broker.py``). None: the configured role says."""
+        the broker decides, ``common/broker/broker.py``). None: the configured role says.
+
+        ``start_schedule``: whether ``start`` runs delay-level delivery (only a master may: it
+        writes to the log). The broker passes False and turns it on with ``become_master``
+        once it knows its role; None: the configured role says."""
         self.cfg = cfg
         self.repair_from_master = cfg.is_slave if repair_from_master is None \
             else repair_from_master
+        self._start_schedule = not cfg.is_slave if start_schedule is None else start_schedule
         self.root = cfg.store_root
         self.delay_levels_ms = parse_delay_levels(cfg.messageDelayLevel)
         self._lock_file = StoreLock(self.root)
@@ -280,7 +286,7 @@ class MessageStore:
         self._services += [self._flusher, self._cq_flusher, self.reput, self.cleaner]
         for service in self._services:
             service.start()  # type: ignore[attr-defined]
-        self.set_schedule_enabled(not cfg.is_slave)
+        self.set_schedule_enabled(self._start_schedule)
 
     def set_schedule_enabled(self, enabled: bool) -> None:
         """Delay-level delivery runs on a master only (a promoted slave turns it on)."""

@@ -374,7 +374,7 @@ def test_reply_at_our_max_starts_transfer_with_an_ack() -> None:
     s = _slave(max_phy_offset=300, history=(E(1, 0),))
     s.start(0)
     actions = s.on_frame(HelloReply(10, 1, 0, 900, 300, (E(1, 0),)), 5)
-    assert _sent(actions) == [Ack(10, 300)]
+    assert _sent(actions) == [Ack(10, 300, 1)]
     assert s.state is sc.SlaveState.TRANSFER
 
 
@@ -383,7 +383,7 @@ def test_reply_below_our_max_truncates_before_anything_else() -> None:
     s.start(0)
     actions = s.on_frame(HelloReply(10, 3, 0, 2000, 600, (E(1, 0), E(3, 600))), 5)
     assert actions[:2] == [sc.Truncate(600), sc.SaveEpochs((E(1, 0),))]
-    assert _sent(actions) == [Ack(10, 600)]
+    assert _sent(actions) == [Ack(10, 600, 3)]
     assert s.max_phy_offset == 600
 
 
@@ -412,7 +412,7 @@ def test_data_at_our_max_is_appended_then_acked() -> None:
     raw = memoryview(b"x" * 50)
     actions = s.on_frame(Data(10, 1, 0, 100, raw), 1)
     assert actions[0] == sc.Append(100, raw) and actions[0].data is raw
-    assert _sent(actions) == [Ack(10, 150)]
+    assert _sent(actions) == [Ack(10, 150, 1)]
     assert s.max_phy_offset == 150
 
 
@@ -504,7 +504,7 @@ def test_slave_tick_acks_reconnects_and_retries_handshakes() -> None:
     _transfer(s)
     assert s.next_deadline_ms() == HB_MS
     assert s.tick(HB_MS - 1) == []
-    assert _sent(s.tick(HB_MS)) == [Ack(10, 100)]
+    assert _sent(s.tick(HB_MS)) == [Ack(10, 100, 1)]
     s.on_frame(Heartbeat(10, 1, 100, 100), 3000)
     assert not _of(s.tick(3000 + HK_MS - 1), sc.Reconnect)
     actions = s.tick(3000 + HK_MS)

@@ -50,6 +50,7 @@ class FakeStore:
         self.listeners: list[Callable[[str, int, int], None]] = []
         self.append_listeners: list[Callable[[int], None]] = []
         self.promotions = 0
+        self.demotions = 0
         self.lock = threading.Lock()
         self.started = self.stopped = False
         self.min_phy_offset = 0
@@ -82,7 +83,7 @@ class FakeStore:
         self.promotions += 1  # the real store rebuilds its queue offsets from its ConsumeQueues
 
     def become_slave(self) -> None:
-        self.promotions -= 1
+        self.demotions += 1  # a failed promotion, or a start as a slave
 
     def add_append_listener(self, cb: Callable[[int], None]) -> None:
         self.append_listeners.append(cb)  # the master's HA service registers; no slave here
@@ -393,7 +394,7 @@ def test_a_failed_promotion_leaves_a_replicating_slave(
     assert role is not None and role is not old_role and role.name == "SLAVE"
     assert role.ha_client.running and not old_role.ha_client.running
     assert not _bindable(port)  # held again
-    assert ep.load(root) == history and broker.store.promotions == 0
+    assert ep.load(root) == history and broker.store.promotions == 1 and broker.store.demotions == 2
     assert not promotion.path_of(root).exists()  # no master term for a restart to resume
     with Producer([addr(broker)], retries=0) as p:
         p._cluster._master = addr(broker)

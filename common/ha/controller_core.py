@@ -1,0 +1,382 @@
+"""The controller's decisions, pure: who may lead the group, who wins, when a lease holds.
+
+ZooKeeper is only the store these decisions are made over (``common/broker/controller.py``
+drives it; this module never sees it). Under ``<chroot>/replog/<cluster>/<group>/``:
+
+| znode          | kind       | content (JSON, UTF-8, at most ``MAX_RECORD_BYTES``)            |
+|----------------|------------|-----------------------------------------------------------------|
+| ``state``      | persistent | ``GroupState``: master id and epoch, the SyncStateSet and its   |
+|                |            | epoch, the master's addresses; changed only by compare-and-set |
+| ``brokers/<id>`` | ephemeral | ``MemberRecord``: a live broker (its session), refreshed      |
+|                |            | about once a second with its offsets                           |
+| ``switchover`` | persistent | ``Switchover``: a planned handover asked of the master         |
+
+Rules (RocketMQ 5's controller, Kafka's ISR, Patroni; ``docs/guarantees.md``):
+
+* **One source of truth.** ``state`` names the master; a broker serves writes only while it won
+  the compare-and-set that named it, in its current session, and its lease is fresh.
+* **Election** (``decide_election``) when the master's member znode is gone (its session
+  expired) or ``state`` names no master: only live members of the SyncStateSet are eligible,
+  ranked by last epoch, then max offset (both descending), then ``brokerElectionPriority`` and
+  id (ascending). The winner opens a new epoch numbered after every epoch the group has seen
+  (``epochs.next_epoch``, which also names the winner in its low bits) and a SyncStateSet of
+  itself. With no eligible member there is no master, unless ``enableElectUncleanMaster``: then
+  the best live member wins and the bytes it may lack are reported as a range.
+* **SyncStateSet upkeep** (``SyncStateSetKeeper``, run by the master): a member not heard
+  from, or not caught up for ``haMaxTimeSlaveNotCatchup``, leaves; a connected slave whose ack
+  reaches the offset already acknowledged to clients joins. The master commits each change to
+  ``state`` before it counts on it (a removal before any put the member lacks is acknowledged).
+* **Lease** (``Lease``): a master acknowledges only within ``controllerLeaseMs`` of the start
+  of its last confirmed ZooKeeper write. ZooKeeper cannot expire the session sooner than one
+  session timeout after that write reached it, and the lease is at most 2/3 of that, so the
+  master has stopped before anyone else can be elected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+from common.ha import epochs as ep
+
+MAX_RECORD_BYTES = 16 * 1024
+MAX_MEMBER_ID = ep.MAX_BROKER_ID
+MAX_ADDRESS_CHARS = 255
+MAX_OFFSET = (1 << 63) - 1
+NO_PRIORITY = 2**31 - 1
+ROLES = ("MASTER", "SLAVE", "STARTING")
+
+
+class RecordError(ValueError):
+    """A znode's content is not a record of the expected shape (names the field)."""
+
+
+# ---- records ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GroupState:
+    """The ``state`` znode: which member is the master, in which epoch, and who is in sync."""
+
+    master: int | None  # member id; None: no master (none eligible, or one resigned)
+    master_epoch: int
+    master_address: str
+    master_ha_address: str
+    sync_state_set: frozenset[int]
+    sync_state_set_epoch: int
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "masterId": self.master,
+            "masterEpoch": self.master_epoch,
+            "masterAddress": self.master_address,
+            "masterHaAddress": self.master_ha_address,
+            "syncStateSet": sorted(self.sync_state_set),
+            "syncStateSetEpoch": self.sync_state_set_epoch,
+        }
+        return _dump(doc)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> GroupState:
+        doc = _load(raw, "state", {"masterId", "masterEpoch", "masterAddress", "masterHaAddress",
+                                   "syncStateSet", "syncStateSetEpoch"})
+        master = doc["masterId"]
+        if master is not None:
+            master = _int(master, "state.masterId", 1, MAX_MEMBER_ID)
+        members = doc["syncStateSet"]
+        if not isinstance(members, list) or len(members) > MAX_MEMBER_ID:
+            raise RecordError("state.syncStateSet: not a list of member ids")
+        sss = frozenset(_int(m, "state.syncStateSet[]", 1, MAX_MEMBER_ID) for m in members)
+        if len(sss) != len(members):
+            raise RecordError("state.syncStateSet: a member is listed twice")
+        if master is not None and master not in sss:
+            raise RecordError(f"state: master {master} is not in its SyncStateSet {sorted(sss)}")
+        return cls(
+            master=master,
+            master_epoch=_int(doc["masterEpoch"], "state.masterEpoch", 0, MAX_OFFSET),
+            master_address=_address(doc["masterAddress"], "state.masterAddress"),
+            master_ha_address=_address(doc["masterHaAddress"], "state.masterHaAddress"),
+            sync_state_set=sss,
+            sync_state_set_epoch=_int(doc["syncStateSetEpoch"], "state.syncStateSetEpoch", 0,
+                                      MAX_OFFSET),
+        )
+
+    def with_sync_state_set(self, members: Iterable[int]) -> GroupState:
+        return dataclasses.replace(self, sync_state_set=frozenset(members),
+                                   sync_state_set_epoch=self.sync_state_set_epoch + 1)
+
+    def without_master(self) -> GroupState:
+        """The master resigns (or lost its session before a restart): no one serves writes
+        until an election. The SyncStateSet stays: it still says who holds everything."""
+        return dataclasses.replace(self, master=None, master_address="", master_ha_address="")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberRecord:
+    """A ``brokers/<id>`` znode: one live broker of the group."""
+
+    member_id: int
+    address: str  # client address (brokerIP1:listenPort)
+    ha_address: str
+    role: str  # MASTER | SLAVE | STARTING
+    last_epoch: int  # the newest epoch in its epoch file
+    max_offset: int  # its CommitLog's max physical offset
+    confirm_offset: int  # a master: the offset acknowledged to clients; a slave: its max
+    priority: int = NO_PRIORITY  # brokerElectionPriority: lower wins among equals
+    incarnation: str = ""  # one per process start: tells this process's record from an old one
+
+    def to_bytes(self) -> bytes:
+        return _dump({
+            "id": self.member_id, "address": self.address, "haAddress": self.ha_address,
+            "role": self.role, "lastEpoch": self.last_epoch, "maxOffset": self.max_offset,
+            "confirmOffset": self.confirm_offset, "priority": self.priority,
+            "incarnation": self.incarnation,
+        })
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> MemberRecord:
+        doc = _load(raw, "member", {"id", "address", "haAddress", "role", "lastEpoch",
+                                    "maxOffset", "confirmOffset", "priority", "incarnation"})
+        role = doc["role"]
+        if role not in ROLES:
+            raise RecordError(f"member.role: {role!r} is not one of {', '.join(ROLES)}")
+        incarnation = doc["incarnation"]
+        if not isinstance(incarnation, str) or len(incarnation) > 64:
+            raise RecordError("member.incarnation: not a short string")
+        return cls(
+            member_id=_int(doc["id"], "member.id", 1, MAX_MEMBER_ID),
+            address=_address(doc["address"], "member.address"),
+            ha_address=_address(doc["haAddress"], "member.haAddress"),
+            role=role,
+            last_epoch=_int(doc["lastEpoch"], "member.lastEpoch", 0, MAX_OFFSET),
+            max_offset=_int(doc["maxOffset"], "member.maxOffset", 0, MAX_OFFSET),
+            confirm_offset=_int(doc["confirmOffset"], "member.confirmOffset", 0, MAX_OFFSET),
+            priority=_int(doc["priority"], "member.priority", -(2**31), 2**31 - 1),
+            incarnation=incarnation,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Switchover:
+    """The ``switchover`` znode: an operator asked the master to hand over to ``target``."""
+
+    target: int
+    requested_at_ms: int
+
+    def to_bytes(self) -> bytes:
+        return _dump({"target": self.target, "requestedAtMs": self.requested_at_ms})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Switchover:
+        doc = _load(raw, "switchover", {"target", "requestedAtMs"})
+        return cls(_int(doc["target"], "switchover.target", 1, MAX_MEMBER_ID),
+                   _int(doc["requestedAtMs"], "switchover.requestedAtMs", 0, MAX_OFFSET))
+
+
+def _dump(doc: dict[str, Any]) -> bytes:
+    raw = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    assert len(raw) <= MAX_RECORD_BYTES, len(raw)
+    return raw
+
+
+def _load(raw: bytes, what: str, keys: set[str]) -> dict[str, Any]:
+    if not isinstance(raw, bytes | bytearray) or len(raw) > MAX_RECORD_BYTES:
+        raise RecordError(f"{what}: not a record of at most {MAX_RECORD_BYTES} bytes")
+    try:
+        doc = json.loads(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise RecordError(f"{what}: not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise RecordError(f"{what}: not a JSON object")
+    missing, extra = keys - doc.keys(), doc.keys() - keys
+    if missing or extra:
+        raise RecordError(f"{what}: missing {sorted(missing)}, unknown {sorted(extra)}")
+    return doc
+
+
+def _int(value: Any, field: str, lo: int, hi: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise RecordError(f"{field}: {value!r} is not an integer in {lo}..{hi}")
+    return value
+
+
+def _address(value: Any, field: str) -> str:
+    if not isinstance(value, str) or len(value) > MAX_ADDRESS_CHARS:
+        raise RecordError(f"{field}: not an address")
+    if value:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RecordError(f"{field}: {value!r} is not host:port")
+    return value
+
+
+# ---- election --------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MasterAlive:
+    """The master named in ``state`` still has a session: nothing to elect."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Elect:
+    """This broker wins: compare-and-set ``state`` to ``state`` (then serve as master)."""
+
+    state: GroupState
+    unclean: bool = False
+    lost_from: int = 0  # unclean: bytes [lost_from, lost_to) may be gone for good
+    lost_to: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Defer:
+    """Another live candidate ranks higher: it should win; wait and look again."""
+
+    to: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NoMaster:
+    """No member may lead; ``reason`` says why (status and logs show it)."""
+
+    reason: str
+
+
+ElectionDecision: TypeAlias = MasterAlive | Elect | Defer | NoMaster
+
+
+def rank_key(m: MemberRecord) -> tuple[int, int, int, int]:
+    """Best first: newest epoch, longest log, lowest priority number, lowest id."""
+    return (-m.last_epoch, -m.max_offset, m.priority, m.member_id)
+
+
+def decide_election(state: GroupState | None, live: Mapping[int, MemberRecord], me: int,
+                    unclean_enabled: bool, known_max_offset: int = 0) -> ElectionDecision:
+    """What member ``me`` should do about the group's master.
+
+    ``state`` None: the group has never had one (its first start): every live member is
+    eligible. ``known_max_offset``: the longest log any member was last seen with (for the
+    loss an unclean election reports)."""
+    if state is not None and state.master is not None and state.master in live:
+        return MasterAlive()
+    if me not in live:
+        return NoMaster(f"member {me} is not registered")
+    unclean = False
+    if state is None:
+        eligible = list(live.values())
+    else:
+        eligible = [m for m in live.values() if m.member_id in state.sync_state_set]
+        if not eligible:
+            if not unclean_enabled:
+                held = ", ".join(map(str, sorted(state.sync_state_set))) or "none"
+                return NoMaster(
+                    f"no live member of the SyncStateSet [{held}] to elect (live: "
+                    f"{', '.join(map(str, sorted(live))) or 'none'}); electing another could "
+                    "lose acknowledged messages: bring a member back, or set "
+                    "enableElectUncleanMaster")
+            eligible = list(live.values())
+            unclean = True
+    best = min(eligible, key=rank_key)
+    if best.member_id != me:
+        return Defer(best.member_id)
+    mine = live[me]
+    newest = max([mine.last_epoch, *(m.last_epoch for m in live.values())]
+                 + ([state.master_epoch] if state is not None else []))
+    epoch = ep.next_epoch(newest, me)
+    sss_epoch = state.sync_state_set_epoch + 1 if state is not None else 1
+    new = GroupState(me, epoch, mine.address, mine.ha_address, frozenset({me}), sss_epoch)
+    if unclean:
+        return Elect(new, True, mine.max_offset, max(mine.max_offset, known_max_offset))
+    return Elect(new)
+
+
+# ---- SyncStateSet upkeep ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SlaveProgress:
+    """One connected slave as the master's HA service sees it."""
+
+    member_id: int
+    ack_offset: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SetChange:
+    """Propose ``members`` (a removal, or an addition whose member holds ``confirm_offset``)."""
+
+    members: frozenset[int]
+    removed: frozenset[int]
+    added: frozenset[int]
+    reason: str
+
+
+class SyncStateSetKeeper:
+    """The master's view of who is caught up, and the one change it would make next.
+
+    ``observe`` is called every check interval (the HA service's timer) with the connected
+    slaves, the master's max offset and the offset acknowledged to clients so far. A member is
+    *caught up* at a check if its ack reached the master's max of the previous check (under a
+    steady load an active slave is always one round trip behind the current max)."""
+
+    def __init__(self, me: int, max_not_caught_up_ms: int):
+        self.me = me
+        self.max_not_caught_up_ms = max_not_caught_up_ms
+        self._caught_up_ms: dict[int, int] = {}
+        self._previous_max = 0
+
+    def observe(self, committed: frozenset[int], slaves: Sequence[SlaveProgress],
+                master_max: int, confirm_offset: int, epoch_start: int,
+                now_ms: int) -> SetChange | None:
+        acks = {s.member_id: s.ack_offset for s in slaves if s.member_id != self.me}
+        for member, ack in acks.items():
+            first_seen = member not in self._caught_up_ms
+            if first_seen or ack >= min(self._previous_max, master_max):
+                self._caught_up_ms[member] = now_ms
+        for gone in [m for m in self._caught_up_ms if m not in acks]:
+            del self._caught_up_ms[gone]
+        self._previous_max = master_max
+        removed = set()
+        reasons = []
+        for member in sorted(committed - {self.me}):
+            if member not in acks:
+                removed.add(member)
+                reasons.append(f"member {member} is not connected")
+            elif now_ms - self._caught_up_ms[member] > self.max_not_caught_up_ms:
+                removed.add(member)
+                reasons.append(f"member {member} has not caught up for "
+                               f"{now_ms - self._caught_up_ms[member]} ms (ack {acks[member]}, "
+                               f"master {master_max})")
+        if removed:
+            return SetChange(frozenset(committed - removed) | {self.me}, frozenset(removed),
+                             frozenset(), "; ".join(reasons))
+        for member in sorted(acks):
+            ack = acks[member]
+            if member not in committed and ack >= confirm_offset and ack >= epoch_start:
+                return SetChange(frozenset(committed | {member, self.me}), frozenset(),
+                                 frozenset({member}),
+                                 f"member {member} holds {ack} >= {confirm_offset} acknowledged")
+        return None
+
+
+# ---- the master's lease ----------------------------------------------------------------------
+class Lease:
+    """Writes are acknowledged only while ``fresh(now)``: within ``duration_ms`` of the start
+    of the last ZooKeeper write that succeeded in the session the master was elected in.
+    Monotonic seconds in, never the wall clock."""
+
+    def __init__(self, duration_ms: int):
+        if duration_ms <= 0:
+            raise ValueError(f"lease of {duration_ms} ms")
+        self.duration_s = duration_ms / 1000.0
+        self._confirmed_at = float("-inf")
+
+    def confirm(self, sent_at: float) -> None:
+        """A write sent at ``sent_at`` succeeded: the session was alive when it arrived."""
+        self._confirmed_at = max(self._confirmed_at, sent_at)
+
+    def expire(self) -> None:
+        self._confirmed_at = float("-inf")
+
+    def fresh(self, now: float) -> bool:
+        return now - self._confirmed_at < self.duration_s
+
+    def age_s(self, now: float) -> float | None:
+        """Seconds since the last confirmed write started (None: never confirmed)."""
+        return None if self._confirmed_at == float("-inf") else now - self._confirmed_at
