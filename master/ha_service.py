@@ -89,6 +89,7 @@ JOIN_TIMEOUT_S = 5.0
 RATE_SAMPLE_MS = 1000
 SNDHWM_SLACK = 64  # heartbeats and errors beyond the DATA frames of a full window
 SSS_CHECK_MS = 250  # controller mode: how often the SyncStateSet is looked at
+SSS_CONNECT_GRACE_MS = 2000  # members of the last term get this long to connect to a new one
 _SENT, _AGAIN, _GONE = "sent", "again", "gone"
 
 
@@ -148,7 +149,10 @@ class HaService:
         # controller mode: the SyncStateSet as committed, a change under way, its outcome
         self._sync_state = sync_state
         self._me = cfg.brokerId
-        self._keeper = cc.SyncStateSetKeeper(cfg.brokerId, cfg.haMaxTimeSlaveNotCatchup)
+        self._keeper = cc.SyncStateSetKeeper(
+            cfg.brokerId, cfg.haMaxTimeSlaveNotCatchup,
+            connect_grace_ms=min(SSS_CONNECT_GRACE_MS, cfg.haMaxTimeSlaveNotCatchup),
+            started_ms=int(clock() * 1000))
         self._committed: frozenset[int] = frozenset({cfg.brokerId})
         self._committed_epoch = -1
         self._pending: frozenset[int] | None = None

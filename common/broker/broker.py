@@ -47,6 +47,7 @@ log = logging.getLogger("replog.broker")
 DRAIN_TIMEOUT_S = 10.0
 OFFSET_PERSIST_INTERVAL_S = 1.0
 GROUP_PROBE_MS = 1500  # start-up: how long each of groupServers gets to answer status
+ORPHAN_AFTER_S = 2.0  # a slave not replicating this long looks for a newly promoted master
 MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
 
 
@@ -160,6 +161,7 @@ class Broker:
         # controller mode: ZooKeeper elects the master (common/broker/controller.py); role
         # changes come from its thread and from PROMOTE, one at a time
         self._role_lock = threading.RLock()
+        self._orphan_since: float | None = None  # a slave not replicating since (no controller)
         self._standby_reason = "waiting for the controller" if cfg.enableControllerMode else ""
         self.controller: Any = None
         if cfg.enableControllerMode:
@@ -384,6 +386,69 @@ class Broker:
                 self.offsets.persist()
             except OSError as e:
                 log_event(log, "offsets_persist_failed", logging.ERROR, error=str(e))
+            try:
+                self._follow_promoted_master()
+            except Exception as e:  # noqa: BLE001 - a failed probe is retried next round
+                log_event(log, "follow_probe_failed", logging.WARNING, error=repr(e))
+
+    def _follow_promoted_master(self) -> None:
+        """Without a controller: a slave that has not replicated for ``ORPHAN_AFTER_S`` asks
+        ``groupServers`` whether a master of a newer epoch exists (another slave was promoted
+        after its master died) and follows it at run time; no restart, no edited YAML."""
+        role = self.role
+        if (self.controller is not None or not self.cfg.groupServers or role is None
+                or role.name != "SLAVE"):
+            self._orphan_since = None
+            return
+        client = getattr(role, "ha_client", None)
+        status = client.status() if client is not None and hasattr(client, "status") else {}
+        now = time.monotonic()
+        if status.get("haState") == "TRANSFER":
+            self._orphan_since = None
+            return
+        if self._orphan_since is None:
+            self._orphan_since = now
+        if now - self._orphan_since < ORPHAN_AFTER_S:
+            return
+        found = self._newer_group_master()
+        if found is None:
+            return
+        epoch, address, ha_address = found
+        with self._role_lock:
+            if self.role is not role:
+                return  # promoted (or re-pointed) meanwhile
+            log_event(log, "broker_follows_promoted_master", master=address, ha=ha_address,
+                      master_epoch=epoch, own_epoch=self.epoch(),
+                      previous=self.cfg.haMasterAddress)
+            role.stop()
+            self.cfg.haMasterAddress = ha_address
+            new_role = self.role_factory("SLAVE", self)
+            new_role.start()
+            self.role = new_role
+            self._orphan_since = None
+
+    def _newer_group_master(self) -> tuple[int, str, str] | None:
+        """(epoch, client address, HA address) of the master of the newest epoch among
+        ``groupServers``, if it is newer than this store's and not the one followed now."""
+        from common.client import Admin
+
+        own = self.epoch()
+        me = {self.cfg.client_address, f"127.0.0.1:{self.cfg.listenPort}"}
+        peers = [a for a in split_addresses(self.cfg.groupServers) if a not in me]
+        best: tuple[int, str, str] | None = None
+        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0) as admin:
+            for address in peers:
+                try:
+                    doc = admin.status(address)
+                except BrokerError:
+                    continue
+                epoch = doc.get("epoch")
+                if (doc.get("role") in MASTER_ROLES and isinstance(epoch, int) and epoch > own
+                        and doc.get("haAddress") and (best is None or epoch > best[0])):
+                    best = (epoch, address, str(doc["haAddress"]))
+        if best is None or best[2] == self.cfg.haMasterAddress:
+            return None
+        return best
 
     def _start_metrics(self) -> None:
         if not self.cfg.metricsPort:
@@ -519,6 +584,10 @@ class Broker:
     def _promote(self, req: Request, target: str) -> Response:
         if self.controller is not None:
             return self._switchover(req)
+        with self._role_lock:
+            return self._promote_locked(req, target)
+
+    def _promote_locked(self, req: Request, target: str) -> Response:
         current = self.role
         if current is not None and current.name != "SLAVE":
             return reply(req, fields=self.status(), remark=f"already {current.name}")

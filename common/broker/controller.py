@@ -272,7 +272,7 @@ class Controller:
                 self._handle(kind, payload)
             except Exception as e:  # noqa: BLE001 - a ZooKeeper or role error: retry next pass
                 self._last_error = repr(e)
-                log_event(log, "controller_pass_failed", logging.WARNING, event=kind,
+                log_event(log, "controller_pass_failed", logging.WARNING, during=kind,
                           error=repr(e))
                 self._poll_due = 0.0
                 self._stop.wait(0.2)
@@ -660,8 +660,10 @@ class Controller:
                 return
             record = self.members[ask.target]
             epoch = cc.ep.next_epoch(max(state.master_epoch, record.last_epoch), ask.target)
+            # every member holds all that was acknowledged, and this master, fenced, holds no
+            # more than the target: the set stays whole (an election shrinks it to the winner)
             new = GroupState(ask.target, epoch, record.address, record.ha_address,
-                             frozenset({ask.target}), state.sync_state_set_epoch + 1)
+                             state.sync_state_set, state.sync_state_set_epoch + 1)
             if self._commit_switchover(new, version):
                 self.stats.switchovers += 1
                 log_event(log, "controller_switchover", target=ask.target, epoch=epoch,

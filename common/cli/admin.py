@@ -167,3 +167,74 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 
+
+
+def controller_groups(statuses: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per broker group from the brokers' status answers: the controller's view
+    (RocketMQ's ``getSyncStateSet`` and ``getBrokerEpoch``) as its members see it."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for address, st in statuses.items():
+        key = (str(st.get("brokerClusterName", "")), str(st.get("brokerName", "")))
+        ctl = st.get("controller") or {}
+        row = groups.setdefault(key, {
+            "cluster": key[0], "group": key[1], "controller": bool(ctl.get("enabled")),
+            "master": "", "masterId": None, "epoch": 0, "syncStateSet": [],
+            "syncStateSetEpoch": 0, "noMasterReason": "", "members": {}, "answered": []})
+        row["answered"].append(address)
+        if ctl.get("enabled"):
+            if int(ctl.get("masterEpoch") or 0) >= row["epoch"]:
+                row.update(master=ctl.get("masterAddress", ""), masterId=ctl.get("masterId"),
+                           epoch=int(ctl.get("masterEpoch") or 0),
+                           syncStateSet=list(ctl.get("syncStateSet") or []),
+                           syncStateSetEpoch=int(ctl.get("syncStateSetEpoch") or 0),
+                           noMasterReason=ctl.get("noMasterReason", ""))
+            for mid, rec in (ctl.get("members") or {}).items():
+                row["members"][str(mid)] = {
+                    "id": int(mid), "address": rec.get("address"), "role": rec.get("role"),
+                    "lastEpoch": rec.get("last_epoch"), "maxOffset": rec.get("max_offset"),
+                    "confirmOffset": rec.get("confirm_offset"),
+                    "inSyncStateSet": int(mid) in (ctl.get("syncStateSet") or [])}
+        elif st.get("role") in ("SYNC_MASTER", "ASYNC_MASTER") and \
+                int(st.get("epoch") or 0) >= row["epoch"]:
+            row.update(master=address, epoch=int(st.get("epoch") or 0))
+    out = []
+    for row in groups.values():
+        row["members"] = sorted(row["members"].values(), key=lambda m: m["id"])
+        out.append(row)
+    return sorted(out, key=lambda r: (r["cluster"], r["group"]))
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    """``replog controller status``: one row per broker group, from any of its brokers."""
+    statuses: dict[str, dict[str, Any]] = {}
+    with Admin(args.servers, timeout_ms=args.timeout_ms, retries=0) as admin:
+        asked = list(admin.servers)
+        for address in asked:
+            try:
+                st = admin.status(address)
+            except BrokerError:
+                continue
+            statuses[address] = st
+            for rec in ((st.get("controller") or {}).get("members") or {}).values():
+                peer = rec.get("address") if isinstance(rec, dict) else None
+                if isinstance(peer, str) and peer and peer not in asked and len(asked) < 256:
+                    asked.append(peer)  # every member reports itself: ask the rest too
+    if not statuses:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"no broker answered at {args.servers}",
+                          True)
+    groups = controller_groups(statuses)
+    if args.json:
+        emit_json({"groups": groups})
+        return EXIT_OK
+    table = Table(title="broker groups")
+    for col in ("group", "master", "epoch", "SyncStateSet", "members (id role maxOffset)"):
+        table.add_column(col)
+    for g in groups:
+        members = "; ".join(f"{m['id']} {m['role']} {m['maxOffset']}"
+                            + ("" if m["inSyncStateSet"] else " (out)")
+                            for m in g["members"])
+        master = g["master"] or f"none: {g['noMasterReason'] or 'not elected'}"
+        table.add_row(f"{g['cluster']}/{g['group']}", master, str(g["epoch"]),
+                      ",".join(map(str, g["syncStateSet"])), members)
+    out.print(table)
+    return EXIT_OK

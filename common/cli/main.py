@@ -136,8 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="only this group")
 
     _client(sub, "status", "one broker's state")
-    p = _client(sub, "promote", "turn the slave at -s into the master")
+    p = _client(sub, "promote", "turn the slave at -s into the master "
+                "(controller mode: a planned switchover to it)")
     p.add_argument("--role", choices=["SYNC_MASTER", "ASYNC_MASTER"], default="SYNC_MASTER")
+    p = _client(sub, "controller", "the controller's view: master, epoch, SyncStateSet")
+    p.add_argument("action", choices=["status"])
     return parser
 
 
@@ -160,6 +163,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "dlq": consumers.cmd_dlq,
     "status": admin.cmd_status,
     "promote": admin.cmd_promote,
+    "controller": admin.cmd_controller,
     "cluster": cluster.cmd_cluster,
 }
 

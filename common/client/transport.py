@@ -42,6 +42,10 @@ DEFAULT_TIMEOUT_MS = 10_000
 DEFAULT_SPIN_US = 300  # call_sync polls without sleeping this long while answers come sooner
 RECV_BURST = 1024  # messages read from one socket before looking at the others
 LOST_CHECK_MS = 100  # a blocking call looks for a dropped connection this often
+# a blocking call sent while its socket's connection is down waits this long for a reconnect,
+# then ends (ConnectionLostError: retriable, outcome unknown), so a client moves on from a
+# killed broker (a failover) in a second, not at the call's deadline
+DOWN_WAIT_S = 1.0
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
 # Answers meaning "stored, but no slave confirmed it": a reason to ask the group again who leads.
 DEGRADED_CODES = frozenset({ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE})
@@ -237,7 +241,8 @@ class Transport:
         sock = self._direct_socket(address)
         self._connection_dropped(sock)  # forget drops before this request: it was not on them
         opaque = next(self._opaques)
-        deadline = time.monotonic() + timeout_ms / 1000.0
+        started = time.monotonic()
+        deadline = started + timeout_ms / 1000.0
         frames = encode_request(code, opaque, fields, bodies)
         send_frames(sock, frames)  # never Again: no HWM, and queued until connected
         sent = time.perf_counter()
@@ -253,7 +258,8 @@ class Transport:
                 self._drop_direct_socket(address, sock)
                 raise ClientTimeoutError(address, timeout_ms)
             if not sock.poll(min(left_ms, LOST_CHECK_MS)):
-                if self._connection_dropped(sock):
+                if self._connection_dropped(sock) or (
+                        self._is_down(sock) and time.monotonic() - started > DOWN_WAIT_S):
                     self._drop_direct_socket(address, sock)
                     raise ConnectionLostError(address)
                 continue
@@ -304,7 +310,8 @@ class Transport:
                 if self._stop.is_set():  # close() has run: it would never close this one
                     raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
                 sock = new_dealer(self._ctx, address, blocking_call=True)
-                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED
+                                                  | zmq.EVENT_HANDSHAKE_SUCCEEDED)
                 self._direct.append(sock)
                 self._direct_monitors[sock] = monitor
             sockets[address] = sock
@@ -328,8 +335,25 @@ class Transport:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 break
-            dropped = dropped or event["event"] == zmq.EVENT_DISCONNECTED
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                dropped = True
+                self._down(sock, True)
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._down(sock, False)
         return dropped
+
+    def _down(self, sock: zmq.Socket[bytes], down: bool) -> None:
+        downs: set[zmq.Socket[bytes]] = getattr(self._local, "down", None) or set()
+        self._local.down = downs
+        if down:
+            downs.add(sock)
+        else:
+            downs.discard(sock)
+
+    def _is_down(self, sock: zmq.Socket[bytes]) -> bool:
+        """The thread's socket lost its connection and has not made a new one since."""
+        downs = getattr(self._local, "down", None)
+        return downs is not None and sock in downs
 
     def _drop_direct_socket(self, address: str, sock: zmq.Socket[bytes]) -> None:
         """Close the calling thread's socket to ``address`` (LINGER 0: a request still queued
@@ -338,6 +362,7 @@ class Transport:
         if sockets.get(address) is sock:
             del sockets[address]
         self._local.monitors.pop(sock, None)
+        self._down(sock, False)
         with self._direct_lock:
             if sock in self._direct:
                 self._direct.remove(sock)

@@ -19,8 +19,11 @@ Rules (RocketMQ 5's controller, Kafka's ISR, Patroni; ``docs/guarantees.md``):
   expired) or ``state`` names no master: only live members of the SyncStateSet are eligible,
   ranked by last epoch, then max offset (both descending), then ``brokerElectionPriority`` and
   id (ascending). The winner opens a new epoch numbered after every epoch the group has seen
-  (``epochs.next_epoch``, which also names the winner in its low bits) and a SyncStateSet of
-  itself. With no eligible member there is no master, unless ``enableElectUncleanMaster``: then
+  (``epochs.next_epoch``, which also names the winner in its low bits). Its SyncStateSet is
+  itself and the live members of the old one: each holds every acknowledged message, and a put
+  of the new term counts a member's ack only once it holds that put, so keeping them is safe,
+  and it spares clients a burst of SLAVE_NOT_AVAILABLE while they re-point (a member that does
+  not connect within the keeper's grace leaves). RocketMQ 5 starts from the winner alone. With no eligible member there is no master, unless ``enableElectUncleanMaster``: then
   the best live member wins and the bytes it may lack are reported as a range.
 * **SyncStateSet upkeep** (``SyncStateSetKeeper``, run by the master): a member not heard
   from, or not caught up for ``haMaxTimeSlaveNotCatchup``, leaves; a connected slave whose ack
@@ -282,10 +285,11 @@ def decide_election(state: GroupState | None, live: Mapping[int, MemberRecord], 
                  + ([state.master_epoch] if state is not None else []))
     epoch = ep.next_epoch(newest, me)
     sss_epoch = state.sync_state_set_epoch + 1 if state is not None else 1
-    new = GroupState(me, epoch, mine.address, mine.ha_address, frozenset({me}), sss_epoch)
     if unclean:
+        new = GroupState(me, epoch, mine.address, mine.ha_address, frozenset({me}), sss_epoch)
         return Elect(new, True, mine.max_offset, max(mine.max_offset, known_max_offset))
-    return Elect(new)
+    kept = frozenset(m for m in state.sync_state_set if m in live) if state else frozenset()
+    return Elect(GroupState(me, epoch, mine.address, mine.ha_address, kept | {me}, sss_epoch))
 
 
 # ---- SyncStateSet upkeep ---------------------------------------------------------------------
@@ -315,9 +319,12 @@ class SyncStateSetKeeper:
     *caught up* at a check if its ack reached the master's max of the previous check (under a
     steady load an active slave is always one round trip behind the current max)."""
 
-    def __init__(self, me: int, max_not_caught_up_ms: int):
+    def __init__(self, me: int, max_not_caught_up_ms: int, connect_grace_ms: int = 0,
+                 started_ms: int = 0):
         self.me = me
         self.max_not_caught_up_ms = max_not_caught_up_ms
+        # a member kept from the last term has this long to connect to the new master
+        self.connect_grace_until_ms = started_ms + connect_grace_ms
         self._caught_up_ms: dict[int, int] = {}
         self._previous_max = 0
 
@@ -336,6 +343,8 @@ class SyncStateSetKeeper:
         reasons = []
         for member in sorted(committed - {self.me}):
             if member not in acks:
+                if now_ms < self.connect_grace_until_ms:
+                    continue  # re-pointing to this new master: its puts wait meanwhile
                 removed.add(member)
                 reasons.append(f"member {member} is not connected")
             elif now_ms - self._caught_up_ms[member] > self.max_not_caught_up_ms:

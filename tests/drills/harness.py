@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from broker_harness import BrokerProcess, free_port, run_cli
+from controller_harness import controller_fields, wait_master
 from replication_harness import Relay, commitlog_digest, stop_process, wait_for
 
 from common.client import ClientTimeoutError, Consumer, Producer
@@ -430,6 +431,32 @@ class Node:
         assert self.proc is not None and self.proc.proc is not None
         return self.proc.proc.pid
 
+    def start_controlled(self, controller_addr: str, role: str = "SYNC_MASTER",
+                         **extra: Any) -> None:
+        """Start in controller mode: ZooKeeper picks the role; ``role`` is the mode it runs
+        as master; the node's slave id is its member id."""
+        fields = {**self.fields, **controller_fields(controller_addr, self.slave_id, role),
+                  **extra}
+        fields.pop("brokerRole")
+        proc = BrokerProcess(self.home, self.extra_env, listenPort=self.port, brokerRole=role,
+                             **fields)
+        self.drill.procs.append(proc)
+        self.proc = proc
+        proc.start()
+        self.drill.history.fault("start", node=self.name, role="controlled", pid=proc.pid)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.proc is not None \
+            and self.proc.proc.poll() is None
+
+    def try_status(self) -> dict[str, Any] | None:
+        if not self.alive():
+            return None
+        try:
+            return self.status()
+        except BrokerError:
+            return None
+
     def start(self, role: str, master: Node | None = None, ha_address: str | None = None) -> None:
         fields = dict(self.fields)
         if role == "SLAVE":
@@ -537,6 +564,11 @@ class Drill:
         )
         self.faults.append(fault)
         return doc
+
+    def wait_controller_master(self, nodes: list[Node], timeout_s: float = 30.0) -> Node:
+        """The node the controller elected, once the live ``nodes`` all follow it."""
+        index, _ = wait_master(lambda: [n.try_status() for n in nodes], timeout_s)
+        return nodes[index]
 
     def start_group(self, master: Node, role: str, *slaves: Node) -> None:
         """``master`` in ``role``, ``slaves`` replicating from it, at least one in sync."""

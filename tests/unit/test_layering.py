@@ -188,8 +188,8 @@ def test_an_import_cycle_is_reported() -> None:
     sources = {
         "common.store.a": ("from common.store import b\n", False),
         "common.store.b": ("import common.store.a\n", False),
-        "common.store.c": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                           "    from common.store import a\n", False),
+        "common.store.c": (("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                            "    from common.store import a\n"), False),
     }
     problems = check(sources)
     assert problems == ["import cycle: common.store.a -> common.store.b -> common.store.a"]

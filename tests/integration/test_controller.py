@@ -1,0 +1,366 @@
+"""Controller mode on a real ZooKeeper with real broker processes (docs/operations.md,
+"Automatic failover"): election, the SyncStateSet, fencing when cut off from ZooKeeper, unclean
+elections, short session blips, an ensemble losing a node, clients that follow the controller,
+and (without a controller) slaves that follow a promoted master."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Self
+
+import pytest
+from broker_harness import BrokerProcess, free_port, run_cli
+from controller_harness import (
+    SESSION_MS,
+    chroot,
+    controller_fields,
+    master_of,
+    running_zookeeper,
+    wait_master,
+    wait_sync_state_set,
+)
+from replication_harness import Relay, stop_process, wait_for
+
+from common.client import Admin, Consumer, Producer
+from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+
+pytestmark = pytest.mark.integration
+
+
+class Group:
+    """Brokers in controller mode, stopped by pid on the way out."""
+
+    def __init__(self, tmp: Path, controller: str | list[str], size: int = 3,
+                 role: str = "SYNC_MASTER", **fields: Any):
+        addrs = controller if isinstance(controller, list) else [controller] * size
+        self.procs = [
+            BrokerProcess(tmp / f"b{i + 1}", **controller_fields(addrs[i], i + 1, role, **fields))
+            for i in range(size)
+        ]
+
+    def __enter__(self) -> Self:
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            if p.proc is not None and p.proc.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+            p.close()
+
+    def statuses(self) -> list[dict[str, Any] | None]:
+        out: list[dict[str, Any] | None] = []
+        for p in self.procs:
+            if p.proc is None or p.proc.poll() is not None:
+                out.append(None)
+                continue
+            try:
+                with Admin([p.address], timeout_ms=1000, retries=0) as a:
+                    out.append(a.status(p.address))
+            except BrokerError:
+                out.append(None)
+        return out
+
+    def master(self, timeout_s: float = 30.0) -> BrokerProcess:
+        index, _ = wait_master(self.statuses, timeout_s)
+        return self.procs[index]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [p.address for p in self.procs]
+
+
+def _send(addresses: list[str], n: int, tag: str, **kw: Any) -> list[Any]:
+    with Producer(addresses, timeout_ms=5000, retries=0, **kw) as p:
+        return [p.send("t", f"{tag}-{i}".encode(), queue_id=0) for i in range(n)]
+
+
+@pytest.mark.timeout(120)
+def test_the_group_elects_a_master_fills_the_set_and_shows_it(tmp_path: Path) -> None:
+    with running_zookeeper(tmp_path / "zk") as zk, Group(tmp_path, zk.hosts + chroot()) as g:
+        master = g.master()
+        st = wait_sync_state_set(master.status, {1, 2, 3})
+        assert st["brokerId"] == 0 and st["controller"]["leaseFresh"]
+        assert st["controller"]["leaseAgeMs"] < SESSION_MS
+        assert all(r.status == SendStatus.SEND_OK for r in _send(g.addresses, 10, "a"))
+        slaves = [p for p in g.procs if p is not master]
+        assert {p.status()["brokerId"] for p in slaves} == {
+            int(p.cfg.brokerId) for p in slaves}
+        code, doc = run_cli("controller", "status", "-s", slaves[0].address)
+        assert code == 0, doc
+        row = doc["groups"][0]
+        assert row["master"] == master.address and row["syncStateSet"] == [1, 2, 3]
+        assert len(row["members"]) == 3 and row["epoch"] == st["epoch"]
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_master_is_replaced_the_other_follows_and_it_rejoins(tmp_path: Path) -> None:
+    with running_zookeeper(tmp_path / "zk") as zk, Group(tmp_path, zk.hosts + chroot()) as g:
+        master = g.master()
+        wait_sync_state_set(master.status, {1, 2, 3})
+        acked = [r for r in _send(g.addresses, 30, "before") if r.status == SendStatus.SEND_OK]
+        assert len(acked) == 30
+        old_epoch = master.status()["epoch"]
+        killed_at = time.monotonic()
+        os.kill(master.pid, signal.SIGKILL)
+        master.proc.wait(10)  # type: ignore[union-attr]
+        new = g.master()
+        elected_s = time.monotonic() - killed_at
+        assert new is not master and new.status()["epoch"] > old_epoch
+        assert elected_s < SESSION_MS / 1000 + 5, elected_s
+        assert all(r.status == SendStatus.SEND_OK for r in _send(g.addresses, 10, "after"))
+        master.start()
+        assert g.master() is new  # the old master rejoined as a slave of the new one
+        wait_sync_state_set(new.status, {1, 2, 3})
+        with Consumer(g.addresses) as c:
+            bodies = [m.body for m in c.pull("t", 0, 0, 100).messages]
+        assert [b.decode() for b in bodies[:30]] == [f"before-{i}" for i in range(30)]
+
+
+@pytest.mark.timeout(180)
+def test_a_stopped_slave_leaves_the_set_and_sync_writes_resume(tmp_path: Path) -> None:
+    """It leaves (committed in ZooKeeper) after haMaxTimeSlaveNotCatchup, SEND_OK comes back,
+    and it joins again only once it caught up."""
+    with running_zookeeper(tmp_path / "zk") as zk, Group(tmp_path, zk.hosts + chroot()) as g:
+        master = g.master()
+        wait_sync_state_set(master.status, {1, 2, 3})
+        lagging = next(p for p in g.procs if p is not master)
+        member = int(lagging.cfg.brokerId)
+        held = lagging.status()["maxPhyOffset"]
+        stop_process(lagging.pid)
+        stopped = time.monotonic()
+        others = {1, 2, 3} - {member}
+        wait_sync_state_set(master.status, others, timeout_s=30)
+        left_after = time.monotonic() - stopped
+        assert left_after >= 1.0  # not at the first slow ack: after the catch-up timeout
+        results = _send(g.addresses, 20, "without")
+        assert [r.status for r in results] == [SendStatus.SEND_OK] * 20
+        top = master.status()["maxPhyOffset"]
+        assert top > held
+        os.kill(lagging.pid, signal.SIGCONT)
+        wait_sync_state_set(master.status, {1, 2, 3}, timeout_s=30)
+        # no write since: it joined only holding all of them
+        assert lagging.status()["maxPhyOffset"] == top
+
+
+@pytest.mark.timeout(180)
+def test_a_master_cut_off_from_zookeeper_stops_writing_before_another_is_elected(
+        tmp_path: Path) -> None:
+    """The master reaches its slaves but not ZooKeeper (a relay in front of ZooKeeper drops
+    every byte): its lease runs out and it refuses writes before ZooKeeper expires its
+    session, so there are never two writable masters; nothing acknowledged is lost."""
+    with running_zookeeper(tmp_path / "zk") as zk:
+        root = chroot()
+        port = int(zk.hosts.rsplit(":", 1)[1])
+        relays = [Relay(port) for _ in range(3)]
+        try:
+            with Group(tmp_path, [f"127.0.0.1:{r.port}{root}" for r in relays]) as g:
+                master = g.master()
+                wait_sync_state_set(master.status, {1, 2, 3})
+                index = g.procs.index(master)
+                acked = _send(g.addresses, 20, "before")
+                assert all(r.status == SendStatus.SEND_OK for r in acked)
+                relays[index].blackhole()
+                cut = time.monotonic()
+                # pinned to the cut-off master: refused once its lease is stale
+                refused_at = None
+                writable: list[tuple[float, str]] = []
+                with Producer([master.address], timeout_ms=2000, retries=0) as p:
+                    p._cluster._master = master.address
+                    while time.monotonic() - cut < SESSION_MS / 1000 + 8:
+                        statuses = g.statuses()
+                        serving = [s["address"] for s in statuses if s is not None
+                                   and s["role"] in ("SYNC_MASTER", "ASYNC_MASTER")
+                                   and s["controller"]["isMaster"]
+                                   and s["controller"]["leaseFresh"]]
+                        if len(serving) > 1:
+                            writable.append((time.monotonic() - cut, ",".join(serving)))
+                        if refused_at is None:
+                            try:
+                                r = p.send("t", b"probe", queue_id=0)
+                                assert r.status != SendStatus.SEND_OK or \
+                                    time.monotonic() - cut < SESSION_MS / 1000
+                            except BrokerError as e:
+                                if e.code == ResponseCode.SERVICE_NOT_AVAILABLE:
+                                    refused_at = time.monotonic() - cut
+                        others = [s for i, s in enumerate(statuses) if i != index]
+                        if refused_at is not None and master_of(others) is not None:
+                            break
+                        time.sleep(0.05)
+                assert refused_at is not None and refused_at < SESSION_MS / 1000, refused_at
+                assert not writable, writable
+                others = [p for p in g.procs if p is not master]
+                index2, _ = wait_master(lambda: [
+                    s if i != index else None for i, s in enumerate(g.statuses())], 30)
+                new = g.procs[index2]
+                assert new is not master
+                relays[index].heal()
+                assert g.master(30) is new  # the old one follows once it hears ZooKeeper
+                with Consumer([new.address]) as c:
+                    got = {m.body for m in c.pull("t", 0, 0, 200).messages}
+                assert {f"before-{i}".encode() for i in range(20)} <= got
+                del others
+        finally:
+            for r in relays:
+                r.close()
+
+
+@pytest.mark.timeout(180)
+def test_short_zookeeper_blips_change_no_epoch(tmp_path: Path) -> None:
+    """Connection drops shorter than the session timeout: the session survives, no election."""
+    with running_zookeeper(tmp_path / "zk") as zk:
+        root = chroot()
+        port = int(zk.hosts.rsplit(":", 1)[1])
+        relays = [Relay(port) for _ in range(3)]
+        try:
+            with Group(tmp_path, [f"127.0.0.1:{r.port}{root}" for r in relays]) as g:
+                master = g.master()
+                epoch = master.status()["epoch"]
+                for _ in range(3):
+                    for r in relays:
+                        r.blackhole()
+                    time.sleep(SESSION_MS / 1000 / 4)  # the blip itself: a quarter session
+                    for r in relays:
+                        r.heal()
+                    assert g.master(30) is master
+                assert [s["epoch"] for s in g.statuses() if s] == [epoch] * 3
+                st = master.status()["controller"]
+                assert st["stats"]["elections_won"] == 1 and st["stats"]["session_losses"] == 0
+        finally:
+            for r in relays:
+                r.close()
+
+
+@pytest.mark.timeout(180)
+def test_only_a_lagging_non_member_alive_elects_nobody_unless_unclean(tmp_path: Path) -> None:
+    with running_zookeeper(tmp_path / "zk") as zk:
+        for unclean in (False, True):
+            root = chroot()
+            with Group(tmp_path / f"u{int(unclean)}", zk.hosts + root, size=2,
+                       enableElectUncleanMaster=unclean) as g:
+                master = g.master()
+                slave = next(p for p in g.procs if p is not master)
+                wait_sync_state_set(master.status, {1, 2})
+                stop_process(slave.pid)
+                wait_sync_state_set(master.status, {int(master.cfg.brokerId)}, timeout_s=30)
+                # the master alone acknowledges what inSyncReplicas 1 allows; the slave lacks it
+                with Producer([master.address], timeout_ms=3000, retries=0) as p:
+                    for i in range(10):
+                        p.send("t", f"alone-{i}".encode(), queue_id=0)
+                os.kill(master.pid, signal.SIGKILL)
+                master.proc.wait(10)  # type: ignore[union-attr]
+                os.kill(slave.pid, signal.SIGCONT)
+                if not unclean:
+                    def refused(slave: BrokerProcess = slave) -> dict[str, Any] | None:
+                        st = slave.status()
+                        reason = st["controller"]["noMasterReason"]
+                        return st if "SyncStateSet" in reason else None
+
+                    st = wait_for(refused, SESSION_MS / 1000 + 20, "no master, with a reason")
+                    assert st["role"] == "SLAVE"
+                    assert "enableElectUncleanMaster" in st["controller"]["noMasterReason"]
+                    with pytest.raises(BrokerError):
+                        _send([slave.address], 1, "x")
+                else:
+                    assert g.master(SESSION_MS / 1000 + 20) is slave
+                    log = (slave.home / "broker.log").read_text()
+                    assert "controller_unclean_election" in log and "lost_bytes=" in log
+
+
+@pytest.mark.timeout(180)
+def test_a_three_node_ensemble_losing_a_node_keeps_the_group_working(tmp_path: Path) -> None:
+    with running_zookeeper(tmp_path / "zk", size=3) as zk, \
+            Group(tmp_path, zk.hosts + chroot()) as g:
+        master = g.master()
+        wait_sync_state_set(master.status, {1, 2, 3})
+        zk.nodes[0].kill()
+        for round_ in range(3):
+            assert all(r.status == SendStatus.SEND_OK
+                       for r in _send(g.addresses, 10, f"r{round_}"))
+            time.sleep(SESSION_MS / 1000)  # sessions must outlive the lost node
+        assert g.master() is master
+        assert master.status()["controller"]["stats"]["session_losses"] == 0
+        os.kill(master.pid, signal.SIGKILL)  # and a failover still works on two nodes
+        master.proc.wait(10)  # type: ignore[union-attr]
+        assert g.master(30) is not master
+
+
+@pytest.mark.timeout(180)
+def test_clients_find_the_master_from_a_slave_and_read_from_slaves_meanwhile(
+        tmp_path: Path) -> None:
+    """A client given only a slave's address finds the master; a consumer reads from a slave
+    while no master answers and commits are kept until one does."""
+    with running_zookeeper(tmp_path / "zk") as zk, Group(tmp_path, zk.hosts + chroot()) as g:
+        master = g.master()
+        wait_sync_state_set(master.status, {1, 2, 3})
+        slave = next(p for p in g.procs if p is not master)
+        assert all(r.status == SendStatus.SEND_OK for r in _send([slave.address], 20, "m"))
+        with Consumer([slave.address], group="g1", timeout_ms=3000, retries=0) as c:
+            pr = c.pull("t", 0, 0, 10)
+            assert pr.status == PullStatus.FOUND and len(pr.messages) == 10
+            c.commit_offset("t", 0, 10)
+            os.kill(master.pid, signal.SIGKILL)
+            master.proc.wait(10)  # type: ignore[union-attr]
+            killed = time.monotonic()
+            got_at = None
+            errors: list[str] = []
+            while time.monotonic() - killed < SESSION_MS / 1000:
+                try:
+                    pr = c.pull("t", 0, 10, 10)
+                except BrokerError as e:
+                    errors.append(f"{time.monotonic() - killed:.2f} {e!r}")
+                    continue
+                if pr.status == PullStatus.FOUND and got_at is None:
+                    got_at = time.monotonic() - killed
+                    c.commit_offset("t", 0, 15)
+            assert got_at is not None and got_at < 3.0, (got_at, errors[:10])
+            new = g.master()
+            assert c.fetch_offset("t", 0) == 15
+            assert c.unsent_commits == {("t", 0): 15}  # kept while no master answered
+            wait_for(c.flush_commits, 10, "the kept commit to reach the new master")
+            assert c.unsent_commits == {}
+        with Consumer([new.address], group="g1") as c2:
+            assert c2.fetch_offset("t", 0) == 15  # the commit made meanwhile reached the master
+
+
+@pytest.mark.timeout(180)
+def test_without_a_controller_promote_leaves_no_orphan_slave(tmp_path: Path) -> None:
+    """Master M, slaves A and B. M dies, A is promoted: B follows A at run time (it asks
+    groupServers), so SYNC sends to A answer SEND_OK without any YAML edited or restart."""
+    ports = [free_port() for _ in range(3)]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+
+    def group(i: int) -> str:
+        return ",".join(a for j, a in enumerate(addrs) if j != i)
+
+    common = {"slaveTimeout": 1000, "haSendHeartbeatInterval": 200,
+              "haHousekeepingInterval": 2000}
+    m = BrokerProcess(tmp_path / "m", listenPort=ports[0], brokerRole="SYNC_MASTER",
+                      groupServers=group(0), **common)
+    a = BrokerProcess(tmp_path / "a", listenPort=ports[1], brokerRole="SLAVE", brokerId=1,
+                      haMasterAddress=f"127.0.0.1:{ports[0] + 1}", groupServers=group(1),
+                      **common)
+    b = BrokerProcess(tmp_path / "b", listenPort=ports[2], brokerRole="SLAVE", brokerId=2,
+                      haMasterAddress=f"127.0.0.1:{ports[0] + 1}", groupServers=group(2),
+                      **common)
+    try:
+        for p in (m, a, b):
+            p.start()
+        wait_for(lambda: sum(s["inSync"] for s in m.status()["slaves"]) == 2, 30, "2 slaves")
+        assert all(r.status == SendStatus.SEND_OK for r in _send(addrs, 10, "m"))
+        os.kill(m.pid, signal.SIGKILL)
+        m.proc.wait(10)  # type: ignore[union-attr]
+        with Admin([a.address], timeout_ms=15_000, retries=0) as admin:
+            assert admin.promote(a.address)["role"] == "SYNC_MASTER"
+        wait_for(lambda: b.status()["haMasterAddress"] == f"127.0.0.1:{ports[1] + 1}", 30,
+                 "B to follow the promoted A")
+        wait_for(lambda: any(s["inSync"] for s in a.status()["slaves"]), 30, "B in sync")
+        assert all(r.status == SendStatus.SEND_OK for r in _send([a.address], 10, "a"))
+        assert "broker_follows_promoted_master" in (b.home / "broker.log").read_text()
+    finally:
+        for p in (m, a, b):
+            p.close()
