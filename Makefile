@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv bench lint clean
+.PHONY: run test venv bench lint clean zookeeper
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,11 +15,27 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-run: $(STAMP)
+# The local group runs in controller mode on a ZooKeeper child process (Debian's package). As
+# root it is installed when missing; otherwise this says what to install and the demo runs the
+# group without the controller (`replog cluster up --no-controller`).
+ZK_JAR := /usr/share/java/zookeeper.jar
+zookeeper:
+	@if [ ! -f $(ZK_JAR) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing ZooKeeper (Debian's package) for the controller"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends zookeeper >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends zookeeper >/dev/null; }; \
+	  else \
+	    echo "ZooKeeper is not installed: as root, run 'apt-get install -y zookeeper' to get the controller;"; \
+	    echo "running the group without it (replog cluster up --no-controller)"; \
+	  fi; \
+	fi
+
+run: $(STAMP) zookeeper
 	$(BIN)/python -m common.cli.demo
 
 # Died of a signal (status >= 128): name the test and the thread that crashed (tests/conftest.py).
-test: $(STAMP)
+test: $(STAMP) zookeeper
 	$(BIN)/python -m pytest -q tests || { rc=$$?; [ $$rc -lt 128 ] || $(BIN)/python tests/fatal_report.py $$rc; exit $$rc; }
 
 bench: $(STAMP)

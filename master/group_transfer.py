@@ -115,10 +115,6 @@ class GroupTransfer:
     def pending(self) -> int:
         return self._core.pending + len(self._awaiting_flush)
 
-    @property
-    def confirmed_offset(self) -> int:
-        """The highest offset whose puts were (or would now be) answered SEND_OK."""
-        return max(self._quorum, self._core.acked_offset)
 
     # ---- reports (any thread) ----------------------------------------------------------------
     def report_quorum(self, quorum_offset: int) -> None:

@@ -42,9 +42,12 @@ put completes once *every* member but the master holds it (``MasterCore.acked_of
 answers SLAVE_NOT_AVAILABLE at once while the set, counting the master, is smaller than
 ``inSyncReplicas``. Every ``SSS_CHECK_MS`` the timer asks ``SyncStateSetKeeper`` whether a
 member should leave (not connected, or not caught up for ``haMaxTimeSlaveNotCatchup``) or a
-slave join (its ack holds what was acknowledged to clients); the change goes to the controller
-as a compare-and-set and counts only once committed. While it is pending, acks count against
-both sets: a joining member is waited for at once, a leaving one until ZooKeeper has it. A
+slave join; the change goes to the controller as a compare-and-set and counts only once
+committed, and while it is pending acks count against both sets: a leaving member is waited
+for until ZooKeeper has its removal. A slave joins in two steps, so that it holds every
+acknowledged put: puts start waiting for it at once (this thread answers them), and the change
+is proposed once its ack reaches the log's end as of that moment (within ``slaveTimeout``, or
+the join is called off). A
 slave acking in a newer epoch fences this master (``Fenced``): the controller is told at once.
 
 Lifecycle: ``start`` records the term's epoch, binds (a bind error raises here) and attaches
@@ -158,6 +161,8 @@ class HaService:
         self._pending: frozenset[int] | None = None
         self._proposing = False
         self._proposal_result: tuple[bool, Any] | None = None
+        self._joining: tuple[int, int, int, cc.SetChange] | None = None  # member, mark, since
+        self._previous_max = 0  # the log's end at the last check
         self._required: frozenset[int] = frozenset()  # members but me whose acks a put needs
         self._sss_due_ms = 0
         self.group_transfer: GroupTransfer | None = None
@@ -560,17 +565,46 @@ class HaService:
             progress = core.progress()
             master_max = core.max_phy_offset
             epoch_start = core.history[-1].start_phy_offset
+        now_ms = self._now_ms()
+        if self._joining is not None:
+            self._check_joining(progress, members, epoch, now_ms)
+            return
         slaves = [cc.SlaveProgress(m, a) for m, a in progress.items()]
-        change = self._keeper.observe(members, slaves, master_max,
-                                      self._confirm_offset(master_max), epoch_start,
-                                      self._now_ms())
+        # a slave that held, at this check, what the master had at the last one is a
+        # candidate; it joins in two steps (below)
+        change = self._keeper.observe(members, slaves, master_max, self._previous_max,
+                                      epoch_start, now_ms)
+        self._previous_max = master_max
         if change is None:
             return
         if change.added:
-            # from now on a put waits for the joining member too; its ack holds every byte
-            # acknowledged so far (checked just now, on this thread, which answers the puts)
-            self._pending = change.members
+            # step 1: from now on a put waits for the candidate too (this thread answers the
+            # puts, so no put is acknowledged without it from here); step 2, at a later check:
+            # once it holds this log's end as of now (so every put acknowledged without it),
+            # the change is proposed
+            member = min(change.added)
+            self._pending = members | {member, self._me}
             self._set_required()
+            self._joining = (member, master_max, now_ms, change)
+            return
+        self._propose(change, epoch)
+
+    def _check_joining(self, progress: dict[int, int], members: frozenset[int], epoch: int,
+                       now_ms: int) -> None:
+        assert self._joining is not None
+        member, mark, since_ms, change = self._joining
+        ack = progress.get(member)
+        if ack is not None and ack >= mark:
+            self._propose(change, epoch)
+            return
+        if ack is None or now_ms - since_ms > self._cfg.slaveTimeout:
+            log_event(log, "ha_sync_state_set_join_cancelled", member=member, mark=mark,
+                      ack=ack, waited_ms=now_ms - since_ms)
+            self._joining = None
+            self._pending = None
+            self._set_required()
+
+    def _propose(self, change: cc.SetChange, epoch: int) -> None:
         self._proposing = True
         log_event(log, "ha_sync_state_set_change", members=sorted(change.members),
                   reason=change.reason)
@@ -591,6 +625,7 @@ class HaService:
         ok, state = result
         self._proposing = False
         self._pending = None
+        self._joining = None
         if ok and state is not None:
             self._committed = state.sync_state_set
             self._committed_epoch = state.sync_state_set_epoch
@@ -601,13 +636,6 @@ class HaService:
         self._required = frozenset(members - {self._me})
         if self.group_transfer is not None:
             self.group_transfer.report_quorum(self._quorum_offset())
-
-    def _confirm_offset(self, master_max: int) -> int:
-        """The highest offset acknowledged to clients (what a joining member must hold)."""
-        gt = self.group_transfer
-        if gt is None or not self._required:
-            return master_max  # ASYNC, or nobody to wait for: every append is acknowledged
-        return max(gt.confirmed_offset, 0)
 
 
 # ---- factories (called from the composition root, common/cli/main.py) -----------------------------

@@ -436,12 +436,20 @@ class Broker:
         me = {self.cfg.client_address, f"127.0.0.1:{self.cfg.listenPort}"}
         peers = [a for a in split_addresses(self.cfg.groupServers) if a not in me]
         best: tuple[int, str, str] | None = None
-        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0) as admin:
-            for address in peers:
-                try:
-                    doc = admin.status(address)
-                except BrokerError:
-                    continue
+        if not peers:
+            return None
+
+        def probe(address: str) -> dict[str, Any] | None:
+            try:
+                return admin.status(address)
+            except BrokerError:
+                return None
+
+        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0) as admin, \
+                concurrent.futures.ThreadPoolExecutor(len(peers), "replog-probe") as pool:
+            answers = list(pool.map(probe, peers))  # all at once: at most one timeout in all
+        for address, doc in zip(peers, answers, strict=True):
+            if doc is not None:
                 epoch = doc.get("epoch")
                 if (doc.get("role") in MASTER_ROLES and isinstance(epoch, int) and epoch > own
                         and doc.get("haAddress") and (best is None or epoch > best[0])):
@@ -457,6 +465,10 @@ class Broker:
         registry.register(StatusCollector(self.snapshot))
         registry.register(ConsumerLagCollector(self.offsets, self.store,
                                                self.consumer_groups.groups))
+        if self.controller is not None:
+            from common.broker.controller_metrics import ControllerCollector
+
+            registry.register(ControllerCollector(self.controller.status, self.cfg.brokerName))
         server, _thread = prometheus_client.start_http_server(
             self.cfg.metricsPort, addr="0.0.0.0", registry=registry
         )
@@ -475,7 +487,8 @@ class Broker:
         flushed = int(store.flushed_phy_offset)
         dispatched = int(store.dispatched_phy_offset)
         broker_id = self.cfg.brokerId
-        if self.controller is not None and role is not None and role.name != "SLAVE":
+        if self.controller is not None and role is not None and role.name != "SLAVE" \
+                and self.controller.is_master():
             broker_id = 0  # RocketMQ's MASTER_ID: whoever the controller elected
         controller: dict[str, Any] = {"enabled": False}
         if self.controller is not None:

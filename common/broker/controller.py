@@ -124,6 +124,8 @@ class Controller:
         self._known_max_offset = 0
         self._proposal: _Proposal | None = None
         self._switchover_wait: threading.Event | None = None
+        self._asked: tuple[int, int] | None = None  # switchover to this broker: (session, epoch)
+        self.granted_session_ms = 0  # what ZooKeeper granted (0: not connected yet)
         self._member_due = 0.0
         self._poll_due = 0.0
         self._registered = False
@@ -141,6 +143,7 @@ class Controller:
             timeout=self.session_s,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=1.5, max_delay=1.0),
             command_retry=None,
+            logger=_kazoo_logger(self._on_negotiated),
         )
         self._zk.add_listener(self._on_connection)
         self._thread = threading.Thread(target=self._run, name="replog-controller", daemon=True)
@@ -229,7 +232,7 @@ class Controller:
     def status(self) -> dict[str, Any]:
         with self._lock:
             state = self.state
-            members = {str(m): dataclasses.asdict(r) for m, r in sorted(self.members.items())}
+            members = {str(m): r.to_json() for m, r in sorted(self.members.items())}
         age = self.lease.age_s(time.monotonic())
         return {
             "enabled": True,
@@ -239,7 +242,8 @@ class Controller:
             "isMaster": self._mastered is not None,
             "leaseFresh": self._mastered is not None and self.lease.fresh(time.monotonic()),
             "leaseAgeMs": None if age is None else round(age * 1000),
-            "leaseMs": self.cfg.controller_lease_ms,
+            "leaseMs": round(self.lease.duration_s * 1000),
+            "sessionMs": self.granted_session_ms,
             "masterId": state.master if state else None,
             "masterEpoch": state.master_epoch if state else 0,
             "masterAddress": state.master_address if state else "",
@@ -250,6 +254,19 @@ class Controller:
             "lastError": self._last_error,
             "stats": dataclasses.asdict(self.stats),
         }
+
+    def _on_negotiated(self, session_ms: int) -> None:
+        """ZooKeeper grants a session between 2 and 20 of its tickTimes: one shorter than
+        asked would let it expire the session while the lease still runs, so the lease
+        shrinks to half of what was granted (kazoo's connection thread; a plain assignment)."""
+        self.granted_session_ms = session_ms
+        if session_ms < self.cfg.controllerSessionTimeoutMs:
+            lease_ms = min(self.cfg.controller_lease_ms, session_ms // 2)
+            self.lease.duration_s = min(self.lease.duration_s, lease_ms / 1000.0)
+            log_event(log, "controller_session_shortened", logging.ERROR, asked_ms=(
+                self.cfg.controllerSessionTimeoutMs), granted_ms=session_ms, lease_ms=lease_ms,
+                fix="raise the servers' maxSessionTimeout (20 tickTimes) or lower "
+                    "controllerSessionTimeoutMs")
 
     # ---- kazoo callbacks (kazoo's threads: post, never call) ---------------------------------
     def _on_connection(self, state: str) -> None:
@@ -293,6 +310,8 @@ class Controller:
         now = time.monotonic()
         if not self._registered or now >= self._member_due:
             self._publish_member()
+        if not self._registered:
+            return  # not a member (its id is taken, or a new session): decide nothing
         if now >= self._poll_due or kind in ("connection", "watch"):
             self._read_group()
             self._poll_due = time.monotonic() + self.poll_s
@@ -470,6 +489,15 @@ class Controller:
             if state is None or state.master != me or state.master_epoch != self._mastered[1]:
                 self._demote(state)
             return
+        if state is not None and state.master == me and self._handed_over(state):
+            # the master handed the group over, as this broker asked in this session
+            self._mastered = (self._session[0], state.master_epoch)  # type: ignore[index]
+            self._asked = None
+            self.lease.expire()
+            self.stats.elections_won += 1
+            log_event(log, "controller_took_over", epoch=state.master_epoch, member=me)
+            self._serve_as_master(state)
+            return
         if state is not None and state.master == me:
             # named master by a session this process never won in (an earlier process, or a
             # session that expired): give the claim up, then elect like everyone else
@@ -483,6 +511,13 @@ class Controller:
             self._follow(state)
             return
         self._elect()
+
+    def _handed_over(self, state: GroupState) -> bool:
+        """The state names this broker master because the master handed over as this broker
+        asked, in this very session (a switchover), not an earlier process's claim."""
+        asked, session = self._asked, self._session
+        return (asked is not None and session is not None and asked[0] == session[0]
+                and state.master_epoch > asked[1])
 
     def _elect(self) -> None:
         # publish the offsets we would be ranked by, then rank on what everyone published
@@ -599,6 +634,10 @@ class Controller:
         if not self.connected:
             return
         raw = Switchover(target, int(time.time() * 1000)).to_bytes()
+        state, session = self.state, self._session
+        if target == self.member_id and session is not None:
+            # the state that will name this broker is the master's doing: take it then
+            self._asked = (session[0], state.master_epoch if state is not None else 0)
         try:
             self._call("create", self.switchover_path, raw, makepath=True)
         except NodeExistsError:
@@ -707,3 +746,31 @@ class Controller:
             self._call("delete", self.switchover_path, version=version)
         except (NoNodeError, BadVersionError):
             pass
+
+
+class _KazooLog(logging.Handler):
+    """kazoo logs the session timeout ZooKeeper granted only at its BLATHER level: take it from
+    there, and hand kazoo's INFO and above to the usual ``kazoo.client`` logger."""
+
+    def __init__(self, on_session: Callable[[int], None]):
+        super().__init__(level=1)
+        self.on_session = on_session
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = str(record.msg)
+        if msg.startswith("Session created") and isinstance(record.args, tuple) \
+                and len(record.args) >= 3:
+            try:
+                self.on_session(int(record.args[2]))
+            except (TypeError, ValueError):
+                pass
+        elif record.levelno >= logging.INFO:
+            logging.getLogger("kazoo.client").handle(record)
+
+
+def _kazoo_logger(on_session: Callable[[int], None]) -> logging.Logger:
+    logger = logging.getLogger(f"replog.kazoo.{secrets.token_hex(4)}")
+    logger.setLevel(1)
+    logger.propagate = False
+    logger.addHandler(_KazooLog(on_session))
+    return logger

@@ -11,6 +11,8 @@ from common.cli.output import EXIT_OK, UsageError, emit_json, key_value_table, o
 from common.client import Admin, Consumer
 from common.core.errors import BrokerError, ResponseCode
 
+PROMOTE_TIMEOUT_MS = 30_000
+
 
 def cmd_topics(args: argparse.Namespace) -> int:
     """The group's topics with their queues and messages (RocketMQ's topicList/topicStatus,
@@ -142,6 +144,22 @@ def cmd_status(args: argparse.Namespace) -> int:
                 *(str(s.get(c, "")) for c in ("address", "ackOffset", "lagBytes", "inSync"))
             )
         out.print(table)
+    ctl = status.get("controller") or {}
+    if ctl.get("enabled"):
+        link = "connected" if ctl.get("connected") else "NOT connected"
+        lease = "fresh" if ctl.get("leaseFresh") else "stale"
+        rows = [
+            ("ZooKeeper", f"{ctl.get('address')} ({link})"),
+            ("member", ctl.get("memberId")),
+            ("elected master", ctl.get("isMaster")),
+            ("lease", f"{lease}, age {ctl.get('leaseAgeMs')} ms of {ctl.get('leaseMs')}"),
+            ("group master", f"member {ctl.get('masterId')} at {ctl.get('masterAddress')}"
+                             if ctl.get("masterAddress") else
+                             f"none: {ctl.get('noMasterReason') or 'not elected yet'}"),
+            ("epoch", ctl.get("masterEpoch")),
+            ("SyncStateSet", f"{ctl.get('syncStateSet')} (epoch {ctl.get('syncStateSetEpoch')})"),
+        ]
+        out.print(key_value_table("controller", rows))
     members = status.get("consumerGroups") or {}
     dead = status.get("deadLetters") or {}
     if members or dead:
@@ -155,7 +173,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+    # a switchover (controller mode) waits up to switchoverTimeoutMs (10 s) and the new role
+    # to start: the request is given at least PROMOTE_TIMEOUT_MS
+    with Admin(args.servers, timeout_ms=max(args.timeout_ms, PROMOTE_TIMEOUT_MS),
+               retries=0) as admin:
         status = admin.promote(admin.servers[0], role=args.role)
     if args.json:
         emit_json(status)
@@ -191,8 +212,8 @@ def controller_groups(statuses: dict[str, dict[str, Any]]) -> list[dict[str, Any
             for mid, rec in (ctl.get("members") or {}).items():
                 row["members"][str(mid)] = {
                     "id": int(mid), "address": rec.get("address"), "role": rec.get("role"),
-                    "lastEpoch": rec.get("last_epoch"), "maxOffset": rec.get("max_offset"),
-                    "confirmOffset": rec.get("confirm_offset"),
+                    "lastEpoch": rec.get("lastEpoch"), "maxOffset": rec.get("maxOffset"),
+                    "confirmOffset": rec.get("confirmOffset"),
                     "inSyncStateSet": int(mid) in (ctl.get("syncStateSet") or [])}
         elif st.get("role") in ("SYNC_MASTER", "ASYNC_MASTER") and \
                 int(st.get("epoch") or 0) >= row["epoch"]:

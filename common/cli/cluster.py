@@ -17,7 +17,9 @@ from typing import Any
 
 from rich.table import Table
 
+from common.cli import zookeeper
 from common.cli.output import EXIT_OK, UsageError, emit_json, err, out
+from common.cli.zookeeper import Ensemble
 from common.client import Admin
 from common.core.config import KNOWN_KEYS, dump_yaml, load_config
 from common.core.errors import BrokerError
@@ -25,6 +27,9 @@ from common.core.errors import BrokerError
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 CLUSTER_SEGMENT_BYTES = 128 * 1024 * 1024
+ZK_PORT_OFFSET = 90  # the local ZooKeeper's client port: base port + 90 (11001 by default)
+ZK_TICK_MS = 500  # sessions of 1..10 s
+LOCAL_SESSION_MS = 4000  # a local group fails over in about this long (brokers default: 10 s)
 
 
 @dataclasses.dataclass
@@ -48,39 +53,69 @@ class ChildBroker:
 
 
 class LocalCluster:
-    """1 master + N slaves as child ``replog broker`` processes under one directory."""
+    """1 master + N slaves as child ``replog broker`` processes under one directory.
+
+    With ``controller`` (the default of ``replog cluster up``) a local ZooKeeper runs as a
+    child too (``common/cli/zookeeper.py``, Debian's package) and the group runs in controller
+    mode: ZooKeeper elects the master (the first broker, on ``base_port``, when all start
+    together: the lowest member id wins a tie) and a new one when it dies. Without it, broker-0
+    is the master and a failover takes ``replog promote``."""
 
     def __init__(
-        self, directory: Path, slaves: int = 2, mode: str = "sync", base_port: int = 10911
+        self, directory: Path, slaves: int = 2, mode: str = "sync", base_port: int = 10911,
+        controller: bool = False, zk_port: int | None = None,
+        session_ms: int = LOCAL_SESSION_MS,
     ):
         self.directory = directory.resolve()
         self.base_port = base_port
         self.size = slaves + 1
+        self.controller = controller
+        self.zookeeper: Ensemble | None = None
+        if controller:
+            problem = zookeeper.missing()
+            if problem:
+                raise UsageError(problem)
+            self.zookeeper = Ensemble(self.directory / "zookeeper", 1, ZK_TICK_MS,
+                                      base_port=zk_port or base_port + ZK_PORT_OFFSET)
+        self.session_ms = session_ms
         self.children = [self._child(i, mode) for i in range(slaves + 1)]
+
+    @property
+    def controller_addr(self) -> str:
+        assert self.zookeeper is not None
+        return f"{self.zookeeper.hosts}/replog-local"
 
     def _child(self, index: int, mode: str) -> ChildBroker:
         port = self.base_port + 10 * index
         master_role = "SYNC_MASTER" if mode == "sync" else "ASYNC_MASTER"
-        role = master_role if index == 0 else "SLAVE"
         home = self.directory / f"broker-{index}"
-        cfg = load_config(
-            None,
-            (),
-            env={},
-            brokerName="broker-a",
-            brokerId=index,
-            brokerRole=role,
-            listenPort=port,
-            haListenPort=port + 1,
-            haMasterAddress="" if index == 0 else f"127.0.0.1:{self.base_port + 1}",
-            # the master, restarted after a slave was promoted, rejoins as a slave; a promoted
-            # slave, restarted, checks that no newer master exists before it resumes
-            groupServers=",".join(f"127.0.0.1:{self.base_port + 10 * i}"
-                                  for i in range(self.size) if i != index),
-            storePathRootDir=str(home / "store"),
-            metricsPort=port + 2,
-            mappedFileSizeCommitLog=CLUSTER_SEGMENT_BYTES,
-        )
+        fields: dict[str, Any] = {
+            "brokerName": "broker-a",
+            "listenPort": port,
+            "haListenPort": port + 1,
+            "storePathRootDir": str(home / "store"),
+            "metricsPort": port + 2,
+            "mappedFileSizeCommitLog": CLUSTER_SEGMENT_BYTES,
+        }
+        if self.controller:
+            role = "CONTROLLED"
+            fields.update(brokerId=index + 1, brokerRole=master_role, enableControllerMode=True,
+                          controllerAddr=self.controller_addr,
+                          controllerSessionTimeoutMs=self.session_ms,
+                          controllerPollIntervalMs=1000)
+        else:
+            role = master_role if index == 0 else "SLAVE"
+            fields.update(
+                brokerId=index,
+                brokerRole=role,
+                haMasterAddress="" if index == 0 else f"127.0.0.1:{self.base_port + 1}",
+                # the master, restarted after a slave was promoted, rejoins as a slave; a
+                # promoted slave, restarted, checks that no newer master exists before it
+                # resumes; a slave left behind by a promotion follows the new master
+                groupServers=",".join(f"127.0.0.1:{self.base_port + 10 * i}"
+                                      for i in range(self.size) if i != index),
+            )
+        cfg = load_config(None, (), env={}, **fields)
         child = ChildBroker(
             f"broker-{index}", role, f"127.0.0.1:{port}", home / "broker.yaml", home / "broker.log"
         )
@@ -89,17 +124,23 @@ class LocalCluster:
         return child
 
     def start(self) -> None:
+        if self.zookeeper is not None:
+            self.zookeeper.start()
         for child in self.children:
-            child.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(child.log_path, "ab") as log_file:
-                child.process = subprocess.Popen(
-                    [sys.executable, "-m", "common.cli", "broker", "-c", str(child.config_path)],
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env=broker_env(),
-                )
+            self.start_child(child)
         self.wait_ready(READY_TIMEOUT_S)
+
+    def start_child(self, child: ChildBroker) -> None:
+        """Start (or restart) one broker from its YAML."""
+        child.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(child.log_path, "ab") as log_file:
+            child.process = subprocess.Popen(
+                [sys.executable, "-m", "common.cli", "broker", "-c", str(child.config_path)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=broker_env(),
+            )
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -147,6 +188,21 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 child.process.kill()
                 child.process.wait(5)
+        if self.zookeeper is not None:
+            self.zookeeper.stop()
+
+    def master(self, admin: Admin) -> ChildBroker | None:
+        """The child serving as master now (the controller's pick, or broker-0's successor)."""
+        for child in self.children:
+            try:
+                s = admin.status(child.address)
+            except BrokerError:
+                continue
+            ctl = s.get("controller") or {}
+            if s["role"] in ("SYNC_MASTER", "ASYNC_MASTER") and (
+                    not ctl.get("enabled") or (ctl.get("isMaster") and ctl.get("leaseFresh"))):
+                return child
+        return None
 
 
 def broker_env() -> dict[str, str]:
@@ -173,7 +229,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         raise UsageError("usage: replog cluster up [...]")
     if args.slaves < 0 or not 1 <= args.base_port <= 65535 - 10 * args.slaves - 2:
         raise UsageError("--slaves must be >= 0 and ports must fit below 65536")
-    cluster = LocalCluster(Path(args.dir), args.slaves, args.mode, args.base_port)
+    cluster = LocalCluster(Path(args.dir), args.slaves, args.mode, args.base_port,
+                           controller=not args.no_controller, zk_port=args.zk_port,
+                           session_ms=args.session_ms)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -208,6 +266,10 @@ def _announce(args: argparse.Namespace, cluster: LocalCluster) -> None:
             str(c.log_path),
         )
     out.print(table)
+    if cluster.zookeeper is not None:
+        out.print(f"controller: ZooKeeper at {cluster.controller_addr} (session "
+                  f"{cluster.session_ms} ms): `replog controller status -s "
+                  f"{cluster.children[0].address}`")
     out.print(f"try: replog status -s {cluster.children[0].address}   (Ctrl-C stops the cluster)")
 
 

@@ -92,7 +92,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
                        offsets_path=args.offsets_file) as consumer:
         idle_until = time.monotonic() + args.idle_s
         try:
+            batch = consumer.max_messages
             while (args.max <= 0 or count < args.max) and time.monotonic() < idle_until:
+                if args.max > 0:  # never poll past -n: what poll returns is committed
+                    consumer.max_messages = max(1, min(batch, args.max - count))
                 messages = consumer.poll(timeout_ms=500)
                 if messages:
                     idle_until = time.monotonic() + args.idle_s

@@ -1,7 +1,10 @@
 """``make run``: a local broker group plus a small demo workload, then a clean stop.
 
-Runs what ``replog cluster up --base-port 10911`` runs (1 master + 2 slaves, sync mode) under
-``run/demo``, then sends, batch-sends, pulls, queries and shows the status, printing each step.
+Runs what ``replog cluster up --base-port 10911`` runs (3 brokers, sync mode, a local ZooKeeper
+and the controller; without ZooKeeper installed, 1 master + 2 slaves as ``--no-controller``)
+under ``run/demo``, then sends, batch-sends, pulls, queries and shows the status, printing each
+step. With the controller it then kills the master (SIGKILL), prints how long until a new
+master answered a send, and restarts the old master, which rejoins as a slave.
 The cluster keeps running for ``REPLOG_DEMO_DURATION`` seconds (default 20; try
 ``replog status -s 127.0.0.1:10911`` meanwhile) and is stopped on time or on Ctrl-C.
 Environment: ``REPLOG_DEMO_DIR`` (default run/demo), ``REPLOG_DEMO_SLAVES`` (default 2),
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from common.cli import zookeeper
 from common.cli.cluster import LocalCluster, running_cluster
 from common.client import Admin, Consumer, Producer
 from common.core.errors import BrokerError
@@ -34,8 +38,23 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def wait_for_master(cluster: LocalCluster, servers: list[str]) -> None:
+    started = time.monotonic()
+    with Admin(servers, timeout_ms=2000, retries=0) as admin:
+        while time.monotonic() - started < 30:
+            master = cluster.master(admin)
+            if master is not None:
+                sss = admin.status(master.address)["controller"]["syncStateSet"]
+                if len(sss) == len(cluster.children):
+                    console.print(f"controller elected {master.name} ({master.address}); "
+                                  f"SyncStateSet {sss} after {time.monotonic() - started:.2f} s")
+                    return
+            time.sleep(0.1)
+
+
 def workload(servers: list[str]) -> None:
-    master = servers[0]
+    with Admin(servers, timeout_ms=5000) as a:
+        master = a.master_address()
     with Producer(servers) as p:
         r = p.send("demo-orders", b"order 42: 3 apples", tags="TagA", keys="order-42")
         console.print(
@@ -79,13 +98,53 @@ def workload(servers: list[str]) -> None:
             )
 
 
+def failover(cluster: LocalCluster, servers: list[str]) -> None:
+    """Kill the master with SIGKILL, time the first SEND_OK after it, restart the old master
+    and show it rejoin as a slave: the controller does it all (no `replog promote`)."""
+    with Admin(servers, timeout_ms=2000, retries=0) as admin:
+        master = cluster.master(admin)
+        if master is None or master.process is None:
+            console.print("[red]no master to kill[/]")
+            return
+        console.print(f"[bold]failover[/] SIGKILL of the master {master.name} "
+                      f"({master.address}, pid {master.process.pid}) ...")
+        os.kill(master.process.pid, signal.SIGKILL)
+        master.process.wait(10)
+        killed = time.monotonic()
+        with Producer(servers, timeout_ms=30_000) as p:
+            r = p.send("demo-orders", b"after the failover")
+        took = time.monotonic() - killed
+        new = cluster.master(admin)
+        console.print(f"    new master {new.name if new else '?'} answered {r.status.value} "
+                      f"{took:.2f} s after the kill (session timeout "
+                      f"{cluster.session_ms / 1000:.1f} s)")
+        cluster.start_child(master)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                s = admin.status(master.address)
+            except BrokerError:
+                time.sleep(0.2)
+                continue
+            if s["role"] == "SLAVE" and s.get("replication", {}).get("haState") == "TRANSFER":
+                console.print(f"    {master.name} restarted and rejoined as a SLAVE of "
+                              f"{s['masterAddress']} at epoch {s['epoch']}")
+                return
+            time.sleep(0.2)
+        console.print(f"[red]    {master.name} did not rejoin within 30 s[/]")
+
+
 def main() -> int:
     duration = float(os.environ.get("REPLOG_DEMO_DURATION", "20"))
+    problem = zookeeper.missing()
+    if problem:
+        console.print(f"[yellow]{problem}[/]")
     cluster = LocalCluster(
         Path(os.environ.get("REPLOG_DEMO_DIR", "run/demo")),
         slaves=_env_int("REPLOG_DEMO_SLAVES", 2),
         mode=os.environ.get("REPLOG_DEMO_MODE", "sync"),
         base_port=_env_int("REPLOG_DEMO_BASE_PORT", 10911),
+        controller=not problem,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -98,7 +157,11 @@ def main() -> int:
                 pid = child.process.pid if child.process else "?"
                 console.print(f"  {child.name:<9} {child.role:<12} {child.address}  pid {pid}")
             try:
+                if cluster.controller:
+                    wait_for_master(cluster, servers)
                 workload(servers)
+                if cluster.controller:
+                    failover(cluster, servers)
             except BrokerError as e:
                 console.print(f"[red]demo step refused: {e}[/]")
             console.print(f"cluster running for {duration:.0f} s: replog status -s {servers[0]}")

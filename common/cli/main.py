@@ -2,6 +2,8 @@
 
     replog broker -c FILE [--set k=v]...
     replog cluster up [--dir D] [--slaves N] [--mode sync|async] [--base-port P] [--duration S]
+                      [--no-controller] [--zk-port P] [--session-ms MS]
+    replog controller status
     replog send -t TOPIC (-b BODY | --file F | --count N --size BYTES) [--tags T] [--keys K]
                 [--queue Q] [--delay-level L]
     replog pull -t TOPIC [-q QUEUE] [-o OFFSET] [-n MAX] [--group G]
@@ -69,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["sync", "async"], default="sync")
     p.add_argument("--base-port", type=int, default=10911)
     p.add_argument("--duration", type=float, default=0.0, help="seconds; 0 runs until Ctrl-C")
+    p.add_argument("--no-controller", action="store_true",
+                   help="no local ZooKeeper: broker-0 is the master, failover is `promote`")
+    p.add_argument("--zk-port", type=int, help="the local ZooKeeper's port (base port + 90)")
+    p.add_argument("--session-ms", type=int, default=4000,
+                   help="controller session timeout of the local group (default %(default)s)")
     p.add_argument("--json", action="store_true")
 
     p = _client(sub, "send", "produce messages")

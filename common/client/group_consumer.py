@@ -349,7 +349,12 @@ class GroupConsumer:
         return []
 
     def _pull(self, queue: Queue, suspend_ms: int) -> list[MessageExt]:
-        offset = self._positions[queue]
+        offset = self._positions.get(queue)
+        if offset is None:
+            # a commit of it was fenced (a new master that had not heard this member's
+            # heartbeat yet, or the queue moved) and no rebalance took it away since: read on
+            # from what the group committed (at least once)
+            offset = self._positions[queue] = self._committed[queue] = self._start_offset(queue)
         pr = self._consumer.pull(queue[0], queue[1], offset, self.max_messages,
                                  suspend_ms=suspend_ms)
         if pr.status == PullStatus.FOUND and pr.messages:

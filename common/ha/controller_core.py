@@ -128,13 +128,16 @@ class MemberRecord:
     priority: int = NO_PRIORITY  # brokerElectionPriority: lower wins among equals
     incarnation: str = ""  # one per process start: tells this process's record from an old one
 
-    def to_bytes(self) -> bytes:
-        return _dump({
+    def to_json(self) -> dict[str, Any]:
+        return {
             "id": self.member_id, "address": self.address, "haAddress": self.ha_address,
             "role": self.role, "lastEpoch": self.last_epoch, "maxOffset": self.max_offset,
             "confirmOffset": self.confirm_offset, "priority": self.priority,
             "incarnation": self.incarnation,
-        })
+        }
+
+    def to_bytes(self) -> bytes:
+        return _dump(self.to_json())
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> MemberRecord:

@@ -364,3 +364,15 @@ def test_without_a_controller_promote_leaves_no_orphan_slave(tmp_path: Path) -> 
     finally:
         for p in (m, a, b):
             p.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_session_shorter_than_asked_shortens_the_lease(tmp_path: Path) -> None:
+    """ZooKeeper grants at most 20 tickTimes (2 s at tickTime 100 ms): a broker asking 3 s
+    must not keep a 1.5 s lease on a 2 s session. It takes half the granted session."""
+    with running_zookeeper(tmp_path / "zk", tick_ms=100) as zk, \
+            Group(tmp_path, zk.hosts + chroot(), size=1) as g:
+        master = g.master()
+        ctl = master.status()["controller"]
+        assert ctl["sessionMs"] == 2000 and ctl["leaseMs"] == 1000, ctl
+        assert "controller_session_shortened" in (master.home / "broker.log").read_text()

@@ -681,3 +681,44 @@ def test_completed_waiters_do_not_pile_up() -> None:
         assert gt.on_acks(i + 1) == [i]
     assert len(gt._by_deadline) <= 2 * gt.pending + 65
     assert len(gt._by_offset) <= 2 * gt.pending + 65
+
+
+# ---- controller mode: epochs in acks, SyncStateSet acks ---------------------------------------
+def test_an_ack_from_a_newer_epoch_fences_the_master_and_counts_nothing() -> None:
+    m = _master(max_phy_offset=300)
+    m.on_hello(P1, _hello(), now_ms=0)
+    assert _of(m.on_ack(P1, Ack(1, 100, 1), now_ms=1), mc.AcksAdvanced)  # its own epoch: fine
+    actions = m.on_ack(P1, Ack(1, 200, 513), now_ms=2)
+    assert _of(actions, mc.Fenced) == [mc.Fenced(P1, 513, actions[1].reason)]  # type: ignore[union-attr]
+    assert _sent(actions)[0].code == ResponseCode.STALE_EPOCH  # type: ignore[union-attr]
+    assert not _of(actions, mc.AcksAdvanced) and m.peer_count == 0
+    assert m.acked_offset_quorum(1) == NO_OFFSET
+
+
+def test_acks_of_a_set_need_every_member_connected() -> None:
+    m = _master(max_phy_offset=300)
+    assert m.acked_offset_all(frozenset()) == 300
+    m.on_hello(P1, _hello(broker_id=2), now_ms=0)
+    m.on_hello(P2, _hello(broker_id=3), now_ms=0)
+    m.on_ack(P1, Ack(1, 250), now_ms=1)
+    m.on_ack(P2, Ack(1, 120), now_ms=1)
+    assert m.acked_offset_all(frozenset({2})) == 250
+    assert m.acked_offset_all(frozenset({2, 3})) == 120  # the slowest member holds it
+    assert m.acked_offset_all(frozenset({2, 3, 4})) == NO_OFFSET  # 4 is not connected
+    assert m.progress() == {2: 250, 3: 120}
+
+
+def test_a_slave_acks_with_its_epoch_and_refuses_a_replaced_master() -> None:
+    s = _slave(max_phy_offset=100, history=(E(257, 0),))
+    _transfer(s, epoch=257, history=(E(257, 0),))
+    assert _sent(s.tick(HB_MS)) == [Ack(10, 100, 257)]
+    s.require_epoch(514)  # the controller named a master of epoch 514
+    assert _sent(s.tick(2 * HB_MS)) == [Ack(10, 100, 514)]  # the old master learns it
+    actions = s.on_frame(Data(10, 257, 0, 100, b"x" * 10), 2 * HB_MS + 1)
+    assert _of(actions, sc.Failed)[0].code == ResponseCode.STALE_EPOCH  # type: ignore[union-attr]
+    assert not _of(actions, sc.Append) and s.max_phy_offset == 100
+    s2 = _slave(max_phy_offset=100, history=(E(257, 0),))
+    s2.require_epoch(514)
+    s2.start(0)
+    actions = s2.on_frame(HelloReply(10, 257, 0, 900, 100, (E(257, 0),)), 1)
+    assert _of(actions, sc.Failed)[0].code == ResponseCode.STALE_EPOCH  # type: ignore[union-attr]
