@@ -169,6 +169,7 @@ class Broker:
 
             self.controller = Controller(cfg, self)
             self.server.reply_gate = self._reply_gate
+            self.topics.on_change = self.controller.topics_changed
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _follow_newer_master(self) -> None:
@@ -679,6 +680,31 @@ class Broker:
             ha_address=f"{self.cfg.brokerIP1}:{self.cfg.ha_port}", role=name,
             last_epoch=max(0, self.epoch()), max_offset=max_phy, confirm_offset=max_phy,
             priority=self.cfg.brokerElectionPriority, incarnation=incarnation)
+
+    def topic_table(self) -> dict[str, int]:
+        return self.topics.topics()
+
+    def cluster_info(self) -> dict[str, Any]:
+        """CLUSTER_INFO (RocketMQ's GET_BROKER_CLUSTER_INFO, with each group's topics: its
+        TopicRouteData): in controller mode every group of ``brokerClusterName`` as ZooKeeper
+        holds it; without a controller, this broker's own group as it knows it."""
+        if self.controller is not None:
+            groups = []
+            for view in self.controller.cluster_view().values():
+                doc = view.to_json()
+                doc["topics"] = dict(view.topics)
+                groups.append(doc)
+            return {"cluster": self.cfg.brokerClusterName, "controller": True,
+                    "groups": groups}
+        status = self.status()
+        role = status["role"]
+        master = status["address"] if role in MASTER_ROLES else status["masterAddress"]
+        slaves = [s["address"] for s in status["slaves"]] if role in MASTER_ROLES \
+            else [status["address"]]
+        return {"cluster": self.cfg.brokerClusterName, "controller": False, "groups": [{
+            "brokerName": self.cfg.brokerName, "master": master,
+            "masterEpoch": status["epoch"], "slaves": slaves,
+            "topics": self.topics.topics()}]}
 
     def slave_acks(self) -> dict[int, int]:
         getter = getattr(self.role, "slave_acks", None)

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from common.core.config import BrokerConfig, parse_controller_addr
 from common.core.logs import log_event
 from common.ha import controller_core as cc
-from common.ha.controller_core import GroupState, MemberRecord, Switchover
+from common.ha.controller_core import GroupState, GroupView, MemberRecord, Switchover
 
 log = logging.getLogger("replog.controller")
 
@@ -55,6 +55,8 @@ class ControlledBroker(Protocol):
     """What the driver needs of the broker (``common/broker/broker.py`` implements it)."""
 
     def local_record(self, incarnation: str) -> MemberRecord: ...
+
+    def topic_table(self) -> dict[str, int]: ...  # topic -> queue count (a master publishes)
 
     def act_as_master(self, state: GroupState) -> None: ...  # raises if it cannot
 
@@ -96,7 +98,9 @@ class Controller:
         self.member_id = cfg.brokerId
         hosts, chroot = parse_controller_addr(cfg.controllerAddr)
         self.hosts = hosts + chroot
-        base = f"/replog/{cfg.brokerClusterName}/{cfg.brokerName}"
+        self.cluster_path = f"/replog/{cfg.brokerClusterName}"
+        base = f"{self.cluster_path}/{cfg.brokerName}"
+        self.topics_path = f"{base}/topics"
         self.state_path = f"{base}/state"
         self.members_path = f"{base}/brokers"
         self.member_path = f"{self.members_path}/{self.member_id}"
@@ -126,6 +130,8 @@ class Controller:
         self._switchover_wait: threading.Event | None = None
         self._asked: tuple[int, int] | None = None  # switchover to this broker: (session, epoch)
         self.granted_session_ms = 0  # what ZooKeeper granted (0: not connected yet)
+        self.cluster: dict[str, GroupView] = {}  # every group of brokerClusterName (routes)
+        self._published_topics: dict[str, int] | None = None
         self._member_due = 0.0
         self._poll_due = 0.0
         self._registered = False
@@ -190,6 +196,11 @@ class Controller:
             return "a switchover is under way: writes pause until the new master answers"
         return ""
 
+    def topics_changed(self) -> None:
+        """A topic was made or grown here: publish it (routes) on the next pass, not a poll
+        interval later."""
+        self._events.put(("watch", None))
+
     def stale_master_seen(self, epoch: int) -> None:
         """The HA service met a slave of a newer epoch: this master was replaced. Writes stop
         now; the state is read at once (the demotion follows from it)."""
@@ -228,6 +239,11 @@ class Controller:
             if self._stop.is_set():
                 break
         return None
+
+    def cluster_view(self) -> dict[str, GroupView]:
+        """Every broker group of this cluster as last read from ZooKeeper (routes)."""
+        with self._lock:
+            return dict(self.cluster)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -316,6 +332,9 @@ class Controller:
             self._read_group()
             self._poll_due = time.monotonic() + self.poll_s
             self._reconcile()
+            if self._mastered is not None:
+                self._publish_topics()
+            self._read_cluster()
         if self._proposal is not None:
             self._carry_out_proposal()
         if self._mastered is not None:
@@ -460,6 +479,81 @@ class Controller:
             self._known_max_offset = max(self._known_max_offset, record.max_offset)
         with self._lock:
             self.state, self._state_version, self.members = state, version, members
+
+    def _publish_topics(self) -> None:
+        """The master keeps ``<group>/topics`` equal to its topic table (routes read it)."""
+        from kazoo.exceptions import NodeExistsError, NoNodeError
+
+        topics = self.broker.topic_table()
+        if topics == self._published_topics:
+            return
+        raw = cc.encode_topics(topics)
+        try:
+            self._call("set", self.topics_path, raw)
+        except NoNodeError:
+            try:
+                self._call("create", self.topics_path, raw, makepath=True)
+            except NodeExistsError:
+                self._call("set", self.topics_path, raw)
+        self._published_topics = topics
+
+    def _read_cluster(self) -> None:
+        """Every group of the cluster: state, live members, topics (a watch on the groups)."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            names = self._call("get_children", self.cluster_path, watch=self._on_watch)
+        except NoNodeError:
+            names = []
+        view: dict[str, GroupView] = {}
+        for name in sorted(names):
+            base = f"{self.cluster_path}/{name}"
+            if name == self.cfg.brokerName:
+                state, members = self.state, dict(self.members)
+            else:
+                state, members = self._read_state(base), self._read_members(base)
+            view[name] = GroupView(name, state, members, self._read_topics(base))
+        with self._lock:
+            self.cluster = view
+
+    def _read_state(self, base: str) -> GroupState | None:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            raw, _ = self._call("get", f"{base}/state")
+            return GroupState.from_bytes(raw)
+        except (NoNodeError, cc.RecordError):
+            return None
+
+    def _read_members(self, base: str) -> dict[int, MemberRecord]:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            names = self._call("get_children", f"{base}/brokers")
+        except NoNodeError:
+            return {}
+        out: dict[int, MemberRecord] = {}
+        for name in names:
+            try:
+                raw, _ = self._call("get", f"{base}/brokers/{name}")
+                record = MemberRecord.from_bytes(raw)
+            except (NoNodeError, cc.RecordError):
+                continue
+            out[record.member_id] = record
+        return out
+
+    def _read_topics(self, base: str) -> dict[str, int]:
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            raw, _ = self._call("get", f"{base}/topics")
+            return cc.decode_topics(raw)
+        except NoNodeError:
+            return {}
+        except cc.RecordError as e:
+            log_event(log, "controller_topics_unreadable", logging.WARNING, path=base,
+                      error=str(e))
+            return {}
 
     def _cas_state(self, new: GroupState) -> bool:
         """Compare-and-set ``state`` from the version read last; True if it is now ``new``.

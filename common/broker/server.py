@@ -47,6 +47,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import heapq
+import json
 import logging
 import threading
 import time
@@ -98,6 +99,8 @@ class Services(Protocol):
     store: Any
 
     def status(self) -> dict[str, Any]: ...
+
+    def cluster_info(self) -> dict[str, Any]: ...  # CLUSTER_INFO: groups, brokers, topics
 
     def topic_queue_nums(self, topic: str) -> tuple[int, bool]: ...  # (nums or 0, auto-create)
 
@@ -530,6 +533,11 @@ class RequestServer:
     def _promote(self, req: Request) -> Reply:
         return self.services.promote(req)
 
+    def _cluster_info(self, req: Request) -> Response:
+        # a JSON body frame: groups -> members -> records nest deeper than a header may
+        doc = json.dumps(self.services.cluster_info(), separators=(",", ":")).encode()
+        return reply(req, fields={"format": "json"}, bodies=[doc])
+
     def _topic_route(self, req: Request) -> Response:
         topic = req.fields["topic"]
         nums, auto = self.services.topic_queue_nums(topic)
@@ -609,6 +617,7 @@ class RequestServer:
 
     _READS: ClassVar[dict[RequestCode, Callable[[RequestServer, Request], Reply]]] = {
         RequestCode.STATUS: _status,
+        RequestCode.CLUSTER_INFO: _cluster_info,
         RequestCode.PROMOTE: _promote,
         RequestCode.TOPIC_ROUTE: _topic_route,
         RequestCode.COMMIT_OFFSET: _commit_offset,

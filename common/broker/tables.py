@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ class TopicTable:
         self.path = config_dir / TOPICS_FILE
         self._lock = threading.Lock()
         self._queues, self._counter = parse_topics(read_table(self.path), str(self.path))
+        self.on_change: Callable[[], None] | None = None  # after a topic is made or grown
 
     def merge_seen(self, seen: dict[str, int]) -> None:
         """Topics found in the ConsumeQueues (e.g. replicated to a slave) but not configured."""
@@ -48,6 +50,8 @@ class TopicTable:
             self._queues[topic] = queue_nums
             self._counter += 1
             atomic_write_json(self.path, self._to_json())
+        if self.on_change is not None:
+            self.on_change()
 
     def topics(self) -> dict[str, int]:
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from common.client.cluster import ClientBase
@@ -11,8 +12,28 @@ from common.format.protocol import ProtocolError, RequestCode, decode_record
 from common.format.tables import loads, parse_offsets, parse_topics
 
 
+def parse_cluster_info(resp: Any) -> dict[str, Any]:
+    """CLUSTER_INFO's answer: one JSON document in the body frame."""
+    try:
+        doc = json.loads(bytes(resp.bodies[0]).decode("utf-8"))
+    except (IndexError, UnicodeDecodeError, ValueError) as e:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed cluster info: {e}",
+                          False) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, "malformed cluster info: no groups", False)
+    return doc
+
+
 class Admin(ClientBase):
     """Status, promotion, topics and message look-ups against one broker or the group."""
+
+    def cluster_info(self, address: str | None = None) -> dict[str, Any]:
+        """Every broker group of the cluster with its master, slaves and topics (any broker
+        answers: in controller mode from ZooKeeper, otherwise its own group)."""
+        resp = self._cluster.request(address or self.servers[0], RequestCode.CLUSTER_INFO)
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        return parse_cluster_info(resp)
 
     def status(self, address: str | None = None) -> dict[str, Any]:
         """One broker's status snapshot (docs/contract.md §3 fields and more)."""

@@ -87,6 +87,7 @@ class RequestCode(enum.IntEnum):
     GET_MAX_OFFSET = 30  # a queue's max offset (where the next message will go)
     GET_MIN_OFFSET = 31  # a queue's min offset (the oldest message still held)
     TOPIC_ROUTE = 105  # RocketMQ GET_ROUTEINFO_BY_TOPIC: a topic's queue count
+    CLUSTER_INFO = 106  # RocketMQ GET_BROKER_CLUSTER_INFO: every group, its brokers and topics
     QUERY_BY_OFFSET = 33
     QUERY_BY_MSG_ID = 34
     CONSUMER_SEND_MSG_BACK = 36  # a consumer failed a message: store it again for a retry or DLQ
@@ -237,6 +238,7 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "phyOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
     },
     RequestCode.STATUS: {},
+    RequestCode.CLUSTER_INFO: {},
     RequestCode.GET_ALL_TOPIC_CONFIG: {},
     RequestCode.GET_ALL_CONSUMER_OFFSET: {},
     RequestCode.GET_ALL_DELAY_OFFSET: {},

@@ -49,6 +49,9 @@ MAX_MEMBER_ID = ep.MAX_BROKER_ID
 MAX_ADDRESS_CHARS = 255
 MAX_OFFSET = (1 << 63) - 1
 NO_PRIORITY = 2**31 - 1
+MAX_TOPICS_BYTES = 1024 * 1024  # ZooKeeper's default znode limit (jute.maxbuffer)
+MAX_TOPIC_CHARS = 255
+MAX_QUEUES = 1024
 ROLES = ("MASTER", "SLAVE", "STARTING")
 
 
@@ -214,6 +217,67 @@ def _address(value: Any, field: str) -> str:
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise RecordError(f"{field}: {value!r} is not host:port")
     return value
+
+
+def encode_topics(topics: dict[str, int]) -> bytes:
+    """A group's ``topics`` znode: the topics its master holds and their queue counts (what
+    routes are made of, RocketMQ's TopicRouteData queue data)."""
+    raw = json.dumps({"topics": dict(sorted(topics.items()))}, separators=(",", ":")).encode()
+    if len(raw) > MAX_TOPICS_BYTES:
+        raise RecordError(f"topics: {len(raw)} bytes, more than {MAX_TOPICS_BYTES}")
+    return raw
+
+
+def decode_topics(raw: bytes) -> dict[str, int]:
+    if not isinstance(raw, bytes | bytearray) or len(raw) > MAX_TOPICS_BYTES:
+        raise RecordError(f"topics: not a record of at most {MAX_TOPICS_BYTES} bytes")
+    try:
+        doc = json.loads(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise RecordError(f"topics: not JSON: {e}") from None
+    if not isinstance(doc, dict) or set(doc) != {"topics"} or not isinstance(doc["topics"], dict):
+        raise RecordError("topics: not {\"topics\": {name: queues}}")
+    out = {}
+    for name, nums in doc["topics"].items():
+        if not isinstance(name, str) or not name or len(name) > MAX_TOPIC_CHARS:
+            raise RecordError(f"topics: bad topic name {name!r}")
+        out[name] = _int(nums, f"topics[{name}]", 1, MAX_QUEUES)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupView:
+    """One broker group as the controller sees it in ZooKeeper (the cluster view every broker
+    keeps, which routes are answered from)."""
+
+    name: str
+    state: GroupState | None
+    members: dict[int, MemberRecord]
+    topics: dict[str, int]
+
+    @property
+    def master_address(self) -> str:
+        """The master's client address, if it is elected and live ("" otherwise)."""
+        s = self.state
+        if s is None or s.master is None or s.master not in self.members:
+            return ""
+        return s.master_address
+
+    def slave_addresses(self) -> list[str]:
+        master = self.state.master if self.state is not None else None
+        return [m.address for i, m in sorted(self.members.items()) if i != master]
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.state
+        return {
+            "brokerName": self.name,
+            "master": self.master_address,
+            "masterId": s.master if s is not None else None,
+            "masterEpoch": s.master_epoch if s is not None else 0,
+            "syncStateSet": sorted(s.sync_state_set) if s is not None else [],
+            "slaves": self.slave_addresses(),
+            "members": {str(i): m.to_json() for i, m in sorted(self.members.items())},
+        }
 
 
 # ---- election --------------------------------------------------------------------------------

@@ -376,3 +376,36 @@ def test_a_session_shorter_than_asked_shortens_the_lease(tmp_path: Path) -> None
         ctl = master.status()["controller"]
         assert ctl["sessionMs"] == 2000 and ctl["leaseMs"] == 1000, ctl
         assert "controller_session_shortened" in (master.home / "broker.log").read_text()
+
+
+@pytest.mark.timeout(180)
+def test_every_broker_answers_the_cluster_view_of_all_groups(tmp_path: Path) -> None:
+    """Two groups on one ZooKeeper under one brokerClusterName: any broker answers
+    CLUSTER_INFO with both groups, their masters and slaves, and each group's topics (what
+    clients route by); a topic made on one master shows up without waiting a poll."""
+    with running_zookeeper(tmp_path / "zk") as zk:
+        controller = zk.hosts + chroot()
+        a = Group(tmp_path / "a", controller, size=2, brokerName="broker-a",
+                  controllerPollIntervalMs=5000)
+        b = Group(tmp_path / "b", controller, size=2, brokerName="broker-b",
+                  controllerPollIntervalMs=5000)
+        with a, b:
+            ma, mb = a.master(), b.master()
+            with Admin([ma.address], timeout_ms=5000) as admin:
+                admin.create_topic("orders", 4)
+            with Admin([mb.address], timeout_ms=5000) as admin:
+                admin.create_topic("orders", 2)
+
+            def both() -> dict[str, Any] | None:
+                with Admin([b.procs[1].address], timeout_ms=2000, retries=0) as admin:
+                    doc = admin.cluster_info(b.procs[1].address)
+                groups = {g["brokerName"]: g for g in doc["groups"]}
+                ok = (set(groups) == {"broker-a", "broker-b"}
+                      and groups["broker-a"]["topics"].get("orders") == 4
+                      and groups["broker-b"]["topics"].get("orders") == 2)
+                return groups if ok else None
+
+            groups = wait_for(both, 3.0, "both groups and their topics in the view")
+            assert groups["broker-a"]["master"] == ma.address
+            assert groups["broker-b"]["master"] == mb.address
+            assert groups["broker-a"]["slaves"] == [p.address for p in a.procs if p is not ma]
