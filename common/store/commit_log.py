@@ -439,26 +439,33 @@ class CommitLog:
 
     # ---- reads --------------------------------------------------------------------------------
     def read(self, phy_offset: int, size: int) -> bytes:
-        """Up to ``size`` bytes from ``phy_offset``, not past the segment end or the log end."""
-        mf = self.queue.find(phy_offset)
+        """Up to ``size`` bytes from ``phy_offset``, not past the segment end or the log end
+        (empty when no live segment holds it: outside the log, or being deleted)."""
+        mf = self.queue.find_held(phy_offset)
         if mf is None:
             return b""
-        return mf.read(phy_offset - mf.file_from_offset, size)
+        try:
+            return mf.read(phy_offset - mf.file_from_offset, size)
+        finally:
+            mf.release()
 
     def read_record(self, phy_offset: int, size: int = 0) -> bytes | None:
         """The whole record at ``phy_offset`` (None if there is none or it is not whole)."""
-        mf = self.queue.find(phy_offset)
+        mf = self.queue.find_held(phy_offset)
         if mf is None:
             return None
-        pos = phy_offset - mf.file_from_offset
-        if size <= 0:
-            head = mf.read(pos, 4)
-            if len(head) < 4:
-                return None
-            size = int.from_bytes(head, "big", signed=True)
-            if size < record.FIXED_BYTES or size > mf.wrote_position - pos:
-                return None
-        raw = mf.read(pos, size)
+        try:
+            pos = phy_offset - mf.file_from_offset
+            if size <= 0:
+                head = mf.read(pos, 4)
+                if len(head) < 4:
+                    return None
+                size = int.from_bytes(head, "big", signed=True)
+                if size < record.FIXED_BYTES or size > mf.wrote_position - pos:
+                    return None
+            raw = mf.read(pos, size)
+        finally:
+            mf.release()
         return raw if len(raw) == size else None
 
     def store_timestamp_at(self, phy_offset: int) -> int | None:
@@ -486,31 +493,36 @@ class CommitLog:
     def iter_records(self, start: int, end: int) -> Iterator[tuple[int, memoryview]]:
         """Whole records in ``[start, end)``: (phy_offset, view). Skips BLANK padding.
 
-        Stops early at a record that is not yet whole. Views must not outlive the segment.
+        Stops early at a record that is not yet whole. The segment is held while a view of it
+        is out: release each view (or drop it) before asking for the next one.
         """
         phy = start
         while phy < end:
-            mf = self.queue.find(phy)
+            mf = self.queue.find_held(phy)
             if mf is None:
                 return
-            pos = phy - mf.file_from_offset
-            limit = min(mf.wrote_position, end - mf.file_from_offset)
-            if limit - pos < record.END_FILE_MIN_BLANK:
-                if mf.is_full() and end >= mf.end_offset:
+            try:
+                pos = phy - mf.file_from_offset
+                limit = min(mf.wrote_position, end - mf.file_from_offset)
+                if limit - pos < record.END_FILE_MIN_BLANK:
+                    if mf.is_full() and end >= mf.end_offset:
+                        phy = mf.end_offset
+                        continue
+                    return
+                buf = mf.buffer
+                total, magic = record.HEAD_PREFIX.unpack_from(buf, pos)
+                if magic == record.BLANK_MAGIC:
                     phy = mf.end_offset
                     continue
-                return
-            buf = mf.buffer
-            total, magic = record.HEAD_PREFIX.unpack_from(buf, pos)
-            if magic == record.BLANK_MAGIC:
-                phy = mf.end_offset
-                continue
-            if magic != record.MAGIC_V1 or total < record.FIXED_BYTES:
-                raise CorruptionError(phy, f"bad record header (magic 0x{magic:08X}, size {total})")
-            if pos + total > limit:
-                return
-            yield phy, buf[pos : pos + total]
-            phy += total
+                if magic != record.MAGIC_V1 or total < record.FIXED_BYTES:
+                    raise CorruptionError(phy, f"bad record header (magic 0x{magic:08X}, "
+                                               f"size {total})")
+                if pos + total > limit:
+                    return
+                yield phy, buf[pos : pos + total]
+                phy += total
+            finally:
+                mf.release()
 
     # ---- flushing -----------------------------------------------------------------------------
     def flush(self, least_pages: int = 0) -> int:

@@ -113,6 +113,9 @@ class StoreStats:
     put_failures: int
     dispatched_records: int
     deleted_segments: int
+    segments_pending_delete: int  # deleted, still held or not closable yet (retried)
+    segment_close_failures: int  # mappings that would not close when deleted (logged)
+    segments_held_too_long: int  # deleted segments a reader still held 120 s later
     writeable: bool
     last_recovery: str
 
@@ -675,6 +678,9 @@ class MessageStore:
             put_failures=self.put_failures,
             dispatched_records=self.reput.dispatched,
             deleted_segments=self.deleted_segments,
+            segments_pending_delete=len(cl.queue.pending_delete) + self.cq_store.pending_delete(),
+            segment_close_failures=cl.queue.close_failures + self.cq_store.close_failures(),
+            segments_held_too_long=cl.queue.held_too_long,
             writeable=cl.writeable,
             last_recovery=(f"{'abnormal' if rec.abnormal else 'normal'} end={rec.end_offset} "
                            f"cut={rec.cut_bytes} {rec.cut_reason}".strip() if rec else ""),
