@@ -19,6 +19,13 @@ If the store refuses an action (StoreError, OSError), the rest of that batch is 
 holds the ack of bytes we do not have) and the core is rebuilt from the store's own max offset
 and epoch file with the next session: the store is the truth, and the new HELLO resumes from it.
 
+Fence: ``start`` takes a replication generation from the store (``store.open_replication``)
+and every write to the store carries it: appends, truncations, resets, and the epoch file,
+saved under ``store.replication_guard``. A promotion closes the fence under the put lock before
+it writes its epoch, so a client whose ``stop`` timed out (a thread stalled on the disk) cannot
+write after the new term began: its write is refused (ReplicationFencedError) and the thread
+ends.
+
 Acks: the core acks after every append; within one burst of received frames the driver sends
 only the newest ack (acks are cumulative), and at least every ``haWindowBytes / 4`` appended
 bytes so the master's window never stalls on us. "Acked" means in this slave's page cache; its
@@ -49,7 +56,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from common.core.config import BrokerConfig
-from common.core.errors import StoreError
+from common.core.errors import ReplicationFencedError, StoreError
 from common.core.logs import log_event
 from common.format.zmq_frames import readable, send_frames
 from common.ha import epochs as ep
@@ -108,6 +115,7 @@ class HaClient:
         self._pending_ack: tuple[bytes | memoryview, ...] | None = None
         self._unacked_bytes = 0
         self._undispatched = False  # appended since the last dispatch_inline
+        self._generation: int | None = None  # the store's replication fence generation
         self.stats = HaClientStats()
 
     def master_address(self) -> str:
@@ -148,6 +156,7 @@ class HaClient:
                 reason="no haMasterAddress: nothing to replicate from",
             )
             return
+        self._generation = self._store.open_replication()
         self._core = self._new_core(first_session=time.time_ns() // 1_000_000)
         self._ctx = zmq.Context()
         self._stop_r, self._stop_w = os.pipe()
@@ -167,21 +176,25 @@ class HaClient:
         """Its replication thread is alive and not asked to stop."""
         return not self._stopping and self._thread is not None and self._thread.is_alive()
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Stop the thread; False when it did not end within JOIN_TIMEOUT_S (stalled: its
+        late writes are for the store's fence to refuse)."""
         if self._stopping or self._thread is None:
             self._stopping = True
-            return
+            return self._thread is None or not self._thread.is_alive()
         self._stopping = True
         os.write(self._stop_w, b"\0")
         self._thread.join(JOIN_TIMEOUT_S)
-        if self._thread.is_alive():
-            log_event(log, "ha_client_thread_stuck", logging.ERROR)
+        stopped = not self._thread.is_alive()
+        if not stopped:
+            log_event(log, "ha_client_thread_stuck", logging.ERROR, timeoutS=JOIN_TIMEOUT_S)
         else:
             assert self._ctx is not None
             self._ctx.term()
         os.close(self._stop_r)
         os.close(self._stop_w)
         log_event(log, "ha_client_stopped", appended=self.stats.bytes_appended)
+        return stopped
 
     # ---- the client thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -283,13 +296,18 @@ class HaClient:
         for i, action in enumerate(actions):
             try:
                 self._do(action)
+            except ReplicationFencedError as e:  # promoted, or a newer client: this one ends
+                log_event(log, "ha_client_fenced", logging.ERROR, action=type(action).__name__,
+                          reason=str(e))
+                self._stopping = True
+                return
             except (StoreError, OSError, ValueError) as e:
                 self._rebuild(f"{type(action).__name__} failed: {e}", dropped=len(actions) - i - 1)
                 return
 
     def _do(self, action: sc.SlaveAction) -> None:
         if isinstance(action, sc.Append):
-            self._store.append_replicated(action.phy_offset, action.data)
+            self._store.append_replicated(action.phy_offset, action.data, self._generation)
             self.stats.bytes_appended += len(action.data)
             self.stats.frames_appended += 1
             self._unacked_bytes += len(action.data)
@@ -310,13 +328,14 @@ class HaClient:
                 phyOffset=action.phy_offset,
                 maxPhyOffset=self._store.max_phy_offset,
             )
-            self._store.truncate_to(action.phy_offset)
+            self._store.truncate_to(action.phy_offset, self._generation)
         elif isinstance(action, sc.ResetLog):
             log_event(log, "ha_reset_log", logging.WARNING, phyOffset=action.phy_offset)
-            self._store.reset_to(action.phy_offset)
+            self._store.reset_to(action.phy_offset, self._generation)
         elif isinstance(action, sc.SaveEpochs):
-            term.record_learned_epoch(self._cfg.store_root, ep.last_epoch(action.history))
-            ep.save(self._cfg.store_root, action.history)
+            with self._store.replication_guard(self._generation):  # none after a promotion
+                term.record_learned_epoch(self._cfg.store_root, ep.last_epoch(action.history))
+                ep.save(self._cfg.store_root, action.history)
         elif isinstance(action, sc.Reconnect):
             self.stats.reconnects += 1
             self._pending_ack = None

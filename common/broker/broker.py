@@ -483,6 +483,13 @@ class Broker:
             return reply(req, fields=self.status(), remark=f"already {current.name}")
         if current is not None:
             current.stop()  # before reading the history: replication may still have saved to it
+        # Close the replication fence (under the put lock, so after any append in progress)
+        # before the epoch is written: an HA client whose stop timed out (a thread stalled on
+        # the disk) can then write nothing more, neither log bytes nor the epoch file.
+        self.store.fence_replication()
+        if current is not None and not getattr(current, "replication_stopped", True):
+            log_event(log, "promotion_with_stuck_replication", logging.ERROR,
+                      action="fenced: its late writes are refused")
         history_before: epochs.EpochHistory | None = None
         new_role: Role | None = None
         try:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from common.core.errors import CorruptionError, PutStatus, StoreError
+from common.core.errors import CorruptionError, PutStatus, ReplicationFencedError, StoreError
 from common.core.message import (
     Message,
     MessageExt,
@@ -158,6 +158,10 @@ class CommitLog:
         self._crc_len = record.PROP_CRC_LEN if append_prop_crc else 0
         # Appended under the put lock, taken by reput (deque ends are thread-safe).
         self.digests: collections.deque[WriteDigest] = collections.deque(maxlen=DIGESTS_KEPT)
+        # The replication fence (under the put lock): replicated writes are refused while it
+        # is closed, and those of an HA client holding an older generation always.
+        self._replication_generation = 0
+        self._replication_open = True
 
     # ---- offsets ----------------------------------------------------------------------------
     @property
@@ -404,16 +408,46 @@ class CommitLog:
         self._allocate.prefault(mf, upto)
 
     # ---- replication ------------------------------------------------------------------------
-    def append_replicated(self, phy_offset: int, data: bytes | memoryview) -> int:
+    def open_replication(self) -> int:
+        """An HA client starts: open the fence, return its generation (a new one each time)."""
+        with self.put_lock:
+            self._replication_generation += 1
+            self._replication_open = True
+            return self._replication_generation
+
+    def fence_replication(self) -> int:
+        """Refuse every replicated write from now on (a promotion, before its epoch is
+        written); waits for one in progress (the put lock). Returns the closed generation."""
+        with self.put_lock:
+            self._replication_generation += 1
+            self._replication_open = False
+            return self._replication_generation
+
+    def check_fence(self, generation: int | None) -> None:
+        """Under the put lock: ReplicationFencedError unless replicated writes of
+        ``generation`` (None: whoever replicates now) are allowed."""
+        if not self._replication_open:
+            raise ReplicationFencedError(
+                "replication is fenced: this broker was promoted, its log takes no bytes "
+                "from a master any more")
+        if generation is not None and generation != self._replication_generation:
+            raise ReplicationFencedError(
+                f"replication generation {generation} is fenced: a newer HA client "
+                f"(generation {self._replication_generation}) replicates into this log")
+
+    def append_replicated(self, phy_offset: int, data: bytes | memoryview,
+                          generation: int | None = None) -> int:
         """Append bytes a master sent, at exactly ``phy_offset``; returns the new max offset.
 
         A gap or an overlap with what this log holds is refused with StoreError; nothing is
         written then. Data may cross segment boundaries and need not end on a record boundary.
         The bytes go in with ``pwrite`` (``MappedFile.write_append``), not through the mapping:
         no page is faulted in ahead for them, and a full disk is an OSError (the HA client
-        resumes from this log's end later) rather than a SIGBUS.
+        resumes from this log's end later) rather than a SIGBUS. A closed fence, or a
+        ``generation`` that is not the current one, is refused (ReplicationFencedError).
         """
         with self.put_lock:
+            self.check_fence(generation)
             expected = self.max_offset
             if not self.queue.files:
                 expected = phy_offset  # an empty slave starts where its master's log starts
@@ -627,9 +661,11 @@ class CommitLog:
             log.info("event=recovery_removed_empty_segments offset=%d segments=%s", end,
                      ",".join(report.segments_removed))
 
-    def truncate(self, phy_offset: int) -> None:
-        """Drop every byte at or after ``phy_offset`` (HA divergence), on disk."""
+    def truncate(self, phy_offset: int, generation: int | None = None) -> None:
+        """Drop every byte at or after ``phy_offset`` (HA divergence), on disk; fenced as
+        ``append_replicated`` is."""
         with self.put_lock:
+            self.check_fence(generation)
             self.digests.clear()
             self.queue.truncate_dirty(phy_offset)
 

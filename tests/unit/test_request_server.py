@@ -50,6 +50,7 @@ class FakeStore:
         self.listeners: list[Callable[[str, int, int], None]] = []
         self.append_listeners: list[Callable[[int], None]] = []
         self.promotions = 0
+        self.fenced = False
         self.lock = threading.Lock()
         self.started = self.stopped = False
         self.min_phy_offset = 0
@@ -83,6 +84,14 @@ class FakeStore:
 
     def become_slave(self) -> None:
         self.promotions -= 1
+
+    def fence_replication(self) -> int:
+        self.fenced = True  # a promotion: no replicated write from now on
+        return 0
+
+    def open_replication(self) -> int:
+        self.fenced = False  # an HA client starts (nothing here replicates)
+        return 0
 
     def add_append_listener(self, cb: Callable[[int], None]) -> None:
         self.append_listeners.append(cb)  # the master's HA service registers; no slave here
