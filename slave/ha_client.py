@@ -38,6 +38,12 @@ Sessions: the first is the wall clock in ms, so a restarted slave (SIGKILL) alwa
 session greater than any it used before; it resumes from its own max offset (never zero unless
 empty).
 
+A thread that raises is not left dead (replication would stop and nobody be told): the error
+is logged at ERROR (``event=ha_client_failed``) and counted in ``health()`` (``status.health.
+haClient`` and the metrics), the socket is closed, and after a back-off
+(``common.broker.loop.ParticipantHealth``) the client starts again from what its store holds,
+with the next session and a new connection, as RocketMQ's HAClient reconnects.
+
 ``create(cfg, store)`` is the factory ``common/cli/main.py`` calls; ``build_slave_replication`` is
 the same.
 """
@@ -55,6 +61,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from common.broker.loop import ParticipantHealth
 from common.core.config import BrokerConfig
 from common.core.errors import ReplicationFencedError, StoreError
 from common.core.logs import log_event
@@ -116,6 +123,8 @@ class HaClient:
         self._unacked_bytes = 0
         self._undispatched = False  # appended since the last dispatch_inline
         self._generation: int | None = None  # the store's replication fence generation
+        self._health = ParticipantHealth()
+        self._health_lock = threading.Lock()
         self.stats = HaClientStats()
 
     def master_address(self) -> str:
@@ -145,6 +154,11 @@ class HaClient:
             "resyncs": st.resyncs,
             **dataclasses.asdict(self.stats),
         }
+
+    def health(self) -> dict[str, Any]:
+        """State (running, restarting, failed), failures, restarts and the last error."""
+        with self._health_lock:
+            return self._health.as_status()
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,6 +213,18 @@ class HaClient:
     # ---- the client thread -------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            while not self._session():
+                pass
+        finally:
+            self._close()
+            end = getattr(self._store, "end_inline_dispatch", None)
+            if end is not None:
+                end()
+
+    def _session(self) -> bool:
+        """Connect and replicate until stopped (True); after a failure, back off and start
+        again from the store (False: the caller runs the next session)."""
+        try:
             self._open()
             with self._lock:
                 assert self._core is not None
@@ -206,13 +232,47 @@ class HaClient:
             self._execute(actions)
             self._flush_ack()
             self._loop()
-        except Exception:  # a dead HA thread must be loud
-            log.exception("event=ha_client_crashed")
-        finally:
+            return True
+        except Exception as e:  # noqa: BLE001 - logged below: loud, and it comes back
+            error: Exception = e
+        while True:
+            with self._health_lock:
+                wait = self._health.failed(error, restarting=not self._stopping)
+            log.error("event=ha_client_failed error=%r action=%s", str(error),
+                      "stopping" if self._stopping else f"restart_in_{wait:.1f}s",
+                      exc_info=error)
             self._close()
-            end = getattr(self._store, "end_inline_dispatch", None)
-            if end is not None:
-                end()
+            self._pending_ack = None
+            self._unacked_bytes = 0
+            if self._stopping or self._sleep(wait):
+                return True
+            try:
+                with self._lock:
+                    assert self._core is not None
+                    session = self._core.session + 1
+                core = self._new_core(first_session=session)  # from what the store holds
+            except Exception as e:  # noqa: BLE001 - counted, logged, tried again later
+                error = e
+                continue
+            with self._lock:
+                self._core = core
+            with self._health_lock:
+                self._health.restarted()
+            log_event(log, "ha_client_restarted", logging.WARNING, session=session,
+                      maxPhyOffset=core.max_phy_offset)
+            return False
+
+    def _sleep(self, wait_s: float) -> bool:
+        """Wait ``wait_s`` or until ``stop``; True when stopping."""
+        deadline = time.monotonic() + wait_s
+        while not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller = zmq.Poller()
+            poller.register(self._stop_r, zmq.POLLIN)
+            poller.poll(max(1, int(left * 1000)))
+        return True
 
     def _loop(self) -> None:
         while not self._stopping:

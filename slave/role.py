@@ -69,7 +69,12 @@ class SlaveRole:
             "refusedWrites": self.refused,
             "replication": replication,
             "configSync": self.config_sync.status() if self.config_sync is not None else {},
+            "health": self._health(),
         }
+
+    def _health(self) -> dict[str, Any]:
+        getter = getattr(self.ha_client, "health", None)
+        return {"haClient": getter()} if callable(getter) else {}
 
     def handle_write(self, req: Request) -> Response:
         self.refused += 1

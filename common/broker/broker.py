@@ -11,6 +11,14 @@ Prometheus collectors: ``common/broker/metrics.py``.
 Shutdown is two-stage (uvicorn): the first SIGTERM/SIGINT drains in-flight requests, stops the
 role, persists the offsets and shuts the store down (flush, checkpoint, remove the abort file);
 a second signal exits at once.
+
+Failures are never silent. A loop participant (the master's HA service) or the slave's HA
+client that raises is logged at ERROR and restarted; ``status.health`` shows each one's state,
+failures, restarts and last error (the ``replog_component_*`` metrics too). The request
+server's I/O thread cannot be restarted in place (it owns the client socket and every request
+in flight): when it dies the broker logs ``event=broker_fatal`` at ERROR, shuts down cleanly
+(flush, checkpoint) and ``serve_forever`` returns ``EXIT_INTERNAL_ERROR`` (70, EX_SOFTWARE), the
+process's exit status, for its supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from common.ha import epochs, promotion, term
 
 log = logging.getLogger("replog.broker")
 
+EXIT_INTERNAL_ERROR = 70  # sysexits' EX_SOFTWARE: the I/O thread died (serve_forever)
 DRAIN_TIMEOUT_S = 10.0
 OFFSET_PERSIST_INTERVAL_S = 1.0
 GROUP_PROBE_MS = 1500  # start-up: how long each of groupServers gets to answer status
@@ -104,6 +113,8 @@ class BrokerStatus:
     configSync: dict[str, Any]  # a slave: copying its master's tables (slave/config_sync.py)
     consumerGroups: dict[str, int]  # group -> live GroupConsumer members (heartbeats)
     deadLetters: dict[str, int]  # group -> messages held in its %DLQ% topic (master/send_back.py)
+    # component (haService, haClient) -> {state, failures, restarts, lastError}
+    health: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -148,6 +159,8 @@ class Broker:
         self._started = time.monotonic()
         self._admin = concurrent.futures.ThreadPoolExecutor(1, "replog-admin")
         self._stop = threading.Event()
+        self._exit_code = 0
+        self.server.on_fatal = self._on_fatal
         self._signals = 0
         self._housekeeper: threading.Thread | None = None
         self._metrics_server: Any = None
@@ -333,14 +346,28 @@ class Broker:
             self._ha_port_hold.release()
             self._ha_port_hold = None
 
-    def serve_forever(self) -> None:
-        """Start, wait for SIGTERM/SIGINT, shut down cleanly; a second signal exits at once."""
+    def serve_forever(self) -> int:
+        """Start, wait for SIGTERM/SIGINT, shut down cleanly; a second signal exits at once.
+        Returns the process's exit status: 0, or EXIT_INTERNAL_ERROR when the I/O thread died."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.start()
+        return self.wait_and_shutdown()
+
+    def wait_and_shutdown(self) -> int:
+        """Wait for a stop (a signal, or the I/O thread's death), then shut down; returns the
+        exit status (see ``serve_forever``)."""
         while not self._stop.wait(0.5):
             pass
         self.shutdown()
+        return self._exit_code
+
+    def _on_fatal(self, reason: str) -> None:
+        """The I/O thread died (its own thread): stop cleanly with a non-zero status."""
+        self._exit_code = EXIT_INTERNAL_ERROR
+        log_event(log, "broker_fatal", logging.ERROR, reason=reason,
+                  action="shutting down", exitStatus=EXIT_INTERNAL_ERROR)
+        self._stop.set()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals += 1
@@ -408,6 +435,7 @@ class Broker:
             configSync=dict(role_fields.get("configSync", {})),
             consumerGroups=self.consumer_groups.groups(),
             deadLetters=dead_letters(store),
+            health={**self.server.participant_health(), **role_fields.get("health", {})},
         )
 
     def epoch(self) -> int:

@@ -40,6 +40,11 @@ Threads::
   is re-run and answered.
 * ``drain`` (first SIGTERM): new requests are refused with SERVICE_NOT_AVAILABLE, parked polls
   answered, and the loop ends once nothing is in flight or the drain deadline passes.
+* A loop participant that raises is logged, closed and restarted or dropped by ``Participants``
+  (``participant_health``). An exception out of the loop itself (a bug) ends the I/O thread:
+  it is logged at ERROR (``event=io_thread_died``), kept in ``failure``, and ``on_fatal`` (the
+  broker) is told, which stops the process with a non-zero status: this thread owns the
+  socket and every request in flight, so there is nothing to restart in place.
 """
 
 from __future__ import annotations
@@ -172,6 +177,8 @@ class RequestServer:
         self._bound = threading.Event()
         self._bind_error: BaseException | None = None
         self._seq = 0
+        self.failure = ""  # why the I/O thread died ("" while it runs or after a clean end)
+        self.on_fatal: Callable[[str], None] | None = None  # told when the I/O thread dies
 
     # -- lifecycle (any thread) ------------------------------------------------------------------
     def start(self, timeout_s: float = 5.0) -> None:
@@ -220,6 +227,10 @@ class RequestServer:
         when the loop ended first: it closes every participant); False after ``timeout_s``."""
         return self._participants.detach(participant, timeout_s)
 
+    def participant_health(self) -> dict[str, dict[str, Any]]:
+        """Name -> state, failures, restarts and last error of each participant."""
+        return self._participants.health()
+
     # -- the I/O thread ------------------------------------------------------------------------
     def _run(self) -> None:
         self._io_ident = threading.get_ident()
@@ -244,12 +255,19 @@ class RequestServer:
         log_event(log, "server_listening", bind=self.bind)
         try:
             self._loop(sock)
+        except Exception as e:  # a bug in the loop: loud, and the broker exits (see above)
+            self.failure = f"{type(e).__name__}: {e}"
+            log.exception("event=io_thread_died error=%r inflight=%d", self.failure,
+                          self.stats.inflight)
         finally:
+            self._draining.set()  # nothing new is taken: the thread is gone
             self._participants.end()
             sock.close(linger=CLOSE_LINGER_MS)
             self._ctx.term()
             self._mailbox.close()
             log_event(log, "server_stopped", inflight=self.stats.inflight)
+        if self.failure and self.on_fatal is not None:
+            self.on_fatal(self.failure)
 
     def _loop(self, sock: zmq.Socket[bytes]) -> None:
         participants = self._participants
@@ -259,7 +277,7 @@ class RequestServer:
         participants.begin(poller)
         while True:
             timeout = self._poll_timeout_ms()
-            if participants.active:
+            if participants.active or participants.restarting:
                 wait_ms = participants.prepare(poller, time.monotonic())
                 if wait_ms is not None:
                     timeout = max(0, min(timeout, wait_ms))
@@ -273,7 +291,7 @@ class RequestServer:
                 self._receive(sock)
                 self._after_burst()
             now = time.monotonic()
-            if participants.active:
+            if participants.active or participants.restarting:
                 participants.on_timers(now)
             self._expire_polls(sock, now)
             self._poll_due(sock)

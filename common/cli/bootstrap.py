@@ -53,12 +53,12 @@ def run_broker(config_path: str, overrides: Sequence[str]) -> int:
     try:
         replica = promotion.repairs_from_master(cfg.is_slave, cfg.store_root)
         broker = Broker(cfg, MessageStore(cfg, repair_from_master=replica), make_role)
-        broker.serve_forever()
+        status = broker.serve_forever()  # non-zero: its I/O thread died (logged at ERROR)
     except (StoreError, ValueError, OSError) as e:
         logging.getLogger("replog.broker").error("event=broker_start_failed error=%r", str(e))
         err.print(f"replog broker: cannot start: {e}", soft_wrap=True)
         return EXIT_FAILED
-    return EXIT_OK
+    return status or EXIT_OK
 
 
 

@@ -111,6 +111,8 @@ class Cluster:
                 self._routes.clear()
 
     def _discover(self) -> str:
+        if self.transport.failure:  # nothing would answer: say why, now
+            raise self.transport.dead_error()
         timeout = min(self.timeout_ms, DISCOVERY_TIMEOUT_MS)
         futures = {
             s: self.transport.call(s, RequestCode.STATUS, None, (), timeout) for s in self.servers

@@ -1,6 +1,13 @@
 """The client's I/O thread: one DEALER per broker, requests in flight matched by opaque id,
 blocking calls on the calling thread's own socket, and the coalescing of ``send_async``
-messages into SEND_BATCH requests (see the package docstring for the whole picture)."""
+messages into SEND_BATCH requests (see the package docstring for the whole picture).
+
+Should the I/O thread die (an exception out of its loop: a bug), it is logged at ERROR
+(``event=client_io_thread_died``) and every call waiting on it fails at once with a BrokerError
+naming the cause ("the client's I/O thread died"), as does every later call of this client,
+blocking ones included: nothing is left waiting for a deadline that no thread would check.
+A client in that state is broken for good (``failure``); make a new one.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import contextlib
 import dataclasses
 import heapq
 import itertools
+import logging
 import os
 import threading
 import time
@@ -45,6 +53,8 @@ LOST_CHECK_MS = 100  # a blocking call looks for a dropped connection this often
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
 # Answers meaning "stored, but no slave confirmed it": a reason to ask the group again who leads.
 DEGRADED_CODES = frozenset({ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE})
+
+log = logging.getLogger("replog.client")
 
 
 class _Wakeup:
@@ -194,6 +204,7 @@ class Transport:
         self._pending_lock = threading.Lock()
         self._pending_freed = threading.Condition(self._pending_lock)
         self._stop = threading.Event()
+        self.failure = ""  # why the I/O thread died ("" while it runs)
         self._local = threading.local()
         self._direct: list[zmq.Socket[bytes]] = []
         self._direct_monitors: dict[zmq.Socket[bytes], zmq.Socket[bytes]] = {}
@@ -234,6 +245,8 @@ class Transport:
         """
         if self._stop.is_set():
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
+        if self.failure:
+            raise self.dead_error()
         sock = self._direct_socket(address)
         self._connection_dropped(sock)  # forget drops before this request: it was not on them
         opaque = next(self._opaques)
@@ -389,23 +402,43 @@ class Transport:
         self._thread.join(timeout_s)
         if not self._thread.is_alive():
             self._wakeup.close()
+            if self.failure:  # the dead thread left the context: its sockets are closed now
+                self._ctx.term()
+
+    def dead_error(self) -> BrokerError:
+        """What every call fails with once the I/O thread died."""
+        return BrokerError(ResponseCode.SYSTEM_ERROR,
+                           f"the client's I/O thread died ({self.failure}); this client fails "
+                           "every call from now on: close it and make a new one", False)
 
     def _submit(self, entry: _Call | AsyncItem) -> None:
         if self._stop.is_set():
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
         self._inbox.append(entry)
         self._wakeup.wake()
+        if self.failure:  # no thread reads the inbox: fail it here (the dying one may race)
+            self._fail_inbox(self.dead_error())
 
     # -- the I/O thread -------------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
                 self._loop_once()
+        except Exception as e:  # a bug: loud, and nothing may wait on this thread any more
+            self.failure = f"{type(e).__name__}: {e}"
+            log.exception("event=client_io_thread_died thread=%s error=%r pending=%d",
+                          self._thread.name, self.failure, len(self._pending))
         finally:
-            self._fail_all(BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False))
+            err = self.dead_error() if self.failure else BrokerError(
+                ResponseCode.SYSTEM_ERROR, "client is closed", False)
+            self._fail_all(err)
             for address in list(self._sockets):
-                self._close_socket(address)
-            self._ctx.term()
+                try:
+                    self._close_socket(address)
+                except Exception:  # a broken thread's state: close what can be
+                    log.exception("event=client_socket_close_failed address=%s", address)
+            if not self.failure:
+                self._ctx.term()  # close() closed the blocking-call sockets first
 
     def _loop_once(self) -> None:
         events = dict(self._poller.poll(self._poll_timeout_ms()))
@@ -574,15 +607,35 @@ class Transport:
             self._deadlines.clear()
 
     def _fail_all(self, err: BrokerError) -> None:
-        self._drain_inbox()
-        for call in list(self._pending.values()):
-            self._finish(call, err)
-        self._pending.clear()
+        """The thread ends: fail what waits in the inbox, in flight and in the batches (no
+        socket is touched: after a failure their state is not to be trusted)."""
+        self._fail_inbox(err)
+        pending, self._pending = list(self._pending.values()), {}
+        for call in pending:
+            try:
+                self._finish(call, err)
+            except Exception:  # the next one must still be failed
+                log.exception("event=client_call_fail_failed")
         for batch in self._batches.values():
             while batch.items:
                 item = batch.items.popleft()
                 if not item.future.done():
                     item.future.set_exception(err)
+                self._release_items(1)
+
+    def _fail_inbox(self, err: BrokerError) -> None:
+        """Fail what waits in the inbox (the I/O thread's end, or a submit after it)."""
+        while True:
+            try:
+                entry = self._inbox.popleft()
+            except IndexError:
+                return
+            if isinstance(entry, _Call):
+                if not entry.future.done():
+                    entry.future.set_exception(err)
+            else:
+                if not entry.future.done():
+                    entry.future.set_exception(err)
                 self._release_items(1)
 
     # -- coalescing ---------------------------------------------------------------------------
@@ -645,7 +698,7 @@ class Transport:
     def _items_failed(self, items: list[AsyncItem], err: BrokerError) -> None:
         finished = 0
         for item in items:
-            if item.on_error is None or self._stop.is_set():
+            if item.on_error is None or self._stop.is_set() or self.failure:
                 item.future.set_exception(err)
                 finished += 1
             else:
