@@ -7,6 +7,13 @@ Should the I/O thread die (an exception out of its loop: a bug), it is logged at
 naming the cause ("the client's I/O thread died"), as does every later call of this client,
 blocking ones included: nothing is left waiting for a deadline that no thread would check.
 A client in that state is broken for good (``failure``); make a new one.
+
+Blocking calls (``call_sync``) use a DEALER of the calling thread's own, with a monitor. Those
+are bounded: each is registered with a weak reference to its thread, the sockets of threads
+that have ended are closed (at the next socket made, and by the I/O thread every
+``REAP_INTERVAL_S``), and at most ``max_direct_sockets`` exist at once; a thread that finds
+the cap reached has its blocking call carried by the I/O thread instead (a Future waited on),
+so a pool's thread churn cannot leak descriptors.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +58,9 @@ DEFAULT_TIMEOUT_MS = 10_000
 DEFAULT_SPIN_US = 300  # call_sync polls without sleeping this long while answers come sooner
 RECV_BURST = 1024  # messages read from one socket before looking at the others
 LOST_CHECK_MS = 100  # a blocking call looks for a dropped connection this often
+MAX_DIRECT_SOCKETS = 64  # blocking-call sockets at once; more threads go through the I/O thread
+REAP_INTERVAL_S = 1.0  # the I/O thread closes the sockets of threads that ended this often
+IO_CALL_GRACE_S = 5.0  # a blocking call carried by the I/O thread: its own deadline, then this
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
 # Answers meaning "stored, but no slave confirmed it": a reason to ask the group again who leads.
 DEGRADED_CODES = frozenset({ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE})
@@ -178,6 +189,7 @@ class Transport:
         max_in_flight: int = 65_536,
         batch_timeout_ms: int = DEFAULT_TIMEOUT_MS,
         spin_us: int = DEFAULT_SPIN_US,
+        max_direct_sockets: int = MAX_DIRECT_SOCKETS,
     ):
         self._batch_timeout_ms = batch_timeout_ms
         self._spin_s = max(0, spin_us) / 1e6
@@ -206,9 +218,12 @@ class Transport:
         self._stop = threading.Event()
         self.failure = ""  # why the I/O thread died ("" while it runs)
         self._local = threading.local()
-        self._direct: list[zmq.Socket[bytes]] = []
+        # blocking-call socket -> its thread (weakly: a thread that ended is not kept alive)
+        self._direct: dict[zmq.Socket[bytes], weakref.ref[threading.Thread]] = {}
         self._direct_monitors: dict[zmq.Socket[bytes], zmq.Socket[bytes]] = {}
         self._direct_lock = threading.Lock()
+        self._max_direct = max(0, max_direct_sockets)
+        self._next_reap = time.monotonic() + REAP_INTERVAL_S  # the I/O thread's sweep
         self._poller = zmq.Poller()
         self._poller.register(self._wakeup.fileno(), zmq.POLLIN)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -248,6 +263,8 @@ class Transport:
         if self.failure:
             raise self.dead_error()
         sock = self._direct_socket(address)
+        if sock is None:  # as many blocking-call sockets as allowed: the I/O thread carries it
+            return self._call_through_io(address, code, fields, bodies, timeout_ms)
         self._connection_dropped(sock)  # forget drops before this request: it was not on them
         opaque = next(self._opaques)
         deadline = time.monotonic() + timeout_ms / 1000.0
@@ -307,7 +324,19 @@ class Transport:
         """Moving average of ``call_sync`` round trips (races between threads are harmless)."""
         self._rtt_s += (seconds - self._rtt_s) / 8.0
 
-    def _direct_socket(self, address: str) -> zmq.Socket[bytes]:
+    def _call_through_io(self, address: str, code: RequestCode, fields: dict[str, Any] | None,
+                         bodies: Sequence[bytes], timeout_ms: int) -> Response:
+        """A blocking call without a socket of the calling thread's own: ``call`` and wait
+        (the I/O thread ends it at its deadline; the grace covers a thread that cannot)."""
+        fut = self.call(address, code, fields, bodies, timeout_ms)
+        try:
+            return fut.result(timeout_ms / 1000.0 + IO_CALL_GRACE_S)
+        except concurrent.futures.TimeoutError:
+            raise ClientTimeoutError(address, timeout_ms) from None
+
+    def _direct_socket(self, address: str) -> zmq.Socket[bytes] | None:
+        """The calling thread's socket to ``address``; None when ``max_direct_sockets`` are
+        in use by live threads (the sockets of threads that ended are closed first)."""
         sockets: dict[str, zmq.Socket[bytes]] | None = getattr(self._local, "sockets", None)
         if sockets is None:
             sockets = self._local.sockets = {}
@@ -316,14 +345,27 @@ class Transport:
             with self._direct_lock:
                 if self._stop.is_set():  # close() has run: it would never close this one
                     raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
+                self._reap_direct_locked()
+                if len(self._direct) >= self._max_direct:
+                    return None
                 sock = new_dealer(self._ctx, address, blocking_call=True)
                 monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-                self._direct.append(sock)
+                self._direct[sock] = weakref.ref(threading.current_thread())
                 self._direct_monitors[sock] = monitor
             sockets[address] = sock
             self._local.monitors = getattr(self._local, "monitors", {})
             self._local.monitors[sock] = monitor
         return sock
+
+    def _reap_direct_locked(self) -> int:
+        """Under ``_direct_lock``: close the blocking-call sockets of threads that ended (no
+        other thread uses them: each is its thread's own)."""
+        dead = [s for s, owner in self._direct.items()
+                if (thread := owner()) is None or not thread.is_alive()]
+        for sock in dead:
+            del self._direct[sock]
+            self._close_direct(sock)
+        return len(dead)
 
     def _connection_dropped(self, sock: zmq.Socket[bytes]) -> bool:
         """Whether the calling thread's socket ``sock`` lost a connection since last asked.
@@ -352,8 +394,7 @@ class Transport:
             del sockets[address]
         self._local.monitors.pop(sock, None)
         with self._direct_lock:
-            if sock in self._direct:
-                self._direct.remove(sock)
+            if self._direct.pop(sock, None) is not None:
                 self._close_direct(sock)
 
     def _close_direct(self, sock: zmq.Socket[bytes]) -> None:
@@ -395,7 +436,7 @@ class Transport:
         """Stop the I/O thread and close every socket (call once no thread uses the client)."""
         self._stop.set()
         with self._direct_lock:
-            for sock in self._direct:
+            for sock in list(self._direct):
                 self._close_direct(sock)
             self._direct.clear()
         self._wakeup.wake()
@@ -456,6 +497,11 @@ class Transport:
         now = time.monotonic()
         self._send_ready_batches(now)
         self._expire(now)
+        if now >= self._next_reap:
+            self._next_reap = now + REAP_INTERVAL_S
+            with self._direct_lock:
+                if not self._stop.is_set():
+                    self._reap_direct_locked()
 
     def _poll_timeout_ms(self) -> int:
         deadline = self._deadlines[0][0] if self._deadlines else time.monotonic() + 1.0

@@ -299,3 +299,82 @@ def test_forgetting_the_master_does_not_wait_for_a_discovery(broker: ScriptedBro
         assert cluster.master() == broker.address and cluster._master == broker.address
     finally:
         t.close()
+
+
+# ---- blocking-call sockets of threads that come and go (issue 21, item 3) ----------------------
+
+
+def fd_count() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+def wait_until(cond: Any, what: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, \
+            f"timed out waiting for {what() if callable(what) else what}"
+        time.sleep(0.01)
+
+
+def test_threads_that_end_leave_no_sockets_or_descriptors_behind(broker: ScriptedBroker) -> None:
+    """A DEALER (and its monitor) per thread that ever made a blocking call: threads that end
+    must not keep theirs, or a thread pool's churn leaks descriptors."""
+    t = _transport(spin_us=0)
+    try:
+        t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
+        before = fd_count()
+        errors: list[BaseException] = []
+
+        def one_call() -> None:
+            try:
+                t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=10_000)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        for _ in range(15):
+            threads = [threading.Thread(target=one_call) for _ in range(10)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(30)
+        assert not errors, errors[:3]
+        assert broker.served >= 151
+        # the sockets of the 150 threads that ended are closed (at the next blocking call or
+        # the I/O thread's sweep); their connections go, on both ends
+        wait_until(lambda: fd_count() - before < 20,
+                   lambda: f"the descriptors to come back ({fd_count() - before} more)")
+        assert len(t._direct) == 1  # this thread's
+        t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)  # this thread's own
+    finally:
+        t.close()
+
+
+def test_live_threads_beyond_the_cap_are_served_through_the_io_thread(
+        broker: ScriptedBroker) -> None:
+    t = Transport(name="test-transport", spin_us=0, max_direct_sockets=8)
+    release = threading.Event()
+    answered: list[int] = []
+    errors: list[BaseException] = []
+
+    def call_and_stay() -> None:
+        try:
+            resp = t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=10_000)
+            answered.append(resp.fields["echo"])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        release.wait(30)  # alive: its socket cannot be reaped
+
+    threads = [threading.Thread(target=call_and_stay) for _ in range(30)]
+    try:
+        for th in threads:
+            th.start()
+        wait_until(lambda: len(answered) + len(errors) == 30, "every call answered")
+        assert not errors, errors[:3]
+        assert len(t._direct) <= 8
+    finally:
+        release.set()
+        for th in threads:
+            th.join(30)
+        t.close()
