@@ -14,6 +14,16 @@ that have ended are closed (at the next socket made, and by the I/O thread every
 ``REAP_INTERVAL_S``), and at most ``max_direct_sockets`` exist at once; a thread that finds
 the cap reached has its blocking call carried by the I/O thread instead (a Future waited on),
 so a pool's thread churn cannot leak descriptors.
+
+``send_async`` coalescing keeps one lane per (topic, queue): messages wait there and go out as
+SEND_BATCH requests, at most ``max_batches_in_flight`` per lane, each batch to the broker its
+first message was routed to. A lane carrying *ordered* messages (a ``shard_key``: every message
+of a key to one queue, in the order sent) has at most one batch in flight, and a batch of them
+that fails and is retried keeps its place: its ordered messages go back to the front of the
+lane (by their send sequence number) and the lane sends nothing else while any of them waits
+for its retry (``_QueueBatch.out``), as Kafka's producer keeps per-partition order with retries
+(max.in.flight 1, the retried batch re-enqueued first). A message whose retries run out is
+failed, and the lane goes on with the next. Keyless lanes keep ``max_batches_in_flight``.
 """
 
 from __future__ import annotations
@@ -139,12 +149,40 @@ class AsyncItem:
     attempt: int = 0
     on_error: Callable[[AsyncItem, BrokerError], None] | None = None  # runs on the I/O thread
     give_up: float = 0.0  # monotonic: when waiting for a master (NoMasterError) ends
+    ordered: bool = False  # keep its order in its queue through retries (a shard_key)
+    seq: int = 0  # send order of an ordered message (Transport.next_seq), from send_async
+    counted: bool = False  # I/O thread: counted in its lane's ``ordered`` until settled
 
 
 @dataclasses.dataclass(eq=False)
 class _QueueBatch:
+    """One (topic, queue) lane of ``send_async`` messages."""
+
     items: collections.deque[AsyncItem] = dataclasses.field(default_factory=collections.deque)
     in_flight: int = 0
+    ordered: int = 0  # ordered messages queued, in flight or out, not settled yet
+    out: set[int] = dataclasses.field(default_factory=set)  # seqs of ordered ones being retried
+
+    def limit(self, max_batches: int) -> int:
+        """Batches allowed in flight now: none while an ordered message waits for its retry,
+        one while the lane carries ordered messages."""
+        if self.out:
+            return 0
+        return 1 if self.ordered else max_batches
+
+
+@dataclasses.dataclass(frozen=True)
+class _Out:
+    """An ordered message that could not be routed yet: its lane waits for it."""
+
+    item: AsyncItem
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settled:
+    """An ordered message failed for good outside the I/O thread: its lane goes on."""
+
+    item: AsyncItem
 
 
 def new_dealer(
@@ -200,13 +238,14 @@ class Transport:
         self._addresses: dict[zmq.Socket[bytes], str] = {}
         self._monitors: dict[zmq.Socket[bytes], str] = {}  # DISCONNECTED events per socket
         self._backlog: dict[str, collections.deque[_Call]] = {}
-        self._inbox: collections.deque[_Call | AsyncItem] = collections.deque()
+        self._inbox: collections.deque[_Call | AsyncItem | _Out | _Settled] = collections.deque()
         self._wakeup = _Wakeup()
         self._pending: dict[int, _Call] = {}
         self._deadlines: list[tuple[float, int]] = []
         self._opaques = itertools.count(1)
-        self._batches: dict[tuple[str, str, int], _QueueBatch] = {}
-        self._ready: set[tuple[str, str, int]] = set()
+        self._batches: dict[tuple[str, int], _QueueBatch] = {}  # (topic, queue) -> its lane
+        self._ready: set[tuple[str, int]] = set()
+        self._seqs = itertools.count(1)  # send order of ordered messages (atomic under the GIL)
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
         self._linger_s = linger_ms / 1000.0
@@ -426,6 +465,15 @@ class Transport:
         """A message goes to the coalescing accumulator (its pending slot is held)."""
         self._submit(item)
 
+    def next_seq(self) -> int:
+        """The send sequence number of an ordered message (taken in send order)."""
+        return next(self._seqs)
+
+    def hold_out(self, item: AsyncItem) -> None:
+        """An ordered message that could not be routed yet (no master): its lane sends
+        nothing sent after it until it comes back (``requeue``) or fails (``release_one``)."""
+        self._submit(_Out(item))
+
     def _release_items(self, count: int) -> None:
         with self._pending_lock:
             self._pending_items -= count
@@ -452,7 +500,7 @@ class Transport:
                            f"the client's I/O thread died ({self.failure}); this client fails "
                            "every call from now on: close it and make a new one", False)
 
-    def _submit(self, entry: _Call | AsyncItem) -> None:
+    def _submit(self, entry: _Call | AsyncItem | _Out | _Settled) -> None:
         if self._stop.is_set():
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
         self._inbox.append(entry)
@@ -508,22 +556,65 @@ class Transport:
         if self._linger_s > 0:
             for key in self._ready:
                 batch = self._batches[key]
-                if batch.items and batch.in_flight < self._max_batches:
+                if batch.items and batch.in_flight < batch.limit(self._max_batches):
                     deadline = min(deadline, batch.items[0].enqueued + self._linger_s)
         return max(0, min(1000, int((deadline - time.monotonic()) * 1000) + 1))
+
+    def _lane(self, item: AsyncItem) -> tuple[tuple[str, int], _QueueBatch]:
+        key = (item.topic, item.queue_id)
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = _QueueBatch()
+        return key, batch
 
     def _drain_inbox(self) -> None:
         while self._inbox:
             entry = self._inbox.popleft()
             if isinstance(entry, _Call):
                 self._start_call(entry)
-            else:
-                key = (entry.address, entry.topic, entry.queue_id)
-                batch = self._batches.get(key)
-                if batch is None:
-                    batch = self._batches[key] = _QueueBatch()
-                batch.items.append(entry)
+            elif isinstance(entry, AsyncItem):
+                key, batch = self._lane(entry)
+                if entry.ordered:
+                    self._enqueue_ordered(batch, entry)
+                else:
+                    batch.items.append(entry)
                 self._ready.add(key)
+            elif isinstance(entry, _Out):
+                _, batch = self._lane(entry.item)
+                self._count(batch, entry.item)
+                batch.out.add(entry.item.seq)
+            else:  # _Settled
+                key, batch = self._lane(entry.item)
+                self._settle(batch, entry.item)
+                self._ready.add(key)
+
+    def _count(self, batch: _QueueBatch, item: AsyncItem) -> None:
+        if not item.counted:
+            item.counted = True
+            batch.ordered += 1
+
+    def _settle(self, batch: _QueueBatch, item: AsyncItem) -> None:
+        """An ordered message is stored or failed for good: its lane stops waiting for it."""
+        batch.out.discard(item.seq)
+        if item.counted:
+            item.counted = False
+            batch.ordered -= 1
+
+    def _enqueue_ordered(self, batch: _QueueBatch, item: AsyncItem) -> None:
+        """Into its lane by send order: a retried message goes before what was sent after
+        it. The lane's queued messages follow it to the broker it was routed to now (the
+        master, found again after a failover)."""
+        self._count(batch, item)
+        batch.out.discard(item.seq)
+        items = batch.items
+        if not items or items[-1].seq < item.seq:
+            items.append(item)
+        else:
+            at = next(i for i, queued in enumerate(items) if queued.seq > item.seq)
+            items.insert(at, item)
+        if items[0].address != item.address or items[-1].address != item.address:
+            for queued in items:
+                queued.address = item.address
 
     def _socket(self, address: str) -> zmq.Socket[bytes]:
         sock = self._sockets.get(address)
@@ -676,6 +767,8 @@ class Transport:
                 entry = self._inbox.popleft()
             except IndexError:
                 return
+            if isinstance(entry, _Out | _Settled):
+                continue  # lane bookkeeping: no lane is served any more
             if isinstance(entry, _Call):
                 if not entry.future.done():
                     entry.future.set_exception(err)
@@ -688,7 +781,7 @@ class Transport:
     def _send_ready_batches(self, now: float) -> None:
         for key in list(self._ready):
             batch = self._batches[key]
-            while batch.items and batch.in_flight < self._max_batches:
+            while batch.items and batch.in_flight < batch.limit(self._max_batches):
                 full = len(batch.items) >= self._batch_size
                 if not full and now - batch.items[0].enqueued < self._linger_s:
                     break
@@ -696,16 +789,17 @@ class Transport:
             if not batch.items:
                 self._ready.discard(key)
 
-    def _send_batch(self, key: tuple[str, str, int], batch: _QueueBatch) -> None:
+    def _send_batch(self, key: tuple[str, int], batch: _QueueBatch) -> None:
         items: list[AsyncItem] = []
         size = 0
+        address = batch.items[0].address  # one batch, one broker
         while batch.items and len(items) < self._batch_size:
             nxt = batch.items[0]
-            if items and size + len(nxt.body) > self._batch_bytes:
+            if items and (size + len(nxt.body) > self._batch_bytes or nxt.address != address):
                 break
             items.append(batch.items.popleft())
             size += len(nxt.body)
-        address, topic, queue_id = key
+        topic, queue_id = key
         fields: dict[str, Any] = {"topic": topic, "queueId": queue_id}
         if any(i.meta is not None for i in items):
             fields["meta"] = [i.meta for i in items]
@@ -719,7 +813,7 @@ class Transport:
         self._start_call(call)
 
     def _batch_done(
-        self, key: tuple[str, str, int], batch: _QueueBatch, items: list[AsyncItem], call: _Call
+        self, key: tuple[str, int], batch: _QueueBatch, items: list[AsyncItem], call: _Call
     ) -> None:
         batch.in_flight -= 1
         if batch.items:
@@ -728,28 +822,41 @@ class Transport:
             resp = call.future.result()
             if resp.code in DEGRADED_CODES and self.on_degraded is not None:
                 self.on_degraded(call.address)
-            results = send_results(key[1], resp)
+            results = send_results(key[0], resp)
             if len(results) != len(items):
                 raise BrokerError(
                     ResponseCode.SYSTEM_ERROR,
                     f"broker answered {len(results)} offsets for {len(items)} messages",
                 )
         except BrokerError as e:
-            self._items_failed(items, e)
+            self._items_failed(batch, items, e)
             return
         self._release_items(len(items))
         for item, result in zip(items, results, strict=True):
+            if item.ordered:
+                self._settle(batch, item)
             item.future.set_result(result)
 
-    def _items_failed(self, items: list[AsyncItem], err: BrokerError) -> None:
+    def _items_failed(self, batch: _QueueBatch, items: list[AsyncItem], err: BrokerError) -> None:
         finished = 0
         for item in items:
             if item.on_error is None or self._stop.is_set() or self.failure:
+                if item.ordered:
+                    self._settle(batch, item)
                 item.future.set_exception(err)
                 finished += 1
             else:
+                if item.ordered:  # its lane waits until it is back or failed for good
+                    batch.out.add(item.seq)
                 item.on_error(item, err)  # retries or fails it (and then calls release_one)
         self._release_items(finished)
 
-    def release_one(self) -> None:
+    def release_one(self, item: AsyncItem | None = None) -> None:
+        """A message was failed outside the accumulator: free its slot and, when it is an
+        ordered one, let its lane go on."""
         self._release_items(1)
+        if item is not None and item.ordered:
+            try:
+                self._submit(_Settled(item))
+            except BrokerError:
+                pass  # closed: no lane is served any more
