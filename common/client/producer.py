@@ -316,6 +316,7 @@ class Producer(ClientBase):
         if shard_key is not None:  # its order counts from now, the call's
             item.ordered = True
             item.seq = self._transport.next_seq()
+            assert queue_id is not None  # the key's queue, picked above
             item.queue_id = queue_id  # its lane, also while no master is known (hold_out)
         try:
             self._route(item)
