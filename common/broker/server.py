@@ -30,6 +30,10 @@ Threads::
   the same pass, with no mailbox item: an ack answers the SYNC puts it covers right there. When
   the loop ends it closes every participant still attached.
 * Requests are pipelined: answers carry the request's opaque id, in completion order.
+* A write carries its sender's address (``Request.born_host``, stored as BORNHOST): the
+  connection's remote address, as RocketMQ takes the channel's, from the first frame's
+  metadata (``common.format.zmq_frames.peer_address``), looked up once per connection (a
+  ROUTER identity) and kept for ``PEER_CACHE`` connections.
 * In-flight requests (waiting futures and parked long polls) are bounded by
   ``maxInflightRequests``; past that a request is answered SYSTEM_BUSY at once, so no queue grows
   without bound (STATUS is always served: clients need it to find the master and health checks
@@ -79,12 +83,13 @@ from common.format.protocol import (
     encode_response,
     error_response,
 )
-from common.format.zmq_frames import readable, send_frames
+from common.format.zmq_frames import peer_address, readable, send_frames
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
 CLOSE_LINGER_MS = 2000  # answers sent while draining get this long to leave on a loaded box
 DRAIN_GRACE_S = 0.3  # drained: connections stay open this long after the last answer
+PEER_CACHE = 4096  # connections whose address is remembered (oldest forgotten first)
 PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 
 
@@ -177,6 +182,7 @@ class RequestServer:
         self._bound = threading.Event()
         self._bind_error: BaseException | None = None
         self._seq = 0
+        self._peers: dict[bytes, tuple[str, int]] = {}  # ROUTER identity -> (ip, port)
         self.failure = ""  # why the I/O thread died ("" while it runs or after a clean end)
         self.on_fatal: Callable[[str], None] | None = None  # told when the I/O thread dies
 
@@ -346,14 +352,26 @@ class RequestServer:
             if not readable(sock):
                 return
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                # the identity frame uncopied: it carries the connection's metadata
+                first = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            if len(frames) < 2:
+            frames = sock.recv_multipart(zmq.NOBLOCK) if first.more else []
+            if not frames:
                 continue  # no routing identity or no header: cannot be answered
-            self._serve(sock, frames[0], frames[1:])
+            self._serve(sock, first.bytes, frames, first)
 
-    def _serve(self, sock: zmq.Socket[bytes], identity: bytes, frames: list[bytes]) -> None:
+    def _born_host(self, identity: bytes, first: zmq.Frame) -> tuple[str, int]:
+        """The sender's address, once per connection (syscalls), then from the cache."""
+        host = self._peers.get(identity)
+        if host is None:
+            host = self._peers[identity] = peer_address(first)
+            if len(self._peers) > PEER_CACHE:
+                del self._peers[next(iter(self._peers))]
+        return host
+
+    def _serve(self, sock: zmq.Socket[bytes], identity: bytes, frames: list[bytes],
+               first: zmq.Frame | None = None) -> None:
         started = time.monotonic()
         self.stats.requests += 1
         try:
@@ -379,6 +397,8 @@ class RequestServer:
                 started,
             )
             return
+        if req.code in WRITE_CODES and first is not None:
+            req = req._replace(born_host=self._born_host(identity, first))
         self._dispatch(sock, identity, req, started)
 
     def _dispatch(
