@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv bench lint clean zookeeper
+.PHONY: run test test-fast venv bench lint clean zookeeper
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,12 +34,19 @@ zookeeper:
 run: $(STAMP) zookeeper
 	$(BIN)/python -m common.cli.demo
 
+# Every test but the perf tier (rates and latencies judged against targets: `make bench`).
 # Died of a signal (status >= 128): name the test and the thread that crashed (tests/conftest.py).
 test: $(STAMP) zookeeper
-	$(BIN)/python -m pytest -q tests || { rc=$$?; [ $$rc -lt 128 ] || $(BIN)/python tests/fatal_report.py $$rc; exit $$rc; }
+	$(BIN)/python -m pytest -q -m "not perf" tests || { rc=$$?; [ $$rc -lt 128 ] || $(BIN)/python tests/fatal_report.py $$rc; exit $$rc; }
 
+# The inner loop: unit and property tests (in-process brokers; no broker processes, no JVM).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not perf" tests/unit tests/property
+
+# The benchmark scripts, then the perf tier; every part runs, the status says if any failed.
 bench: $(STAMP)
-	for f in bench/[!_]*.py; do $(BIN)/python $$f || exit 1; done
+	rc=0; for f in bench/[!_]*.py; do $(BIN)/python $$f || rc=1; done; \
+	$(BIN)/python -m pytest -q -m perf -rA tests || rc=1; exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check common master slave tests bench

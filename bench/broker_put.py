@@ -9,6 +9,9 @@ Measured for 128 B and 1 KiB bodies, in one run:
 | async64   | ``Producer.send_async``, 64 in flight| echo, 64 in flight; Redis XADD pipelined 64|
 |           | (keyless: the producer's own sticky  |                                           |
 |           | queue choice, as Kafka's producer)   |                                           |
+| async64k  | the same with ``shard_key`` (16 keys | echo, 64 in flight                        |
+|           | over the topic's queues: one batch   |                                           |
+|           | in flight per queue, for key order)  |                                           |
 | batch64   | ``Producer.send_batch`` of 64        | echo of one 64-body frame (the bodies     |
 |           |                                      | travel packed, as SEND_BATCH sends them); |
 |           |                                      | Redis pipe 64                             |
@@ -83,6 +86,27 @@ def replog_async(p: Producer, size: int, count: int) -> Figure:
     for fut in window:
         fut.result(120)
     return Figure("async64", count, clock() - start, lat, size)
+
+
+def replog_async_keyed(p: Producer, size: int, count: int, keys: int = 16) -> Figure:
+    """``replog_async`` with a ``shard_key`` per message (``keys`` keys in turn): a queue
+    carrying keyed messages has one batch in flight, so that a retry keeps their order."""
+    body = b"x" * size
+    clock = time.perf_counter
+    lat: list[float] = []
+    window: collections.deque[concurrent.futures.Future[SendResult]] = collections.deque()
+    names = [f"key-{i}" for i in range(keys)]
+    start = clock()
+    for i in range(count):
+        if len(window) >= WINDOW:
+            window.popleft().result(120)
+        t0 = clock()
+        fut = p.send_async("bench-keyed", body, shard_key=names[i % keys])
+        fut.add_done_callback(lambda _f, t0=t0: lat.append((clock() - t0) * 1000))
+        window.append(fut)
+    for fut in window:
+        fut.result(120)
+    return Figure("async64k", count, clock() - start, lat, size)
 
 
 def replog_batch(p: Producer, size: int, count: int) -> Figure:
@@ -208,6 +232,7 @@ def run_size(p: Producer, size: int, echo_port: int, redis_port: int) -> None:
     print(f"\nbody {size} B")
     sync = replog_sync(p, size, n(5000))
     asy = replog_async(p, size, n(50_000))
+    keyed = replog_async_keyed(p, size, n(50_000))
     batch = replog_batch(p, size, n(200_000))
     echo1 = echo_run(echo_addr, size, n(5000), 1, 1, "echo x1")
     echo64 = echo_run(echo_addr, size, n(50_000), WINDOW, 1, "echo 64 in flight")
@@ -216,7 +241,8 @@ def run_size(p: Producer, size: int, echo_port: int, redis_port: int) -> None:
     if redis_port:
         r1 = redis_run(redis_port, size, n(5000), 1)
         r64 = redis_run(redis_port, size, n(50_000), BATCH)
-    for f, refs in ((sync, (echo1, r1)), (asy, (echo64, r64)), (batch, (echob, r64))):
+    for f, refs in ((sync, (echo1, r1)), (asy, (echo64, r64)), (keyed, (echo64,)),
+                    (batch, (echob, r64))):
         print(f.line())
         for ref in refs:
             if ref is not None:

@@ -54,6 +54,15 @@ Lifecycle: ``start`` records the term's epoch, binds (a bind error raises here) 
 to the host; ``stop`` detaches, which returns once the socket is closed on the host's thread,
 then releases the SYNC waiters and terminates the service's ZeroMQ context.
 
+Failure: an exception out of any host call (a read of the log that fails, a bug) makes the host
+log it at ERROR, ``close`` the service and, after a back-off, ``reopen`` it
+(``common/broker/loop.py``), as RocketMQ restarts its HA connections. ``close`` drops the core:
+from then on the service reports no slave (``slaves()`` empty, ``in_sync_count()`` 0), so a
+SYNC put is answered SLAVE_NOT_AVAILABLE at once instead of waiting for acks a dead service
+will never read. ``reopen`` binds a new socket and starts a new core of the same term; the
+slaves' DEALERs reconnect to it and say HELLO again. Puts held for the old core's acks are
+answered by the new one's, or FLUSH_SLAVE_TIMEOUT at their deadline (indeterminate).
+
 ``create(cfg, store, role_name, host)`` is the factory ``common/cli/main.py`` calls for a master
 role; ``build_master_replication`` returns ``(service, replica waits or None)``: the
 ``GroupTransfer`` the master role admits SYNC puts into, on the request server's I/O thread.
@@ -119,6 +128,8 @@ class SyncStateHost(Protocol):
 class HaService:
     """Replication service of one master term; a ``common.broker.loop.LoopParticipant``."""
 
+    name = "haService"  # in status.health and the metrics
+
     def __init__(
         self,
         cfg: BrokerConfig,
@@ -144,6 +155,8 @@ class HaService:
         self._loop_ident = 0  # the host's thread: its appends need no wake
         self._streaming = False  # a slave is connected: appends elsewhere must wake the host
         self._stopping = False
+        self._attached = False  # handed to the host (until stop): a failed one is restarted
+        self._history: Any = None  # the term's epoch history (start), for a reopen
         self._backlog: dict[bytes, collections.deque[mc.Send | mc.ReadAndSend]] = {}
         self._backlog_cap = 4 * (cfg.haWindowBytes // max(1, cfg.haTransferBatchSize)) + 64
         self._backlog_stalled = False
@@ -180,39 +193,24 @@ class HaService:
     def start(self) -> None:
         """Record the master term's epoch, bind, and hand the socket to the host."""
         store = self._store
-        history = term.begin_master_term(
+        history = self._history = term.begin_master_term(
             self._cfg.store_root, int(store.min_phy_offset), int(store.max_phy_offset)
         )
-        with self._lock:
-            self._core = mc.MasterCore(
-                self._cfg,
-                history,
-                int(store.min_phy_offset),
-                int(store.max_phy_offset),
-                self._now_ms(),
-            )
         self._ctx = zmq.Context()
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        window_frames = self._cfg.haWindowBytes // max(1, self._cfg.haTransferBatchSize) + 1
-        sock.setsockopt(zmq.SNDHWM, window_frames + SNDHWM_SLACK)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_header_bytes + 1024)
         try:
-            sock.bind(self._bind)
-        except zmq.ZMQError as e:
-            sock.close(0)
+            self._open()
+        except OSError:
             self._ctx.term()
             self._ctx = None
-            raise OSError(f"HA service cannot bind {self._bind}: {e}") from e
-        self._sock = sock
-        self._items = ((sock, zmq.POLLIN),)
+            raise
+        sock = self._sock
+        assert sock is not None
         self._store.add_append_listener(self._on_append)
         if self._host is None:
             self._host = ParticipantThread("replog-ha-service")
         try:
             self._host.attach(self)
+            self._attached = True
         except BaseException:  # e.g. the request server stopped meanwhile
             self._sock = None
             sock.close(0)
@@ -230,13 +228,47 @@ class HaService:
             host=type(self._host).__name__,
         )
 
+    def _open(self) -> None:
+        """A new core of the term and a bound ROUTER (OSError if the bind fails)."""
+        store = self._store
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        window_frames = self._cfg.haWindowBytes // max(1, self._cfg.haTransferBatchSize) + 1
+        sock.setsockopt(zmq.SNDHWM, window_frames + SNDHWM_SLACK)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_header_bytes + 1024)
+        try:
+            sock.bind(self._bind)
+        except zmq.ZMQError as e:
+            sock.close(0)
+            raise OSError(f"HA service cannot bind {self._bind}: {e}") from e
+        with self._lock:
+            self._core = mc.MasterCore(
+                self._cfg,
+                self._history,
+                int(store.min_phy_offset),
+                int(store.max_phy_offset),
+                self._now_ms(),
+            )
+        self._sock = sock
+        self._items = ((sock, zmq.POLLIN),)
+
+    def reopen(self) -> None:
+        """After a failure (the host closed it): a new socket and a new core (host thread)."""
+        if self._stopping or self._ctx is None:
+            raise RuntimeError("the HA service is stopping")
+        self._open()
+        log_event(log, "ha_service_reopened", bind=self._bind, maxPhyOffset=self._store.max_phy_offset)
+
     def stop(self) -> None:
         """Detach from the host (returns once the socket is closed), release the waiters."""
         if self._stopping:
             return
         self._stopping = True
         closed = True
-        if self._host is not None and self._sock is not None:
+        if self._host is not None and self._attached:
             closed = self._host.detach(self, JOIN_TIMEOUT_S)
             if not closed:
                 log_event(log, "ha_service_detach_stuck", logging.ERROR)
@@ -362,9 +394,17 @@ class HaService:
         self._execute(sock, actions)
 
     def close(self) -> None:
+        """Host thread: close the socket and drop the core (no slave is reported any more)."""
         self._wake = None
+        self._streaming = False
         if self._sock is not None:
             self._sock.close(0)
+            self._sock = None
+        with self._lock:
+            self._core = None
+        self._backlog.clear()
+        self._backlog_stalled = False
+        self._rates.clear()
 
     # ---- inputs ------------------------------------------------------------------------------
     def _log_actions(self) -> list[mc.MasterAction]:

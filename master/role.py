@@ -1,6 +1,8 @@
 """The master role: accepts writes (send, send batch, topic creation) and starts the HA service.
 
-A put goes (on the server's I/O thread)::
+A put's BORNHOST is its producer's address as the request server saw the connection
+(``Request.born_host``: IP and port of the TCP peer, RocketMQ's channel remote address). A put
+goes (on the server's I/O thread)::
 
     topic check (auto-create with defaultTopicQueueNums, persisted in config/topics.json)
     -> store.put_nowait / put_batch_nowait   append now, under the store's put lock
@@ -151,7 +153,8 @@ class MasterRole:
                 delay,
                 sys_flag=f["sysFlag"],
             )
-            pending = self.store.put_nowait(msg, f["queueId"], born_timestamp=born)
+            pending = self.store.put_nowait(msg, f["queueId"], born_host=req.born_host,
+                                            born_timestamp=born)
         else:
             meta = f.get("meta")
             if meta is not None and any(m[2] and PROPERTY_DELAY in m[2] for m in meta):
@@ -159,7 +162,7 @@ class MasterRole:
                              "a batch cannot hold delayed messages (RocketMQ refuses them too)")
             msgs = _batch_messages(f["topic"], req.bodies, meta)
             pending = self.store.put_batch_nowait(
-                f["topic"], f["queueId"], msgs, born_timestamp=born
+                f["topic"], f["queueId"], msgs, born_host=req.born_host, born_timestamp=born
             )
         return self._after_append(req, pending)
 

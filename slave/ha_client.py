@@ -19,6 +19,13 @@ If the store refuses an action (StoreError, OSError), the rest of that batch is 
 holds the ack of bytes we do not have) and the core is rebuilt from the store's own max offset
 and epoch file with the next session: the store is the truth, and the new HELLO resumes from it.
 
+Fence: ``start`` takes a replication generation from the store (``store.open_replication``)
+and every write to the store carries it: appends, truncations, resets, and the epoch file,
+saved under ``store.replication_guard``. A promotion closes the fence under the put lock before
+it writes its epoch, so a client whose ``stop`` timed out (a thread stalled on the disk) cannot
+write after the new term began: its write is refused (ReplicationFencedError) and the thread
+ends.
+
 Acks: the core acks after every append; within one burst of received frames the driver sends
 only the newest ack (acks are cumulative), and at least every ``haWindowBytes / 4`` appended
 bytes so the master's window never stalls on us. "Acked" means in this slave's page cache; its
@@ -30,6 +37,12 @@ GIL between the append and the ack (a SYNC put on the master waits for that ack)
 Sessions: the first is the wall clock in ms, so a restarted slave (SIGKILL) always says a
 session greater than any it used before; it resumes from its own max offset (never zero unless
 empty).
+
+A thread that raises is not left dead (replication would stop and nobody be told): the error
+is logged at ERROR (``event=ha_client_failed``) and counted in ``health()`` (``status.health.
+haClient`` and the metrics), the socket is closed, and after a back-off
+(``common.broker.loop.ParticipantHealth``) the client starts again from what its store holds,
+with the next session and a new connection, as RocketMQ's HAClient reconnects.
 
 ``create(cfg, store)`` is the factory ``common/cli/main.py`` calls; ``build_slave_replication`` is
 the same.
@@ -48,8 +61,9 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from common.broker.loop import ParticipantHealth
 from common.core.config import BrokerConfig
-from common.core.errors import StoreError
+from common.core.errors import ReplicationFencedError, StoreError
 from common.core.logs import log_event
 from common.format.zmq_frames import readable, send_frames
 from common.ha import epochs as ep
@@ -109,6 +123,9 @@ class HaClient:
         self._unacked_bytes = 0
         self._undispatched = False  # appended since the last dispatch_inline
         self._min_master_epoch = 0  # the controller's: an older master is refused
+        self._generation: int | None = None  # the store's replication fence generation
+        self._health = ParticipantHealth()
+        self._health_lock = threading.Lock()
         self.stats = HaClientStats()
 
     def require_epoch(self, epoch: int) -> None:
@@ -147,6 +164,11 @@ class HaClient:
             **dataclasses.asdict(self.stats),
         }
 
+    def health(self) -> dict[str, Any]:
+        """State (running, restarting, failed), failures, restarts and the last error."""
+        with self._health_lock:
+            return self._health.as_status()
+
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         if not self._cfg.haMasterAddress:
@@ -157,6 +179,7 @@ class HaClient:
                 reason="no haMasterAddress: nothing to replicate from",
             )
             return
+        self._generation = self._store.open_replication()
         self._core = self._new_core(first_session=time.time_ns() // 1_000_000)
         self._ctx = zmq.Context()
         self._stop_r, self._stop_w = os.pipe()
@@ -176,24 +199,40 @@ class HaClient:
         """Its replication thread is alive and not asked to stop."""
         return not self._stopping and self._thread is not None and self._thread.is_alive()
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Stop the thread; False when it did not end within JOIN_TIMEOUT_S (stalled: its
+        late writes are for the store's fence to refuse)."""
         if self._stopping or self._thread is None:
             self._stopping = True
-            return
+            return self._thread is None or not self._thread.is_alive()
         self._stopping = True
         os.write(self._stop_w, b"\0")
         self._thread.join(JOIN_TIMEOUT_S)
-        if self._thread.is_alive():
-            log_event(log, "ha_client_thread_stuck", logging.ERROR)
+        stopped = not self._thread.is_alive()
+        if not stopped:
+            log_event(log, "ha_client_thread_stuck", logging.ERROR, timeoutS=JOIN_TIMEOUT_S)
         else:
             assert self._ctx is not None
             self._ctx.term()
         os.close(self._stop_r)
         os.close(self._stop_w)
         log_event(log, "ha_client_stopped", appended=self.stats.bytes_appended)
+        return stopped
 
     # ---- the client thread -------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            while not self._session():
+                pass
+        finally:
+            self._close()
+            end = getattr(self._store, "end_inline_dispatch", None)
+            if end is not None:
+                end()
+
+    def _session(self) -> bool:
+        """Connect and replicate until stopped (True); after a failure, back off and start
+        again from the store (False: the caller runs the next session)."""
         try:
             self._open()
             with self._lock:
@@ -202,13 +241,47 @@ class HaClient:
             self._execute(actions)
             self._flush_ack()
             self._loop()
-        except Exception:  # a dead HA thread must be loud
-            log.exception("event=ha_client_crashed")
-        finally:
+            return True
+        except Exception as e:  # noqa: BLE001 - logged below: loud, and it comes back
+            error: Exception = e
+        while True:
+            with self._health_lock:
+                wait = self._health.failed(error, restarting=not self._stopping)
+            log.error("event=ha_client_failed error=%r action=%s", str(error),
+                      "stopping" if self._stopping else f"restart_in_{wait:.1f}s",
+                      exc_info=error)
             self._close()
-            end = getattr(self._store, "end_inline_dispatch", None)
-            if end is not None:
-                end()
+            self._pending_ack = None
+            self._unacked_bytes = 0
+            if self._stopping or self._sleep(wait):
+                return True
+            try:
+                with self._lock:
+                    assert self._core is not None
+                    session = self._core.session + 1
+                core = self._new_core(first_session=session)  # from what the store holds
+            except Exception as e:  # noqa: BLE001 - counted, logged, tried again later
+                error = e
+                continue
+            with self._lock:
+                self._core = core
+            with self._health_lock:
+                self._health.restarted()
+            log_event(log, "ha_client_restarted", logging.WARNING, session=session,
+                      maxPhyOffset=core.max_phy_offset)
+            return False
+
+    def _sleep(self, wait_s: float) -> bool:
+        """Wait ``wait_s`` or until ``stop``; True when stopping."""
+        deadline = time.monotonic() + wait_s
+        while not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller = zmq.Poller()
+            poller.register(self._stop_r, zmq.POLLIN)
+            poller.poll(max(1, int(left * 1000)))
+        return True
 
     def _loop(self) -> None:
         while not self._stopping:
@@ -292,13 +365,18 @@ class HaClient:
         for i, action in enumerate(actions):
             try:
                 self._do(action)
+            except ReplicationFencedError as e:  # promoted, or a newer client: this one ends
+                log_event(log, "ha_client_fenced", logging.ERROR, action=type(action).__name__,
+                          reason=str(e))
+                self._stopping = True
+                return
             except (StoreError, OSError, ValueError) as e:
                 self._rebuild(f"{type(action).__name__} failed: {e}", dropped=len(actions) - i - 1)
                 return
 
     def _do(self, action: sc.SlaveAction) -> None:
         if isinstance(action, sc.Append):
-            self._store.append_replicated(action.phy_offset, action.data)
+            self._store.append_replicated(action.phy_offset, action.data, self._generation)
             self.stats.bytes_appended += len(action.data)
             self.stats.frames_appended += 1
             self._unacked_bytes += len(action.data)
@@ -319,13 +397,14 @@ class HaClient:
                 phyOffset=action.phy_offset,
                 maxPhyOffset=self._store.max_phy_offset,
             )
-            self._store.truncate_to(action.phy_offset)
+            self._store.truncate_to(action.phy_offset, self._generation)
         elif isinstance(action, sc.ResetLog):
             log_event(log, "ha_reset_log", logging.WARNING, phyOffset=action.phy_offset)
-            self._store.reset_to(action.phy_offset)
+            self._store.reset_to(action.phy_offset, self._generation)
         elif isinstance(action, sc.SaveEpochs):
-            term.record_learned_epoch(self._cfg.store_root, ep.last_epoch(action.history))
-            ep.save(self._cfg.store_root, action.history)
+            with self._store.replication_guard(self._generation):  # none after a promotion
+                term.record_learned_epoch(self._cfg.store_root, ep.last_epoch(action.history))
+                ep.save(self._cfg.store_root, action.history)
         elif isinstance(action, sc.Reconnect):
             self.stats.reconnects += 1
             self._pending_ack = None

@@ -24,7 +24,7 @@ from common.format.protocol import Request, Response
 class HaClient(Protocol):
     def start(self) -> None: ...
 
-    def stop(self) -> None: ...
+    def stop(self) -> bool: ...  # False: its thread did not end in time (the store fences it)
 
 
 class SlaveRole:
@@ -36,6 +36,7 @@ class SlaveRole:
         self.ha_client = ha_client
         self.config_sync = config_sync
         self.refused = 0
+        self.replication_stopped = True  # False: the HA client's stop timed out
 
     @property
     def name(self) -> str:
@@ -51,7 +52,7 @@ class SlaveRole:
         if self.config_sync is not None:
             self.config_sync.stop()
         if self.ha_client is not None:
-            self.ha_client.stop()
+            self.replication_stopped = bool(self.ha_client.stop())
 
     def master_address(self) -> str:
         """The master's client address, as the master told it ("" until it has answered)."""
@@ -68,7 +69,12 @@ class SlaveRole:
             "refusedWrites": self.refused,
             "replication": replication,
             "configSync": self.config_sync.status() if self.config_sync is not None else {},
+            "health": self._health(),
         }
+
+    def _health(self) -> dict[str, Any]:
+        getter = getattr(self.ha_client, "health", None)
+        return {"haClient": getter()} if callable(getter) else {}
 
     def handle_write(self, req: Request) -> Response:
         self.refused += 1

@@ -11,6 +11,14 @@ Prometheus collectors: ``common/broker/metrics.py``.
 Shutdown is two-stage (uvicorn): the first SIGTERM/SIGINT drains in-flight requests, stops the
 role, persists the offsets and shuts the store down (flush, checkpoint, remove the abort file);
 a second signal exits at once.
+
+Failures are never silent. A loop participant (the master's HA service) or the slave's HA
+client that raises is logged at ERROR and restarted; ``status.health`` shows each one's state,
+failures, restarts and last error (the ``replog_component_*`` metrics too). The request
+server's I/O thread cannot be restarted in place (it owns the client socket and every request
+in flight): when it dies the broker logs ``event=broker_fatal`` at ERROR, shuts down cleanly
+(flush, checkpoint) and ``serve_forever`` returns ``EXIT_INTERNAL_ERROR`` (70, EX_SOFTWARE), the
+process's exit status, for its supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from common.ha import epochs, promotion, term
 
 log = logging.getLogger("replog.broker")
 
+EXIT_INTERNAL_ERROR = 70  # sysexits' EX_SOFTWARE: the I/O thread died (serve_forever)
 DRAIN_TIMEOUT_S = 10.0
 OFFSET_PERSIST_INTERVAL_S = 1.0
 GROUP_PROBE_MS = 1500  # start-up: how long each of groupServers gets to answer status
@@ -107,6 +116,8 @@ class BrokerStatus:
     deadLetters: dict[str, int]  # group -> messages held in its %DLQ% topic (master/send_back.py)
     controller: dict[str, Any]  # controller mode: ZooKeeper session, lease, SyncStateSet, epoch
     fencedWrites: int  # controller mode: writes refused for a stale lease or a lost election
+    # component (haService, haClient) -> {state, failures, restarts, lastError}
+    health: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -151,6 +162,8 @@ class Broker:
         self._started = time.monotonic()
         self._admin = concurrent.futures.ThreadPoolExecutor(1, "replog-admin")
         self._stop = threading.Event()
+        self._exit_code = 0
+        self.server.on_fatal = self._on_fatal
         self._signals = 0
         self._housekeeper: threading.Thread | None = None
         self._metrics_server: Any = None
@@ -364,14 +377,28 @@ class Broker:
             self._ha_port_hold.release()
             self._ha_port_hold = None
 
-    def serve_forever(self) -> None:
-        """Start, wait for SIGTERM/SIGINT, shut down cleanly; a second signal exits at once."""
+    def serve_forever(self) -> int:
+        """Start, wait for SIGTERM/SIGINT, shut down cleanly; a second signal exits at once.
+        Returns the process's exit status: 0, or EXIT_INTERNAL_ERROR when the I/O thread died."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.start()
+        return self.wait_and_shutdown()
+
+    def wait_and_shutdown(self) -> int:
+        """Wait for a stop (a signal, or the I/O thread's death), then shut down; returns the
+        exit status (see ``serve_forever``)."""
         while not self._stop.wait(0.5):
             pass
         self.shutdown()
+        return self._exit_code
+
+    def _on_fatal(self, reason: str) -> None:
+        """The I/O thread died (its own thread): stop cleanly with a non-zero status."""
+        self._exit_code = EXIT_INTERNAL_ERROR
+        log_event(log, "broker_fatal", logging.ERROR, reason=reason,
+                  action="shutting down", exitStatus=EXIT_INTERNAL_ERROR)
+        self._stop.set()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals += 1
@@ -526,6 +553,7 @@ class Broker:
             deadLetters=dead_letters(store),
             controller=controller,
             fencedWrites=int(role_fields.get("fencedWrites", 0)),
+            health={**self.server.participant_health(), **role_fields.get("health", {})},
         )
 
     def epoch(self) -> int:
@@ -607,6 +635,13 @@ class Broker:
             return reply(req, fields=self.status(), remark=f"already {current.name}")
         if current is not None:
             current.stop()  # before reading the history: replication may still have saved to it
+        # Close the replication fence (under the put lock, so after any append in progress)
+        # before the epoch is written: an HA client whose stop timed out (a thread stalled on
+        # the disk) can then write nothing more, neither log bytes nor the epoch file.
+        self.store.fence_replication()
+        if current is not None and not getattr(current, "replication_stopped", True):
+            log_event(log, "promotion_with_stuck_replication", logging.ERROR,
+                      action="fenced: its late writes are refused")
         history_before: epochs.EpochHistory | None = None
         new_role: Role | None = None
         try:
@@ -718,6 +753,12 @@ class Broker:
             current = self.role
             if current is not None:
                 current.stop()  # a slave's replication ends before the epoch is written
+            # as a manual promotion does: an HA client whose stop timed out writes nothing
+            # after this (neither log bytes nor the epoch file)
+            self.store.fence_replication()
+            if current is not None and not getattr(current, "replication_stopped", True):
+                log_event(log, "promotion_with_stuck_replication", logging.ERROR,
+                          action="fenced: its late writes are refused")
             self.store.become_master()
             max_phy = int(self.store.max_phy_offset)
             history = epochs.truncate_beyond(epochs.load(self.cfg.store_root), max_phy)

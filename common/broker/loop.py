@@ -14,11 +14,21 @@ them beside its own and calls the participant, always on the host's one thread:
     on_timer()            that time has passed
     close()               detached or the host's loop ends: close the sockets (host thread)
 
+    reopen()              optional: after a failure, make the sockets anew (the host then
+                          binds it again); raising means "try again later"
+
 Hosts: the request server's I/O thread (``common.broker.server.RequestServer.attach``/``detach``,
 through ``Participants``), so a participant's sockets are served with no thread hand-off at
 all, or, without a request server, a ``ParticipantThread`` of its own. ``LoopHost.detach``
-returns once ``close`` ran. A participant that raises is logged, closed and dropped; the host
-goes on.
+returns once ``close`` ran.
+
+A participant that raises is never dropped silently: it is logged at ERROR
+(``event=participant_failed``), closed, and counted in its ``ParticipantHealth`` (state,
+failures, restarts, last error: ``status.health`` and the ``replog_component_*`` metrics).
+One with ``reopen`` (the master's HA service) is then restarted after a back-off
+(``RESTART_BACKOFF_S``, doubling up to ``RESTART_BACKOFF_MAX_S``, reset by a restart that
+worked), as RocketMQ's HA service restarts its connections; the host goes on meanwhile. One
+without ``reopen`` stays dropped and shows ``failed``. A detach cancels a pending restart.
 
 ``Participants`` is the bookkeeping a host thread with a mailbox needs: ``attach``/``detach``
 from any thread post ``_Attach``/``_Detach`` items (a participant's ``wake`` posts ``_Poke``)
@@ -43,6 +53,8 @@ import zmq
 log = logging.getLogger("replog.loop")
 
 MAX_POLL_MS = 1000  # a ParticipantThread's longest sleep without a timeout
+RESTART_BACKOFF_S = 0.1  # first wait before a failed participant is reopened
+RESTART_BACKOFF_MAX_S = 5.0
 
 
 class LoopParticipant(Protocol):
@@ -71,6 +83,41 @@ class LoopHost(Protocol):
     def detach(self, participant: LoopParticipant, timeout_s: float) -> bool: ...  # closed?
 
 
+def participant_name(participant: object) -> str:
+    """How status and metrics name a participant: its ``name``, else its class name."""
+    name = getattr(participant, "name", None)
+    return name if isinstance(name, str) and name else type(participant).__name__
+
+
+@dataclasses.dataclass
+class ParticipantHealth:
+    """What ``status.health`` shows of a participant (or a thread that restarts itself)."""
+
+    state: str = "running"  # running | restarting | failed
+    failures: int = 0
+    restarts: int = 0
+    lastError: str = ""  # the status document's spelling
+    backoff_s: float = dataclasses.field(default_factory=lambda: RESTART_BACKOFF_S)
+
+    def failed(self, error: BaseException, restarting: bool) -> float:
+        """Count a failure; returns how long to wait before the restart."""
+        self.failures += 1
+        self.lastError = f"{type(error).__name__}: {error}"[:500]
+        self.state = "restarting" if restarting else "failed"
+        wait = self.backoff_s
+        self.backoff_s = min(RESTART_BACKOFF_MAX_S, self.backoff_s * 2)
+        return wait
+
+    def restarted(self) -> None:
+        self.restarts += 1
+        self.state = "running"
+        self.backoff_s = RESTART_BACKOFF_S
+
+    def as_status(self) -> dict[str, Any]:
+        return {"state": self.state, "failures": self.failures, "restarts": self.restarts,
+                "lastError": self.lastError}
+
+
 @dataclasses.dataclass(eq=False)
 class _Attachment:
     """A participant and what its host thread keeps about it."""
@@ -82,6 +129,8 @@ class _Attachment:
     armed: bool = False  # a wake is posted and its after_burst has not run yet
     due: float = float("inf")  # monotonic time of its on_timer
     polled: dict[Any, int] = dataclasses.field(default_factory=dict)  # socket -> poll flags
+    restart_at: float = float("inf")  # failed, closed, to be reopened then (host thread)
+    health: ParticipantHealth = dataclasses.field(default_factory=ParticipantHealth)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +157,11 @@ class Participants:
         self._post = post
         self._lock = threading.Lock()
         self._registry: dict[LoopParticipant, _Attachment] = {}  # under _lock
+        self._failed: dict[str, ParticipantHealth] = {}  # under _lock: dropped after failing
         self._started = False  # under _lock: the host thread has begun (or ended)
         self._over = False  # under _lock: the host's loop ended, no more attachments
-        self._active: list[_Attachment] = []  # host thread only, like the three below
+        self._active: list[_Attachment] = []  # host thread only, like the four below
+        self._waiting_restart = 0  # failed attachments waiting for their reopen
         self._by_sock: dict[Any, _Attachment] = {}
         self._poller: zmq.Poller | None = None
         self._ident = 0
@@ -158,6 +209,14 @@ class Participants:
         with self._lock:
             return len(self._registry)
 
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Name -> health of every participant attached, and of those dropped after failing."""
+        with self._lock:
+            out = {name: h.as_status() for name, h in self._failed.items()}
+            for participant, att in self._registry.items():
+                out[participant_name(participant)] = att.health.as_status()
+        return out
+
     # ---- the host thread ---------------------------------------------------------------------
     @property
     def active(self) -> bool:
@@ -190,6 +249,9 @@ class Participants:
     def prepare(self, poller: zmq.Poller, now: float) -> int | None:
         """Before the poll: register the sockets as asked, return the shortest timeout (ms)."""
         timeout: int | None = None
+        for att in self._restarting() if self._waiting_restart else ():
+            restart_ms = max(0, int((att.restart_at - now) * 1000) + 1)
+            timeout = restart_ms if timeout is None else min(timeout, restart_ms)
         for att in tuple(self._active):
             items = self._call(att, att.participant.poll_items)
             wait_ms = self._call(att, att.participant.timeout_ms) if att.active else None
@@ -222,6 +284,41 @@ class Participants:
             if now >= att.due and att.active:
                 att.due = float("inf")
                 self._call(att, att.participant.on_timer)
+        for att in self._restarting() if self._waiting_restart else ():
+            if now >= att.restart_at:
+                self._restart(att)
+
+    @property
+    def restarting(self) -> bool:
+        """A failed participant waits for its restart: the host must call ``prepare`` and
+        ``on_timers`` although no participant is active."""
+        return self._waiting_restart > 0
+
+    def _restarting(self) -> list[_Attachment]:
+        with self._lock:
+            return [a for a in self._registry.values() if a.restart_at != float("inf")]
+
+    def _restart(self, att: _Attachment) -> None:
+        """Reopen a failed participant and take it over again; another back-off if that
+        fails too."""
+        att.restart_at = float("inf")
+        self._waiting_restart -= 1
+        name = participant_name(att.participant)
+        try:
+            att.participant.reopen()  # type: ignore[attr-defined]
+        except Exception as e:
+            with self._lock:
+                wait = att.health.failed(e, restarting=True)
+            att.restart_at = time.monotonic() + wait
+            self._waiting_restart += 1
+            log.exception("event=participant_restart_failed participant=%s retry_in_s=%.1f",
+                          name, wait)
+            return
+        with self._lock:
+            att.health.restarted()
+        log.warning("event=participant_restarted participant=%s restarts=%d", name,
+                    att.health.restarts)
+        self._activate(att)
 
     def end(self) -> None:
         """The host's loop ends: close every participant still attached."""
@@ -248,9 +345,8 @@ class Participants:
         except Exception:  # noqa: BLE001 - a full mailbox (a bug guard): a later pass catches up
             att.armed = False
 
-    def _deactivate(self, att: _Attachment) -> None:
-        if att.closed.is_set():
-            return
+    def _unhook(self, att: _Attachment) -> None:
+        """Stop polling and calling ``att`` (host thread)."""
         if att.active:
             att.active = False
             self._active.remove(att)
@@ -259,20 +355,50 @@ class Participants:
                 if self._poller is not None:
                     self._poller.unregister(s)
             att.polled.clear()
-        _close(att)
+
+    def _deactivate(self, att: _Attachment) -> None:
+        if att.closed.is_set():
+            return
+        self._unhook(att)
+        if att.restart_at != float("inf"):  # closed when it failed: its restart is cancelled
+            att.restart_at = float("inf")
+            self._waiting_restart -= 1
+            att.closed.set()
+        else:
+            _close(att)
         with self._lock:
             self._registry.pop(att.participant, None)
 
     def _call(self, att: _Attachment, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call into a participant; one that raises is logged, closed and dropped."""
+        """Call into a participant; one that raises is logged, closed and then restarted
+        (``reopen``) or dropped (without one)."""
         try:
             return fn(*args)
-        except Exception:  # the host must keep serving
-            log.exception(
-                "event=participant_failed participant=%s", type(att.participant).__name__
-            )
-            self._deactivate(att)
+        except Exception as e:  # noqa: BLE001 - logged there; the host must keep serving
+            self._failed_call(att, e)
             return None
+
+    def _failed_call(self, att: _Attachment, error: Exception) -> None:
+        name = participant_name(att.participant)
+        can_restart = callable(getattr(att.participant, "reopen", None))
+        with self._lock:
+            can_restart = can_restart and not self._over
+            wait = att.health.failed(error, restarting=can_restart)
+        log.error("event=participant_failed participant=%s error=%r action=%s", name,
+                  str(error), f"restart_in_{wait:.1f}s" if can_restart else "dropped",
+                  exc_info=error)
+        if not can_restart:
+            with self._lock:
+                self._failed[name] = att.health
+            self._deactivate(att)
+            return
+        self._unhook(att)
+        try:
+            att.participant.close()
+        except Exception:  # logged; it is reopened either way
+            log.exception("event=participant_close_failed participant=%s", name)
+        att.restart_at = time.monotonic() + wait
+        self._waiting_restart += 1
 
 
 def _close(att: _Attachment) -> None:
@@ -289,10 +415,13 @@ class ParticipantThread:
     The thread polls the participant's sockets and a self-pipe that ``wake`` writes; it runs
     ``after_burst`` after a wake, ``on_events`` for ready sockets and ``on_timer`` when the
     participant's timeout passed. ``detach`` stops it; the participant is closed on the
-    thread before it ends."""
+    thread before it ends. A participant that raises is logged, closed and, with ``reopen``,
+    restarted on the same thread after a back-off (as ``Participants`` does)."""
 
     def __init__(self, name: str):
         self._name = name
+        self._health = ParticipantHealth()
+        self._health_lock = threading.Lock()
         self._participant: LoopParticipant | None = None
         self._thread: threading.Thread | None = None
         self._r, self._w = os.pipe()
@@ -336,19 +465,73 @@ class ParticipantThread:
                 except (BlockingIOError, OSError):
                     pass  # full: a wake-up is pending anyway
 
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Name -> health of the participant hosted (``status.health``)."""
+        if self._participant is None:
+            return {}
+        with self._health_lock:
+            return {participant_name(self._participant): self._health.as_status()}
+
     def _run(self) -> None:
         p = self._participant
         assert p is not None
         try:
-            p.bind(self.wake)
-            self._loop(p)
-        except Exception:  # a dead participant must be loud
-            log.exception("event=participant_crashed thread=%s", self._name)
+            while not self._serve(p):
+                pass
         finally:
             try:
                 p.close()
             except Exception:  # logged, the thread ends anyway
                 log.exception("event=participant_close_failed thread=%s", self._name)
+
+    def _serve(self, p: LoopParticipant) -> bool:
+        """Bind and loop; on a failure close, wait out the back-off and reopen. True when
+        the thread is to end (stopped, or a participant that cannot be restarted failed)."""
+        try:
+            p.bind(self.wake)
+            self._loop(p)
+            return True
+        except Exception as e:  # noqa: BLE001 - logged below: a dead participant is loud
+            error: Exception = e
+        while True:
+            can_restart = callable(getattr(p, "reopen", None)) and not self._stopping
+            with self._health_lock:
+                wait = self._health.failed(error, restarting=can_restart)
+            log.error("event=participant_failed participant=%s thread=%s error=%r action=%s",
+                      participant_name(p), self._name, str(error),
+                      f"restart_in_{wait:.1f}s" if can_restart else "dropped", exc_info=error)
+            if not can_restart:
+                return True
+            try:
+                p.close()
+            except Exception:  # logged; it is reopened either way
+                log.exception("event=participant_close_failed thread=%s", self._name)
+            if self._sleep(wait):
+                return True
+            try:
+                p.reopen()  # type: ignore[attr-defined]
+            except Exception as e:  # noqa: BLE001 - counted, logged, tried again later
+                error = e
+                continue
+            with self._health_lock:
+                self._health.restarted()
+            log.warning("event=participant_restarted participant=%s thread=%s",
+                        participant_name(p), self._name)
+            return False
+
+    def _sleep(self, wait_s: float) -> bool:
+        """Wait ``wait_s`` or until ``detach``; True when the thread is to stop."""
+        deadline = time.monotonic() + wait_s
+        while not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller = zmq.Poller()
+            poller.register(self._r, zmq.POLLIN)
+            if poller.poll(max(1, int(left * 1000))):
+                self._armed = False  # before draining: a later wake writes again
+                _drain(self._r)
+        return True
 
     def _loop(self, p: LoopParticipant) -> None:
         poller = zmq.Poller()

@@ -1,11 +1,26 @@
 """Prometheus collectors (``metricsPort``): the status snapshot and consumer groups' lag.
 
-Every numeric figure of ``replog status`` is a ``replog_<snake_case>`` gauge labelled with the
-broker name and id; each slave a master serves adds ``replog_slave_{ack_offset,lag_bytes,
-in_sync}`` labelled with its address; each consumer group and topic in this broker's offset
-table adds ``replog_consumer_lag`` and ``replog_consumer_delay_seconds``; each group with live
-``GroupConsumer`` members ``replog_consumer_group_members``; each group with a dead-letter
-topic ``replog_dead_letters`` (messages its ``%DLQ%<group>`` holds). Collected per scrape.
+Every numeric figure of ``replog status`` is exported labelled with the broker name and id:
+a figure that only grows (``COUNTERS``: requests, messages stored and pulled, refusals,
+failures) is a counter ``replog_<snake_case>_total``, so ``rate()`` and ``increase()`` work
+across restarts; every other one is a ``replog_<snake_case>`` gauge. Each component in
+``status.health`` (the master's HA service, a slave's HA client) adds
+``replog_component_failures_total``, ``replog_component_restarts_total`` and
+``replog_component_up`` (1 while running) labelled ``component``; each slave a master serves
+``replog_slave_{ack_offset,lag_bytes,in_sync}`` labelled with its address; each consumer group
+and topic in this broker's offset table ``replog_consumer_lag`` and
+``replog_consumer_delay_seconds``; each group with live ``GroupConsumer`` members
+``replog_consumer_group_members``; each group with a dead-letter topic ``replog_dead_letters``
+(messages its ``%DLQ%<group>`` holds). Collected per scrape, from one ``BrokerStatus``
+snapshot (``common/broker/server_stats.py`` copies what the I/O thread mutates under a lock).
+
+Renamed from gauges to counters (the gauges of the same figures are gone: a gauge and a counter
+cannot share a family name): ``replog_requests`` -> ``replog_requests_total``, and likewise
+``refused_busy``, ``bad_requests``, ``long_polls``, ``wakes_inline``, ``wakes_posted``,
+``refused_writes``, ``store_puts``, ``store_put_failures``, ``store_dispatched_records``,
+``store_deleted_segments``, ``config_sync_rounds``, ``config_sync_failures``,
+``config_sync_changes``; ``replog_put_total`` and ``replog_get_total`` keep their names and
+become counters.
 """
 
 from __future__ import annotations
@@ -14,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from common.broker.tables import ConsumerOffsetTable
 from common.core.message import DLQ_PREFIX
@@ -23,13 +38,24 @@ if TYPE_CHECKING:
     from common.broker.broker import BrokerStatus
 
 
+# Status figures that only grow (counted since the broker started): exported as counters.
+COUNTERS = frozenset({
+    "putTotal", "getTotal", "requests", "refusedBusy", "badRequests", "longPolls",
+    "wakesInline", "wakesPosted", "refusedWrites",
+    "store_puts", "store_put_failures", "store_dispatched_records", "store_deleted_segments",
+    "store_segment_close_failures", "store_segments_held_too_long",
+    "config_sync_rounds", "config_sync_failures", "config_sync_changes",
+})
+
+
 class StatusCollector:
-    """Prometheus collector: every numeric status figure as a ``replog_*`` gauge, per scrape."""
+    """Prometheus collector: every numeric status figure as a ``replog_*`` counter (figures
+    that only grow) or gauge, and each component's health, per scrape."""
 
     def __init__(self, snapshot: Callable[[], BrokerStatus]):
         self._snapshot = snapshot
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         status = self._snapshot()
         labels = {"broker": status.brokerName, "id": str(status.brokerId)}
         numbers = {**status.to_json(), **{f"store_{k}": v for k, v in status.store.items()},
@@ -37,14 +63,18 @@ class StatusCollector:
         for key, value in numbers.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
-            gauge = GaugeMetricFamily(
-                f"replog_{_snake(key)}", f"status field {key}", labels=list(labels)
-            )
-            gauge.add_metric(list(labels.values()), float(value))
-            yield gauge
+            name = f"replog_{_snake(key)}"
+            family: Metric
+            if key in COUNTERS:  # the sample is <name>_total (a trailing _total is not doubled)
+                family = CounterMetricFamily(name, f"status field {key}", labels=list(labels))
+            else:
+                family = GaugeMetricFamily(name, f"status field {key}", labels=list(labels))
+            family.add_metric(list(labels.values()), float(value))
+            yield family
+        yield from _health_metrics(status, labels)
         yield from _slave_gauges(status, labels)
 
-    def describe(self) -> list[GaugeMetricFamily]:
+    def describe(self) -> list[Metric]:
         return []
 
 
@@ -120,6 +150,26 @@ def group_lag(store: Any, topic: str, queues: dict[int, int]) -> tuple[int, int 
         if ts is not None and (oldest is None or ts < oldest):
             oldest = ts
     return behind, oldest
+
+
+def _health_metrics(status: BrokerStatus, labels: dict[str, str]) -> Iterator[Metric]:
+    """Per component of ``status.health``: failures and restarts (counters), up (gauge)."""
+    names = [*labels, "component"]
+    failures = CounterMetricFamily("replog_component_failures",
+                                   "times a component (thread, loop participant) failed",
+                                   labels=names)
+    restarts = CounterMetricFamily("replog_component_restarts",
+                                   "times a failed component was restarted", labels=names)
+    up = GaugeMetricFamily("replog_component_up", "1 while the component runs, 0 while it is "
+                           "failed or waiting for its restart", labels=names)
+    for component, health in sorted(status.health.items()):
+        values = [*labels.values(), component]
+        failures.add_metric(values, float(health.get("failures", 0)))
+        restarts.add_metric(values, float(health.get("restarts", 0)))
+        up.add_metric(values, 1.0 if health.get("state") == "running" else 0.0)
+    yield failures
+    yield restarts
+    yield up
 
 
 def _slave_gauges(status: BrokerStatus, labels: dict[str, str]) -> Iterator[GaugeMetricFamily]:

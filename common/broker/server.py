@@ -30,6 +30,10 @@ Threads::
   the same pass, with no mailbox item: an ack answers the SYNC puts it covers right there. When
   the loop ends it closes every participant still attached.
 * Requests are pipelined: answers carry the request's opaque id, in completion order.
+* A write carries its sender's address (``Request.born_host``, stored as BORNHOST): the
+  connection's remote address, as RocketMQ takes the channel's, from the first frame's
+  metadata (``common.format.zmq_frames.peer_address``), looked up once per connection (a
+  ROUTER identity) and kept for ``PEER_CACHE`` connections.
 * In-flight requests (waiting futures and parked long polls) are bounded by
   ``maxInflightRequests``; past that a request is answered SYSTEM_BUSY at once, so no queue grows
   without bound (STATUS is always served: clients need it to find the master and health checks
@@ -40,6 +44,11 @@ Threads::
   is re-run and answered.
 * ``drain`` (first SIGTERM): new requests are refused with SERVICE_NOT_AVAILABLE, parked polls
   answered, and the loop ends once nothing is in flight or the drain deadline passes.
+* A loop participant that raises is logged, closed and restarted or dropped by ``Participants``
+  (``participant_health``). An exception out of the loop itself (a bug) ends the I/O thread:
+  it is logged at ERROR (``event=io_thread_died``), kept in ``failure``, and ``on_fatal`` (the
+  broker) is told, which stops the process with a non-zero status: this thread owns the
+  socket and every request in flight, so there is nothing to restart in place.
 """
 
 from __future__ import annotations
@@ -75,12 +84,13 @@ from common.format.protocol import (
     encode_response,
     error_response,
 )
-from common.format.zmq_frames import readable, send_frames
+from common.format.zmq_frames import peer_address, readable, send_frames
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
 CLOSE_LINGER_MS = 2000  # answers sent while draining get this long to leave on a loaded box
 DRAIN_GRACE_S = 0.3  # drained: connections stay open this long after the last answer
+PEER_CACHE = 4096  # connections whose address is remembered (oldest forgotten first)
 PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 
 
@@ -180,6 +190,9 @@ class RequestServer:
         self._seq = 0
         # controller mode: the last look at a SEND_OK before it leaves (Broker._reply_gate)
         self.reply_gate: Callable[[Response], Response] | None = None
+        self._peers: dict[bytes, tuple[str, int]] = {}  # ROUTER identity -> (ip, port)
+        self.failure = ""  # why the I/O thread died ("" while it runs or after a clean end)
+        self.on_fatal: Callable[[str], None] | None = None  # told when the I/O thread dies
 
     # -- lifecycle (any thread) ------------------------------------------------------------------
     def start(self, timeout_s: float = 5.0) -> None:
@@ -228,6 +241,10 @@ class RequestServer:
         when the loop ended first: it closes every participant); False after ``timeout_s``."""
         return self._participants.detach(participant, timeout_s)
 
+    def participant_health(self) -> dict[str, dict[str, Any]]:
+        """Name -> state, failures, restarts and last error of each participant."""
+        return self._participants.health()
+
     # -- the I/O thread ------------------------------------------------------------------------
     def _run(self) -> None:
         self._io_ident = threading.get_ident()
@@ -252,12 +269,19 @@ class RequestServer:
         log_event(log, "server_listening", bind=self.bind)
         try:
             self._loop(sock)
+        except Exception as e:  # a bug in the loop: loud, and the broker exits (see above)
+            self.failure = f"{type(e).__name__}: {e}"
+            log.exception("event=io_thread_died error=%r inflight=%d", self.failure,
+                          self.stats.inflight)
         finally:
+            self._draining.set()  # nothing new is taken: the thread is gone
             self._participants.end()
             sock.close(linger=CLOSE_LINGER_MS)
             self._ctx.term()
             self._mailbox.close()
             log_event(log, "server_stopped", inflight=self.stats.inflight)
+        if self.failure and self.on_fatal is not None:
+            self.on_fatal(self.failure)
 
     def _loop(self, sock: zmq.Socket[bytes]) -> None:
         participants = self._participants
@@ -267,7 +291,7 @@ class RequestServer:
         participants.begin(poller)
         while True:
             timeout = self._poll_timeout_ms()
-            if participants.active:
+            if participants.active or participants.restarting:
                 wait_ms = participants.prepare(poller, time.monotonic())
                 if wait_ms is not None:
                     timeout = max(0, min(timeout, wait_ms))
@@ -281,7 +305,7 @@ class RequestServer:
                 self._receive(sock)
                 self._after_burst()
             now = time.monotonic()
-            if participants.active:
+            if participants.active or participants.restarting:
                 participants.on_timers(now)
             self._expire_polls(sock, now)
             self._poll_due(sock)
@@ -336,14 +360,26 @@ class RequestServer:
             if not readable(sock):
                 return
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                # the identity frame uncopied: it carries the connection's metadata
+                first = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            if len(frames) < 2:
+            frames = sock.recv_multipart(zmq.NOBLOCK) if first.more else []
+            if not frames:
                 continue  # no routing identity or no header: cannot be answered
-            self._serve(sock, frames[0], frames[1:])
+            self._serve(sock, first.bytes, frames, first)
 
-    def _serve(self, sock: zmq.Socket[bytes], identity: bytes, frames: list[bytes]) -> None:
+    def _born_host(self, identity: bytes, first: zmq.Frame) -> tuple[str, int]:
+        """The sender's address, once per connection (syscalls), then from the cache."""
+        host = self._peers.get(identity)
+        if host is None:
+            host = self._peers[identity] = peer_address(first)
+            if len(self._peers) > PEER_CACHE:
+                del self._peers[next(iter(self._peers))]
+        return host
+
+    def _serve(self, sock: zmq.Socket[bytes], identity: bytes, frames: list[bytes],
+               first: zmq.Frame | None = None) -> None:
         started = time.monotonic()
         self.stats.requests += 1
         try:
@@ -369,6 +405,8 @@ class RequestServer:
                 started,
             )
             return
+        if req.code in WRITE_CODES and first is not None:
+            req = req._replace(born_host=self._born_host(identity, first))
         self._dispatch(sock, identity, req, started)
 
     def _dispatch(

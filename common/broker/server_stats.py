@@ -1,9 +1,16 @@
-"""The request server's figures for status and metrics: rates, latency percentiles, counts."""
+"""The request server's figures for status and metrics: rates, latency percentiles, counts.
+
+The I/O thread adds; the status processor and the metrics HTTP thread read. A reader copies
+the buckets or values under the structure's lock and works on the copy, so a scrape never
+iterates a deque the I/O thread is appending to ("deque mutated during iteration"); the lock
+is held for the copy only (a few microseconds for 4096 latencies), never for the sort.
+"""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 import time
 from typing import Any
 
@@ -14,18 +21,22 @@ class RateMeter:
     def __init__(self, window_s: int = 10):
         self._window = window_s
         self._buckets: collections.deque[list[int]] = collections.deque(maxlen=window_s + 1)
+        self._lock = threading.Lock()
         self.total = 0
 
     def add(self, count: int = 1, now: float | None = None) -> None:
         second = int(time.monotonic() if now is None else now)
-        if not self._buckets or self._buckets[-1][0] != second:
-            self._buckets.append([second, 0])
-        self._buckets[-1][1] += count
-        self.total += count
+        with self._lock:
+            if not self._buckets or self._buckets[-1][0] != second:
+                self._buckets.append([second, 0])
+            self._buckets[-1][1] += count
+            self.total += count
 
     def rate(self, now: float | None = None) -> float:
         second = int(time.monotonic() if now is None else now)
-        done = sum(c for s, c in self._buckets if second - self._window <= s < second)
+        with self._lock:
+            buckets = [(s, c) for s, c in self._buckets]
+        done = sum(c for s, c in buckets if second - self._window <= s < second)
         return done / self._window
 
 
@@ -34,12 +45,16 @@ class LatencyWindow:
 
     def __init__(self, size: int = 4096):
         self._values: collections.deque[float] = collections.deque(maxlen=size)
+        self._lock = threading.Lock()
 
     def add(self, latency_ms: float) -> None:
-        self._values.append(latency_ms)
+        with self._lock:
+            self._values.append(latency_ms)
 
     def percentile(self, q: float) -> float:
-        values = sorted(self._values)
+        with self._lock:
+            values = list(self._values)
+        values.sort()
         if not values:
             return 0.0
         return values[min(len(values) - 1, int(q * len(values)))]

@@ -169,6 +169,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         for group in sorted({*members, *dead}):
             table.add_row(group, str(members.get(group, 0)), str(dead.get(group, 0)))
         out.print(table)
+    health = status.get("health") or {}
+    if health:  # the HA service or client: failures and restarts (common/broker/loop.py)
+        table = Table(title="components")
+        for col in ("component", "state", "failures", "restarts", "lastError"):
+            table.add_column(col)
+        for name, h in sorted(health.items()):
+            table.add_row(name, *(str(h.get(c, "")) for c in
+                                  ("state", "failures", "restarts", "lastError")))
+        out.print(table)
     return EXIT_OK
 
 

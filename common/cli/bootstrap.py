@@ -56,12 +56,12 @@ def run_broker(config_path: str, overrides: Sequence[str]) -> int:
         # delay delivery writes to the log: the broker turns it on once it knows it is master
         store = MessageStore(cfg, repair_from_master=replica, start_schedule=False)
         broker = Broker(cfg, store, make_role)
-        broker.serve_forever()
+        status = broker.serve_forever()  # non-zero: its I/O thread died (logged at ERROR)
     except (StoreError, ValueError, OSError) as e:
         logging.getLogger("replog.broker").error("event=broker_start_failed error=%r", str(e))
         err.print(f"replog broker: cannot start: {e}", soft_wrap=True)
         return EXIT_FAILED
-    return EXIT_OK
+    return status or EXIT_OK
 
 
 

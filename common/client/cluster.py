@@ -176,6 +176,8 @@ class Cluster:
         answering with the epoch a controller names is taken at once, another master after
         ``MASTER_GRACE_S``, and brokers still silent ``STRAGGLER_S`` after the last answer are
         taken for down (a SIGKILLed broker's requests would wait for the whole timeout)."""
+        if self.transport.failure:  # nothing would answer: say why, now
+            raise self.transport.dead_error()
         timeout = min(self.timeout_ms, DISCOVERY_TIMEOUT_MS)
         start = time.monotonic()
         deadline = start + timeout / 1000.0

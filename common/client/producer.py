@@ -279,7 +279,10 @@ class Producer(ClientBase):
         shard_key: str | None = None,
     ) -> concurrent.futures.Future[SendResult]:
         """Queue a send; concurrent sends to one queue are coalesced into batch requests.
-        ``shard_key`` and ``queue_id`` pick the queue as for ``send``."""
+        ``shard_key`` and ``queue_id`` pick the queue as for ``send``. Messages with a
+        ``shard_key`` are stored in the order this method was called for them, retries
+        included (at most one batch of their queue in flight; a retried one keeps its place,
+        ``common/client/transport.py``); keyless ones may be reordered by a retry."""
         if shard_key is not None:
             properties = _with_shard_key(properties, shard_key, queue_id)
             try:
@@ -310,9 +313,16 @@ class Producer(ClientBase):
         except BrokerError as e:
             future.set_exception(e)
             return future
+        if shard_key is not None:  # its order counts from now, the call's
+            item.ordered = True
+            item.seq = self._transport.next_seq()
+            assert queue_id is not None  # the key's queue, picked above
+            item.queue_id = queue_id  # its lane, also while no master is known (hold_out)
         try:
             self._route(item)
         except BrokerError as e:  # no master found: retried like a failed batch, if retriable
+            if item.ordered:
+                self._transport.hold_out(item)  # what is sent after it waits for it
             self._on_item_error(item, e)
             return future
         self._transport.requeue(item)
@@ -405,4 +415,4 @@ class Producer(ClientBase):
 
     def _fail_item(self, item: AsyncItem, err: BrokerError) -> None:
         item.future.set_exception(err)
-        self._transport.release_one()
+        self._transport.release_one(item)

@@ -1,6 +1,30 @@
 """The client's I/O thread: one DEALER per broker, requests in flight matched by opaque id,
 blocking calls on the calling thread's own socket, and the coalescing of ``send_async``
-messages into SEND_BATCH requests (see the package docstring for the whole picture)."""
+messages into SEND_BATCH requests (see the package docstring for the whole picture).
+
+Should the I/O thread die (an exception out of its loop: a bug), it is logged at ERROR
+(``event=client_io_thread_died``) and every call waiting on it fails at once with a BrokerError
+naming the cause ("the client's I/O thread died"), as does every later call of this client,
+blocking ones included: nothing is left waiting for a deadline that no thread would check.
+A client in that state is broken for good (``failure``); make a new one.
+
+Blocking calls (``call_sync``) use a DEALER of the calling thread's own, with a monitor. Those
+are bounded: each is registered with a weak reference to its thread, the sockets of threads
+that have ended are closed (at the next socket made, and by the I/O thread every
+``REAP_INTERVAL_S``), and at most ``max_direct_sockets`` exist at once; a thread that finds
+the cap reached has its blocking call carried by the I/O thread instead (a Future waited on),
+so a pool's thread churn cannot leak descriptors.
+
+``send_async`` coalescing keeps one lane per (topic, queue): messages wait there and go out as
+SEND_BATCH requests, at most ``max_batches_in_flight`` per lane, each batch to the broker its
+first message was routed to. A lane carrying *ordered* messages (a ``shard_key``: every message
+of a key to one queue, in the order sent) has at most one batch in flight, and a batch of them
+that fails and is retried keeps its place: its ordered messages go back to the front of the
+lane (by their send sequence number) and the lane sends nothing else while any of them waits
+for its retry (``_QueueBatch.out``), as Kafka's producer keeps per-partition order with retries
+(max.in.flight 1, the retried batch re-enqueued first). A message whose retries run out is
+failed, and the lane goes on with the next. Keyless lanes keep ``max_batches_in_flight``.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +34,11 @@ import contextlib
 import dataclasses
 import heapq
 import itertools
+import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,9 +72,14 @@ LOST_CHECK_MS = 100  # a blocking call looks for a dropped connection this often
 # then ends (ConnectionLostError: retriable, outcome unknown), so a client moves on from a
 # killed broker (a failover) in a second, not at the call's deadline
 DOWN_WAIT_S = 1.0
+MAX_DIRECT_SOCKETS = 64  # blocking-call sockets at once; more threads go through the I/O thread
+REAP_INTERVAL_S = 1.0  # the I/O thread closes the sockets of threads that ended this often
+IO_CALL_GRACE_S = 5.0  # a blocking call carried by the I/O thread: its own deadline, then this
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
 # Answers meaning "stored, but no slave confirmed it": a reason to ask the group again who leads.
 DEGRADED_CODES = frozenset({ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE})
+
+log = logging.getLogger("replog.client")
 
 
 class _Wakeup:
@@ -122,12 +153,40 @@ class AsyncItem:
     attempt: int = 0
     on_error: Callable[[AsyncItem, BrokerError], None] | None = None  # runs on the I/O thread
     give_up: float = 0.0  # monotonic: when waiting for a master (NoMasterError) ends
+    ordered: bool = False  # keep its order in its queue through retries (a shard_key)
+    seq: int = 0  # send order of an ordered message (Transport.next_seq), from send_async
+    counted: bool = False  # I/O thread: counted in its lane's ``ordered`` until settled
 
 
 @dataclasses.dataclass(eq=False)
 class _QueueBatch:
+    """One (topic, queue) lane of ``send_async`` messages."""
+
     items: collections.deque[AsyncItem] = dataclasses.field(default_factory=collections.deque)
     in_flight: int = 0
+    ordered: int = 0  # ordered messages queued, in flight or out, not settled yet
+    out: set[int] = dataclasses.field(default_factory=set)  # seqs of ordered ones being retried
+
+    def limit(self, max_batches: int) -> int:
+        """Batches allowed in flight now: none while an ordered message waits for its retry,
+        one while the lane carries ordered messages."""
+        if self.out:
+            return 0
+        return 1 if self.ordered else max_batches
+
+
+@dataclasses.dataclass(frozen=True)
+class _Out:
+    """An ordered message that could not be routed yet: its lane waits for it."""
+
+    item: AsyncItem
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settled:
+    """An ordered message failed for good outside the I/O thread: its lane goes on."""
+
+    item: AsyncItem
 
 
 def new_dealer(
@@ -172,6 +231,7 @@ class Transport:
         max_in_flight: int = 65_536,
         batch_timeout_ms: int = DEFAULT_TIMEOUT_MS,
         spin_us: int = DEFAULT_SPIN_US,
+        max_direct_sockets: int = MAX_DIRECT_SOCKETS,
     ):
         self._batch_timeout_ms = batch_timeout_ms
         self._spin_s = max(0, spin_us) / 1e6
@@ -182,13 +242,14 @@ class Transport:
         self._addresses: dict[zmq.Socket[bytes], str] = {}
         self._monitors: dict[zmq.Socket[bytes], str] = {}  # DISCONNECTED events per socket
         self._backlog: dict[str, collections.deque[_Call]] = {}
-        self._inbox: collections.deque[_Call | AsyncItem] = collections.deque()
+        self._inbox: collections.deque[_Call | AsyncItem | _Out | _Settled] = collections.deque()
         self._wakeup = _Wakeup()
         self._pending: dict[int, _Call] = {}
         self._deadlines: list[tuple[float, int]] = []
         self._opaques = itertools.count(1)
-        self._batches: dict[tuple[str, str, int], _QueueBatch] = {}
-        self._ready: set[tuple[str, str, int]] = set()
+        self._batches: dict[tuple[str, int], _QueueBatch] = {}  # (topic, queue) -> its lane
+        self._ready: set[tuple[str, int]] = set()
+        self._seqs = itertools.count(1)  # send order of ordered messages (atomic under the GIL)
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
         self._linger_s = linger_ms / 1000.0
@@ -198,10 +259,14 @@ class Transport:
         self._pending_lock = threading.Lock()
         self._pending_freed = threading.Condition(self._pending_lock)
         self._stop = threading.Event()
+        self.failure = ""  # why the I/O thread died ("" while it runs)
         self._local = threading.local()
-        self._direct: list[zmq.Socket[bytes]] = []
+        # blocking-call socket -> its thread (weakly: a thread that ended is not kept alive)
+        self._direct: dict[zmq.Socket[bytes], weakref.ref[threading.Thread]] = {}
         self._direct_monitors: dict[zmq.Socket[bytes], zmq.Socket[bytes]] = {}
         self._direct_lock = threading.Lock()
+        self._max_direct = max(0, max_direct_sockets)
+        self._next_reap = time.monotonic() + REAP_INTERVAL_S  # the I/O thread's sweep
         self._poller = zmq.Poller()
         self._poller.register(self._wakeup.fileno(), zmq.POLLIN)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -238,7 +303,11 @@ class Transport:
         """
         if self._stop.is_set():
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
+        if self.failure:
+            raise self.dead_error()
         sock = self._direct_socket(address)
+        if sock is None:  # as many blocking-call sockets as allowed: the I/O thread carries it
+            return self._call_through_io(address, code, fields, bodies, timeout_ms)
         self._connection_dropped(sock)  # forget drops before this request: it was not on them
         opaque = next(self._opaques)
         started = time.monotonic()
@@ -300,7 +369,19 @@ class Transport:
         """Moving average of ``call_sync`` round trips (races between threads are harmless)."""
         self._rtt_s += (seconds - self._rtt_s) / 8.0
 
-    def _direct_socket(self, address: str) -> zmq.Socket[bytes]:
+    def _call_through_io(self, address: str, code: RequestCode, fields: dict[str, Any] | None,
+                         bodies: Sequence[bytes], timeout_ms: int) -> Response:
+        """A blocking call without a socket of the calling thread's own: ``call`` and wait
+        (the I/O thread ends it at its deadline; the grace covers a thread that cannot)."""
+        fut = self.call(address, code, fields, bodies, timeout_ms)
+        try:
+            return fut.result(timeout_ms / 1000.0 + IO_CALL_GRACE_S)
+        except concurrent.futures.TimeoutError:
+            raise ClientTimeoutError(address, timeout_ms) from None
+
+    def _direct_socket(self, address: str) -> zmq.Socket[bytes] | None:
+        """The calling thread's socket to ``address``; None when ``max_direct_sockets`` are
+        in use by live threads (the sockets of threads that ended are closed first)."""
         sockets: dict[str, zmq.Socket[bytes]] | None = getattr(self._local, "sockets", None)
         if sockets is None:
             sockets = self._local.sockets = {}
@@ -309,15 +390,28 @@ class Transport:
             with self._direct_lock:
                 if self._stop.is_set():  # close() has run: it would never close this one
                     raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
+                self._reap_direct_locked()
+                if len(self._direct) >= self._max_direct:
+                    return None
                 sock = new_dealer(self._ctx, address, blocking_call=True)
                 monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED
                                                   | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-                self._direct.append(sock)
+                self._direct[sock] = weakref.ref(threading.current_thread())
                 self._direct_monitors[sock] = monitor
             sockets[address] = sock
             self._local.monitors = getattr(self._local, "monitors", {})
             self._local.monitors[sock] = monitor
         return sock
+
+    def _reap_direct_locked(self) -> int:
+        """Under ``_direct_lock``: close the blocking-call sockets of threads that ended (no
+        other thread uses them: each is its thread's own)."""
+        dead = [s for s, owner in self._direct.items()
+                if (thread := owner()) is None or not thread.is_alive()]
+        for sock in dead:
+            del self._direct[sock]
+            self._close_direct(sock)
+        return len(dead)
 
     def _connection_dropped(self, sock: zmq.Socket[bytes]) -> bool:
         """Whether the calling thread's socket ``sock`` lost a connection since last asked.
@@ -364,8 +458,7 @@ class Transport:
         self._local.monitors.pop(sock, None)
         self._down(sock, False)
         with self._direct_lock:
-            if sock in self._direct:
-                self._direct.remove(sock)
+            if self._direct.pop(sock, None) is not None:
                 self._close_direct(sock)
 
     def _close_direct(self, sock: zmq.Socket[bytes]) -> None:
@@ -397,6 +490,15 @@ class Transport:
         """A message goes to the coalescing accumulator (its pending slot is held)."""
         self._submit(item)
 
+    def next_seq(self) -> int:
+        """The send sequence number of an ordered message (taken in send order)."""
+        return next(self._seqs)
+
+    def hold_out(self, item: AsyncItem) -> None:
+        """An ordered message that could not be routed yet (no master): its lane sends
+        nothing sent after it until it comes back (``requeue``) or fails (``release_one``)."""
+        self._submit(_Out(item))
+
     def _release_items(self, count: int) -> None:
         with self._pending_lock:
             self._pending_items -= count
@@ -407,30 +509,50 @@ class Transport:
         """Stop the I/O thread and close every socket (call once no thread uses the client)."""
         self._stop.set()
         with self._direct_lock:
-            for sock in self._direct:
+            for sock in list(self._direct):
                 self._close_direct(sock)
             self._direct.clear()
         self._wakeup.wake()
         self._thread.join(timeout_s)
         if not self._thread.is_alive():
             self._wakeup.close()
+            if self.failure:  # the dead thread left the context: its sockets are closed now
+                self._ctx.term()
 
-    def _submit(self, entry: _Call | AsyncItem) -> None:
+    def dead_error(self) -> BrokerError:
+        """What every call fails with once the I/O thread died."""
+        return BrokerError(ResponseCode.SYSTEM_ERROR,
+                           f"the client's I/O thread died ({self.failure}); this client fails "
+                           "every call from now on: close it and make a new one", False)
+
+    def _submit(self, entry: _Call | AsyncItem | _Out | _Settled) -> None:
         if self._stop.is_set():
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
         self._inbox.append(entry)
         self._wakeup.wake()
+        if self.failure:  # no thread reads the inbox: fail it here (the dying one may race)
+            self._fail_inbox(self.dead_error())
 
     # -- the I/O thread -------------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
                 self._loop_once()
+        except Exception as e:  # a bug: loud, and nothing may wait on this thread any more
+            self.failure = f"{type(e).__name__}: {e}"
+            log.exception("event=client_io_thread_died thread=%s error=%r pending=%d",
+                          self._thread.name, self.failure, len(self._pending))
         finally:
-            self._fail_all(BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False))
+            err = self.dead_error() if self.failure else BrokerError(
+                ResponseCode.SYSTEM_ERROR, "client is closed", False)
+            self._fail_all(err)
             for address in list(self._sockets):
-                self._close_socket(address)
-            self._ctx.term()
+                try:
+                    self._close_socket(address)
+                except Exception:  # a broken thread's state: close what can be
+                    log.exception("event=client_socket_close_failed address=%s", address)
+            if not self.failure:
+                self._ctx.term()  # close() closed the blocking-call sockets first
 
     def _loop_once(self) -> None:
         events = dict(self._poller.poll(self._poll_timeout_ms()))
@@ -448,28 +570,76 @@ class Transport:
         now = time.monotonic()
         self._send_ready_batches(now)
         self._expire(now)
+        if now >= self._next_reap:
+            self._next_reap = now + REAP_INTERVAL_S
+            with self._direct_lock:
+                if not self._stop.is_set():
+                    self._reap_direct_locked()
 
     def _poll_timeout_ms(self) -> int:
         deadline = self._deadlines[0][0] if self._deadlines else time.monotonic() + 1.0
         if self._linger_s > 0:
             for key in self._ready:
                 batch = self._batches[key]
-                if batch.items and batch.in_flight < self._max_batches:
+                if batch.items and batch.in_flight < batch.limit(self._max_batches):
                     deadline = min(deadline, batch.items[0].enqueued + self._linger_s)
         return max(0, min(1000, int((deadline - time.monotonic()) * 1000) + 1))
+
+    def _lane(self, item: AsyncItem) -> tuple[tuple[str, int], _QueueBatch]:
+        key = (item.topic, item.queue_id)
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = _QueueBatch()
+        return key, batch
 
     def _drain_inbox(self) -> None:
         while self._inbox:
             entry = self._inbox.popleft()
             if isinstance(entry, _Call):
                 self._start_call(entry)
-            else:
-                key = (entry.address, entry.topic, entry.queue_id)
-                batch = self._batches.get(key)
-                if batch is None:
-                    batch = self._batches[key] = _QueueBatch()
-                batch.items.append(entry)
+            elif isinstance(entry, AsyncItem):
+                key, batch = self._lane(entry)
+                if entry.ordered:
+                    self._enqueue_ordered(batch, entry)
+                else:
+                    batch.items.append(entry)
                 self._ready.add(key)
+            elif isinstance(entry, _Out):
+                _, batch = self._lane(entry.item)
+                self._count(batch, entry.item)
+                batch.out.add(entry.item.seq)
+            else:  # _Settled
+                key, batch = self._lane(entry.item)
+                self._settle(batch, entry.item)
+                self._ready.add(key)
+
+    def _count(self, batch: _QueueBatch, item: AsyncItem) -> None:
+        if not item.counted:
+            item.counted = True
+            batch.ordered += 1
+
+    def _settle(self, batch: _QueueBatch, item: AsyncItem) -> None:
+        """An ordered message is stored or failed for good: its lane stops waiting for it."""
+        batch.out.discard(item.seq)
+        if item.counted:
+            item.counted = False
+            batch.ordered -= 1
+
+    def _enqueue_ordered(self, batch: _QueueBatch, item: AsyncItem) -> None:
+        """Into its lane by send order: a retried message goes before what was sent after
+        it. The lane's queued messages follow it to the broker it was routed to now (the
+        master, found again after a failover)."""
+        self._count(batch, item)
+        batch.out.discard(item.seq)
+        items = batch.items
+        if not items or items[-1].seq < item.seq:
+            items.append(item)
+        else:
+            at = next(i for i, queued in enumerate(items) if queued.seq > item.seq)
+            items.insert(at, item)
+        if items[0].address != item.address or items[-1].address != item.address:
+            for queued in items:
+                queued.address = item.address
 
     def _socket(self, address: str) -> zmq.Socket[bytes]:
         sock = self._sockets.get(address)
@@ -599,10 +769,15 @@ class Transport:
             self._deadlines.clear()
 
     def _fail_all(self, err: BrokerError) -> None:
-        self._drain_inbox()
-        for call in list(self._pending.values()):
-            self._finish(call, err)
-        self._pending.clear()
+        """The thread ends: fail what waits in the inbox, in flight and in the batches (no
+        socket is touched: after a failure their state is not to be trusted)."""
+        self._fail_inbox(err)
+        pending, self._pending = list(self._pending.values()), {}
+        for call in pending:
+            try:
+                self._finish(call, err)
+            except Exception:  # the next one must still be failed
+                log.exception("event=client_call_fail_failed")
         for batch in self._batches.values():
             while batch.items:
                 item = batch.items.popleft()
@@ -610,11 +785,28 @@ class Transport:
                     item.future.set_exception(err)
                 self._release_items(1)
 
+    def _fail_inbox(self, err: BrokerError) -> None:
+        """Fail what waits in the inbox (the I/O thread's end, or a submit after it)."""
+        while True:
+            try:
+                entry = self._inbox.popleft()
+            except IndexError:
+                return
+            if isinstance(entry, _Out | _Settled):
+                continue  # lane bookkeeping: no lane is served any more
+            if isinstance(entry, _Call):
+                if not entry.future.done():
+                    entry.future.set_exception(err)
+            else:
+                if not entry.future.done():
+                    entry.future.set_exception(err)
+                self._release_items(1)
+
     # -- coalescing ---------------------------------------------------------------------------
     def _send_ready_batches(self, now: float) -> None:
         for key in list(self._ready):
             batch = self._batches[key]
-            while batch.items and batch.in_flight < self._max_batches:
+            while batch.items and batch.in_flight < batch.limit(self._max_batches):
                 full = len(batch.items) >= self._batch_size
                 if not full and now - batch.items[0].enqueued < self._linger_s:
                     break
@@ -622,16 +814,17 @@ class Transport:
             if not batch.items:
                 self._ready.discard(key)
 
-    def _send_batch(self, key: tuple[str, str, int], batch: _QueueBatch) -> None:
+    def _send_batch(self, key: tuple[str, int], batch: _QueueBatch) -> None:
         items: list[AsyncItem] = []
         size = 0
+        address = batch.items[0].address  # one batch, one broker
         while batch.items and len(items) < self._batch_size:
             nxt = batch.items[0]
-            if items and size + len(nxt.body) > self._batch_bytes:
+            if items and (size + len(nxt.body) > self._batch_bytes or nxt.address != address):
                 break
             items.append(batch.items.popleft())
             size += len(nxt.body)
-        address, topic, queue_id = key
+        topic, queue_id = key
         fields: dict[str, Any] = {"topic": topic, "queueId": queue_id}
         if any(i.meta is not None for i in items):
             fields["meta"] = [i.meta for i in items]
@@ -645,7 +838,7 @@ class Transport:
         self._start_call(call)
 
     def _batch_done(
-        self, key: tuple[str, str, int], batch: _QueueBatch, items: list[AsyncItem], call: _Call
+        self, key: tuple[str, int], batch: _QueueBatch, items: list[AsyncItem], call: _Call
     ) -> None:
         batch.in_flight -= 1
         if batch.items:
@@ -654,28 +847,41 @@ class Transport:
             resp = call.future.result()
             if resp.code in DEGRADED_CODES and self.on_degraded is not None:
                 self.on_degraded(call.address)
-            results = send_results(key[1], resp)
+            results = send_results(key[0], resp)
             if len(results) != len(items):
                 raise BrokerError(
                     ResponseCode.SYSTEM_ERROR,
                     f"broker answered {len(results)} offsets for {len(items)} messages",
                 )
         except BrokerError as e:
-            self._items_failed(items, e)
+            self._items_failed(batch, items, e)
             return
         self._release_items(len(items))
         for item, result in zip(items, results, strict=True):
+            if item.ordered:
+                self._settle(batch, item)
             item.future.set_result(result)
 
-    def _items_failed(self, items: list[AsyncItem], err: BrokerError) -> None:
+    def _items_failed(self, batch: _QueueBatch, items: list[AsyncItem], err: BrokerError) -> None:
         finished = 0
         for item in items:
-            if item.on_error is None or self._stop.is_set():
+            if item.on_error is None or self._stop.is_set() or self.failure:
+                if item.ordered:
+                    self._settle(batch, item)
                 item.future.set_exception(err)
                 finished += 1
             else:
+                if item.ordered:  # its lane waits until it is back or failed for good
+                    batch.out.add(item.seq)
                 item.on_error(item, err)  # retries or fails it (and then calls release_one)
         self._release_items(finished)
 
-    def release_one(self) -> None:
+    def release_one(self, item: AsyncItem | None = None) -> None:
+        """A message was failed outside the accumulator: free its slot and, when it is an
+        ordered one, let its lane go on."""
         self._release_items(1)
+        if item is not None and item.ordered:
+            try:
+                self._submit(_Settled(item))
+            except BrokerError:
+                pass  # closed: no lane is served any more

@@ -146,6 +146,11 @@ class StoreError(Exception):
     """The store cannot do what was asked (corrupt file, gap, wrong size); never swallowed."""
 
 
+class ReplicationFencedError(StoreError):
+    """A replicated write (append, truncation, epoch file) from an HA client whose term is
+    over: the broker was promoted, or a newer client replicates now (fence generation)."""
+
+
 class CorruptionError(StoreError):
     """Bytes on disk or from a peer that fail a check (magic, size, CRC, offset)."""
 

@@ -163,6 +163,9 @@ class Request(NamedTuple):
     opaque: int
     fields: dict[str, Any]
     bodies: list[bytes]
+    # not on the wire: the sender's (ip, port) as the broker saw its connection, set by the
+    # request server on writes (the stored BORNHOST); ("0.0.0.0", 0) when unknown
+    born_host: tuple[str, int] = ("0.0.0.0", 0)
 
 
 class Response(NamedTuple):

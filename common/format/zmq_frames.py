@@ -11,10 +11,19 @@ rest of the message is too), 6.2 -> 4.3 us for a 3-frame send and receive on thi
 Loops that drain a socket ask ``readable(sock)`` before each ``recv``: a ``recv`` on an empty
 socket raises ``zmq.Again``, whose construction costs about 3 us here, against 1 us for reading
 ``ZMQ_EVENTS``; every burst ends that way, so every request paid it.
+
+``peer_address(frame)``: who sent a message received with ``copy=False``, as RocketMQ takes a
+channel's remote address: the IP from the message's ``Peer-Address`` metadata, the port from the
+connection's descriptor (``ZMQ_SRCFD``, deprecated in libzmq 4.3 but served; ``getpeername`` on
+a duplicate of it), kept only when that descriptor's peer has the same IP (it could have been
+closed and reused meanwhile); else 0. ``("0.0.0.0", 0)`` when there is no peer address (not
+TCP).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -47,3 +56,34 @@ def readable(sock: zmq.Socket[Any]) -> bool:
     """Whether a whole message waits in ``sock`` (``ZMQ_EVENTS``: level-triggered, and it also
     processes the socket's pending commands, as a ``recv`` would)."""
     return bool(cast(int, sock.getsockopt(EVENTS)) & POLLIN)
+
+
+UNKNOWN_PEER = ("0.0.0.0", 0)
+
+
+def peer_address(frame: zmq.Frame) -> tuple[str, int]:
+    """(ip, port) of the connection ``frame`` came over (see the module docstring)."""
+    try:
+        ip = frame.get("Peer-Address")
+    except zmq.ZMQError:
+        return UNKNOWN_PEER
+    if not isinstance(ip, str) or not ip:
+        return UNKNOWN_PEER
+    port = 0
+    try:
+        fd = os.dup(cast(int, frame.get(zmq.SRCFD)))
+    except (OSError, zmq.ZMQError, AttributeError):
+        return ip, port
+    try:
+        conn = socket.socket(fileno=fd)  # owns the duplicate from here
+    except OSError:
+        os.close(fd)
+        return ip, port
+    with conn:
+        try:
+            peer = conn.getpeername()
+        except OSError:
+            return ip, port  # closed meanwhile, or not a connected socket any more
+    if isinstance(peer, tuple) and peer[0] == ip:
+        port = int(peer[1])
+    return ip, port

@@ -6,6 +6,11 @@ CommitLog segments whose last write is older than ``fileReservedTime`` hours are
 segment being written, at most ``deleteFileBatchMax`` per pass. ConsumeQueue and index files
 are then cleaned to the new minimum offset. Above ``FULL_RATIO`` the store stops taking writes
 (SERVICE_NOT_AVAILABLE, "disk full") until space is back.
+
+A deleted segment leaves the segment list at once but is unmapped only once no reader holds it
+(``common/store/mapped_file.py``); one still held after ``DESTROY_WAIT_S``, or whose mapping
+would not close (logged at ERROR, counted in ``segmentCloseFailures``), is retried at the start
+of every pass (``MappedFileQueue.retry_destroy``).
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ class CleanService:
         return 100.0 * usage.used / usage.total if usage.total else 0.0
 
     def run_once(self, force: bool = False) -> int:
-        """One pass; ``force`` deletes expired segments now, whatever the hour."""
+        """One pass; ``force`` deletes expired segments now, whatever the hour. Segments
+        deleted before but still held by a reader (or not closable) are retried first."""
+        self._retry_pending()
         self.disk_ratio = ratio = self.used_ratio()
         self._guard_writes(ratio)
         in_window = time.localtime().tm_hour in self.hours
@@ -69,6 +76,12 @@ class CleanService:
         if deleted:
             self._clean_indexes()
         return deleted
+
+    def _retry_pending(self) -> None:
+        store = self._store
+        if store.commit_log.queue.pending_delete:
+            store.commit_log.queue.retry_destroy()
+        store.cq_store.retry_destroy()
 
     def _guard_writes(self, ratio: float) -> None:
         cl = self._store.commit_log

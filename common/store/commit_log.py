@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from common.core.errors import CorruptionError, PutStatus, StoreError
+from common.core.errors import CorruptionError, PutStatus, ReplicationFencedError, StoreError
 from common.core.message import (
     Message,
     MessageExt,
@@ -158,6 +158,10 @@ class CommitLog:
         self._crc_len = record.PROP_CRC_LEN if append_prop_crc else 0
         # Appended under the put lock, taken by reput (deque ends are thread-safe).
         self.digests: collections.deque[WriteDigest] = collections.deque(maxlen=DIGESTS_KEPT)
+        # The replication fence (under the put lock): replicated writes are refused while it
+        # is closed, and those of an HA client holding an older generation always.
+        self._replication_generation = 0
+        self._replication_open = True
 
     # ---- offsets ----------------------------------------------------------------------------
     @property
@@ -404,16 +408,46 @@ class CommitLog:
         self._allocate.prefault(mf, upto)
 
     # ---- replication ------------------------------------------------------------------------
-    def append_replicated(self, phy_offset: int, data: bytes | memoryview) -> int:
+    def open_replication(self) -> int:
+        """An HA client starts: open the fence, return its generation (a new one each time)."""
+        with self.put_lock:
+            self._replication_generation += 1
+            self._replication_open = True
+            return self._replication_generation
+
+    def fence_replication(self) -> int:
+        """Refuse every replicated write from now on (a promotion, before its epoch is
+        written); waits for one in progress (the put lock). Returns the closed generation."""
+        with self.put_lock:
+            self._replication_generation += 1
+            self._replication_open = False
+            return self._replication_generation
+
+    def check_fence(self, generation: int | None) -> None:
+        """Under the put lock: ReplicationFencedError unless replicated writes of
+        ``generation`` (None: whoever replicates now) are allowed."""
+        if not self._replication_open:
+            raise ReplicationFencedError(
+                "replication is fenced: this broker was promoted, its log takes no bytes "
+                "from a master any more")
+        if generation is not None and generation != self._replication_generation:
+            raise ReplicationFencedError(
+                f"replication generation {generation} is fenced: a newer HA client "
+                f"(generation {self._replication_generation}) replicates into this log")
+
+    def append_replicated(self, phy_offset: int, data: bytes | memoryview,
+                          generation: int | None = None) -> int:
         """Append bytes a master sent, at exactly ``phy_offset``; returns the new max offset.
 
         A gap or an overlap with what this log holds is refused with StoreError; nothing is
         written then. Data may cross segment boundaries and need not end on a record boundary.
         The bytes go in with ``pwrite`` (``MappedFile.write_append``), not through the mapping:
         no page is faulted in ahead for them, and a full disk is an OSError (the HA client
-        resumes from this log's end later) rather than a SIGBUS.
+        resumes from this log's end later) rather than a SIGBUS. A closed fence, or a
+        ``generation`` that is not the current one, is refused (ReplicationFencedError).
         """
         with self.put_lock:
+            self.check_fence(generation)
             expected = self.max_offset
             if not self.queue.files:
                 expected = phy_offset  # an empty slave starts where its master's log starts
@@ -439,26 +473,33 @@ class CommitLog:
 
     # ---- reads --------------------------------------------------------------------------------
     def read(self, phy_offset: int, size: int) -> bytes:
-        """Up to ``size`` bytes from ``phy_offset``, not past the segment end or the log end."""
-        mf = self.queue.find(phy_offset)
+        """Up to ``size`` bytes from ``phy_offset``, not past the segment end or the log end
+        (empty when no live segment holds it: outside the log, or being deleted)."""
+        mf = self.queue.find_held(phy_offset)
         if mf is None:
             return b""
-        return mf.read(phy_offset - mf.file_from_offset, size)
+        try:
+            return mf.read(phy_offset - mf.file_from_offset, size)
+        finally:
+            mf.release()
 
     def read_record(self, phy_offset: int, size: int = 0) -> bytes | None:
         """The whole record at ``phy_offset`` (None if there is none or it is not whole)."""
-        mf = self.queue.find(phy_offset)
+        mf = self.queue.find_held(phy_offset)
         if mf is None:
             return None
-        pos = phy_offset - mf.file_from_offset
-        if size <= 0:
-            head = mf.read(pos, 4)
-            if len(head) < 4:
-                return None
-            size = int.from_bytes(head, "big", signed=True)
-            if size < record.FIXED_BYTES or size > mf.wrote_position - pos:
-                return None
-        raw = mf.read(pos, size)
+        try:
+            pos = phy_offset - mf.file_from_offset
+            if size <= 0:
+                head = mf.read(pos, 4)
+                if len(head) < 4:
+                    return None
+                size = int.from_bytes(head, "big", signed=True)
+                if size < record.FIXED_BYTES or size > mf.wrote_position - pos:
+                    return None
+            raw = mf.read(pos, size)
+        finally:
+            mf.release()
         return raw if len(raw) == size else None
 
     def store_timestamp_at(self, phy_offset: int) -> int | None:
@@ -486,31 +527,36 @@ class CommitLog:
     def iter_records(self, start: int, end: int) -> Iterator[tuple[int, memoryview]]:
         """Whole records in ``[start, end)``: (phy_offset, view). Skips BLANK padding.
 
-        Stops early at a record that is not yet whole. Views must not outlive the segment.
+        Stops early at a record that is not yet whole. The segment is held while a view of it
+        is out: release each view (or drop it) before asking for the next one.
         """
         phy = start
         while phy < end:
-            mf = self.queue.find(phy)
+            mf = self.queue.find_held(phy)
             if mf is None:
                 return
-            pos = phy - mf.file_from_offset
-            limit = min(mf.wrote_position, end - mf.file_from_offset)
-            if limit - pos < record.END_FILE_MIN_BLANK:
-                if mf.is_full() and end >= mf.end_offset:
+            try:
+                pos = phy - mf.file_from_offset
+                limit = min(mf.wrote_position, end - mf.file_from_offset)
+                if limit - pos < record.END_FILE_MIN_BLANK:
+                    if mf.is_full() and end >= mf.end_offset:
+                        phy = mf.end_offset
+                        continue
+                    return
+                buf = mf.buffer
+                total, magic = record.HEAD_PREFIX.unpack_from(buf, pos)
+                if magic == record.BLANK_MAGIC:
                     phy = mf.end_offset
                     continue
-                return
-            buf = mf.buffer
-            total, magic = record.HEAD_PREFIX.unpack_from(buf, pos)
-            if magic == record.BLANK_MAGIC:
-                phy = mf.end_offset
-                continue
-            if magic != record.MAGIC_V1 or total < record.FIXED_BYTES:
-                raise CorruptionError(phy, f"bad record header (magic 0x{magic:08X}, size {total})")
-            if pos + total > limit:
-                return
-            yield phy, buf[pos : pos + total]
-            phy += total
+                if magic != record.MAGIC_V1 or total < record.FIXED_BYTES:
+                    raise CorruptionError(phy, f"bad record header (magic 0x{magic:08X}, "
+                                               f"size {total})")
+                if pos + total > limit:
+                    return
+                yield phy, buf[pos : pos + total]
+                phy += total
+            finally:
+                mf.release()
 
     # ---- flushing -----------------------------------------------------------------------------
     def flush(self, least_pages: int = 0) -> int:
@@ -615,9 +661,11 @@ class CommitLog:
             log.info("event=recovery_removed_empty_segments offset=%d segments=%s", end,
                      ",".join(report.segments_removed))
 
-    def truncate(self, phy_offset: int) -> None:
-        """Drop every byte at or after ``phy_offset`` (HA divergence), on disk."""
+    def truncate(self, phy_offset: int, generation: int | None = None) -> None:
+        """Drop every byte at or after ``phy_offset`` (HA divergence), on disk; fenced as
+        ``append_replicated`` is."""
         with self.put_lock:
+            self.check_fence(generation)
             self.digests.clear()
             self.queue.truncate_dirty(phy_offset)
 

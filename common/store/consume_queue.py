@@ -382,6 +382,19 @@ class ConsumeQueue:
         with self._lock:
             self._mfq.shutdown()
 
+    def retry_destroy(self) -> int:
+        """Deleted segments not destroyed yet (``MappedFileQueue.retry_destroy``)."""
+        with self._lock:
+            return self._mfq.retry_destroy()
+
+    @property
+    def pending_delete(self) -> int:
+        return len(self._mfq.pending_delete)
+
+    @property
+    def close_failures(self) -> int:
+        return self._mfq.close_failures
+
     def __repr__(self) -> str:
         return (f"ConsumeQueue({self.topic}/{self.queue_id}, min={self.min_queue_offset}, "
                 f"max={self.max_queue_offset}, max_phy={self.max_phy_offset})")
@@ -486,6 +499,16 @@ class ConsumeQueueStore:
     def correct_min_offset(self, min_commitlog_offset: int) -> None:
         for cq in self._all():
             cq.correct_min_offset(min_commitlog_offset)
+
+    def retry_destroy(self) -> int:
+        """Retry the deleted segments not destroyed yet; how many are left over all queues."""
+        return sum(cq.retry_destroy() for cq in self._all() if cq.pending_delete)
+
+    def pending_delete(self) -> int:
+        return sum(cq.pending_delete for cq in self._all())
+
+    def close_failures(self) -> int:
+        return sum(cq.close_failures for cq in self._all())
 
     def flush_all(self, least_pages: int = 0) -> bool:
         """Flush every queue; True when all of them are wholly on disk."""

@@ -12,9 +12,18 @@ position (``committed_position`` is kept as an alias for readers of the referenc
 A mapped file is never shrunk with ftruncate while mapped (touching a page past EOF raises
 SIGBUS); truncation zeroes the bytes and msyncs them instead, so truncated data is gone on disk.
 
-msync and page population go through ``common.store.native`` (the GIL is released for them);
-a native call pins the mapping and ``close`` waits for the pins, so nothing touches an address
-after it is unmapped. ``prefault(upto)`` populates pages ahead of the writer (the allocate
+Lifetime (RocketMQ ``ReferenceResource``): the segment starts with one reference, its owner's
+(the ``MappedFileQueue``). A reader calls ``hold()`` (False once the segment is shut down: it
+is gone for that reader) and ``release()`` when done; native calls (msync, page population,
+with the GIL released) hold it the same way. ``shutdown()`` marks it unavailable and drops the
+owner's reference; the mapping and the descriptors are closed by whichever ``release`` drops
+the last reference, so nothing is unmapped under a reader. ``destroy(wait_s)`` shuts down, waits
+up to ``wait_s`` for the readers, then closes and unlinks; it returns False when readers still
+hold the segment or the mapping cannot be closed (a memoryview of it is still alive), and the
+caller retries later (``MappedFileQueue.retry_destroy``). Unlike RocketMQ's ``intervalForcibly``
+nothing is ever unmapped by force: a native call runs on the raw address, and an unmap under it
+is a SIGSEGV. A segment still held ``interval_forcibly_s`` after its shutdown is reported
+(``held_too_long``) instead. ``prefault(upto)`` populates pages ahead of the writer (the allocate
 service calls it off the put path), ``populated`` is how far that has got.
 
 Bulk appends (a slave's replicated bytes) go through ``write_append``: ``pwrite(2)`` on the file,
@@ -31,6 +40,7 @@ import errno
 import mmap
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +52,7 @@ WARM_CHUNK = 1 << 20
 POPULATE_CHUNK = 4 << 20  # pages faulted in per native call (the mapping is pinned meanwhile)
 WRITABLE_AHEAD = 64 << 10  # make_writable: pages made ready past the append (one call per 64 KiB)
 CLOSE_WAIT_S = 10.0
+INTERVAL_FORCIBLY_S = 120.0  # held this long after its shutdown: reported (RocketMQ's 120 s)
 _CLOSED = object()  # what a pinned call returns once the file is closed
 NAME_DIGITS = 20
 
@@ -51,6 +62,7 @@ def file_name(start_offset: int) -> str:
 
 
 CREATING_SUFFIX = ".new"
+DELETING_SUFFIX = ".deleting"
 
 
 def creating_name(name: str) -> str:
@@ -60,6 +72,16 @@ def creating_name(name: str) -> str:
 
 def is_creating_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(CREATING_SUFFIX)
+
+
+def deleting_name(name: str) -> str:
+    """The hidden name a deleted segment has while a reader still holds it (``load`` removes
+    leftovers): its own name is free at once for a segment made again at that offset."""
+    return f".{name}{DELETING_SUFFIX}"
+
+
+def is_deleting_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(DELETING_SUFFIX)
 
 
 def parse_file_name(name: str) -> int:
@@ -93,10 +115,13 @@ class MappedFile:
         self.populated = 0  # pages below this were faulted in ahead of the writer
         self.store_timestamp = 0  # store time of the last record appended (checkpoint)
         self._flush_lock = threading.Lock()
-        self._life = threading.Condition()  # guards available, _pins and _write_fd
-        self._pins = 0  # native calls in progress on this mapping
+        self._life = threading.Condition()  # guards available, _refs, _cleaned and _write_fd
+        self._refs = 1  # the owner's reference, plus one per hold (readers, native calls)
         self._write_fd = -1  # write_append's descriptor: opened on its first use, closed when full
+        self._cleaned = False  # the mapping and every descriptor are closed
+        self._shutdown_at = 0.0  # monotonic time of shutdown()
         self.available = True
+        self.close_error = ""  # why the last attempt to close the mapping failed
 
     def _open(self, create: bool) -> int:
         """The segment's descriptor. A new segment is made under a hidden name and renamed once
@@ -180,7 +205,7 @@ class MappedFile:
 
     def _open_write_fd(self) -> int:
         with self._life:
-            if not self.available:
+            if not self.available or self._cleaned:
                 raise StoreError(f"{self.path}: closed")
             if self._write_fd < 0:
                 self._write_fd = os.open(self.path, os.O_WRONLY)
@@ -276,19 +301,14 @@ class MappedFile:
         native.msync(self._mm, addr, start, length)
 
     def _pinned(self, call: Callable[..., object], *args: int) -> object:
-        """``call(address, *args)`` with the mapping pinned (``close`` waits for it), or
-        ``_CLOSED`` without calling once the file is closed."""
-        with self._life:
-            if not self.available:
-                return _CLOSED
-            self._pins += 1
+        """``call(address, *args)`` with the segment held (nothing unmaps it meanwhile), or
+        ``_CLOSED`` without calling once it is shut down."""
+        if not self.hold():
+            return _CLOSED
         try:
             return call(self._addr, *args)
         finally:
-            with self._life:
-                self._pins -= 1
-                if not self._pins:
-                    self._life.notify_all()
+            self.release()
 
     def prefault(self, upto: int) -> int:
         """Fault pages in up to ``upto`` (one thread at a time: the allocate service); returns
@@ -358,29 +378,98 @@ class MappedFile:
         self._sync(start, last_dirty - start)
         return last_dirty - pos
 
-    # ---- lifecycle ------------------------------------------------------------------------
-    def close(self) -> None:
+    # ---- lifecycle (RocketMQ ReferenceResource) ------------------------------------------
+    def hold(self) -> bool:
+        """Take a reference for a read; False once the segment is shut down (it is gone)."""
+        with self._life:
+            if not self.available:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        """Drop a reference; the last one closes the mapping (on the releasing thread)."""
+        with self._life:
+            self._refs -= 1
+            last = self._refs == 0
+            if last:
+                self._life.notify_all()
+        if last:
+            self._cleanup()
+
+    @property
+    def ref_count(self) -> int:
+        return self._refs
+
+    @property
+    def cleanup_over(self) -> bool:
+        """No reference is left and the mapping and descriptors are closed."""
+        return self._refs <= 0 and self._cleaned
+
+    def held_too_long(self, interval_forcibly_s: float = INTERVAL_FORCIBLY_S) -> bool:
+        """Shut down at least ``interval_forcibly_s`` ago and still held by a reader."""
+        return (not self.available and self._refs > 0
+                and time.monotonic() - self._shutdown_at >= interval_forcibly_s)
+
+    def shutdown(self) -> None:
+        """No new reader gets the segment; the owner's reference is dropped (once)."""
         with self._life:
             if not self.available:
                 return
             self.available = False
-            if not self._life.wait_for(lambda: self._pins == 0, CLOSE_WAIT_S):
-                return  # a native call is stuck on the disk: leave the mapping mapped
-        self._close_write_fd()
-        try:
-            self._view.release()
-            self._mm.close()
-        except BufferError:
-            # A reader still holds a view; the mapping is released when it is collected.
-            pass
+            self._shutdown_at = time.monotonic()
+        self.release()
 
-    def destroy(self) -> None:
-        """Close and delete the file."""
-        self.close()
+    def _cleanup(self) -> bool:
+        """Close the mapping and the descriptors (no reference is left); False, with
+        ``close_error`` set, when a memoryview of the mapping is still alive."""
+        with self._life:
+            if self._cleaned:
+                return True
+            fd, self._write_fd = self._write_fd, -1
+            try:
+                self._view.release()
+                self._mm.close()
+            except BufferError as e:
+                self.close_error = f"the mapping is still exported: {e}"
+                self._write_fd = fd  # kept with the mapping: closed by the retry
+                return False
+            self._cleaned = True
+            self.close_error = ""
+        if fd >= 0:
+            os.close(fd)
+        return True
+
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> bool:
+        """Shut down, wait up to ``wait_s`` for the readers, close; True once closed. False
+        when a reader (or a native call stuck on the disk) still holds it, or a view of the
+        mapping is alive (``close_error``): nothing is unmapped under either."""
+        self.shutdown()
+        with self._life:
+            if not self._life.wait_for(lambda: self._refs <= 0, wait_s):
+                self.close_error = f"still held by {self._refs} reader(s)"
+                return False
+        return self._cleanup()
+
+    def destroy(self, wait_s: float = CLOSE_WAIT_S) -> bool:
+        """Close and delete the file; False (file kept, retry later) when it cannot close."""
+        if not self.close(wait_s):
+            return False
         try:
             self.path.unlink()
         except FileNotFoundError:
             pass
+        return True
+
+    def hide(self) -> None:
+        """Rename the file to its hidden deleting name (``deleting_name``), keeping the
+        mapping: a segment that must wait for its readers frees its name at once."""
+        hidden = self.path.with_name(deleting_name(self.path.name))
+        try:
+            os.rename(self.path, hidden)
+        except FileNotFoundError:
+            return
+        self.path = hidden
 
     def __repr__(self) -> str:
         return (

@@ -10,13 +10,14 @@ See docs/store-api.md for how the broker uses this class.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -113,6 +114,9 @@ class StoreStats:
     put_failures: int
     dispatched_records: int
     deleted_segments: int
+    segments_pending_delete: int  # deleted, still held or not closable yet (retried)
+    segment_close_failures: int  # mappings that would not close when deleted (logged)
+    segments_held_too_long: int  # deleted segments a reader still held 120 s later
     writeable: bool
     last_recovery: str
 
@@ -630,14 +634,33 @@ class MessageStore:
     def read_committed(self, phy_offset: int, max_bytes: int) -> bytes:
         return self.commit_log.read(phy_offset, max_bytes)
 
-    def append_replicated(self, phy_offset: int, data: bytes | memoryview) -> int:
-        return self.commit_log.append_replicated(phy_offset, data)
+    # The replication fence: an HA client takes a generation when it starts and hands it to
+    # every replicated write; a promotion closes the fence under the put lock before it
+    # writes its epoch, so a client that did not stop in time cannot write after that.
+    def open_replication(self) -> int:
+        return self.commit_log.open_replication()
 
-    def truncate_to(self, phy_offset: int) -> None:
+    def fence_replication(self) -> int:
+        return self.commit_log.fence_replication()
+
+    @contextlib.contextmanager
+    def replication_guard(self, generation: int | None) -> Iterator[None]:
+        """Hold the put lock with the fence checked (an HA client saving the epoch file)."""
+        with self.commit_log.put_lock:
+            self.commit_log.check_fence(generation)
+            yield
+
+    def append_replicated(self, phy_offset: int, data: bytes | memoryview,
+                          generation: int | None = None) -> int:
+        return self.commit_log.append_replicated(phy_offset, data, generation)
+
+    def truncate_to(self, phy_offset: int, generation: int | None = None) -> None:
         """Drop every byte at or after ``phy_offset``: log, ConsumeQueues and index, on disk."""
         with self.reput._lock:
+            with self.commit_log.put_lock:
+                self.commit_log.check_fence(generation)  # before anything changes
             self.allocate.discard()
-            self.commit_log.truncate(phy_offset)
+            self.commit_log.truncate(phy_offset, generation)
             self.cq_store.truncate_dirty(phy_offset)
             if self.index is not None:
                 self.index.truncate(phy_offset)
@@ -649,11 +672,14 @@ class MessageStore:
                 self.checkpoint.flush()
         log.warning("event=store_truncated offset=%d", phy_offset)
 
-    def reset_to(self, phy_offset: int) -> None:
+    def reset_to(self, phy_offset: int, generation: int | None = None) -> None:
         """Empty the store so that the log starts at ``phy_offset`` (slave far behind)."""
         with self.reput._lock:
+            with self.commit_log.put_lock:
+                self.commit_log.check_fence(generation)  # before anything changes
             self.allocate.discard()
             with self.commit_log.put_lock:
+                self.commit_log.check_fence(generation)
                 self.commit_log.queue.reset_empty(phy_offset)
             self.cq_store.truncate_dirty(0)
             if self.index is not None:
@@ -681,6 +707,9 @@ class MessageStore:
             put_failures=self.put_failures,
             dispatched_records=self.reput.dispatched,
             deleted_segments=self.deleted_segments,
+            segments_pending_delete=len(cl.queue.pending_delete) + self.cq_store.pending_delete(),
+            segment_close_failures=cl.queue.close_failures + self.cq_store.close_failures(),
+            segments_held_too_long=cl.queue.held_too_long,
             writeable=cl.writeable,
             last_recovery=(f"{'abnormal' if rec.abnormal else 'normal'} end={rec.end_offset} "
                            f"cut={rec.cut_bytes} {rec.cut_reason}".strip() if rec else ""),

@@ -1,4 +1,4 @@
-"""Slave far behind catches up (docs/drills.md row 11), PR tier.
+"""Slave far behind catches up (docs/drills.md row 11): PR tier; its rate and p99 targets, perf tier.
 
 An ASYNC_MASTER and its slave run a steady put workload through the client. The slave is
 SIGSTOPped while ``DRILL_CATCHUP_MB`` (default 192; the nightly figure is 2048) more MiB are
@@ -20,6 +20,11 @@ by more than the catch-up adds (0.9 to 1.5 ms between runs here), and one window
 the verdict depend on which way it drifted. The load (2 x 250 puts/s) and the windows (8 s baseline, ~8 s capped catch-up)
 give each p99 some 4 000 samples: with ~1 000, a few scheduler stalls of this shared VM decided
 it (one CI run failed so, 4.6 ms against 2.1 ms).
+
+The rate floor and the p99 factor are judged in the ``perf`` tier only (``make bench``,
+tests/time_bounds.py): on a 2-vCPU VM shared with other work they measure the machine as much
+as the code. The PR tier runs the same drill and judges the rest (memory, convergence, no
+loss); it reports the figures.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 import pytest
 from harness import Drill, Node, put_latencies_ms
 from replication_harness import wait_for
+from time_bounds import tier
 
 from common.client import Producer
 
@@ -78,7 +84,9 @@ def _fill(master: Node, total: int) -> None:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("capped", [True, False], ids=["flow-control", "uncapped"])
-def test_a_slave_far_behind_catches_up_under_load(tmp_path: Path, capped: bool) -> None:
+@pytest.mark.parametrize("judge_perf", tier(False, True))
+def test_a_slave_far_behind_catches_up_under_load(tmp_path: Path, capped: bool,
+                                                  judge_perf: bool) -> None:
     flow = {"haFlowControlEnable": True, "maxHaTransferByteInSecond": CAP} if capped else {}
     # Start from a written-back page cache: a fresh `make test` leaves ~900 MB of the venv
     # install dirty, and its writeback ~30 s later landed in the catch-up window (one CI run:
@@ -145,14 +153,14 @@ def test_a_slave_far_behind_catches_up_under_load(tmp_path: Path, capped: bool) 
 
         def checks(summary: dict[str, Any]) -> list[str]:
             problems = []
-            if rate < RATE_FLOOR_MB_S:
+            if judge_perf and rate < RATE_FLOOR_MB_S:
                 problems.append(f"catch-up {rate:.1f} MB/s < {RATE_FLOOR_MB_S} MB/s")
             if peak["RssAnon"] - mem_before["RssAnon"] >= ANON_GROWTH_LIMIT:
                 problems.append(f"master anonymous memory grew {summary['master_anon_growth_mb']}"
                                 " MiB during the catch-up")
             if len(during) < 10:
                 problems.append(f"only {len(during)} puts answered during the catch-up")
-            elif capped and _p99(during) > P99_FACTOR * max(reference, 1.0):
+            elif judge_perf and capped and _p99(during) > P99_FACTOR * max(reference, 1.0):
                 problems.append(f"put p99 {_p99(during):.2f} ms during catch-up > "
                                 f"{P99_FACTOR}x baseline {reference:.2f} ms (before "
                                 f"{_p99(baseline):.2f}, after {_p99(after):.2f})")

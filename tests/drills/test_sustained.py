@@ -1,4 +1,4 @@
-"""Sustained load (docs/drills.md row 14), PR tier.
+"""Sustained load (docs/drills.md row 14): PR tier; its rate and latency targets, perf tier.
 
 A master and its slave take a steady put load through the client, 256 B bodies, with no fault:
 ASYNC_MASTER at 2000 puts/s and SYNC_MASTER at 500 puts/s (4 producers each). Once a second
@@ -12,7 +12,10 @@ descriptors. After the warm-up it requires
   mapped segments (one each) are reported: they follow the segment count;
 * the put p99 to stay under ``P99_BOUND_MS`` (reported beside p50 and max);
 
-and ends like every drill: drain, byte comparison of the logs, total-queue check.
+and ends like every drill: drain, byte comparison of the logs, total-queue check. The rate and
+the p99 are judged in the ``perf`` tier only (``make bench``, tests/time_bounds.py): on this
+shared 2-vCPU VM they measure the machine as much as the code. The PR tier runs the same load
+and judges memory, descriptors and the logs; it reports the rate and latencies.
 ``DRILL_SUSTAINED_S`` (default 75) and ``DRILL_WARMUP_S`` (default 25) set the run and its
 warm-up; the nightly figures are 600 and 60.
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 import pytest
 from harness import Drill, Node, put_latencies_ms
+from time_bounds import tier
 
 pytestmark = [pytest.mark.drill, pytest.mark.integration]
 
@@ -90,8 +94,10 @@ class Sampler(threading.Thread):
 @pytest.mark.timeout(DURATION_S * 2 + 180)
 @pytest.mark.parametrize(("role", "rate"), [("ASYNC_MASTER", 2000.0), ("SYNC_MASTER", 500.0)],
                          ids=["async-2000", "sync-500"])
+@pytest.mark.parametrize("judge_perf", tier(False, True))
 def test_sustained_load_keeps_rate_memory_and_descriptors_flat(tmp_path: Path, role: str,
-                                                               rate: float) -> None:
+                                                               rate: float,
+                                                               judge_perf: bool) -> None:
     with Drill(f"sustained-{role.split('_')[0].lower()}", tmp_path) as drill:
         m = drill.node("m", slave_id=1, mappedFileSizeCommitLog=SEGMENT)
         s = drill.node("s", slave_id=2, mappedFileSizeCommitLog=SEGMENT)
@@ -139,9 +145,9 @@ def test_sustained_load_keeps_rate_memory_and_descriptors_flat(tmp_path: Path, r
             )
             print(f"[drill sustained {role}] {achieved:.0f}/{rate:.0f} puts/s, p99 {p99:.2f} ms,"
                   f" memory {memory}")
-            if achieved < RATE_FLOOR * rate:
+            if judge_perf and achieved < RATE_FLOOR * rate:
                 problems.append(f"achieved {achieved:.0f} puts/s of {rate:.0f}")
-            if p99 >= P99_BOUND_MS:
+            if judge_perf and p99 >= P99_BOUND_MS:
                 problems.append(f"put p99 {p99:.1f} ms >= {P99_BOUND_MS} ms")
             return problems
 

@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 from broker_harness import BrokerProcess, brokers, run_cli
 from replication_harness import wait_for
+from time_bounds import tier
 
 from common.client import Admin, Consumer, Producer
 from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
 from common.core.message import Message
 
 pytestmark = pytest.mark.integration
+
+SUSPEND_MS = 20_000  # the long poll's suspend: an answer by the arrival comes well before it
 
 
 @pytest.mark.timeout(120)
@@ -92,7 +95,10 @@ def test_cli_send_pull_query_status(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_client_batch_async_and_long_poll(tmp_path: Path) -> None:
+# the parked pull is answered by the arrival, not by its suspend running out (the PR tier);
+# within a few ms of it (the perf tier: 250 ms)
+@pytest.mark.parametrize("wake_bound_s", tier(SUSPEND_MS / 1000 / 2, 0.25))
+def test_client_batch_async_and_long_poll(tmp_path: Path, wake_bound_s: float) -> None:
     b = BrokerProcess(tmp_path / "b")
     with brokers(b), Producer([b.address]) as p, Consumer([b.address], group="g") as c:
         rs = p.send_batch("batch", [f"m{i}".encode() for i in range(64)], queue_id=0)
@@ -106,18 +112,20 @@ def test_client_batch_async_and_long_poll(tmp_path: Path) -> None:
         # long polling: a parked pull returns within a few ms of the new message
         pool = concurrent.futures.ThreadPoolExecutor(1)
         try:
-            waiting = pool.submit(c.pull, "batch", 0, 64, 32, 20_000)
+            waiting = pool.submit(c.pull, "batch", 0, 64, 32, SUSPEND_MS)
             deadline = time.monotonic() + 10
             while b.status()["longPolls"] < 1:
                 assert time.monotonic() < deadline, "pull never parked"
             sent_at = time.monotonic()
             p.send("batch", b"late", queue_id=0)
-            pr = waiting.result(20)
+            pr = waiting.result(SUSPEND_MS / 1000 + 10)
             latency_s = time.monotonic() - sent_at
         finally:
             pool.shutdown()
         assert pr.status == PullStatus.FOUND and [m.body for m in pr.messages] == [b"late"]
-        assert latency_s < 0.25, f"long poll answered {latency_s * 1000:.1f} ms after the send"
+        print(f"long poll answered {latency_s * 1000:.1f} ms after the send")
+        assert latency_s < wake_bound_s, \
+            f"long poll answered {latency_s * 1000:.1f} ms after the send"
 
 
 @pytest.mark.timeout(180)
@@ -179,14 +187,16 @@ def test_status_and_discovery_across_group(tmp_path: Path) -> None:
         assert st["haMasterAddress"] == f"127.0.0.1:{master.port + 1}"
 
 
-def _wait_found(c: Consumer, topic: str, deadline_s: float) -> list[bytes]:
+def _wait_found(c: Consumer, topic: str, deadline_s: float, count: int = 1) -> list[bytes]:
+    """The bodies in the topic's queue 0 once at least ``count`` are delivered (messages due
+    a few ms apart are delivered by separate passes of the schedule service)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         pr = c.pull(topic, queue_id=0, offset=0, max_nums=32)
-        if pr.status == PullStatus.FOUND:
+        if pr.status == PullStatus.FOUND and len(pr.messages) >= count:
             return [m.body for m in pr.messages]
         time.sleep(0.05)
-    raise AssertionError(f"nothing delivered to {topic} within {deadline_s} s")
+    raise AssertionError(f"{count} not delivered to {topic} within {deadline_s} s")
 
 
 @pytest.mark.timeout(120)
@@ -205,13 +215,17 @@ def test_delay_levels_through_client_cli_and_property(tmp_path: Path) -> None:
         rc, many = run_cli("send", "-s", b.address, "-t", "viacount", "--count", "3", "--size",
                            "8", "--delay-level", "1")
         assert rc == 0 and [m["status"] for m in many] == ["SEND_OK"] * 3
-        for topic in ("viaclient", "viaprop", "viacli", "viacount"):
-            assert c.pull(topic, queue_id=0, offset=0).status != PullStatus.FOUND, topic
         assert _wait_found(c, "viaclient", 15) == [b"a"]
         assert time.monotonic() - started >= 0.9  # level 1 is 1 s
         assert _wait_found(c, "viaprop", 15) == [b"b"]
         assert _wait_found(c, "viacli", 15) == [b"c"]
-        assert len(_wait_found(c, "viacount", 15)) == 3
+        assert len(_wait_found(c, "viacount", 15, count=3)) == 3
+        # each was held its level's time: stored (delivered) 1 s or more after it was born,
+        # whatever the time the sends took (the CLI's two processes take over a second on a
+        # loaded machine: a pull right after them could find the first delivered already)
+        for topic in ("viaclient", "viaprop", "viacli", "viacount"):
+            for m in c.pull(topic, queue_id=0, offset=0, max_nums=32).messages:
+                assert m.store_timestamp - m.born_timestamp >= 1000, (topic, m)
         with pytest.raises(BrokerError) as refused:
             p.send_batch("viaclient", [Message("viaclient", b"x", delay_level=1)])
         assert refused.value.code == ResponseCode.MESSAGE_ILLEGAL

@@ -65,7 +65,9 @@ def test_async_sends_in_flight_when_the_master_dies_are_retried_at_once(tmp_path
     (their answers can no longer come) and are retried on the master found again, here the
     same broker restarted, instead of waiting out their 20 s deadline first."""
     master = BrokerProcess(tmp_path / "m", brokerRole="ASYNC_MASTER")
-    with brokers(master), Producer([master.address], retries=3, timeout_ms=20_000) as p:
+    timeout_s = 20.0
+    with brokers(master), Producer([master.address], retries=3,
+                                   timeout_ms=int(timeout_s * 1000)) as p:
         assert p.send_async("t", b"warm", queue_id=0).result(10).status == SendStatus.SEND_OK
         in_flight = [p.send_async("t", b"k%d" % i, queue_id=0) for i in range(256)]
         master.close()  # SIGKILL
@@ -75,6 +77,7 @@ def test_async_sends_in_flight_when_the_master_dies_are_retried_at_once(tmp_path
         concurrent.futures.wait(unfinished, timeout=30)
         late = time.monotonic() - up
         assert unfinished, "every send was answered before the kill: nothing was tested"
-        assert all(f.done() for f in unfinished) and late < 6.0, late
+        # retried at once, not after their deadline ran out
+        assert all(f.done() for f in unfinished) and late < timeout_s / 2, late
         outcomes = [f.result().status if f.exception() is None else "error" for f in unfinished]
         assert outcomes.count(SendStatus.SEND_OK) == len(unfinished), outcomes

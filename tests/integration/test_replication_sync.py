@@ -26,6 +26,7 @@ from replication_harness import (
     wait_for,
     wait_in_sync,
 )
+from time_bounds import LOAD_MARGIN_S, ROW12_LATE_S, ROW12_RECOVER_S, tier
 
 from common.client import Consumer, Producer
 from common.core.errors import ResponseCode, SendStatus
@@ -34,7 +35,10 @@ from common.format.protocol import RequestCode
 pytestmark = pytest.mark.integration
 
 SLAVE_TIMEOUT_MS = 1000
-LATE_MS = 250  # docs/drills.md row 12: FLUSH_SLAVE_TIMEOUT within [T, T + 250 ms]
+# (late, recover): a FLUSH_SLAVE_TIMEOUT comes within [T, T + late] s, SEND_OK within recover
+# s of the heal. The perf tier holds docs/drills.md row 12's figures, the PR tier a loaded
+# machine's margin on top (tests/time_bounds.py).
+ROW12 = tier((LOAD_MARGIN_S, ROW12_RECOVER_S + LOAD_MARGIN_S), (ROW12_LATE_S, ROW12_RECOVER_S))
 
 
 def timed_send(p: Producer, body: bytes) -> tuple[SendStatus, float]:
@@ -86,7 +90,10 @@ def test_sync_acked_range_is_byte_identical_and_slave_serves_pulls(tmp_path: Pat
 
 
 @pytest.mark.timeout(120)
-def test_sync_slave_paused_times_out_in_window_then_recovers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bounds", ROW12)
+def test_sync_slave_paused_times_out_in_window_then_recovers(
+        tmp_path: Path, bounds: tuple[float, float]) -> None:
+    late_s, recover_s = bounds
     master, slave = master_and_slave(tmp_path, slaveTimeout=SLAVE_TIMEOUT_MS)
     with brokers(master, slave):
         wait_in_sync(master)
@@ -97,17 +104,20 @@ def test_sync_slave_paused_times_out_in_window_then_recovers(tmp_path: Path) -> 
                 for _ in range(3):
                     status, ms = timed_send(p, b"during" * 100)
                     assert status == SendStatus.FLUSH_SLAVE_TIMEOUT
-                    assert SLAVE_TIMEOUT_MS <= ms <= SLAVE_TIMEOUT_MS + LATE_MS, ms
+                    print(f"FLUSH_SLAVE_TIMEOUT after {ms:.1f} ms (slaveTimeout "
+                          f"{SLAVE_TIMEOUT_MS} ms)")
+                    assert SLAVE_TIMEOUT_MS <= ms <= SLAVE_TIMEOUT_MS + late_s * 1000, ms
             finally:
                 os.kill(slave.pid, signal.SIGCONT)
             resumed = time.monotonic()
             wait_for(
                 lambda: timed_send(p, b"after")[0] == SendStatus.SEND_OK,
-                2.0,
+                recover_s,
                 "SEND_OK after SIGCONT",
                 step_s=0,
             )
-            assert time.monotonic() - resumed <= 2.0
+            print(f"SEND_OK {time.monotonic() - resumed:.3f} s after SIGCONT")
+            assert time.monotonic() - resumed <= recover_s
         end = wait_converged(master, slave)
         assert_identical(master, slave, 0, end)
 
@@ -136,12 +146,12 @@ def test_sync_flush_and_sync_master_wait_for_both(tmp_path: Path) -> None:
             try:
                 status_, ms = timed_send(p, b"paused" * 100)
                 assert status_ == SendStatus.FLUSH_SLAVE_TIMEOUT
-                assert SLAVE_TIMEOUT_MS <= ms <= SLAVE_TIMEOUT_MS + LATE_MS, ms
+                assert SLAVE_TIMEOUT_MS <= ms <= SLAVE_TIMEOUT_MS + LOAD_MARGIN_S * 1000, ms
             finally:
                 os.kill(slave.pid, signal.SIGCONT)
             wait_for(
                 lambda: timed_send(p, b"after")[0] == SendStatus.SEND_OK,
-                2.0,
+                ROW12_RECOVER_S + LOAD_MARGIN_S,
                 "SEND_OK after SIGCONT",
                 step_s=0,
             )
@@ -150,7 +160,10 @@ def test_sync_flush_and_sync_master_wait_for_both(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_sync_link_cut_times_out_in_window_then_recovers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bounds", ROW12)
+def test_sync_link_cut_times_out_in_window_then_recovers(
+        tmp_path: Path, bounds: tuple[float, float]) -> None:
+    late_s, recover_s = bounds
     master_port = free_port()
     relay = Relay(master_port + 1)
     master, slave = master_and_slave(
@@ -165,17 +178,20 @@ def test_sync_link_cut_times_out_in_window_then_recovers(tmp_path: Path) -> None
                 for _ in range(4):
                     status, ms = timed_send(p, b"cut" * 1000)
                     assert status == SendStatus.FLUSH_SLAVE_TIMEOUT
-                    assert SLAVE_TIMEOUT_MS <= ms <= SLAVE_TIMEOUT_MS + LATE_MS, ms
+                    print(f"FLUSH_SLAVE_TIMEOUT after {ms:.1f} ms (slaveTimeout "
+                          f"{SLAVE_TIMEOUT_MS} ms)")
+                    assert SLAVE_TIMEOUT_MS <= ms <= SLAVE_TIMEOUT_MS + late_s * 1000, ms
                 assert relay.dropped_bytes > 0
                 relay.heal()
                 healed = time.monotonic()
                 wait_for(
                     lambda: timed_send(p, b"healed")[0] == SendStatus.SEND_OK,
-                    2.0,
+                    recover_s,
                     "SEND_OK after the link healed",
                     step_s=0,
                 )
-                assert time.monotonic() - healed <= 2.0
+                print(f"SEND_OK {time.monotonic() - healed:.3f} s after the heal")
+                assert time.monotonic() - healed <= recover_s
             end = wait_converged(master, slave)
             assert_identical(master, slave, 0, end)
     finally:
@@ -183,13 +199,17 @@ def test_sync_link_cut_times_out_in_window_then_recovers(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(60)
-def test_sync_without_slave_is_refused_at_once(tmp_path: Path) -> None:
+# at once: the PR tier tells it apart from a put that waited slaveTimeout (5 s); the perf tier
+# holds row 12's 250 ms
+@pytest.mark.parametrize("at_once_ms", tier(5000 / 2, ROW12_LATE_S * 1000))
+def test_sync_without_slave_is_refused_at_once(tmp_path: Path, at_once_ms: float) -> None:
     master = BrokerProcess(tmp_path / "m", brokerRole="SYNC_MASTER", slaveTimeout=5000)
     with brokers(master), Producer([master.address], retries=0) as p:
         for _ in range(5):
             status, ms = timed_send(p, b"alone")
             assert status == SendStatus.SLAVE_NOT_AVAILABLE
-            assert ms < 250, ms
+            print(f"SLAVE_NOT_AVAILABLE after {ms:.1f} ms")
+            assert ms < at_once_ms, ms
         assert master.status()["maxPhyOffset"] > 0  # stored all the same (RocketMQ meaning)
 
 
@@ -204,7 +224,7 @@ def test_async_master_does_not_wait_for_a_stopped_slave(tmp_path: Path) -> None:
                 for i in range(200):
                     status, ms = timed_send(p, f"async-{i}".encode() * 50)
                     assert status == SendStatus.SEND_OK
-                    assert ms < SLAVE_TIMEOUT_MS / 2, ms
+                    assert ms < SLAVE_TIMEOUT_MS, ms  # a put that waited took slaveTimeout
             assert slave_entry(master)["lagBytes"] > 0  # type: ignore[index]
         finally:
             os.kill(slave.pid, signal.SIGCONT)

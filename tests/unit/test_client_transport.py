@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
+from time_bounds import late_s
 
 from common.client import ClientTimeoutError, ConnectionLostError, Transport
 from common.format.protocol import RequestCode, Response, ResponseCode, encode_response
@@ -41,6 +42,7 @@ class ScriptedBroker:
         self.delay_s = 0.0
         self.decoy = False
         self.silent = False
+        self.received = 0
         self.served = 0
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -60,6 +62,7 @@ class ScriptedBroker:
                 continue
             identity, header, *_ = self._sock.recv_multipart()
             _, _, opaque, _ = msgpack.unpackb(header)
+            self.received += 1
             if self.silent:
                 continue
             if self.delay_s:
@@ -170,7 +173,7 @@ def test_the_deadline_holds_after_spinning(broker: ScriptedBroker) -> None:
         started = time.monotonic()
         with pytest.raises(ClientTimeoutError):
             t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=200)
-        assert 0.15 <= time.monotonic() - started < 2.0
+        assert 0.15 <= time.monotonic() - started < late_s(0.2)
     finally:
         t.close()
 
@@ -258,7 +261,8 @@ def test_a_call_whose_connection_drops_ends_at_once(blocking: bool) -> None:
         started = time.monotonic()
         with pytest.raises(ConnectionLostError) as e:
             call(15_000)
-        assert e.value.retriable and time.monotonic() - started < 5.0
+        # at once: well before its 15 s deadline
+        assert e.value.retriable and time.monotonic() - started < 15.0 / 2
         server.join(10)
         again = ScriptedBroker(port)  # where the dropped peer listened
         try:
@@ -269,18 +273,22 @@ def test_a_call_whose_connection_drops_ends_at_once(blocking: bool) -> None:
         t.close()
 
 
-def test_forgetting_the_master_does_not_wait_for_a_discovery(broker: ScriptedBroker) -> None:
+def test_forgetting_the_master_does_not_wait_for_a_discovery(
+        broker: ScriptedBroker, monkeypatch: pytest.MonkeyPatch) -> None:
     """``forget``/``recheck`` run on the I/O thread (a failed batch, a degraded answer); a
     discovery waiting for that thread's answers must not hold them up (it used to hold the
     lock they take: the I/O thread stalled until the discovery gave up), and what a discovery
     begun before a ``forget`` finds is not cached."""
     from common.client import Cluster
+    from common.client import cluster as cluster_module
 
-    broker.delay_s = 1.0
+    # the answer comes 3 s late, well within the discovery's own timeout
+    monkeypatch.setattr(cluster_module, "DISCOVERY_TIMEOUT_MS", 10_000)
+    broker.delay_s = 3.0
     broker.fields = {"role": "ASYNC_MASTER", "epoch": 1}
     t = Transport(spin_us=0)
     try:
-        cluster = Cluster(t, [broker.address], timeout_ms=5_000)
+        cluster = Cluster(t, [broker.address], timeout_ms=10_000)
         found: list[str] = []
 
         def discover() -> None:
@@ -288,14 +296,96 @@ def test_forgetting_the_master_does_not_wait_for_a_discovery(broker: ScriptedBro
 
         finder = threading.Thread(target=discover)
         finder.start()
-        time.sleep(0.2)  # the discovery is under way, waiting for the delayed answer
+        wait_until(lambda: broker.received, "the discovery's STATUS")  # answered delay_s later
         started = time.monotonic()
         cluster.forget(broker.address)
         cluster.recheck(broker.address)
-        assert time.monotonic() - started < 0.3
+        # a forget that waited for the discovery would have waited for the delayed answer
+        assert time.monotonic() - started < broker.delay_s / 2
         finder.join(10)
         assert found == [broker.address]  # the caller gets what it found ...
         assert cluster._master is None  # ... but it is not kept: it was forgotten meanwhile
         assert cluster.master() == broker.address and cluster._master == broker.address
     finally:
+        t.close()
+
+
+# ---- blocking-call sockets of threads that come and go (issue 21, item 3) ----------------------
+
+
+def fd_count() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+def wait_until(cond: Any, what: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, \
+            f"timed out waiting for {what() if callable(what) else what}"
+        time.sleep(0.01)
+
+
+def test_threads_that_end_leave_no_sockets_or_descriptors_behind(broker: ScriptedBroker) -> None:
+    """A DEALER (and its monitor) per thread that ever made a blocking call: threads that end
+    must not keep theirs, or a thread pool's churn leaks descriptors."""
+    t = _transport(spin_us=0)
+    try:
+        t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
+        before = fd_count()
+        errors: list[BaseException] = []
+
+        def one_call() -> None:
+            try:
+                t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=10_000)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        for _ in range(15):
+            threads = [threading.Thread(target=one_call) for _ in range(10)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(30)
+        assert not errors, errors[:3]
+        assert broker.served >= 151
+        # the sockets of the 150 threads that ended are closed (at the next blocking call or
+        # the I/O thread's sweep); their connections go, on both ends
+        # (both: a sweep closes them; the count of descriptors can dip below the bound while
+        # the last few sockets still wait for it)
+        wait_until(lambda: fd_count() - before < 20 and len(t._direct) == 1,
+                   lambda: f"the descriptors to come back ({fd_count() - before} more, "
+                           f"{len(t._direct)} sockets)")
+        t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)  # this thread's own
+    finally:
+        t.close()
+
+
+def test_live_threads_beyond_the_cap_are_served_through_the_io_thread(
+        broker: ScriptedBroker) -> None:
+    t = Transport(name="test-transport", spin_us=0, max_direct_sockets=8)
+    release = threading.Event()
+    answered: list[int] = []
+    errors: list[BaseException] = []
+
+    def call_and_stay() -> None:
+        try:
+            resp = t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=10_000)
+            answered.append(resp.fields["echo"])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        release.wait(30)  # alive: its socket cannot be reaped
+
+    threads = [threading.Thread(target=call_and_stay) for _ in range(30)]
+    try:
+        for th in threads:
+            th.start()
+        wait_until(lambda: len(answered) + len(errors) == 30, "every call answered")
+        assert not errors, errors[:3]
+        assert len(t._direct) <= 8
+    finally:
+        release.set()
+        for th in threads:
+            th.join(30)
         t.close()

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from time_bounds import LOAD_MARGIN_S, ROW12_LATE_S, tier
 
 from common.broker.replies import Deferred, LoopWaits
 from common.core.config import load_config
@@ -191,7 +192,10 @@ def test_release_all_answers_every_held_put() -> None:
     assert gt.pending == 0
 
 
-def test_timeout_is_never_early() -> None:
+# never early (every tier); late by at most a loaded machine's margin (PR tier) or docs/
+# drills.md row 12's 250 ms (perf tier)
+@pytest.mark.parametrize("late_s", tier(LOAD_MARGIN_S, ROW12_LATE_S))
+def test_timeout_is_never_early(late_s: float) -> None:
     ha = FakeHa()
     gt = make(150, ha)
     loop = Loop(gt)
@@ -213,4 +217,5 @@ def test_timeout_is_never_early() -> None:
     assert set(loop.answered.values()) == {"FLUSH_SLAVE_TIMEOUT"}
     assert loop.order == sorted(loop.order)  # deadline order
     assert min(waits_ms) >= 150
-    assert max(waits_ms) <= 150 + 250
+    print(f"FLUSH_SLAVE_TIMEOUT {max(waits_ms) - 150:.1f} ms late at most")
+    assert max(waits_ms) <= 150 + late_s * 1000

@@ -6,7 +6,9 @@ The test plays the master (a ROUTER) and the store (records the order of appends
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,17 @@ class RecordingStore:
         self.events: list[tuple[str, int]] = []
         self.client: HaClient | None = None
 
-    def append_replicated(self, phy_offset: int, data: bytes | memoryview) -> int:
-        assert phy_offset == self.max_phy_offset
+    def open_replication(self) -> int:
+        return 7
+
+    @contextlib.contextmanager
+    def replication_guard(self, generation: int | None) -> Iterator[None]:
+        assert generation == 7
+        yield
+
+    def append_replicated(self, phy_offset: int, data: bytes | memoryview,
+                          generation: int | None = None) -> int:
+        assert phy_offset == self.max_phy_offset and generation == 7
         self.max_phy_offset += len(data)
         self.events.append(("append", self.max_phy_offset))
         return self.max_phy_offset
