@@ -11,6 +11,10 @@ Prometheus collectors: ``common/broker/metrics.py``.
 Shutdown is two-stage (uvicorn): the first SIGTERM/SIGINT drains in-flight requests, stops the
 role, persists the offsets and shuts the store down (flush, checkpoint, remove the abort file);
 a second signal exits at once.
+
+Security (``common/broker/security.py``): ``self.security`` is built from the config before
+anything starts (a bad key or ACL file refuses the start) and handed to the request server and,
+through the composition root, to the roles; SIGHUP reloads the ACL file.
 """
 
 from __future__ import annotations
@@ -28,9 +32,15 @@ from typing import Any, Protocol
 import prometheus_client
 
 from common.broker.consumer_groups import ConsumerGroups
-from common.broker.metrics import ConsumerLagCollector, StatusCollector, dead_letters
+from common.broker.metrics import (
+    ConsumerLagCollector,
+    SecurityCollector,
+    StatusCollector,
+    dead_letters,
+)
 from common.broker.port_hold import HA_BIND_HOST, PortHold
 from common.broker.replies import Reply, reply
+from common.broker.security import Security
 from common.broker.server import RequestServer
 from common.broker.tables import ConsumerOffsetTable, TopicTable
 from common.core.config import BrokerConfig, split_addresses
@@ -104,6 +114,7 @@ class BrokerStatus:
     configSync: dict[str, Any]  # a slave: copying its master's tables (slave/config_sync.py)
     consumerGroups: dict[str, int]  # group -> live GroupConsumer members (heartbeats)
     deadLetters: dict[str, int]  # group -> messages held in its %DLQ% topic (master/send_back.py)
+    security: dict[str, Any]  # aclEnable, aclVersion, aclReloadFailing (common/broker/security.py)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -144,7 +155,8 @@ class Broker:
         self.offsets = ConsumerOffsetTable(config_dir)
         self.consumer_groups = ConsumerGroups()
         self.role: Role | None = None
-        self.server = RequestServer(cfg, self)
+        self.security = Security.from_config(cfg)  # ConfigError before anything started
+        self.server = RequestServer(cfg, self, security=self.security)
         self._started = time.monotonic()
         self._admin = concurrent.futures.ThreadPoolExecutor(1, "replog-admin")
         self._stop = threading.Event()
@@ -181,7 +193,8 @@ class Broker:
             except BrokerError:
                 return None
 
-        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0) as admin, \
+        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0,
+                   curve=self.security.peer_keys()) as admin, \
                 concurrent.futures.ThreadPoolExecutor(len(peers), "replog-probe") as pool:
             answers = list(pool.map(probe, peers))  # all at once: at most one timeout in all
         for address, doc in zip(peers, answers, strict=True):
@@ -215,6 +228,7 @@ class Broker:
     def start(self) -> None:
         self.store.start()
         try:
+            self.security.start()
             self._start_serving()
         except BaseException:
             # a clean refusal: stop what started, flush, remove abort, release the lock
@@ -223,6 +237,7 @@ class Broker:
             self._release_ha_port()
             self.server.stop(timeout_s=2.0)
             self.store.shutdown()
+            self.security.stop()
             raise
 
     def _resume_promotion(self) -> None:
@@ -294,6 +309,7 @@ class Broker:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
+        self.security.stop()
         log_event(log, "broker_stopped", drained=drained)
 
     def _resume_slave(self, failed: Role | None, history: epochs.EpochHistory | None) -> None:
@@ -337,6 +353,7 @@ class Broker:
         """Start, wait for SIGTERM/SIGINT, shut down cleanly; a second signal exits at once."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_sighup)
         self.start()
         while not self._stop.wait(0.5):
             pass
@@ -349,6 +366,13 @@ class Broker:
             os._exit(1)
         log_event(log, "broker_signal", signal=signal.Signals(signum).name)
         self._stop.set()
+
+    def _on_sighup(self, _signum: int, _frame: object) -> None:
+        """Reload the ACL file now (its poller would within aclReloadIntervalMs)."""
+        if self.security.enabled:
+            self.security.request_reload()
+        else:
+            log_event(log, "sighup_ignored", reason="aclEnable is off: no ACL file to reload")
 
     def _housekeep(self) -> None:
         while not self._stop.wait(OFFSET_PERSIST_INTERVAL_S):
@@ -364,6 +388,8 @@ class Broker:
         registry.register(StatusCollector(self.snapshot))
         registry.register(ConsumerLagCollector(self.offsets, self.store,
                                                self.consumer_groups.groups))
+        if self.security.enabled:
+            registry.register(SecurityCollector(self.security))
         server, _thread = prometheus_client.start_http_server(
             self.cfg.metricsPort, addr="0.0.0.0", registry=registry
         )
@@ -408,6 +434,7 @@ class Broker:
             configSync=dict(role_fields.get("configSync", {})),
             consumerGroups=self.consumer_groups.groups(),
             deadLetters=dead_letters(store),
+            security=self.security.status(),
         )
 
     def epoch(self) -> int:

@@ -5,7 +5,10 @@ broker name and id; each slave a master serves adds ``replog_slave_{ack_offset,l
 in_sync}`` labelled with its address; each consumer group and topic in this broker's offset
 table adds ``replog_consumer_lag`` and ``replog_consumer_delay_seconds``; each group with live
 ``GroupConsumer`` members ``replog_consumer_group_members``; each group with a dead-letter
-topic ``replog_dead_letters`` (messages its ``%DLQ%<group>`` holds). Collected per scrape.
+topic ``replog_dead_letters`` (messages its ``%DLQ%<group>`` holds). With ``aclEnable``,
+``SecurityCollector`` adds ``replog_handshake_total{port,result}``,
+``replog_authz_denied_total{port,op,reason}``, ``replog_acl_reload_total{result}``,
+``replog_acl_version`` and ``replog_acl_reload_failing``. Collected per scrape.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from common.broker.tables import ConsumerOffsetTable
 from common.core.message import DLQ_PREFIX
 
 if TYPE_CHECKING:
     from common.broker.broker import BrokerStatus
+    from common.broker.security import Security
 
 
 class StatusCollector:
@@ -90,6 +94,45 @@ class ConsumerLagCollector:
         for group, n in sorted(dead_letters(self._store).items()):
             dead.add_metric([group], float(n))
         yield dead
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+class SecurityCollector:
+    """Prometheus collector of the security layer's counters (``common/broker/security.py``)."""
+
+    def __init__(self, security: Security):
+        self._security = security
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        sec = self._security
+        handshakes, denied = sec.audit.counts()
+        shakes = CounterMetricFamily("replog_handshake", "CURVE handshakes by port and result",
+                                     labels=["port", "result"])
+        for (port, result), n in sorted(handshakes.items()):
+            shakes.add_metric([port, result], float(n))
+        yield shakes
+        refusals = CounterMetricFamily("replog_authz_denied", "refused handshakes and requests",
+                                       labels=["port", "op", "reason"])
+        for (port, op, reason), n in sorted(denied.items()):
+            refusals.add_metric([port, op, reason], float(n))
+        yield refusals
+        if sec.acl is None:
+            return
+        reloads = CounterMetricFamily("replog_acl_reload", "ACL file reloads by result",
+                                      labels=["result"])
+        for result in ("ok", "error"):
+            reloads.add_metric([result], float(sec.acl.reloads[result]))
+        yield reloads
+        version = GaugeMetricFamily("replog_acl_version", "the version of the ACL in force")
+        version.add_metric([], float(sec.acl.current.version))
+        yield version
+        failing = GaugeMetricFamily("replog_acl_reload_failing",
+                                    "1 while the ACL file on disk is refused (the last good "
+                                    "one stays in force)")
+        failing.add_metric([], 1.0 if sec.acl.failing else 0.0)
+        yield failing
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []

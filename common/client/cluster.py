@@ -4,15 +4,17 @@ and retry loop every client shares."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from common.client.results import ClientTimeoutError, NoMasterError
 from common.client.transport import DEFAULT_TIMEOUT_MS, DEGRADED_CODES, Transport
 from common.core.config import split_addresses
 from common.core.errors import BrokerError, ResponseCode
+from common.core.keys import ClientKeys, KeyFileError, client_keys
 from common.format.protocol import (
     RequestCode,
     Response,
@@ -154,7 +156,12 @@ class Cluster:
 
 
 class ClientBase:
-    """Shared lifecycle: one Transport and one cluster view per client object."""
+    """Shared lifecycle: one Transport and one cluster view per client object.
+
+    CURVE (``docs/security.md``): ``key`` is this client's ``.key_secret`` file and
+    ``server_key`` the brokers' public ``.key`` (or a mapping ``host:port`` -> ``.key`` when each
+    broker has its own key pair); ``curve`` gives the same already loaded. A bad key file raises
+    BrokerError BAD_REQUEST naming it, before anything connects."""
 
     def __init__(
         self,
@@ -162,12 +169,22 @@ class ClientBase:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         retries: int = 2,
         route_ttl_ms: int = ROUTE_TTL_MS,
+        key: str | os.PathLike[str] | None = None,
+        server_key: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+        curve: ClientKeys | None = None,
         **transport_args: Any,
     ):
         self.servers = parse_servers(servers)
         self.timeout_ms = timeout_ms
         self.retries = retries
-        self._transport = Transport(name=type(self).__name__, **transport_args)
+        if curve is None:
+            try:
+                curve = client_keys(key, server_key)
+            except KeyFileError as e:
+                raise BrokerError(ResponseCode.BAD_REQUEST, str(e), False) from None
+        elif key is not None or server_key is not None:
+            raise ValueError("give key and server_key, or curve, not both")
+        self._transport = Transport(name=type(self).__name__, curve=curve, **transport_args)
         self._cluster = Cluster(self._transport, self.servers, timeout_ms, route_ttl_ms)
         self._closed = threading.Event()
 

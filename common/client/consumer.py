@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common.client.cluster import ClientBase
 from common.client.results import PullResult, SendResult, pull_result, send_results
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS
 from common.core.errors import BrokerError, ResponseCode
+from common.core.keys import ClientKeys
 from common.core.message import (
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_ORIGIN_MESSAGE_ID,
@@ -29,8 +31,13 @@ class Consumer(ClientBase):
         retries: int = 2,
         read_from: str | None = None,
         spin_us: int = DEFAULT_SPIN_US,
+        key: str | os.PathLike[str] | None = None,
+        server_key: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+        curve: ClientKeys | None = None,
     ):
-        super().__init__(servers, timeout_ms, retries, spin_us=spin_us)
+        """``key``, ``server_key``, ``curve``: CURVE (``ClientBase``, docs/security.md)."""
+        super().__init__(servers, timeout_ms, retries, key=key, server_key=server_key,
+                         curve=curve, spin_us=spin_us)
         self.group = group
         self.read_from = read_from  # a fixed broker to read from (e.g. a slave); None = master
 
