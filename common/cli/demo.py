@@ -5,7 +5,9 @@ Runs what ``replog cluster up --base-port 10911`` runs (1 master + 2 slaves, syn
 The cluster keeps running for ``REPLOG_DEMO_DURATION`` seconds (default 20; try
 ``replog status -s 127.0.0.1:10911`` meanwhile) and is stopped on time or on Ctrl-C.
 Environment: ``REPLOG_DEMO_DIR`` (default run/demo), ``REPLOG_DEMO_SLAVES`` (default 2),
-``REPLOG_DEMO_MODE`` (sync | async, default sync), ``REPLOG_DEMO_BASE_PORT`` (default 10911).
+``REPLOG_DEMO_MODE`` (sync | async, default sync), ``REPLOG_DEMO_BASE_PORT`` (default 10911),
+``REPLOG_DEMO_SECURE=1``: CURVE and an ACL, as ``replog cluster up --secure`` (keys and
+acl.yml under the demo's directory; the workload runs as its admin account).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -34,9 +37,10 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
-def workload(servers: list[str]) -> None:
+def workload(servers: list[str], **curve: Any) -> None:
+    """``curve``: the clients' ``key``/``server_key`` (a secure cluster)."""
     master = servers[0]
-    with Producer(servers) as p:
+    with Producer(servers, **curve) as p:
         r = p.send("demo-orders", b"order 42: 3 apples", tags="TagA", keys="order-42")
         console.print(
             f"[bold]send[/] -> {r.status.value} msgId={r.msg_id} queue={r.queue_id} "
@@ -52,7 +56,7 @@ def workload(servers: list[str]) -> None:
         futures = [p.send_async("demo-orders", f"async {i}".encode()) for i in range(200)]
         statuses = {f.result(30).status.value for f in futures}
         console.print(f"[bold]send_async[/] x200 -> {sorted(statuses)}")
-    with Consumer(servers, group="demo-billing") as c:
+    with Consumer(servers, group="demo-billing", **curve) as c:
         pr = c.pull("demo-orders", queue_id=r.queue_id, offset=0, max_nums=4)
         console.print(
             f"[bold]pull[/] queue {r.queue_id} -> {pr.status.value}, "
@@ -65,7 +69,7 @@ def workload(servers: list[str]) -> None:
             f"[bold]commit_offset[/] -> group demo-billing at "
             f"{c.fetch_offset('demo-orders', r.queue_id)}"
         )
-    with Admin(servers) as a:
+    with Admin(servers, **curve) as a:
         found = a.query_by_key("demo-orders", "order-42", address=master)
         console.print(f"[bold]query[/] key order-42 -> {[m.msg_id for m in found]}")
         by_id = a.query_by_msg_id(r.msg_id, address=master)
@@ -86,6 +90,7 @@ def main() -> int:
         slaves=_env_int("REPLOG_DEMO_SLAVES", 2),
         mode=os.environ.get("REPLOG_DEMO_MODE", "sync"),
         base_port=_env_int("REPLOG_DEMO_BASE_PORT", 10911),
+        secure=os.environ.get("REPLOG_DEMO_SECURE", "") not in ("", "0"),
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -97,8 +102,10 @@ def main() -> int:
             for child in c.children:
                 pid = child.process.pid if child.process else "?"
                 console.print(f"  {child.name:<9} {child.role:<12} {child.address}  pid {pid}")
+            if c.secure:
+                console.print(f"  CURVE and ACL on: {c.acl_path}, keys under {c.keys_dir}")
             try:
-                workload(servers)
+                workload(servers, **c.client_curve())
             except BrokerError as e:
                 console.print(f"[red]demo step refused: {e}[/]")
             console.print(f"cluster running for {duration:.0f} s: replog status -s {servers[0]}")
