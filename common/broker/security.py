@@ -394,6 +394,7 @@ class Security:
         if self._thread.is_alive():
             log_event(log, "security_thread_stuck", logging.ERROR)
             return
+        self._thread = None
         os.close(self._wake_r)
         os.close(self._wake_w)
         self._wake_r = self._wake_w = -1
