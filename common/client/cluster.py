@@ -118,15 +118,25 @@ class Cluster:
             s: self.transport.call(s, RequestCode.STATUS, None, (), timeout) for s in self.servers
         }
         best: tuple[int, str] | None = None
+        refused: BrokerError | None = None  # e.g. this client's key refused (NO_PERMISSION)
         for address, fut in futures.items():
             try:
-                status = fut.result(timeout / 1000.0 + 5.0).fields
-            except (BrokerError, concurrent.futures.TimeoutError):
+                resp = fut.result(timeout / 1000.0 + 5.0)
+            except BrokerError as e:
+                refused = refused or (None if e.retriable else e)
                 continue
+            except concurrent.futures.TimeoutError:
+                continue
+            if resp.code == ResponseCode.NO_PERMISSION:
+                refused = refused or BrokerError(resp.code, resp.remark)
+                continue
+            status = resp.fields
             if status.get("role") in ("SYNC_MASTER", "ASYNC_MASTER"):
                 candidate = (int(status.get("epoch", 0)), address)
                 best = candidate if best is None or candidate > best else best
         if best is None:
+            if refused is not None:  # waiting for a master would not help: say why now
+                raise refused
             raise NoMasterError(self.servers)
         return best[1]
 
