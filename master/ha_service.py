@@ -69,7 +69,7 @@ import zmq
 
 from common.broker.loop import LoopHost, ParticipantThread
 from common.broker.port_hold import HA_BIND_HOST
-from common.broker.security import HA_DOMAIN, Security, user_id
+from common.broker.security import HA_DOMAIN, HandshakeMonitor, Security, user_id
 from common.core.config import BrokerConfig
 from common.core.logs import log_event
 from common.format.acl import Denial
@@ -118,6 +118,7 @@ class HaService:
         self._cfg = cfg
         self._security = security if security is not None else Security()
         self._auth: Any = None  # the ZAP authenticator of self._ctx (security on)
+        self._handshakes: HandshakeMonitor | None = None  # counts handshakes (security on)
         # peer -> (its ZAP User-Id, the ACL version it was last admitted under, a frame of it)
         self._peers: dict[bytes, tuple[str, int, zmq.Frame]] = {}
         self._acl_seen = 0
@@ -169,6 +170,7 @@ class HaService:
         try:
             self._auth = security.start_authenticator(self._ctx)  # before the bind
             sock = security.server_socket(self._ctx, zmq.ROUTER, HA_DOMAIN)
+            self._handshakes = security.handshake_monitor(sock, HA_DOMAIN)
         except BaseException:
             self._end_context()
             raise
@@ -182,11 +184,12 @@ class HaService:
         try:
             security.bind(sock, self._bind)
         except Exception as e:  # a bind error or a refused bind (no authenticator)
+            self._close_handshakes()
             sock.close(0)
             self._end_context()
             raise OSError(f"HA service cannot bind {self._bind}: {e}") from e
         self._sock = sock
-        self._items = ((sock, zmq.POLLIN),)
+        self._items = self._poll_items(zmq.POLLIN)
         self._store.add_append_listener(self._on_append)
         if self._host is None:
             self._host = ParticipantThread("replog-ha-service")
@@ -194,6 +197,7 @@ class HaService:
             self._host.attach(self)
         except BaseException:  # e.g. the request server stopped meanwhile
             self._sock = None
+            self._close_handshakes()
             sock.close(0)
             self._end_context()
             raise
@@ -223,6 +227,20 @@ class HaService:
         if closed:  # else the socket may still serve: its authenticator stays (never open)
             self._end_context()
         log_event(log, "ha_service_stopped", sent=self.stats.bytes_sent)
+
+    def _poll_items(self, flags: int) -> tuple[tuple[zmq.Socket[Any], int], ...]:
+        """The ROUTER with ``flags``, and its handshake monitor (security on)."""
+        sock = self._sock
+        assert sock is not None
+        items: tuple[tuple[zmq.Socket[Any], int], ...] = ((sock, flags),)
+        if self._handshakes is not None and self._handshakes.socket is not None:
+            items += ((self._handshakes.socket, zmq.POLLIN),)
+        return items
+
+    def _close_handshakes(self) -> None:
+        if self._handshakes is not None:
+            self._handshakes.close()
+            self._handshakes = None
 
     def _end_context(self) -> None:
         """The authenticator stops (no socket of the Context is open any more), then the
@@ -289,6 +307,9 @@ class HaService:
             self._execute(sock, actions)
 
     def on_events(self, sock: zmq.Socket[Any], events: int) -> None:
+        if self._handshakes is not None and sock is self._handshakes.socket:
+            self._handshakes.drain()
+            return
         actions = self._log_actions()
         if events & POLLIN:
             actions.extend(self._receive(sock))
@@ -319,6 +340,7 @@ class HaService:
 
     def close(self) -> None:
         self._wake = None
+        self._close_handshakes()
         if self._sock is not None:
             self._sock.close(0)
 
@@ -460,7 +482,7 @@ class HaService:
         want_out = bool(self._backlog) and not self._backlog_stalled
         flags = zmq.POLLIN | zmq.POLLOUT if want_out else zmq.POLLIN
         if self._items[0][1] != flags:
-            self._items = ((sock, flags),)
+            self._items = self._poll_items(flags)
         with self._lock:
             assert self._core is not None
             streaming = self._core.peer_count > 0

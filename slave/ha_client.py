@@ -76,12 +76,12 @@ RECONNECT_IVL_MAX_MS = 1000
 _ACK_PREFIX = encode_header(Ack(0, 0))[:2]
 assert _ACK_PREFIX == b"\x93\x04"
 _MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-_HANDSHAKE_FAILURES = {
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the master refused this broker's key (no replica "
-                                     "account holds it in the master's ACL)",
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol error (does the master run CURVE?)",
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the master cut the handshake (is "
-                                          "haMasterPublicKeyFile the master's public key?)",
+_HANDSHAKE_FAILURES: dict[int, str] = {
+    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): "the master refused this broker's key (no replica "
+                                          "account holds it in the master's ACL)",
+    int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): "protocol error (does the master run CURVE?)",
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): "the master cut the handshake (is "
+                                               "haMasterPublicKeyFile the master's public key?)",
 }
 _CURVE_MONITOR_EVENTS = int(_MONITOR_EVENTS)
 for _event in _HANDSHAKE_FAILURES:
@@ -291,14 +291,14 @@ class HaClient:
                 log_event(
                     log, "ha_master_disconnected", logging.WARNING, master=self._cfg.haMasterAddress
                 )
-            elif event["event"] in _HANDSHAKE_FAILURES:
+            elif int(event["event"]) in _HANDSHAKE_FAILURES:
                 self.stats.handshake_failures += 1
                 if not self._handshake_failing:
                     self._handshake_failing = True
-                    self.stats.last_failure = _HANDSHAKE_FAILURES[event["event"]]
+                    why = _HANDSHAKE_FAILURES[int(event["event"])]
+                    self.stats.last_failure = why
                     log_event(log, "ha_handshake_failed", logging.ERROR,
-                              master=self._cfg.haMasterAddress,
-                              reason=_HANDSHAKE_FAILURES[event["event"]])
+                              master=self._cfg.haMasterAddress, reason=why)
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 if self._handshake_failing:
                     self._handshake_failing = False

@@ -20,12 +20,15 @@ ROUTER, ``master/ha_service.py``) is made by ``Security.server_socket`` and boun
 * per request, ``account_of(user_id, frame)`` maps that User-Id (from the frames, received with
   ``copy=False``) to its account in the ACL in force *now*, so a key revoked by a reload is
   refused on connections already open; a routing id is never an identity;
-* a monitor on each server socket counts handshakes (``replog_handshake_total{port,result}``),
-  including garbage and wrong-key attempts that never reach ZAP.
+* a ``HandshakeMonitor`` on each server socket counts handshakes
+  (``replog_handshake_total{port,result}``), including garbage and wrong-key attempts that
+  never reach ZAP. The socket's owner polls it beside the socket, on the socket's own thread,
+  and disables it before closing the socket: libzmq sends monitor events with a blocking send,
+  so a monitor nobody reads any more stalls the Context's I/O thread, handshakes included.
 
 One thread, "replog-security", polls the ACL file every ``aclReloadIntervalMs`` (stat, then
-sha256: a touch changes nothing), reloads it at once on ``request_reload`` (SIGHUP), and reads
-the socket monitors. A file that does not parse is logged at ERROR and counted
+sha256: a touch changes nothing) and reloads it at once on ``request_reload`` (SIGHUP). A file
+that does not parse is logged at ERROR and counted
 (``replog_acl_reload_total{result="error"}``, ``replog_acl_reload_failing`` 1), and the
 snapshot in force stays; a good one is swapped in whole (``AclSnapshot`` is immutable).
 
@@ -37,7 +40,6 @@ then one a second (the next line says how many were left out), and to
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import hashlib
 import logging
@@ -86,11 +88,11 @@ AUDIT_BURST = 5  # refusal lines per key before the rate limit
 AUDIT_PER_S = 1.0  # then this many a second per key
 AUDIT_MAX_KEYS = 4096  # keys whose rate is tracked (the oldest is forgotten past that)
 JOIN_TIMEOUT_S = 5.0
-_HANDSHAKE_EVENTS = {
-    zmq.EVENT_HANDSHAKE_SUCCEEDED: "ok",
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",  # ZAP said no
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",  # garbage, a wrong server key, NULL
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed",  # cut, timed out (handshake_ivl)
+_HANDSHAKE_EVENTS: dict[int, str] = {
+    int(zmq.EVENT_HANDSHAKE_SUCCEEDED): "ok",
+    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): "refused",  # ZAP said no
+    int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): "protocol",  # garbage, a wrong server key, NULL
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): "failed",  # cut, timed out (handshake_ivl)
 }
 _MONITOR_EVENTS = int(zmq.EVENT_MONITOR_STOPPED)  # sent only when asked for
 for _event in _HANDSHAKE_EVENTS:
@@ -140,6 +142,8 @@ def require_authenticator(ctx: zmq.Context[Any]) -> None:
         if e.errno != errno.EADDRINUSE:
             raise
         return  # taken: the handler is there
+    else:
+        probe.unbind(ZAP_ENDPOINT)  # at once (a close frees the endpoint later)
     finally:
         probe.close(linger=0)
     raise InsecureBindError("refusing to bind a CURVE server socket: nothing is bound at "
@@ -318,10 +322,40 @@ class Audit:
 # ---- the layer -------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(eq=False)
-class _Monitor:
-    port: str
-    sock: zmq.Socket[Any]
+class HandshakeMonitor:
+    """A server socket's handshake events, counted into ``audit`` (see the module docstring:
+    read by the socket's owner, on its thread, until ``close``)."""
+
+    def __init__(self, sock: zmq.Socket[Any], port: str, audit: Audit):
+        self._target = sock
+        self.port = port
+        self._audit = audit
+        self.socket: zmq.Socket[Any] | None = sock.get_monitor_socket(_MONITOR_EVENTS)
+
+    def drain(self) -> None:
+        """Count what the monitor holds (the owner calls it when ``socket`` is readable)."""
+        sock = self.socket
+        for _ in range(1024):
+            if sock is None:
+                return
+            try:
+                event = recv_monitor_message(sock, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            result = _HANDSHAKE_EVENTS.get(int(event["event"]))
+            if result is not None:
+                self._audit.handshake(self.port, result)
+
+    def close(self) -> None:
+        """Before the socket closes: stop the events, then close the monitor."""
+        if self.socket is None:
+            return
+        try:
+            self._target.disable_monitor()
+        except zmq.ZMQError:
+            pass  # the socket is closed already: so is its side of the monitor
+        self.socket.close(linger=0)
+        self.socket = None
 
 
 class Security:
@@ -342,9 +376,6 @@ class Security:
         self._stop = threading.Event()
         self._reload_now = threading.Event()
         self._wake_r = self._wake_w = -1
-        self._new_monitors: collections.deque[_Monitor] = collections.deque()
-        self._monitor_lock = threading.Lock()  # _new_monitors vs stop
-        self._stopped = False
 
     @classmethod
     def from_config(cls, cfg: Any) -> Security:
@@ -379,13 +410,7 @@ class Security:
                   key=fingerprint(self.own.public) if self.own else "-")
 
     def stop(self) -> None:
-        """Stop the thread; every socket monitor it held is closed (so no Context waits)."""
-        with self._monitor_lock:
-            self._stopped = True
-            leftovers = list(self._new_monitors)
-            self._new_monitors.clear()
-        for mon in leftovers:
-            mon.sock.close(linger=0)
+        """Stop the thread (it holds no socket)."""
         if self._thread is None:
             return
         self._stop.set()
@@ -435,7 +460,6 @@ class Security:
             sock.curve_server = True
             sock.zap_domain = domain.encode("ascii")
             sock.setsockopt(zmq.HANDSHAKE_IVL, self.handshake_timeout_ms)
-            self._watch(PORT_OF_DOMAIN.get(domain, domain), sock)
         except BaseException:
             sock.close(linger=0)
             raise
@@ -447,14 +471,13 @@ class Security:
             require_authenticator(sock.context)
         sock.bind(endpoint)
 
-    def _watch(self, port: str, sock: zmq.Socket[Any]) -> None:
-        monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
-        with self._monitor_lock:
-            if self._stopped or self._thread is None:
-                monitor.close(linger=0)  # nobody would read it, and its Context would wait
-                return
-            self._new_monitors.append(_Monitor(port, monitor))
-        self._poke()
+    def handshake_monitor(self, sock: zmq.Socket[Any], domain: str) -> HandshakeMonitor | None:
+        """The handshake counter of a server socket (None when security is off); its owner
+        polls ``.socket``, calls ``drain`` when it is readable and ``close`` before closing
+        ``sock``."""
+        if not self.enabled:
+            return None
+        return HandshakeMonitor(sock, PORT_OF_DOMAIN.get(domain, domain), self.audit)
 
     # -- keys for the broker's own connections ------------------------------------------------
     def peer_keys(self) -> ClientKeys | None:
@@ -539,85 +562,24 @@ class Security:
         assert self.acl is not None
         poller = zmq.Poller()
         poller.register(self._wake_r, zmq.POLLIN)
-        monitors: dict[Any, _Monitor] = {}
         next_poll = time.monotonic() + self.reload_interval_s
-        try:
-            while not self._stop.is_set():
-                wait_ms = max(0, int((next_poll - time.monotonic()) * 1000) + 1)
-                try:
-                    events = dict(poller.poll(wait_ms))
-                except zmq.ZMQError as e:
-                    if e.errno != zmq.ETERM:
-                        raise
-                    # a watched socket's Context is ending: it waits for our monitor to close
-                    self._prune_terminated(poller, monitors)
-                    continue
-                if self._wake_r in events:
-                    _drain(self._wake_r)
-                    self._take_monitors(poller, monitors)
-                for sock in [s for s in events if s in monitors]:
-                    self._read_monitor(poller, monitors, sock)
-                if self._reload_now.is_set():
-                    self._reload_now.clear()
-                    self.acl.poll(force=True)
-                if time.monotonic() >= next_poll:
-                    self._safe_poll()
-                    next_poll = time.monotonic() + self.reload_interval_s
-        except Exception:  # a dead security thread must be loud; checks go on without it
-            log.exception("event=security_thread_crashed")
-        finally:
-            for mon in monitors.values():
-                mon.sock.close(linger=0)
+        while not self._stop.is_set():
+            wait_ms = max(0, int((next_poll - time.monotonic()) * 1000) + 1)
+            if poller.poll(wait_ms):
+                _drain(self._wake_r)
+            if self._reload_now.is_set():
+                self._reload_now.clear()
+                self._safe_poll(force=True)
+            if time.monotonic() >= next_poll:
+                self._safe_poll()
+                next_poll = time.monotonic() + self.reload_interval_s
 
-    def _safe_poll(self) -> None:
+    def _safe_poll(self, force: bool = False) -> None:
         assert self.acl is not None
         try:
-            self.acl.poll()
-        except Exception:  # logged; the snapshot in force stays
+            self.acl.poll(force)
+        except Exception:  # logged; the snapshot in force stays, the thread goes on
             log.exception("event=acl_poll_failed")
-
-    def _take_monitors(self, poller: zmq.Poller, monitors: dict[Any, _Monitor]) -> None:
-        with self._monitor_lock:
-            while self._new_monitors:
-                mon = self._new_monitors.popleft()
-                monitors[mon.sock] = mon
-                poller.register(mon.sock, zmq.POLLIN)
-
-    def _prune_terminated(self, poller: zmq.Poller, monitors: dict[Any, _Monitor]) -> None:
-        for sock in list(monitors):
-            try:
-                sock.getsockopt(zmq.EVENTS)
-            except zmq.ZMQError as e:
-                if e.errno != zmq.ETERM:
-                    raise
-                self._close_monitor(poller, monitors, sock)
-
-    @staticmethod
-    def _close_monitor(poller: zmq.Poller, monitors: dict[Any, _Monitor], sock: Any) -> None:
-        poller.unregister(sock)
-        del monitors[sock]
-        sock.close(linger=0)
-
-    def _read_monitor(self, poller: zmq.Poller, monitors: dict[Any, _Monitor],
-                      sock: Any) -> None:
-        mon = monitors[sock]
-        for _ in range(1024):
-            try:
-                event = recv_monitor_message(sock, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as e:
-                if e.errno != zmq.ETERM:
-                    raise
-                self._close_monitor(poller, monitors, sock)
-                return
-            kind = event["event"]
-            result = _HANDSHAKE_EVENTS.get(kind)
-            if result is not None:
-                self.audit.handshake(mon.port, result)
-            elif kind == zmq.EVENT_MONITOR_STOPPED:  # the socket closed: so does its monitor
-                self._close_monitor(poller, monitors, sock)
-                return
 
 
 def peer_address(frame: zmq.Frame | None) -> str:

@@ -66,7 +66,7 @@ from common.broker.consumer_groups import ConsumerGroups
 from common.broker.loop import LoopParticipant, Participants
 from common.broker.mailbox import Mailbox
 from common.broker.replies import Answers, Deferred, LoopWaits, Reply, reply
-from common.broker.security import CLIENT_DOMAIN, Security, user_id
+from common.broker.security import CLIENT_DOMAIN, HandshakeMonitor, Security, user_id
 from common.broker.server_stats import ServerStats
 from common.core.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
 from common.core.logs import log_event
@@ -162,6 +162,7 @@ class RequestServer:
         self.services = services
         self.security = security if security is not None else Security()
         self._caller: tuple[Account, str, zmq.Frame] | None = None  # the request being served
+        self._handshakes: HandshakeMonitor | None = None  # security on: counts handshakes
         self.limits = Limits.from_config(cfg)
         self.bind = bind or f"tcp://0.0.0.0:{cfg.listenPort}"
         self.stats = ServerStats()
@@ -242,6 +243,7 @@ class RequestServer:
         try:
             auth = security.start_authenticator(self._ctx)  # before any bind in this Context
             sock = security.server_socket(self._ctx, zmq.ROUTER, CLIENT_DOMAIN)
+            self._handshakes = security.handshake_monitor(sock, CLIENT_DOMAIN)
             sock.setsockopt(zmq.LINGER, 1000)
             sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
             sock.setsockopt(zmq.ROUTER_HANDOVER, 0 if security.enabled else 1)
@@ -254,6 +256,8 @@ class RequestServer:
             self._bind_error = OSError(f"cannot bind {self.bind}: {e}")
             self._participants.end()
             self._bound.set()
+            if self._handshakes is not None:
+                self._handshakes.close()
             if sock is not None:
                 sock.close(linger=0)
             if auth is not None:
@@ -267,6 +271,8 @@ class RequestServer:
             self._loop(sock)
         finally:
             self._participants.end()
+            if self._handshakes is not None:
+                self._handshakes.close()
             sock.close(linger=CLOSE_LINGER_MS)
             if auth is not None:
                 auth.stop()
@@ -279,6 +285,9 @@ class RequestServer:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._mailbox.fileno(), zmq.POLLIN)
+        handshakes = self._handshakes.socket if self._handshakes is not None else None
+        if handshakes is not None:
+            poller.register(handshakes, zmq.POLLIN)
         participants.begin(poller)
         while True:
             timeout = self._poll_timeout_ms()
@@ -289,6 +298,8 @@ class RequestServer:
             events = dict(poller.poll(timeout))
             if self._mailbox.fileno() in events:
                 self._handle_mailbox(sock)
+            if handshakes is not None and handshakes in events:
+                self._handshakes.drain()  # type: ignore[union-attr]
             if participants.polled:
                 participants.on_events(events)
                 self._poll_due(sock)  # e.g. acks read just now: answer the puts they cover

@@ -200,6 +200,8 @@ def test_a_bound_server_admits_known_keys_only(make_security: Callable[..., Secu
     security = make_security(start=True)
     auth = security.start_authenticator(ctx)
     server = security.server_socket(ctx, zmq.ROUTER, CLIENT_DOMAIN)
+    monitor = security.handshake_monitor(server, CLIENT_DOMAIN)
+    assert monitor is not None
     try:
         security.bind(server, "tcp://127.0.0.1:0")
         endpoint = server.getsockopt(zmq.LAST_ENDPOINT).decode()
@@ -214,12 +216,43 @@ def test_a_bound_server_admits_known_keys_only(make_security: Callable[..., Secu
         wait_for(lambda: security.audit.counts()[1].get(("client", "CONNECT", "unknown_key"))
                  == 2, "two unknown keys audited")
         assert security.audit.counts()[1][("client", "CONNECT", "disabled")] == 1
-        wait_for(lambda: security.audit.counts()[0].get(("client", "refused"), 0) >= 3,
-                 "the monitor's count of refused handshakes")
+
+        def refused_counted() -> bool:
+            monitor.drain()  # what the socket's owner does when the monitor is readable
+            return security.audit.counts()[0].get(("client", "refused"), 0) >= 3
+
+        wait_for(refused_counted, "the monitor's count of refused handshakes")
         assert security.audit.counts()[0][("client", "ok")] >= 1
     finally:
+        monitor.close()
         server.close(linger=0)
         assert auth is not None
+        auth.stop()
+
+
+def test_a_closed_handshake_monitor_leaves_the_socket_serving(
+        make_security: Callable[..., Security], ctx: zmq.Context[Any], keys: Keys) -> None:
+    """libzmq sends monitor events with a blocking send: a monitor closed while its socket
+    still emits events stalls the Context's I/O thread, handshakes included. ``close``
+    disables the events first."""
+    security = make_security()
+    auth = security.start_authenticator(ctx)
+    server = security.server_socket(ctx, zmq.ROUTER, CLIENT_DOMAIN)
+    monitor = security.handshake_monitor(server, CLIENT_DOMAIN)
+    assert monitor is not None and auth is not None
+    try:
+        monitor.close()
+        monitor.close()  # idempotent
+        security.bind(server, "tcp://127.0.0.1:0")
+        endpoint = server.getsockopt(zmq.LAST_ENDPOINT).decode()
+        assert security.own is not None
+        for _ in range(3):
+            c = client(ctx, keys, "app", security.own.public, endpoint)
+            c.send(b"hello")
+            assert echo_once(server) == keys.pub("app")
+            c.close(linger=0)
+    finally:
+        server.close(linger=0)
         auth.stop()
 
 
