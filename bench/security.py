@@ -3,7 +3,8 @@ medians of ``--rounds`` (3) rounds, on a machine other people use.
 
     .venv/bin/python bench/security.py [--rounds 3] [--catchup-mib 128]
 
-1. Client port, one ASYNC_MASTER (ASYNC_FLUSH) per mode, both running, measured in turns, for
+1. Client port, one ASYNC_MASTER (ASYNC_FLUSH) per mode, both running, measured in turns
+   (each figure in 8 alternating chunks, so a slow spell of the machine hits both modes), for
    128 B, 1 KiB and 64 KiB bodies (random bytes, compression off): ``send`` one in flight,
    ``send_async`` 64 in flight, ``send_batch`` of 64. The secure producer is a non-admin
    account whose topic and group rules are checked on every request (target: batches with
@@ -57,6 +58,7 @@ BATCH = 64
 SEGMENT = 256 * 1024 * 1024
 TOPIC = "bench"
 MODES = ("plain", "curve")
+CHUNKS = 8  # turns each mode takes within one figure (see interleaved)
 
 
 def n(count: int, size: int) -> int:
@@ -175,6 +177,22 @@ def batch_sends(p: Producer, size: int, count: int) -> Figure:
     return Figure("batch64", count, time.perf_counter() - start, lat, size)
 
 
+def interleaved(fn: Callable[[Producer, int, int], Figure], producers: dict[str, Producer],
+                size: int, count: int) -> dict[str, Figure]:
+    """``fn`` for each mode, in CHUNKS turns (plain, curve, plain, ...) of count / CHUNKS
+    messages, summed per mode: on a shared machine a slow spell (another tenant, a segment's
+    first-touch page faults) then falls on both modes alike instead of on one figure."""
+    parts: dict[str, list[Figure]] = {mode: [] for mode in producers}
+    chunk = max(BATCH, count // CHUNKS // BATCH * BATCH)
+    for _ in range(max(1, count // chunk)):
+        for mode, p in producers.items():
+            parts[mode].append(fn(p, size, chunk))
+    return {mode: Figure(figs[0].name, sum(f.msgs for f in figs),
+                         sum(f.seconds for f in figs),
+                         [x for f in figs for x in f.latencies_ms], size)
+            for mode, figs in parts.items()}
+
+
 def producer(node: Node, realm: Realm, secure: bool) -> Producer:
     return Producer([node.address], retries=0, timeout_ms=60_000, compress_over_bytes=None,
                     **(realm.curve("bench") if secure else {}))
@@ -195,8 +213,8 @@ def client_port(home: Path, realm: Realm, rounds: int, results: Results) -> None
             for size in SIZES:
                 for name, fn, count in (("sync", sync_sends, 3000), ("async64", async_sends,
                                         20_000), ("batch64", batch_sends, 32_000)):
-                    for mode in MODES:
-                        fig = fn(producers[mode], size, n(count, size))
+                    figs = interleaved(fn, producers, size, n(count, size))
+                    for mode, fig in figs.items():
                         results.setdefault(("put", name, size, mode), []).append(fig)
         for p in producers.values():
             p.close()
@@ -220,8 +238,8 @@ def replication(home: Path, realm: Realm, rounds: int, results: Results) -> None
         for _ in range(rounds):
             for name, fn, count in (("sync", sync_sends, 2000), ("async64", async_sends,
                                                                    20_000)):
-                for mode in MODES:
-                    fig = fn(producers[mode], 1024, n(count, 1024))
+                figs = interleaved(fn, producers, 1024, n(count, 1024))
+                for mode, fig in figs.items():
                     results.setdefault(("SYNC repl", name, 1024, mode), []).append(fig)
         for p in producers.values():
             p.close()
