@@ -9,8 +9,8 @@ medians of ``--rounds`` (3) rounds, on a machine other people use.
    ``send_async`` 64 in flight, ``send_batch`` of 64. The secure producer is a non-admin
    account whose topic and group rules are checked on every request (target: batches with
    CURVE+ACL >= 0.8x plain).
-2. SYNC replication: SYNC_MASTER + slave per mode, ``send_async`` of 1 KiB, 64 in flight (each
-   answered once the slave acked it), and ``send`` one at a time.
+2. SYNC replication: SYNC_MASTER + slave per mode, the same sizes: ``send_async`` 64 in flight
+   (each answered once the slave acked it), and ``send`` one at a time.
 3. Catch-up: an ASYNC master filled with ``--catchup-mib`` MiB of random 16 KiB bodies, then an
    empty slave: MB/s from its first byte to the master's max (target CURVE >= 0.7x plain).
 4. The per-request check, in this process on the server's code path: the ZAP User-Id read from
@@ -120,6 +120,11 @@ class Node:
     def status(self) -> dict[str, Any]:
         return self.admin.status(self.address)
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     def stop(self) -> None:
         if self.proc is not None:
             _support.stop(self.proc)
@@ -177,20 +182,43 @@ def batch_sends(p: Producer, size: int, count: int) -> Figure:
     return Figure("batch64", count, time.perf_counter() - start, lat, size)
 
 
+def cpu_ns(pids: list[int]) -> int:
+    """CPU time used so far by this process and by ``pids`` (every thread), in ns
+    (``/proc/PID/task/*/schedstat``: not the 10 ms ticks of ``/proc/PID/stat``)."""
+    total = time.process_time_ns()
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # a thread that ended
+    return total
+
+
 def interleaved(fn: Callable[[Producer, int, int], Figure], producers: dict[str, Producer],
-                size: int, count: int) -> dict[str, Figure]:
-    """``fn`` for each mode, in CHUNKS turns (plain, curve, plain, ...) of count / CHUNKS
-    messages, summed per mode: on a shared machine a slow spell (another tenant, a segment's
-    first-touch page faults) then falls on both modes alike instead of on one figure."""
+                pids: dict[str, list[int]], size: int, count: int,
+                cpu: dict[str, float]) -> dict[str, Figure]:
+    """``fn`` for each mode in CHUNKS turns of count / CHUNKS messages, the order swapped at
+    each turn (plain curve, curve plain, ...), summed per mode: on a shared machine a slow spell
+    (another tenant, a segment's first-touch page faults, the work one burst leaves behind)
+    falls on both modes alike. ``cpu[mode]``: CPU us per message of the client and brokers,
+    which other tenants hardly change."""
     parts: dict[str, list[Figure]] = {mode: [] for mode in producers}
+    used = dict.fromkeys(producers, 0)
     chunk = max(BATCH, count // CHUNKS // BATCH * BATCH)
-    for _ in range(max(1, count // chunk)):
-        for mode, p in producers.items():
-            parts[mode].append(fn(p, size, chunk))
-    return {mode: Figure(figs[0].name, sum(f.msgs for f in figs),
-                         sum(f.seconds for f in figs),
-                         [x for f in figs for x in f.latencies_ms], size)
-            for mode, figs in parts.items()}
+    for turn in range(max(1, count // chunk)):
+        order = list(producers) if turn % 2 == 0 else list(producers)[::-1]
+        for mode in order:
+            before = cpu_ns(pids[mode])
+            parts[mode].append(fn(producers[mode], size, chunk))
+            used[mode] += cpu_ns(pids[mode]) - before
+    out = {}
+    for mode, figs in parts.items():
+        msgs = sum(f.msgs for f in figs)
+        cpu[mode] = used[mode] / 1000 / msgs
+        out[mode] = Figure(figs[0].name, msgs, sum(f.seconds for f in figs),
+                           [x for f in figs for x in f.latencies_ms], size)
+    return out
 
 
 def producer(node: Node, realm: Realm, secure: bool) -> Producer:
@@ -199,9 +227,11 @@ def producer(node: Node, realm: Realm, secure: bool) -> Producer:
 
 
 Results = dict[tuple[str, str, int, str], list[Figure]]  # (section, figure, size, mode)
+CpuResults = dict[tuple[str, str, int, str], list[float]]  # the same -> CPU us per message
 
 
-def client_port(home: Path, realm: Realm, rounds: int, results: Results) -> None:
+def client_port(home: Path, realm: Realm, rounds: int, results: Results,
+                cpu_results: CpuResults) -> None:
     nodes = {mode: Node(home / f"put-{mode}", realm if mode == "curve" else None,
                         brokerRole="ASYNC_MASTER", flushDiskType="ASYNC_FLUSH").start()
              for mode in MODES}
@@ -213,9 +243,12 @@ def client_port(home: Path, realm: Realm, rounds: int, results: Results) -> None
             for size in SIZES:
                 for name, fn, count in (("sync", sync_sends, 3000), ("async64", async_sends,
                                         20_000), ("batch64", batch_sends, 32_000)):
-                    figs = interleaved(fn, producers, size, n(count, size))
+                    cpu: dict[str, float] = {}
+                    pids = {mode: [node.pid] for mode, node in nodes.items()}
+                    figs = interleaved(fn, producers, pids, size, n(count, size), cpu)
                     for mode, fig in figs.items():
                         results.setdefault(("put", name, size, mode), []).append(fig)
+                        cpu_results.setdefault(("put", name, size, mode), []).append(cpu[mode])
         for p in producers.values():
             p.close()
     finally:
@@ -223,7 +256,8 @@ def client_port(home: Path, realm: Realm, rounds: int, results: Results) -> None
             node.stop()
 
 
-def replication(home: Path, realm: Realm, rounds: int, results: Results) -> None:
+def replication(home: Path, realm: Realm, rounds: int, results: Results,
+                cpu_results: CpuResults) -> None:
     pairs = {}
     try:
         for mode in MODES:
@@ -236,11 +270,16 @@ def replication(home: Path, realm: Realm, rounds: int, results: Results) -> None
                        f"the {mode} slave in sync")
         producers = {mode: producer(pairs[mode][0], realm, mode == "curve") for mode in MODES}
         for _ in range(rounds):
-            for name, fn, count in (("sync", sync_sends, 2000), ("async64", async_sends,
-                                                                   20_000)):
-                figs = interleaved(fn, producers, 1024, n(count, 1024))
-                for mode, fig in figs.items():
-                    results.setdefault(("SYNC repl", name, 1024, mode), []).append(fig)
+            for size in SIZES:
+                for name, fn, count in (("sync", sync_sends, 2000), ("async64", async_sends,
+                                                                       20_000)):
+                    cpu: dict[str, float] = {}
+                    pids = {mode: [pairs[mode][0].pid, pairs[mode][1].pid] for mode in MODES}
+                    figs = interleaved(fn, producers, pids, size, n(count, size), cpu)
+                    for mode, fig in figs.items():
+                        results.setdefault(("SYNC repl", name, size, mode), []).append(fig)
+                        cpu_results.setdefault(("SYNC repl", name, size, mode), []).append(
+                            cpu[mode])
         for p in producers.values():
             p.close()
     finally:
@@ -398,11 +437,13 @@ def main() -> int:
             if name.startswith("User-Id + account + SEND"):
                 verdicts.append(("check < 2 us per request", value < 2.0, f"{value:.3f} us"))
 
-        client_port(home, realm, args.rounds, results)
-        replication(home, realm, args.rounds, results)
+        cpu_results: CpuResults = {}
+        client_port(home, realm, args.rounds, results, cpu_results)
+        replication(home, realm, args.rounds, results, cpu_results)
         for section in ("put", "SYNC repl"):
             print(f"\n{'1. client port' if section == 'put' else '2. SYNC replication'} "
-                  "(medians; ratio CURVE+ACL / plain):")
+                  "(medians; ratio CURVE+ACL / plain; CPU us per message, client and "
+                  "brokers):")
             for (sec, name, size, mode), figs in sorted(results.items(),
                                                         key=lambda kv: (kv[0][2], kv[0][1])):
                 if sec != section or mode != "curve":
@@ -410,8 +451,11 @@ def main() -> int:
                 plain = median_figure(results[(sec, name, size, "plain")])
                 curve = median_figure(figs)
                 plain.name, curve.name = f"{name} {size}B plain", f"{name} {size}B curve"
-                print(plain.line(width=22))
-                print(curve.line(plain, width=22))
+                cpu_plain = statistics.median(cpu_results[(sec, name, size, "plain")])
+                cpu_curve = statistics.median(cpu_results[(sec, name, size, "curve")])
+                print(f"{plain.line(width=22)}   cpu {cpu_plain:7.1f} us")
+                print(f"{curve.line(plain, width=22)}   cpu {cpu_curve:7.1f} us "
+                      f"({cpu_curve / cpu_plain:.2f}x)")
                 if section == "put" and name == "batch64":
                     ratio = curve.rate / plain.rate
                     verdicts.append((f"batch64 {size} B CURVE >= 0.8x plain", ratio >= 0.8,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 import zmq
-from broker_harness import BrokerProcess, brokers, free_port, run_cli
+from broker_harness import REPO, BrokerProcess, brokers, free_port, run_cli
 from security_harness import RELOAD_MS, Realm, scrape, wait_until
 
 from common.client import Admin, Consumer, Producer
@@ -356,3 +358,35 @@ def test_the_cli_takes_keys_from_flags_and_environment(broker: BrokerProcess,
     assert code == 0 and doc["aclEnable"] and doc["aclVersion"] >= 1
     code, doc = run_cli("status", "-s", broker.address)  # no key: no answer
     assert code == 1 and doc["error"] == "SYSTEM_ERROR"
+
+
+# ---- start and stop ----------------------------------------------------------------------------
+
+
+def run_broker(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "common.cli", "broker", "-c", str(config)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_broker_refuses_to_start_on_bad_keys_or_acl_and_stops_cleanly(tmp_path: Path) -> None:
+    local = Realm(tmp_path / "r", ["app"])
+    local.write_acl([local.account("admin", admin=True)])
+    b = BrokerProcess(tmp_path / "b", client_curve=local.curve("admin"), **local.broker_fields())
+    with brokers(b):
+        assert b.terminate() == 0  # drained, the ZAP and ACL threads stopped, exit 0
+    assert "event=broker_stopped" in b.log_path.read_text()
+    secret = local.key("broker")
+    os.chmod(secret, 0o644)
+    done = run_broker(b.config_path)
+    assert done.returncode == 1 and "curveSecretKeyFile" in done.stderr and "chmod 600" in \
+        done.stderr, done.stderr[-2000:]
+    os.chmod(secret, 0o600)
+    local.write_acl_text("accounts:\n  - accessKey: x\n    secretKey: s3cr3t\n")
+    done = run_broker(b.config_path)
+    assert done.returncode == 1 and "aclFile" in done.stderr and "secretKey" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (b.store_root / "abort").exists()
+    local.write_acl([local.account("admin", admin=True)])
+    with brokers(b), Admin([b.address], **local.curve("admin")) as admin:
+        assert admin.status()["security"] == {"aclEnable": True, "aclVersion": 1,
+                                              "aclReloadFailing": False}

@@ -425,3 +425,33 @@ def test_the_zap_handler_refuses_other_mechanisms_and_survives_a_failing_check(
     finally:
         req.close(linger=0)
         auth.stop()
+
+
+# ---- a whole broker, in this process ---------------------------------------------------------
+
+
+def test_a_secure_broker_serves_and_stops_every_thread_it_started(
+        make_broker: Callable[..., Any], keys: Keys, tmp_path: Path) -> None:
+    from zmq.auth.thread import AuthenticationThread
+
+    from common.client import Admin, Producer
+    from common.core.errors import BrokerError, SendStatus
+
+    before = set(threading.enumerate())
+    acl = tmp_path / "acl.yml"
+    acl.write_text(acl_text(keys))
+    broker = make_broker(aclEnable=True, aclFile=str(acl), aclReloadIntervalMs=50,
+                         curveSecretKeyFile=str(keys.secret("broker")))
+    curve = {"key": str(keys.secret("app")), "server_key": str(keys.root / "broker.key")}
+    address = f"127.0.0.1:{broker.cfg.listenPort}"
+    with Producer([address], **curve) as p:
+        assert p.send("t", b"hello").status == SendStatus.SEND_OK
+    with Admin([address], **curve) as a, pytest.raises(BrokerError, match="NO_PERMISSION"):
+        a.create_topic("x", 1)
+    started = [t for t in set(threading.enumerate()) - before
+               if isinstance(t, AuthenticationThread) or t.name == "replog-security"]
+    assert len(started) == 3  # two ZAP threads (client port, HA port) and the ACL poller
+    broker.shutdown()
+    for t in started:
+        t.join(DEADLINE_S)
+        assert not t.is_alive(), t
