@@ -386,12 +386,14 @@ class Security:
         check_libzmq()
         try:
             own = load_secret(os.path.expanduser(cfg.curveSecretKeyFile))
-            master = (load_public(os.path.expanduser(cfg.haMasterPublicKeyFile)).public
-                      if cfg.haMasterPublicKeyFile else own.public)
         except KeyFileError as e:
-            key = "haMasterPublicKeyFile" if cfg.haMasterPublicKeyFile and \
-                cfg.haMasterPublicKeyFile in str(e) else "curveSecretKeyFile"
-            raise ConfigError(f"config key {key!r}: {e}") from None
+            raise ConfigError(f"config key 'curveSecretKeyFile': {e}") from None
+        master = own.public
+        if cfg.haMasterPublicKeyFile:
+            try:
+                master = load_public(os.path.expanduser(cfg.haMasterPublicKeyFile)).public
+            except KeyFileError as e:
+                raise ConfigError(f"config key 'haMasterPublicKeyFile': {e}") from None
         acl = AclHolder(os.path.expanduser(cfg.aclFile))
         return cls(True, own, master, acl, cfg.aclReloadIntervalMs, cfg.curveHandshakeTimeoutMs)
 
