@@ -455,3 +455,22 @@ def test_a_secure_broker_serves_and_stops_every_thread_it_started(
     for t in started:
         t.join(DEADLINE_S)
         assert not t.is_alive(), t
+
+
+def test_keys_and_acl_come_from_env_and_set_as_every_key(keys: Keys, tmp_path: Path) -> None:
+    """What a container does: mount the files, set REPLOG_<key> (or --set)."""
+    acl = tmp_path / "acl.yml"
+    acl.write_text(acl_text(keys))
+    env = {"REPLOG_aclEnable": "true", "REPLOG_aclFile": str(acl),
+           "REPLOG_curveSecretKeyFile": str(keys.secret("broker")),
+           "REPLOG_aclReloadIntervalMs": "1000",
+           "REPLOG_KEY": "/not/a/config/key"}  # the CLI's, ignored by the broker
+    cfg = load_config(None, [f"haMasterPublicKeyFile={keys.root / 'replica.key'}"], env=env)
+    assert (cfg.aclEnable, cfg.aclFile, cfg.aclReloadIntervalMs) == (True, str(acl), 1000)
+    security = Security.from_config(cfg)
+    peer = security.peer_keys()
+    assert peer is not None and peer.server_key == load_public(keys.root / "replica.key").public
+    assert security.own is not None and security.own.public.decode() == keys.pub("broker")
+    with pytest.raises(ConfigError, match="aclFile"):
+        load_config(None, ["aclEnable=true", f"curveSecretKeyFile={keys.secret('broker')}"],
+                    env={})
