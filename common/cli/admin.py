@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from common.cli.output import EXIT_OK, UsageError, emit_json, key_value_table, out
+from common.cli.output import EXIT_OK, UsageError, curve_args, emit_json, key_value_table, out
 from common.client import Admin, Consumer
 from common.core.errors import BrokerError, ResponseCode
 
@@ -19,7 +19,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     ``kafka-topics --describe``); ``--create T --queues N`` makes a topic or grows it."""
     if (args.create is None) != (args.queues is None):
         raise UsageError("--create TOPIC and --queues N go together")
-    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+    with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
         if args.create is not None:
             before = admin.create_topic(args.create, args.queues)
             doc: dict[str, Any] = {"topic": args.create, "queueNums": args.queues,
@@ -33,7 +33,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
             return EXIT_OK
         topics = admin.topics()
     rows = []
-    with Consumer(args.servers, timeout_ms=args.timeout_ms) as consumer:
+    with Consumer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
         for name in sorted(topics):
             if args.topic and name != args.topic:
                 continue
@@ -63,7 +63,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
     """Every consumer group on the master: live members, dead letters and, per topic, the
     committed offsets and the lag (``kafka-consumer-groups --describe``, RocketMQ's
     consumerProgress); ``--group G`` shows one."""
-    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+    with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
         offsets = admin.group_offsets()
         status = admin.status(admin.master_address())
     members: dict[str, int] = status.get("consumerGroups") or {}
@@ -75,7 +75,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
                               f"no consumer group {args.group} on the master", False)
         names = [args.group]
     groups = []
-    with Consumer(args.servers, timeout_ms=args.timeout_ms) as consumer:
+    with Consumer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
         for name in names:
             topics = []
             for topic, committed in sorted(offsets.get(name, {}).items()):
@@ -108,7 +108,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+    with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
         status = admin.status(admin.servers[0])
     if args.json:
         emit_json(status)
@@ -185,7 +185,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     # a switchover (controller mode) waits up to switchoverTimeoutMs (10 s) and the new role
     # to start: the request is given at least PROMOTE_TIMEOUT_MS
     with Admin(args.servers, timeout_ms=max(args.timeout_ms, PROMOTE_TIMEOUT_MS),
-               retries=0) as admin:
+               retries=0, **curve_args(args)) as admin:
         status = admin.promote(admin.servers[0], role=args.role)
     if args.json:
         emit_json(status)

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-from common.cli.output import EXIT_OK, UsageError, emit_json, err, out
+from common.cli.output import EXIT_OK, UsageError, curve_args, emit_json, err, out
 from common.client import Consumer, Producer
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -39,7 +39,7 @@ def cmd_offsets(args: argparse.Namespace) -> int:
         raise UsageError("--reset needs --group G and --time T")
     timestamp = parse_time_ms(args.time) if args.time is not None else None
     with Consumer(args.servers, group=args.group or "replog-cli",
-                  timeout_ms=args.timeout_ms) as consumer:
+                  timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
         queues = [args.queue] if args.queue is not None else range(consumer.queue_nums(args.topic))
         rows = []
         for q in queues:
@@ -88,7 +88,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         raise UsageError("--offsets-file goes with --broadcasting")
     model = "broadcasting" if args.broadcasting else "clustering"
     with GroupConsumer(args.servers, args.group, topics, start=args.start,
-                       timeout_ms=args.timeout_ms, model=model,
+                       timeout_ms=args.timeout_ms, **curve_args(args), model=model,
                        offsets_path=args.offsets_file) as consumer:
         idle_until = time.monotonic() + args.idle_s
         try:
@@ -123,11 +123,12 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
     if args.max <= 0:
         raise UsageError("-n must be at least 1")
-    with Consumer(args.servers, group=args.group, timeout_ms=args.timeout_ms) as consumer:
+    with Consumer(args.servers, group=args.group, timeout_ms=args.timeout_ms,
+                  **curve_args(args)) as consumer:
         letters = dead_letters.read(consumer, args.max)
         resent = 0
         if args.resend and letters.messages:
-            with Producer(args.servers, timeout_ms=args.timeout_ms) as producer:
+            with Producer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as producer:
                 resent = len(dead_letters.redrive(producer, consumer, letters))
     rows = [{**m.to_json(), "originTopic": m.properties.get("RETRY_TOPIC", m.topic),
              "reconsumeTimes": m.reconsume_times} for m in letters.messages]

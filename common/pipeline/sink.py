@@ -22,7 +22,8 @@ Columns (others are ignored, so a DataFrame read from replog can be written back
 Options: ``servers`` (required), ``topic``, ``queueId``, ``batchSize`` (64), ``timeoutMs``
 (10000), ``acceptStatuses`` (comma-separated SendStatus names, default ``SEND_OK``),
 ``compressOverBytes`` (4096: bodies of that size and more are stored deflated, as a
-RocketMQ producer stores them; 0 never).
+RocketMQ producer stores them; 0 never), ``key`` and ``serverKey`` (CURVE, for brokers with
+``aclEnable``: this writer's ``.key_secret`` and the brokers' ``.key``; docs/security.md).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class SinkOptions:
     timeout_ms: int
     accept: frozenset[SendStatus]
     compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER_BYTES  # None: never compress
+    key: str | None = None  # CURVE: this writer's .key_secret
+    server_key: str | None = None  # CURVE: the brokers' public .key
 
     @classmethod
     def parse(cls, options: dict[str, str], schema: StructType) -> SinkOptions:
@@ -91,8 +94,13 @@ class SinkOptions:
         compress = int(o.get("compressoverbytes", DEFAULT_COMPRESS_OVER_BYTES))
         if compress < 0:
             raise ValueError("compressOverBytes must be >= 0 (0: never compress)")
+        key, server_key = o.get("key") or None, o.get("serverkey") or None
+        if (key is None) != (server_key is None):
+            raise ValueError("CURVE needs both options key (this writer's .key_secret) and "
+                             "serverKey (the brokers' .key)")
         return cls(servers, topic, int(queue) if queue else None, batch,
-                   int(o.get("timeoutms", DEFAULT_TIMEOUT_MS)), accept, compress or None)
+                   int(o.get("timeoutms", DEFAULT_TIMEOUT_MS)), accept, compress or None,
+                   key, server_key)
 
 
 @dataclasses.dataclass
@@ -133,7 +141,8 @@ class _Sender:
         self.opts = opts
         self.partition_id = partition_id
         self.producer = Producer(list(opts.servers), timeout_ms=opts.timeout_ms,
-                                 compress_over_bytes=opts.compress_over_bytes)
+                                 compress_over_bytes=opts.compress_over_bytes,
+                                 key=opts.key, server_key=opts.server_key)
         self.pending: list[Message] = []
         self.key: tuple[str, int] | None = None
         self.sent = SentMessage(partition_id, 0)

@@ -48,9 +48,12 @@ def _is_free(port: int) -> bool:
 
 
 class BrokerProcess:
-    def __init__(self, home: Path, extra_env: dict[str, str] | None = None, **fields: Any):
+    def __init__(self, home: Path, extra_env: dict[str, str] | None = None,
+                 client_curve: dict[str, Any] | None = None, **fields: Any):
+        """``client_curve``: the key/server_key the harness's own clients use (aclEnable)."""
         self.home = home
         self.extra_env = dict(extra_env or {})
+        self.client_curve = dict(client_curve or {})
         self.port = fields.pop("listenPort", None) or free_port()
         defaults: dict[str, Any] = {
             "listenPort": self.port,
@@ -93,7 +96,7 @@ class BrokerProcess:
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with Admin([self.address], timeout_ms=500, retries=0) as admin:
+        with Admin([self.address], timeout_ms=500, retries=0, **self.client_curve) as admin:
             while True:
                 assert self.proc is not None
                 if self.proc.poll() is not None:
@@ -106,7 +109,7 @@ class BrokerProcess:
                         raise RuntimeError(f"broker not ready:\n{self.log_tail()}") from None
 
     def status(self) -> dict[str, Any]:
-        with Admin([self.address], timeout_ms=3000, retries=0) as admin:
+        with Admin([self.address], timeout_ms=3000, retries=0, **self.client_curve) as admin:
             return admin.status(self.address)
 
     def terminate(self, timeout_s: float = 30.0) -> int:
@@ -145,15 +148,17 @@ def brokers(*procs: BrokerProcess) -> Iterator[tuple[BrokerProcess, ...]]:
             p.close()
 
 
-def run_cli(*args: str, timeout_s: float = 60.0) -> tuple[int, Any]:
-    """``replog ARGS --json`` in a subprocess -> (exit status, parsed JSON or None)."""
+def run_cli(*args: str, timeout_s: float = 60.0,
+            env: dict[str, str] | None = None) -> tuple[int, Any]:
+    """``replog ARGS --json`` in a subprocess -> (exit status, parsed JSON or None); ``env``
+    is added to the child's environment (from which REPLOG_* variables are removed)."""
     done = subprocess.run(
         [sys.executable, "-m", "common.cli", *args, "--json"],
         check=False,
         cwd=REPO,
         capture_output=True,
         timeout=timeout_s,
-        env=_child_env(),
+        env={**_child_env(), **(env or {})},
     )
     text = done.stdout.decode().strip()
     return done.returncode, (json.loads(text) if text else None)
