@@ -508,6 +508,9 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.CONSUMER_HEARTBEAT: _heartbeat,
     RequestCode.CONSUMER_SEND_MSG_BACK: _send_back,
     RequestCode.STATUS: _anyone,
+    # routes over the cluster (brokers, groups, topics' queue counts): what every client
+    # needs to send at all, like STATUS; what it may then do is checked per request
+    RequestCode.CLUSTER_INFO: _anyone,
     RequestCode.CREATE_TOPIC: _admin(RequestCode.CREATE_TOPIC),
     RequestCode.PROMOTE: _admin(RequestCode.PROMOTE),
     RequestCode.GET_BROKER_CLUSTER_ACL_INFO: _admin(RequestCode.GET_BROKER_CLUSTER_ACL_INFO),
