@@ -497,7 +497,8 @@ class Broker:
             except BrokerError:
                 return None
 
-        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0) as admin, \
+        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0,
+                   curve=self.security.peer_keys()) as admin, \
                 concurrent.futures.ThreadPoolExecutor(len(peers), "replog-probe") as pool:
             answers = list(pool.map(probe, peers))  # all at once: at most one timeout in all
         for address, doc in zip(peers, answers, strict=True):

@@ -88,6 +88,9 @@ class BrokerConfig:
     haMaxTimeSlaveNotCatchup: int = 15_000  # a slave behind this long leaves the SyncStateSet
     brokerElectionPriority: int = 2**31 - 1  # lower wins among equals (RocketMQ's default)
     switchoverTimeoutMs: int = 10_000  # replog: a planned handover waits this long at most
+    # replog: a file holding "user:password": ZooKeeper digest auth for the controller, and an
+    # ACL on every znode it creates (only that identity reads or changes them); "": none
+    controllerAuthFile: str = ""
     # retention
     fileReservedTime: int = 72
     deleteWhen: str = "04"
