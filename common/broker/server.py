@@ -62,7 +62,7 @@ from common.broker.replies import Answers, Deferred, LoopWaits, Reply, reply
 from common.broker.server_stats import ServerStats
 from common.core.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
 from common.core.logs import log_event
-from common.core.message import tags_code
+from common.core.message import decode_msg_id, tags_code
 from common.format.protocol import (
     WRITE_CODES,
     Limits,
@@ -571,11 +571,18 @@ class RequestServer:
         return _messages_reply(req, found, self.services.store)
 
     def _query_by_msg_id(self, req: Request) -> Response:
+        msg_id = req.fields["msgId"]
         try:
-            found = self.services.store.message_by_msg_id(req.fields["msgId"])
+            ip, port, phy_offset = decode_msg_id(msg_id)
         except ValueError as e:
             raise ProtocolError("msgId", str(e)) from None
-        return _messages_reply(req, [found] if found is not None else [], self.services.store)
+        found = self.services.store.message_by_msg_id(msg_id)
+        if found is None:  # not here: the msgId may name another broker's record
+            return reply(req, ResponseCode.QUERY_NOT_FOUND,
+                         f"no message {msg_id} here: it names the broker at {ip}:{port} "
+                         f"(CommitLog offset {phy_offset}), and no record stored by "
+                         f"{ip}:{port} starts at that offset on this broker")
+        return _messages_reply(req, [found], self.services.store)
 
     def _query_by_offset(self, req: Request) -> Response:
         found = self.services.store.message_by_offset(req.fields["phyOffset"])

@@ -103,8 +103,28 @@ class Admin(ClientBase):
         )
 
     def query_by_msg_id(self, msg_id: str, address: str | None = None) -> MessageExt | None:
-        found = self._query(RequestCode.QUERY_BY_MSG_ID, {"msgId": msg_id}, address)
-        return found[0] if found else None
+        """The message ``msg_id`` names, asked of ``address``, or else of the given servers in
+        turn until one holds it. A msgId names the broker that stored the message (its
+        STOREHOST): every replica of that broker's group answers with it, any other broker
+        answers not found. A record that is not the one named (a broker that looked at the
+        offset alone) counts as not found. None when no broker holds it; the last error when
+        some broker could not be asked and none held it."""
+        wanted = msg_id.upper()
+        error: BrokerError | None = None
+        for target in [address] if address else list(self.servers):
+            try:
+                found = self._query(RequestCode.QUERY_BY_MSG_ID, {"msgId": msg_id}, target)
+            except BrokerError as e:
+                if e.code == ResponseCode.BAD_REQUEST:
+                    raise  # a malformed msgId: no broker would take it
+                error = e
+                continue
+            for message in found:
+                if message.msg_id == wanted:
+                    return message
+        if error is not None:
+            raise error
+        return None
 
     def query_by_offset(self, phy_offset: int, address: str | None = None) -> MessageExt | None:
         found = self._query(RequestCode.QUERY_BY_OFFSET, {"phyOffset": phy_offset}, address)

@@ -143,7 +143,7 @@ class MessageStore:
         )
         self.commit_log = CommitLog(
             self.root, cfg.mappedFileSizeCommitLog, max_message_size=cfg.maxMessageSize,
-            store_ip=cfg.brokerIP1, store_port=cfg.listenPort, allocate=self.allocate,
+            store_ip=cfg.store_host_ip(), store_port=cfg.listenPort, allocate=self.allocate,
             put_lock_busy_ms=cfg.putLockWarnMs, append_prop_crc=cfg.enabledAppendPropCRC,
         )
         self._crc_marker = self.root / "config" / "recordCrc.json"
@@ -590,11 +590,20 @@ class MessageStore:
         return self.commit_log.read_record(phy_offset)
 
     def message_by_msg_id(self, msg_id: str) -> MessageExt | None:
+        """The message ``msg_id`` names: the record at its CommitLog offset, and only if that
+        record carries the msgId's STOREHOST (IPv4 address and port). The offset alone names
+        nothing: another broker's msgId points at an offset where any record of ours may
+        start. A slave's records are its master's bytes (the master's STOREHOST), and a record
+        keeps the host of the master that stored it after a failover, so every replica of the
+        group finds it, and no other broker does."""
         try:
             _, _, phy_offset = decode_msg_id(msg_id)
         except ValueError:
             return None
-        return self.message_by_offset(phy_offset)
+        found = self.message_by_offset(phy_offset)
+        if found is None or found.msg_id != msg_id.upper():
+            return None
+        return found
 
     def query_by_key(self, topic: str, key: str, max_nums: int = 32, begin_ms: int = 0,
                      end_ms: int = 2**62) -> list[MessageExt]:
