@@ -64,6 +64,7 @@ from common.core.errors import BrokerError, CorruptMessageError, GetStatus, Pull
 from common.core.logs import log_event
 from common.core.message import decode_msg_id, tags_code
 from common.format.protocol import (
+    LOG_CHECKSUM_MAX_BYTES,
     WRITE_CODES,
     Limits,
     ProtocolError,
@@ -114,6 +115,8 @@ class Services(Protocol):
     def handle_write(self, req: Request) -> Reply: ...
 
     def promote(self, req: Request) -> Reply: ...
+
+    def log_checksum(self, req: Request) -> Reply: ...  # LOG_CHECKSUM, off the I/O thread
 
 
 # ---- long polls and completions held by the loop ----------------------------------------------
@@ -584,6 +587,16 @@ class RequestServer:
                          f"{ip}:{port} starts at that offset on this broker")
         return _messages_reply(req, [found], self.services.store)
 
+    def _log_checksum(self, req: Request) -> Reply:
+        f = req.fields
+        if f["toOffset"] < f["fromOffset"]:
+            raise ProtocolError("toOffset", f"{f['toOffset']} is below fromOffset "
+                                f"{f['fromOffset']}")
+        if f["toOffset"] - f["fromOffset"] > LOG_CHECKSUM_MAX_BYTES:
+            raise ProtocolError("toOffset", f"at most {LOG_CHECKSUM_MAX_BYTES} bytes per "
+                                "request (ask longer ranges in pieces)")
+        return self.services.log_checksum(req)
+
     def _query_by_offset(self, req: Request) -> Response:
         found = self.services.store.message_by_offset(req.fields["phyOffset"])
         return _messages_reply(req, [found] if found is not None else [], self.services.store)
@@ -623,6 +636,7 @@ class RequestServer:
         RequestCode.QUERY_BY_KEY: _query_by_key,
         RequestCode.QUERY_BY_MSG_ID: _query_by_msg_id,
         RequestCode.QUERY_BY_OFFSET: _query_by_offset,
+        RequestCode.LOG_CHECKSUM: _log_checksum,
         RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: _search_offset,
         RequestCode.GET_MAX_OFFSET: _max_offset,
         RequestCode.GET_MIN_OFFSET: _min_offset,

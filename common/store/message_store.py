@@ -11,6 +11,7 @@ See docs/store-api.md for how the broker uses this class.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import struct
@@ -61,6 +62,7 @@ class PendingPut(NamedTuple):
 
 _FLUSHED = done_future(PutStatus.PUT_OK)  # shared: a done Future never changes
 _cached_host = functools.lru_cache(maxsize=4096)(host_bytes)
+CHECKSUM_READ_BYTES = 1024 * 1024  # log_checksum copies and hashes this much at a time
 
 
 # TOTALSIZE, MAGICCODE, then (past BODYCRC, QUEUEID, FLAG, QUEUEOFFSET) PHYSICALOFFSET
@@ -638,6 +640,36 @@ class MessageStore:
     # ---- replication hooks --------------------------------------------------------------------
     def read_committed(self, phy_offset: int, max_bytes: int) -> bytes:
         return self.commit_log.read(phy_offset, max_bytes)
+
+    def log_checksum(self, from_offset: int, to_offset: int, max_bytes: int) -> str:
+        """sha256 (hex) of the CommitLog bytes ``[from_offset, to_offset)``, segment padding
+        included: what a replica must hold byte for byte. LookupError naming the log's range
+        when the range is not all in the log (before or after the read: a truncation or a
+        retention run meanwhile); ValueError when it is reversed or longer than
+        ``max_bytes``."""
+        if to_offset < from_offset or to_offset - from_offset > max_bytes:
+            raise ValueError(f"[{from_offset}, {to_offset}) is not a range of at most "
+                             f"{max_bytes} bytes")
+        self._check_in_log(from_offset, to_offset)
+        digest = hashlib.sha256()
+        pos = from_offset
+        try:
+            while pos < to_offset:
+                chunk = self.commit_log.read(pos, min(CHECKSUM_READ_BYTES, to_offset - pos))
+                if not chunk:
+                    raise LookupError(f"no byte at CommitLog offset {pos}")
+                digest.update(chunk)
+                pos += len(chunk)
+        except ValueError:  # a segment unmapped under the read (retention, truncation)
+            raise LookupError(f"the CommitLog changed under the read at offset {pos}") from None
+        self._check_in_log(from_offset, to_offset)
+        return digest.hexdigest()
+
+    def _check_in_log(self, from_offset: int, to_offset: int) -> None:
+        low, high = self.commit_log.min_offset, self.commit_log.max_offset
+        if not low <= from_offset <= to_offset <= high:
+            raise LookupError(f"[{from_offset}, {to_offset}) is not inside the CommitLog "
+                              f"[{low}, {high})")
 
     def append_replicated(self, phy_offset: int, data: bytes | memoryview) -> int:
         return self.commit_log.append_replicated(phy_offset, data)
