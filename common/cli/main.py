@@ -15,12 +15,14 @@
     replog groups [--group G]   (an extension)
     replog status
     replog promote
+    replog drill [--backend process|docker] [--faults FAULT=N,...] [--seed S] [--json]
 
 Client commands take ``-s/--servers host:port[,...]`` and ``--json`` (one JSON document on
 stdout). Exit status: 0 success, 1 refused or failed (the outcome is still printed), 2 bad usage.
 
 The commands live one family a module: ``messages`` (send, pull, query), ``consumers``
 (offsets, consume, dlq), ``admin`` (topics, groups, status, promote), ``cluster`` (cluster up),
+``drill`` (a failover drill against a process group or the compose cluster),
 and ``bootstrap`` (broker: the composition root, the one module that imports ``master/`` and
 ``slave/``). Output helpers and exit codes: ``output``.
 """
@@ -33,7 +35,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common.cli import admin, cluster, consumers, messages
+from common.cli import admin, cluster, consumers, drill, messages
 from common.cli.bootstrap import run_broker
 from common.cli.output import (
     EXIT_FAILED,
@@ -148,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", choices=["SYNC_MASTER", "ASYNC_MASTER"], default="SYNC_MASTER")
     p = _client(sub, "controller", "the controller's view: master, epoch, SyncStateSet")
     p.add_argument("action", choices=["status"])
+    drill.add_parser(sub)
     return parser
 
 
@@ -172,6 +175,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "promote": admin.cmd_promote,
     "controller": admin.cmd_controller,
     "cluster": cluster.cmd_cluster,
+    "drill": drill.cmd_drill,
 }
 
 
