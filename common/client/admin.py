@@ -20,9 +20,11 @@ from common.format.tables import loads, parse_offsets, parse_topics
 class Admin(ClientBase):
     """Status, promotion, topics and message look-ups against one broker or the group."""
 
-    def status(self, address: str | None = None) -> dict[str, Any]:
-        """One broker's status snapshot (docs/contract.md §3 fields and more)."""
-        return self._cluster.status(address or self.servers[0])
+    def status(self, address: str | None = None,
+               timeout_ms: int | None = None) -> dict[str, Any]:
+        """One broker's status snapshot (docs/contract.md §3 fields and more); ``timeout_ms``
+        (default: the client's) bounds this one call."""
+        return self._cluster.status(address or self.servers[0], timeout_ms)
 
     def promote(self, address: str | None = None, role: str = "SYNC_MASTER") -> dict[str, Any]:
         """Turn the slave at ``address`` into its group's master; returns its new status."""

@@ -111,15 +111,19 @@ def put_latencies_ms(
     return sorted(out)
 
 
-def rto_after(events: list[dict[str, Any]], t_fault: float) -> float | None:
-    """Seconds from a fault to the first SEND_OK invoked after it (None: none)."""
+def rto_after(events: list[dict[str, Any]], t_fault: float,
+              handled_by: Callable[[str], bool] | None = None) -> float | None:
+    """Seconds from a fault to the first SEND_OK invoked after it (None: none); with
+    ``handled_by``, the first whose storing broker (``handler``, ip:port) it accepts: e.g. not
+    the faulted master, which may rightly acknowledge until its lease runs out."""
     invoked: dict[str, float] = {}
     for e in events:
         if e["op"] != "put":
             continue
         if e["type"] == "invoke":
             invoked[e["msg_id"]] = e["t"]
-        elif e["type"] == "ok" and invoked.get(e["msg_id"], -1.0) >= t_fault:
+        elif e["type"] == "ok" and invoked.get(e["msg_id"], -1.0) >= t_fault and (
+                handled_by is None or handled_by(e.get("handler", "?"))):
             return round(e["t"] - t_fault, 3)
     return None
 

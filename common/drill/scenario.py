@@ -73,6 +73,7 @@ from common.drill.workload import (
 
 STATUS_TIMEOUT_MS = 1500  # a broker that does not answer STATUS in this long counts as down
 ELECTING = (KILL, PAUSE, PARTITION_ZK, PARTITION_BOTH)  # faults after which another leads
+FAILOVERS = (*ELECTING, RESTART)  # faults whose recovery time is a failover time
 MAX_FAULTS = 1000
 
 
@@ -117,6 +118,10 @@ class Options:
     settle_timeout_s: float = 90.0  # an election, a rejoin or a catch-up takes at most this
     history_path: Path = Path("drill-history.jsonl")
     name: str = "drill"
+    # a topic of its own, so a drill against a long-lived group (the compose cluster) never
+    # reads an earlier run's messages
+    topic: str = dataclasses.field(default_factory=lambda: time.strftime(
+        "drill-%Y%m%d-%H%M%S-") + os.urandom(3).hex())
 
     def __post_init__(self) -> None:
         if self.producers < 1 or not 0 < self.rate <= 10_000 or not 0 <= self.size <= 1 << 20:
@@ -223,8 +228,9 @@ class Scenario:
         servers = [n.address for n in self.nodes]
         for i in range(self.options.producers):
             self.workers.append(ProducerWorker(self.history, servers, f"p{i}", self.options.rate,
-                                               size=self.options.size, seed=self.options.seed))
-        self.workers.append(ConsumerWorker(self.history, servers))
+                                               size=self.options.size, seed=self.options.seed,
+                                               topic=self.options.topic))
+        self.workers.append(ConsumerWorker(self.history, servers, topic=self.options.topic))
         for w in self.workers:
             w.start()
 
@@ -232,18 +238,29 @@ class Scenario:
         """Hit ``master`` with ``fault``, heal it, wait until the group settles; the record."""
         others = [n for n in self.nodes if n is not master]
         epoch_before = self._epoch(master)
-        event = self.history.fault(fault, node=master.name)
-        t0 = time.monotonic()
-        record: dict[str, Any] = {"t": event["t"], "status": fault, "node": master.name,
+        record: dict[str, Any] = {"status": fault, "node": master.name,
                                   "epoch_before": epoch_before}
+        t0 = time.monotonic()
+        asked = self.history.now()
+
+        def in_effect() -> None:
+            """The fault's time is when it took effect: an engine's API call takes a while,
+            and puts sent meanwhile may still be acknowledged by the untouched master."""
+            event = self.history.fault(fault, node=master.name, asked_t=asked)
+            record["t"] = event["t"]
+
         if fault == KILL:
             self.backend.kill(master)
+            in_effect()
             record["elected"] = self.wait_master(others).name
             self.backend.start(master)
         elif fault == RESTART:
-            self.backend.restart(master)
+            self.backend.restart(master)  # it left the group on SIGTERM, before it exited
+            in_effect()
+            record["t"] = asked
         elif fault == PAUSE:
             self.backend.pause(master)
+            in_effect()
             record["elected"] = self.wait_master(others).name
             hold_s = 2 * self.session_ms / 1000 - (time.monotonic() - t0)
             threading.Event().wait(max(0.0, hold_s))
@@ -252,11 +269,13 @@ class Scenario:
             sides = [ZOOKEEPER_SIDE] + ([SLAVES_SIDE] if fault == PARTITION_BOTH else [])
             for side in sides:
                 self.backend.partition(master, side)
+            in_effect()
             record["elected"] = self.wait_master(others).name
             for side in sides:
                 self.backend.heal(master, side)
         elif fault == PARTITION_SLAVES:
             self.backend.partition(master, SLAVES_SIDE)
+            in_effect()
             threading.Event().wait(2 * self.session_ms / 1000)
             during = self.current_master()
             record["master_during"] = during.name if during is not None else None
@@ -290,8 +309,9 @@ class Scenario:
                 self.problems.append(f"worker {w.name}: {w.error!r}")
         converged = self.wait_converged()
         servers = [n.address for n in self.nodes]
-        final = drain(master.address, servers)
-        drains_equal = all(drain(n.address, servers) == final
+        topic = self.options.topic
+        final = drain(master.address, servers, topic)
+        drains_equal = all(drain(n.address, servers, topic) == final
                            for n in self.nodes if n is not master)
         checksums = self.compare_checksums()
         events = self.history.events
@@ -307,10 +327,14 @@ class Scenario:
                          compared_range=checksums["range"], replica_drains_equal=drains_equal,
                          loss_allowed=None if allowed is None else allowed.__contains__)
         problems += self.problems + self.acks_after_takeover()
+        by_name = {n.name: n for n in self.nodes}
         for f in self.faults:
-            f["rto_s"] = rto_after(events, f["t"])
+            # a failover ends with the first SEND_OK of another broker; a cut from the slaves
+            # (no election) with the first SEND_OK at all
+            others = None if f["status"] == PARTITION_SLAVES else _not_stored_by(by_name[f["node"]])
+            f["rto_s"] = rto_after(events, f["t"], others)
         failovers = [f["rto_s"] for f in self.faults
-                     if f["status"] in ELECTING and f["rto_s"] is not None]
+                     if f["status"] in FAILOVERS and f["rto_s"] is not None]
         by_kind: dict[str, list[float]] = {}
         for f in self.faults:
             if f["rto_s"] is not None:
@@ -319,6 +343,7 @@ class Scenario:
         summary.update(
             drill=self.options.name,
             seed=self.options.seed,
+            topic=self.options.topic,
             mode=self.mode,
             session_ms=self.session_ms,
             nodes=[dataclasses.asdict(n) for n in self.nodes],
@@ -415,6 +440,10 @@ class Scenario:
     def _next_fault_t(self, fault: dict[str, Any]) -> float:
         later = [f["t"] for f in self.faults if f["t"] > fault["t"]]
         return min(later) if later else float("inf")
+
+
+def _not_stored_by(node: DrillNode) -> Callable[[str], bool]:
+    return lambda handler: not node.stored(handler)
 
 
 def run(backend: Backend, options: Options, say: Callable[[str], None] = print) -> dict[str, Any]:

@@ -78,8 +78,10 @@ class ProducerWorker(Worker):
         size: int = 512,
         seed: int = 0,
         fixed_queue: int | None = None,
+        topic: str = TOPIC,
     ):
         super().__init__(producer_id)
+        self.topic = topic
         self.history = history
         self.servers = servers
         self.producer_id = producer_id
@@ -100,7 +102,8 @@ class ProducerWorker(Worker):
                 body = make_body(msg_id, self.size, self.rng)
                 self.history.add(self.producer_id, "put", "invoke", msg_id=msg_id, queue=queue)
                 try:
-                    outcome: Any = producer.send(TOPIC, body, keys=msg_id, queue_id=queue)
+                    outcome: Any = producer.send(self.topic, body, keys=msg_id,
+                                                 queue_id=queue)
                 except Exception as e:  # noqa: BLE001 - classified
                     outcome = e
                 kind, status, extra = classify(outcome)
@@ -116,8 +119,10 @@ class ProducerWorker(Worker):
 class ConsumerWorker(Worker):
     """Reads every queue from the current master throughout (offsets kept per queue)."""
 
-    def __init__(self, history: History, servers: list[str], name: str = "consumer"):
+    def __init__(self, history: History, servers: list[str], name: str = "consumer",
+                 topic: str = TOPIC):
         super().__init__(name)
+        self.topic = topic
         self.history = history
         self.servers = servers
         self.corrupt = 0
@@ -129,7 +134,7 @@ class ConsumerWorker(Worker):
                 found = False
                 for q in range(QUEUES):
                     try:
-                        pr = c.pull(TOPIC, q, offsets[q], max_nums=64)
+                        pr = c.pull(self.topic, q, offsets[q], max_nums=64)
                     except Exception as e:  # noqa: BLE001 - recorded; reads go on
                         self.history.add(self.name, "get", "fail", queue=q, status=repr(e)[:120])
                         continue
@@ -189,7 +194,8 @@ def burst(
     return done
 
 
-def drain(address: str, servers: Iterable[str]) -> dict[int, list[tuple[int, str, bool]]]:
+def drain(address: str, servers: Iterable[str],
+          topic: str = TOPIC) -> dict[int, list[tuple[int, str, bool]]]:
     """Every message of every queue read from ``address``: queue -> [(offset, msg_id, crc ok)]."""
     out: dict[int, list[tuple[int, str, bool]]] = {}
     with Consumer(list(servers), group="drain", timeout_ms=10_000, read_from=address) as c:
@@ -197,7 +203,7 @@ def drain(address: str, servers: Iterable[str]) -> dict[int, list[tuple[int, str
             rows: list[tuple[int, str, bool]] = []
             offset = 0
             while True:
-                pr = c.pull(TOPIC, q, offset, max_nums=256)
+                pr = c.pull(topic, q, offset, max_nums=256)
                 if pr.status != PullStatus.FOUND:
                     break
                 for m in pr.messages:
