@@ -111,9 +111,11 @@ def cmd_drill(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     say = (lambda _: None) if args.json else (lambda line: err.print(f"[drill] {line}"))
     say(f"seed {seed}, history {history}")
+    outcome: dict[str, bool] = {"passed": False}  # the process backend keeps a failed group
     try:
-        with _backend(args) as backend:
+        with _backend(args, outcome) as backend:
             report = scenario.run(backend, options, say)
+            outcome["passed"] = report["verdict"] == "pass"
     except DrillError as e:
         err.print(f"replog drill: {e}")
         return EXIT_FAILED
@@ -125,7 +127,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _backend(args: argparse.Namespace) -> Iterator[Backend]:
+def _backend(args: argparse.Namespace, outcome: dict[str, bool]) -> Iterator[Backend]:
     if args.backend == "docker":
         from common.drill.backends.docker import DockerBackend
 
@@ -143,14 +145,12 @@ def _backend(args: argparse.Namespace) -> Iterator[Backend]:
         keep = False
     cluster = LocalCluster(directory, args.slaves, args.mode, args.base_port, controller=True,
                            session_ms=args.session_ms)
-    passed = False
     try:
         with running_cluster(cluster):
             brokers = [_ClusterBroker(cluster, c, i + 1) for i, c in enumerate(cluster.children)]
             yield ProcessBackend(brokers)
-        passed = True
     finally:
-        if not keep and passed:
+        if not keep and outcome["passed"]:
             shutil.rmtree(directory, ignore_errors=True)
         elif not keep:
             err.print(f"replog drill: the group's files are kept under {directory}")

@@ -72,6 +72,7 @@ from common.drill.workload import (
 )
 
 STATUS_TIMEOUT_MS = 1500  # a broker that does not answer STATUS in this long counts as down
+CHECKSUM_TIMEOUT_MS = 30_000
 ELECTING = (KILL, PAUSE, PARTITION_ZK, PARTITION_BOTH)  # faults after which another leads
 FAILOVERS = (*ELECTING, RESTART)  # faults whose recovery time is a failover time
 MAX_FAULTS = 1000
@@ -244,10 +245,13 @@ class Scenario:
         asked = self.history.now()
 
         def in_effect() -> None:
-            """The fault's time is when it took effect: an engine's API call takes a while,
-            and puts sent meanwhile may still be acknowledged by the untouched master."""
+            """Record the fault once in effect. Its time is when it was asked for: the failover
+            time runs from there to another broker's first SEND_OK (an engine's API call may
+            take a second on a busy box; counting from its return would flatter the figure).
+            A cut from the slaves elects nobody: its time is when the cut is in effect, since
+            puts sent before it may rightly be acknowledged."""
             event = self.history.fault(fault, node=master.name, asked_t=asked)
-            record["t"] = event["t"]
+            record["t"] = event["t"] if fault == PARTITION_SLAVES else asked
 
         if fault == KILL:
             self.backend.kill(master)
@@ -257,7 +261,6 @@ class Scenario:
         elif fault == RESTART:
             self.backend.restart(master)  # it left the group on SIGTERM, before it exited
             in_effect()
-            record["t"] = asked
         elif fault == PAUSE:
             self.backend.pause(master)
             in_effect()
@@ -385,7 +388,10 @@ class Scenario:
                     "error": "a broker did not answer STATUS"}
         lo = max(s["minPhyOffset"] for s in statuses)
         hi = min(s["maxPhyOffset"] for s in statuses)
-        by_node = {n.name: self.admin.log_checksum(n.address, lo, hi) for n in self.nodes}
+        # 16 MiB hashed per request: a busy broker may take longer than a STATUS wait
+        with Admin([n.address for n in self.nodes], timeout_ms=CHECKSUM_TIMEOUT_MS,
+                   retries=0) as admin:
+            by_node = {n.name: admin.log_checksum(n.address, lo, hi) for n in self.nodes}
         return {"range": [lo, hi], "identical": len(set(by_node.values())) == 1,
                 "by_node": by_node}
 
