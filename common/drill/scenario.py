@@ -202,6 +202,7 @@ class Scenario:
             self.start_load()
             wait_more_puts(self.history, 30, self.options.settle_timeout_s)
             for i, fault in enumerate(self.options.faults):
+                master = self.wait_master(self.nodes)  # whoever leads now is hit
                 self.wait_whole(master)
                 wait_more_puts(self.history, 20, self.options.settle_timeout_s)
                 threading.Event().wait(self.rng.uniform(0.5, 2.0))
