@@ -5,8 +5,7 @@
 # `pip install --no-index --find-links`, so its build needs no network (no registry, no
 # TLS proxy, works the same in an air-gapped site) and no compiler. This script makes that
 # wheel set from the current checkout, without the spark/dev extras:
-#   replog (from pyproject.toml), its dependencies, and kazoo (ZooKeeper client; added here
-#   until pyproject.toml lists it).
+#   replog (from pyproject.toml) and its dependencies (kazoo among them).
 #
 # Usage:  compose/build-wheels.sh [WHEEL_DIR]      (default: build/wheels/ at the repo root,
 #         then: docker build -f compose/Dockerfile -t replog:latest .
@@ -16,7 +15,7 @@
 #                the checkout if it exists, else python3). It must be CPython of the image's
 #                minor version, since binary wheels (pyzmq, msgpack, PyYAML) are per version.
 #   IMAGE_PYTHON the image's Python minor version (default 3.11, as python:3.11-slim)
-#   EXTRA_REQS   further requirements added to the set (default: "kazoo>=2.10")
+#   EXTRA_REQS   further requirements added to the set (default: none)
 #
 # The sources are copied to a temporary directory first: building in the checkout would
 # write build/lib and *.egg-info there, and a stale build/lib can carry modules deleted
@@ -26,7 +25,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${1:-$REPO/build/wheels}
 IMAGE_PYTHON=${IMAGE_PYTHON:-3.11}
-EXTRA_REQS=${EXTRA_REQS:-kazoo>=2.10}
+EXTRA_REQS=${EXTRA_REQS:-}
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$REPO/.venv/bin/python" ]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=python3; fi
 fi

@@ -56,7 +56,7 @@ from common.core.errors import BrokerError, ConfigError, ResponseCode
 from common.core.logs import log_event
 from common.core.message import retry_topic
 from common.format import tables
-from common.format.protocol import Request, RequestCode, Response
+from common.format.protocol import LOG_CHECKSUM_MAX_BYTES, Request, RequestCode, Response
 from common.format.record import MAX_TOPIC_BYTES
 from common.ha import epochs, promotion, term
 
@@ -173,6 +173,9 @@ class Broker:
         self.server = RequestServer(cfg, self, security=self.security)
         self._started = time.monotonic()
         self._admin = concurrent.futures.ThreadPoolExecutor(1, "replog-admin")
+        # LOG_CHECKSUM reads and hashes here (its thread starts with the first request); not
+        # on the admin thread, where a switchover may wait for seconds
+        self._checksums = concurrent.futures.ThreadPoolExecutor(1, "replog-checksum")
         self._stop = threading.Event()
         self._exit_code = 0
         self.server.on_fatal = self._on_fatal
@@ -345,6 +348,7 @@ class Broker:
         if self._housekeeper is not None:
             self._housekeeper.join(5.0)
         self._admin.shutdown(wait=True, cancel_futures=True)
+        self._checksums.shutdown(wait=True, cancel_futures=True)
         if self.role is not None:
             self.role.stop()
         self._release_ha_port()
@@ -645,6 +649,23 @@ class Broker:
         if role is None:
             return reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, "broker is starting")
         return role.handle_write(req)
+
+    def log_checksum(self, req: Request) -> Reply:
+        """LOG_CHECKSUM: sha256 of a CommitLog range (checked by the server), hashed off the
+        I/O thread."""
+        return self._checksums.submit(self._log_checksum, req)
+
+    def _log_checksum(self, req: Request) -> Response:
+        f = req.fields
+        try:
+            digest = self.store.log_checksum(f["fromOffset"], f["toOffset"],
+                                             LOG_CHECKSUM_MAX_BYTES)
+        except LookupError as e:
+            return reply(req, ResponseCode.OFFSET_OUT_OF_RANGE, str(e),
+                         {"minPhyOffset": int(self.store.min_phy_offset),
+                          "maxPhyOffset": int(self.store.max_phy_offset)})
+        return reply(req, fields={"fromOffset": f["fromOffset"], "toOffset": f["toOffset"],
+                                  "sha256": digest})
 
     def promote(self, req: Request) -> Reply:
         """PROMOTE: turn this slave into its group's master (off the I/O thread)."""

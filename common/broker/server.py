@@ -80,9 +80,10 @@ from common.broker.security import CLIENT_DOMAIN, HandshakeMonitor, Security, us
 from common.broker.server_stats import ServerStats
 from common.core.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
 from common.core.logs import log_event
-from common.core.message import tags_code
+from common.core.message import decode_msg_id, tags_code
 from common.format.acl import SUB, Account, Denial, rule_for
 from common.format.protocol import (
+    LOG_CHECKSUM_MAX_BYTES,
     WRITE_CODES,
     Limits,
     ProtocolError,
@@ -137,6 +138,8 @@ class Services(Protocol):
     def handle_write(self, req: Request) -> Reply: ...
 
     def promote(self, req: Request) -> Reply: ...
+
+    def log_checksum(self, req: Request) -> Reply: ...  # LOG_CHECKSUM, off the I/O thread
 
 
 # ---- long polls and completions held by the loop ----------------------------------------------
@@ -705,11 +708,28 @@ class RequestServer:
         return _messages_reply(req, found, self.services.store)
 
     def _query_by_msg_id(self, req: Request) -> Response:
+        msg_id = req.fields["msgId"]
         try:
-            found = self.services.store.message_by_msg_id(req.fields["msgId"])
+            ip, port, phy_offset = decode_msg_id(msg_id)
         except ValueError as e:
             raise ProtocolError("msgId", str(e)) from None
-        return self._found_reply(req, [found] if found is not None else [])
+        found = self.services.store.message_by_msg_id(msg_id)
+        if found is None:  # not here: the msgId may name another broker's record
+            return reply(req, ResponseCode.QUERY_NOT_FOUND,
+                         f"no message {msg_id} here: it names the broker at {ip}:{port} "
+                         f"(CommitLog offset {phy_offset}), and no record stored by "
+                         f"{ip}:{port} starts at that offset on this broker")
+        return self._found_reply(req, [found])
+
+    def _log_checksum(self, req: Request) -> Reply:
+        f = req.fields
+        if f["toOffset"] < f["fromOffset"]:
+            raise ProtocolError("toOffset", f"{f['toOffset']} is below fromOffset "
+                                f"{f['fromOffset']}")
+        if f["toOffset"] - f["fromOffset"] > LOG_CHECKSUM_MAX_BYTES:
+            raise ProtocolError("toOffset", f"at most {LOG_CHECKSUM_MAX_BYTES} bytes per "
+                                "request (ask longer ranges in pieces)")
+        return self.services.log_checksum(req)
 
     def _query_by_offset(self, req: Request) -> Response:
         found = self.services.store.message_by_offset(req.fields["phyOffset"])
@@ -769,6 +789,7 @@ class RequestServer:
         RequestCode.QUERY_BY_KEY: _query_by_key,
         RequestCode.QUERY_BY_MSG_ID: _query_by_msg_id,
         RequestCode.QUERY_BY_OFFSET: _query_by_offset,
+        RequestCode.LOG_CHECKSUM: _log_checksum,
         RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: _search_offset,
         RequestCode.GET_MAX_OFFSET: _max_offset,
         RequestCode.GET_MIN_OFFSET: _min_offset,

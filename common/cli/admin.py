@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
 from typing import Any
 
 from rich.table import Table
@@ -10,6 +12,8 @@ from rich.table import Table
 from common.cli.output import EXIT_OK, UsageError, curve_args, emit_json, key_value_table, out
 from common.client import Admin, Consumer
 from common.core.errors import BrokerError, ResponseCode
+
+PEER_TIMEOUT_MS = 2000  # controller status: a member named by an answer, not by -s, gets this
 
 PROMOTE_TIMEOUT_MS = 30_000
 
@@ -199,6 +203,14 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 
+def _try_status(admin: Admin, address: str,
+                timeout_ms: int) -> tuple[str, dict[str, Any] | None]:
+    try:
+        return address, admin.status(address, timeout_ms)
+    except BrokerError:
+        return address, None
+
+
 def controller_groups(statuses: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per broker group from the brokers' status answers: the controller's view
     (RocketMQ's ``getSyncStateSet`` and ``getBrokerEpoch``) as its members see it."""
@@ -235,20 +247,30 @@ def controller_groups(statuses: dict[str, dict[str, Any]]) -> list[dict[str, Any
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
-    """``replog controller status``: one row per broker group, from any of its brokers."""
+    """``replog controller status``: one row per broker group, from any of its brokers.
+
+    The brokers given are asked at once; so are the members their answers name (every member
+    reports itself), with a short wait: a member's advertised address may not be reachable
+    from here (a container's name, seen from the host) and its row comes from the others'
+    answers anyway."""
     statuses: dict[str, dict[str, Any]] = {}
-    with Admin(args.servers, timeout_ms=args.timeout_ms, retries=0) as admin:
+    with Admin(args.servers, timeout_ms=args.timeout_ms, retries=0) as admin, \
+            concurrent.futures.ThreadPoolExecutor(8, "controller-status") as pool:
         asked = list(admin.servers)
-        for address in asked:
-            try:
-                st = admin.status(address)
-            except BrokerError:
-                continue
-            statuses[address] = st
-            for rec in ((st.get("controller") or {}).get("members") or {}).values():
-                peer = rec.get("address") if isinstance(rec, dict) else None
-                if isinstance(peer, str) and peer and peer not in asked and len(asked) < 256:
-                    asked.append(peer)  # every member reports itself: ask the rest too
+        wave, timeout_ms = list(asked), args.timeout_ms
+        while wave:
+            answers = list(pool.map(functools.partial(_try_status, admin, timeout_ms=timeout_ms),
+                                   wave))
+            wave, timeout_ms = [], min(args.timeout_ms, PEER_TIMEOUT_MS)
+            for address, st in answers:
+                if st is None:
+                    continue
+                statuses[address] = st
+                for rec in ((st.get("controller") or {}).get("members") or {}).values():
+                    peer = rec.get("address") if isinstance(rec, dict) else None
+                    if isinstance(peer, str) and peer and peer not in asked and len(asked) < 256:
+                        asked.append(peer)
+                        wave.append(peer)
     if not statuses:
         raise BrokerError(ResponseCode.SYSTEM_ERROR, f"no broker answered at {args.servers}",
                           True)

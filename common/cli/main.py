@@ -17,6 +17,7 @@
     replog promote
     replog keys new NAME [-d DIR]   (a CURVE key pair: NAME.key, NAME.key_secret)
     replog acl [--check FILE]   (the ACL in force, admin; or check a file here)
+    replog drill [--backend process|docker] [--faults FAULT=N,...] [--seed S] [--json]
 
 Client commands take ``-s/--servers host:port[,...]``, ``--json`` (one JSON document on
 stdout) and, for brokers with ``aclEnable``, ``--key KEY_SECRET --server-key KEY`` (or
@@ -26,8 +27,9 @@ failed (the outcome is still printed), 2 bad usage.
 
 The commands live one family a module: ``messages`` (send, pull, query), ``consumers``
 (offsets, consume, dlq), ``admin`` (topics, groups, status, promote), ``cluster`` (cluster up),
-``security`` (keys, acl) and ``bootstrap`` (broker: the composition root, the one module that
-imports ``master/`` and ``slave/``). Output helpers and exit codes: ``output``.
+``security`` (keys, acl), ``drill`` (a failover drill against a process group or the compose
+cluster) and ``bootstrap`` (broker: the composition root, the one module that imports
+``master/`` and ``slave/``). Output helpers and exit codes: ``output``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common.cli import admin, cluster, consumers, messages, security
+from common.cli import admin, cluster, consumers, drill, messages, security
 from common.cli.bootstrap import run_broker
 from common.cli.output import (
     EXIT_FAILED,
@@ -164,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", choices=["SYNC_MASTER", "ASYNC_MASTER"], default="SYNC_MASTER")
     p = _client(sub, "controller", "the controller's view: master, epoch, SyncStateSet")
     p.add_argument("action", choices=["status"])
+    drill.add_parser(sub)
     return parser
 
 
@@ -198,6 +201,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cluster": cluster.cmd_cluster,
     "keys": security.cmd_keys,
     "acl": security.cmd_acl,
+    "drill": drill.cmd_drill,
 }
 
 

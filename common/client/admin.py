@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 from common.client.cluster import ClientBase
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import MessageExt
-from common.format.protocol import ProtocolError, RequestCode, decode_record
+from common.format.protocol import (
+    LOG_CHECKSUM_MAX_BYTES,
+    ProtocolError,
+    RequestCode,
+    decode_record,
+)
 from common.format.tables import loads, parse_offsets, parse_topics
 
 
@@ -35,9 +41,11 @@ class Admin(ClientBase):
             raise BrokerError(resp.code, resp.remark)
         return parse_cluster_info(resp)
 
-    def status(self, address: str | None = None) -> dict[str, Any]:
-        """One broker's status snapshot (docs/contract.md §3 fields and more)."""
-        return self._cluster.status(address or self.servers[0])
+    def status(self, address: str | None = None,
+               timeout_ms: int | None = None) -> dict[str, Any]:
+        """One broker's status snapshot (docs/contract.md §3 fields and more); ``timeout_ms``
+        (default: the client's) bounds this one call."""
+        return self._cluster.status(address or self.servers[0], timeout_ms)
 
     def promote(self, address: str | None = None, role: str = "SYNC_MASTER") -> dict[str, Any]:
         """Turn the slave at ``address`` into its group's master; returns its new status."""
@@ -133,8 +141,59 @@ class Admin(ClientBase):
         )
 
     def query_by_msg_id(self, msg_id: str, address: str | None = None) -> MessageExt | None:
-        found = self._query(RequestCode.QUERY_BY_MSG_ID, {"msgId": msg_id}, address)
-        return found[0] if found else None
+        """The message ``msg_id`` names, asked of ``address``, or else of the given servers in
+        turn until one holds it. A msgId names the broker that stored the message (its
+        STOREHOST): every replica of that broker's group answers with it, any other broker
+        answers not found. A record that is not the one named (a broker that looked at the
+        offset alone) counts as not found. None when no broker holds it; the last error when
+        some broker could not be asked and none held it."""
+        wanted = msg_id.upper()
+        error: BrokerError | None = None
+        for target in [address] if address else list(self.servers):
+            try:
+                found = self._query(RequestCode.QUERY_BY_MSG_ID, {"msgId": msg_id}, target)
+            except BrokerError as e:
+                if e.code == ResponseCode.BAD_REQUEST:
+                    raise  # a malformed msgId: no broker would take it
+                error = e
+                continue
+            for message in found:
+                if message.msg_id == wanted:
+                    return message
+        if error is not None:
+            raise error
+        return None
+
+    def log_checksum(self, address: str, from_offset: int, to_offset: int) -> str:
+        """The checksum of the CommitLog bytes ``[from_offset, to_offset)`` as the broker at
+        ``address`` holds them, computed by that broker (no file is read here): the sha256 hex
+        digest of those bytes when the range is at most ``LOG_CHECKSUM_MAX_BYTES`` long; a
+        longer range is asked in pieces of that size from ``from_offset``, and the answer is
+        the sha256 of the pieces' digests (32 bytes each, in order). Equal ranges of equal
+        bytes give equal answers on every broker, so replicas compare without sharing files.
+        BrokerError ``OFFSET_OUT_OF_RANGE`` when the broker does not hold the whole range."""
+        if not 0 <= from_offset <= to_offset:
+            raise BrokerError(ResponseCode.BAD_REQUEST,
+                              f"[{from_offset}, {to_offset}) is not a CommitLog range", False)
+        pieces: list[bytes] = []
+        pos = from_offset
+        while True:
+            end = min(to_offset, pos + LOG_CHECKSUM_MAX_BYTES)
+            resp = self._cluster.request(address, RequestCode.LOG_CHECKSUM,
+                                         {"fromOffset": pos, "toOffset": end})
+            if not resp.ok:
+                raise BrokerError(resp.code, resp.remark)
+            digest = resp.fields.get("sha256")
+            if not isinstance(digest, str) or len(digest) != 64:
+                raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                                  f"LOG_CHECKSUM answer without a sha256: {resp.fields!r}")
+            pieces.append(bytes.fromhex(digest))
+            pos = end
+            if pos >= to_offset:
+                break
+        if len(pieces) == 1:
+            return pieces[0].hex()
+        return hashlib.sha256(b"".join(pieces)).hexdigest()
 
     def query_by_offset(self, phy_offset: int, address: str | None = None) -> MessageExt | None:
         found = self._query(RequestCode.QUERY_BY_OFFSET, {"phyOffset": phy_offset}, address)

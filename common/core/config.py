@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,14 @@ class BrokerConfig:
     def client_address(self) -> str:
         return f"{self.brokerIP1}:{self.listenPort}"
 
+    def store_host_ip(self) -> str:
+        """The IPv4 address STOREHOST (so every msgId) carries: ``brokerIP1`` itself when it is
+        one, else the first IPv4 address the hostname resolves to (in a container brokerIP1 is
+        the service name). Resolved once, when the store starts; ``brokerIP1`` stays as given
+        in the addresses clients and slaves connect to. ConfigError naming the key when it
+        resolves to no IPv4 address: a record must never carry 0.0.0.0."""
+        return resolve_ipv4(self.brokerIP1, "brokerIP1")
+
     def validate(self) -> None:
         """Cross-field checks; raises ConfigError naming the key."""
         _require(self.brokerRole in ROLES, "brokerRole", f"must be one of {', '.join(ROLES)}")
@@ -228,6 +237,27 @@ def parse_controller_addr(text: str) -> tuple[str, str]:
             raise ValueError(f"chroot /{chroot!r} is not a ZooKeeper path")
         return hosts, "/" + chroot
     return hosts, ""
+
+
+def resolve_ipv4(host: str, key: str) -> str:
+    """``host`` as dotted IPv4 text: itself if it is one, else its first IPv4 address
+    (``socket.getaddrinfo``); ConfigError naming ``key`` when there is none."""
+    text = host.strip()
+    try:
+        if socket.inet_ntoa(socket.inet_aton(text)) == text:  # a literal, never resolved
+            return text
+    except OSError:
+        pass
+    if not text:
+        raise ConfigError(f"config key {key!r}: empty, it needs a host name or IPv4 address")
+    try:
+        found = socket.getaddrinfo(text, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"config key {key!r}: {text!r} resolves to no IPv4 address ({e}); "
+                          "records carry the broker's IPv4 address in STOREHOST and every "
+                          "msgId: give an IPv4 address or a name that resolves to one "
+                          "here") from None
+    return str(found[0][4][0])
 
 
 def _require(ok: bool, key: str, why: str) -> None:

@@ -513,6 +513,8 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.CLUSTER_INFO: _anyone,
     RequestCode.CREATE_TOPIC: _admin(RequestCode.CREATE_TOPIC),
     RequestCode.PROMOTE: _admin(RequestCode.PROMOTE),
+    # the bytes of the log, whatever topic they hold: an operator's or a drill's check
+    RequestCode.LOG_CHECKSUM: _admin(RequestCode.LOG_CHECKSUM),
     RequestCode.GET_BROKER_CLUSTER_ACL_INFO: _admin(RequestCode.GET_BROKER_CLUSTER_ACL_INFO),
     RequestCode.GET_ALL_TOPIC_CONFIG: _config(RequestCode.GET_ALL_TOPIC_CONFIG),
     RequestCode.GET_ALL_CONSUMER_OFFSET: _config(RequestCode.GET_ALL_CONSUMER_OFFSET),

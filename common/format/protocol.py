@@ -63,6 +63,9 @@ MAX_PULL_NUMS = 1024
 MAX_QUEUE_ID = 65535
 MAX_QUEUE_NUMS = 1024
 MAX_OFFSET = (1 << 63) - 1
+# LOG_CHECKSUM hashes at most this many bytes per request (the broker reads and hashes them
+# off its I/O thread: a bounded piece of work); Admin.log_checksum asks longer ranges in pieces.
+LOG_CHECKSUM_MAX_BYTES = 16 * 1024 * 1024
 MAX_INT32 = (1 << 31) - 1
 MAX_GROUP_LENGTH = 255
 MAX_KEYS_LENGTH = 4096
@@ -97,6 +100,7 @@ class RequestCode(enum.IntEnum):
     SEND_BATCH = 320
     PROMOTE = 1001  # replog: turn a slave into its group's master
     CONSUMER_HEARTBEAT = 1002  # replog: a group consumer is alive (or leaves); -> members
+    LOG_CHECKSUM = 1003  # replog: sha256 of a CommitLog range (replicas compared remotely)
 
 
 WRITE_CODES = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC,
@@ -282,6 +286,10 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "maxReconsumeTimes": Field("int", lo=0, hi=10_000, default=16),
     },
     RequestCode.PROMOTE: {"role": Field("role", default="SYNC_MASTER")},
+    RequestCode.LOG_CHECKSUM: {
+        "fromOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
+        "toOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
+    },
     RequestCode.CONSUMER_HEARTBEAT: {
         "group": Field("group", required=True),
         "clientId": Field("str", required=True, lo=1, hi=255),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import struct
@@ -62,6 +63,7 @@ class PendingPut(NamedTuple):
 
 _FLUSHED = done_future(PutStatus.PUT_OK)  # shared: a done Future never changes
 _cached_host = functools.lru_cache(maxsize=4096)(host_bytes)
+CHECKSUM_READ_BYTES = 1024 * 1024  # log_checksum copies and hashes this much at a time
 
 
 # TOTALSIZE, MAGICCODE, then (past BODYCRC, QUEUEID, FLAG, QUEUEOFFSET) PHYSICALOFFSET
@@ -147,7 +149,7 @@ class MessageStore:
         )
         self.commit_log = CommitLog(
             self.root, cfg.mappedFileSizeCommitLog, max_message_size=cfg.maxMessageSize,
-            store_ip=cfg.brokerIP1, store_port=cfg.listenPort, allocate=self.allocate,
+            store_ip=cfg.store_host_ip(), store_port=cfg.listenPort, allocate=self.allocate,
             put_lock_busy_ms=cfg.putLockWarnMs, append_prop_crc=cfg.enabledAppendPropCRC,
         )
         self._crc_marker = self.root / "config" / "recordCrc.json"
@@ -594,11 +596,20 @@ class MessageStore:
         return self.commit_log.read_record(phy_offset)
 
     def message_by_msg_id(self, msg_id: str) -> MessageExt | None:
+        """The message ``msg_id`` names: the record at its CommitLog offset, and only if that
+        record carries the msgId's STOREHOST (IPv4 address and port). The offset alone names
+        nothing: another broker's msgId points at an offset where any record of ours may
+        start. A slave's records are its master's bytes (the master's STOREHOST), and a record
+        keeps the host of the master that stored it after a failover, so every replica of the
+        group finds it, and no other broker does."""
         try:
             _, _, phy_offset = decode_msg_id(msg_id)
         except ValueError:
             return None
-        return self.message_by_offset(phy_offset)
+        found = self.message_by_offset(phy_offset)
+        if found is None or found.msg_id != msg_id.upper():
+            return None
+        return found
 
     def query_by_key(self, topic: str, key: str, max_nums: int = 32, begin_ms: int = 0,
                      end_ms: int = 2**62) -> list[MessageExt]:
@@ -633,6 +644,36 @@ class MessageStore:
     # ---- replication hooks --------------------------------------------------------------------
     def read_committed(self, phy_offset: int, max_bytes: int) -> bytes:
         return self.commit_log.read(phy_offset, max_bytes)
+
+    def log_checksum(self, from_offset: int, to_offset: int, max_bytes: int) -> str:
+        """sha256 (hex) of the CommitLog bytes ``[from_offset, to_offset)``, segment padding
+        included: what a replica must hold byte for byte. LookupError naming the log's range
+        when the range is not all in the log (before or after the read: a truncation or a
+        retention run meanwhile); ValueError when it is reversed or longer than
+        ``max_bytes``."""
+        if to_offset < from_offset or to_offset - from_offset > max_bytes:
+            raise ValueError(f"[{from_offset}, {to_offset}) is not a range of at most "
+                             f"{max_bytes} bytes")
+        self._check_in_log(from_offset, to_offset)
+        digest = hashlib.sha256()
+        pos = from_offset
+        try:
+            while pos < to_offset:
+                chunk = self.commit_log.read(pos, min(CHECKSUM_READ_BYTES, to_offset - pos))
+                if not chunk:
+                    raise LookupError(f"no byte at CommitLog offset {pos}")
+                digest.update(chunk)
+                pos += len(chunk)
+        except ValueError:  # a segment unmapped under the read (retention, truncation)
+            raise LookupError(f"the CommitLog changed under the read at offset {pos}") from None
+        self._check_in_log(from_offset, to_offset)
+        return digest.hexdigest()
+
+    def _check_in_log(self, from_offset: int, to_offset: int) -> None:
+        low, high = self.commit_log.min_offset, self.commit_log.max_offset
+        if not low <= from_offset <= to_offset <= high:
+            raise LookupError(f"[{from_offset}, {to_offset}) is not inside the CommitLog "
+                              f"[{low}, {high})")
 
     # The replication fence: an HA client takes a generation when it starts and hands it to
     # every replicated write; a promotion closes the fence under the put lock before it

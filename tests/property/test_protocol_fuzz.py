@@ -52,6 +52,8 @@ _VALID_VALUES = {
     "clientId": "c",
     "offset": 0,
     "originTopic": "t",
+    "fromOffset": 0,
+    "toOffset": 0,
 }
 
 

@@ -6,6 +6,7 @@
     ha        core, format
     client    core, format
     pipeline  core, format, store, client
+    drill     core, format, client (the drills' history, workload, checker and backends)
     broker    core, format, store, ha, client
     master    core, format, store, ha, client, broker (never slave)
     slave     core, format, store, ha, client, broker (never master)
@@ -34,10 +35,11 @@ LOWER = {
     "ha": {"core", "format", "ha"},
     "client": {"core", "format", "client"},
     "pipeline": {"core", "format", "store", "client", "pipeline"},
+    "drill": {"core", "format", "client", "drill"},
     "broker": {"core", "format", "store", "ha", "client", "broker"},
     "master": {"core", "format", "store", "ha", "client", "broker", "master"},
     "slave": {"core", "format", "store", "ha", "client", "broker", "slave"},
-    "cli": {"core", "format", "store", "ha", "client", "pipeline", "broker", "cli"},
+    "cli": {"core", "format", "store", "ha", "client", "pipeline", "broker", "drill", "cli"},
     "public": {"core"},  # common/errors.py: the public import path of common.core.errors
     "spark": {"pipeline"},  # pyspark_replog: Spark's entry point to the data source
 }
@@ -175,6 +177,8 @@ def test_the_repository_keeps_its_layers() -> None:
         ("common.broker.server", "from common.errors import BrokerError\n",
          "import common.core.errors"),
         ("common.format.protocol", "from ..store import record\n", "format may import only"),
+        ("common.drill.checker", "from common.cli.cluster import LocalCluster\n",
+         "drill may import only"),
     ],
 )
 def test_a_broken_rule_is_reported(module: str, source: str, expected: str) -> None:
