@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import pytest
 
-# Provisional: see the figures below once measured (bench/timer_lateness.py beside the suite).
+# Measured 2026-11-25 on this VM (2 vCPU, load average 2-10) with `make test` and `make bench`
+# running side by side and another user's work beside them: bench/timer_lateness.py, 12
+# one-minute runs, ~21k waits each: a 10 ms poll or wait woke up to 284 ms late (worst run;
+# p99.9 16-131 ms). An answer crosses two or three such wake-ups (the broker's I/O thread, the
+# client's), so up to about 0.9 s; the margin is twice that, rounded up.
 LOAD_MARGIN_S = 2.0
 
 # docs/drills.md row 12: a SYNC put cut off from its slave is answered FLUSH_SLAVE_TIMEOUT

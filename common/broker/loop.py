@@ -26,9 +26,11 @@ A participant that raises is never dropped silently: it is logged at ERROR
 (``event=participant_failed``), closed, and counted in its ``ParticipantHealth`` (state,
 failures, restarts, last error: ``status.health`` and the ``replog_component_*`` metrics).
 One with ``reopen`` (the master's HA service) is then restarted after a back-off
-(``RESTART_BACKOFF_S``, doubling up to ``RESTART_BACKOFF_MAX_S``, reset by a restart that
-worked), as RocketMQ's HA service restarts its connections; the host goes on meanwhile. One
-without ``reopen`` stays dropped and shows ``failed``. A detach cancels a pending restart.
+(``RESTART_BACKOFF_S``, doubling up to ``RESTART_BACKOFF_MAX_S``; back to the first once it
+has run ``HEALTHY_AFTER_S`` without failing, so a participant that fails right after each
+restart is retried every 5 s, not in a loop), as RocketMQ's HA service restarts its
+connections; the host goes on meanwhile. One without ``reopen`` stays dropped and shows
+``failed``. A detach cancels a pending restart.
 
 ``Participants`` is the bookkeeping a host thread with a mailbox needs: ``attach``/``detach``
 from any thread post ``_Attach``/``_Detach`` items (a participant's ``wake`` posts ``_Poke``)
@@ -55,6 +57,7 @@ log = logging.getLogger("replog.loop")
 MAX_POLL_MS = 1000  # a ParticipantThread's longest sleep without a timeout
 RESTART_BACKOFF_S = 0.1  # first wait before a failed participant is reopened
 RESTART_BACKOFF_MAX_S = 5.0
+HEALTHY_AFTER_S = 30.0  # running this long since its last (re)start resets the back-off
 
 
 class LoopParticipant(Protocol):
@@ -98,9 +101,12 @@ class ParticipantHealth:
     restarts: int = 0
     lastError: str = ""  # the status document's spelling
     backoff_s: float = dataclasses.field(default_factory=lambda: RESTART_BACKOFF_S)
+    up_since: float = dataclasses.field(default_factory=time.monotonic)
 
     def failed(self, error: BaseException, restarting: bool) -> float:
         """Count a failure; returns how long to wait before the restart."""
+        if time.monotonic() - self.up_since >= HEALTHY_AFTER_S:
+            self.backoff_s = RESTART_BACKOFF_S  # it ran well for a while: start over
         self.failures += 1
         self.lastError = f"{type(error).__name__}: {error}"[:500]
         self.state = "restarting" if restarting else "failed"
@@ -111,7 +117,7 @@ class ParticipantHealth:
     def restarted(self) -> None:
         self.restarts += 1
         self.state = "running"
-        self.backoff_s = RESTART_BACKOFF_S
+        self.up_since = time.monotonic()
 
     def as_status(self) -> dict[str, Any]:
         return {"state": self.state, "failures": self.failures, "restarts": self.restarts,

@@ -184,6 +184,7 @@ class _QueueBatch:
     in_flight: int = 0
     ordered: int = 0  # ordered messages queued, in flight or out, not settled yet
     out: set[int] = dataclasses.field(default_factory=set)  # seqs of ordered ones being retried
+    last_seq: int = 0  # the highest seq of an ordered message ever queued here
 
     def limit(self, max_batches: int) -> int:
         """Batches allowed in flight now: none while an ordered message waits for its retry,
@@ -675,10 +676,13 @@ class Transport:
         self._count(batch, item)
         batch.out.discard(item.seq)
         items = batch.items
-        if not items or items[-1].seq < item.seq:
+        if item.seq > batch.last_seq:  # a new one: after everything queued
+            batch.last_seq = item.seq
             items.append(item)
-        else:
-            at = next(i for i, queued in enumerate(items) if queued.seq > item.seq)
+        else:  # a retried one: before the first ordered message sent after it (keyless
+            # messages, seq 0, keep no place in the order)
+            at = next((i for i, queued in enumerate(items)
+                       if queued.ordered and queued.seq > item.seq), len(items))
             items.insert(at, item)
         if items[0].address != item.address or items[-1].address != item.address:
             for queued in items:

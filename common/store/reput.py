@@ -225,6 +225,8 @@ class ReputService:
         return len(entries)
 
     def _dispatch_pass(self, log_: CommitLog, end: int) -> int:
+        # The segments read here need no hold (MappedFile.hold): retention never deletes one
+        # that is not wholly dispatched, and truncation and reset take the reput lock.
         store = self._store
         phy = store.dispatched_phy_offset
         levels = store.delay_levels_ms

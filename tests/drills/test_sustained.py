@@ -7,7 +7,12 @@ through the mappings count in RssFile and grow with the log by design) and its o
 descriptors. After the warm-up it requires
 
 * the acknowledged rate to be at least 98% of the target;
-* each broker's RssAnon to grow by less than 1 MB a minute (least-squares slope);
+* each broker's RssAnon to grow by less than 1 MB a minute: steady growth, the rise from the
+  first sample to the last less its (at most two) one-second jumps of 128 KiB or more. A leak
+  rises a little every second; the allocator's high-water mark rises in one jump when some
+  burst needs more memory than any before, then stays flat. The least-squares slope is
+  reported beside it: on a loaded machine (``make bench`` beside the suite) a jump of 1.3 MB
+  in the 50 s window, with the slave's memory flat before and after, made it read 1-3 MB/min;
 * each broker's descriptors outside the store (sockets, pipes, logs) to stay flat; those of
   mapped segments (one each) are reported: they follow the segment count;
 * the put p99 to stay under ``P99_BOUND_MS`` (reported beside p50 and max);
@@ -22,6 +27,7 @@ warm-up; the nightly figures are 600 and 60.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from pathlib import Path
@@ -41,6 +47,10 @@ SEGMENT = 64 * 1024 * 1024
 RATE_FLOOR = 0.98
 ANON_SLOPE_LIMIT_MB_MIN = 1.0
 FD_GROWTH_LIMIT = 2
+# a one-second RssAnon rise this large is a high-water jump: a leak that rose so much every
+# second (7.5 MB/min) would show dozens of them, and only two are set aside
+STEP_BYTES = 128 * 1024
+STEPS_SET_ASIDE = 2
 P99_BOUND_MS = 50.0  # a loaded 2-core VM: one scheduler stall is ~1-10 ms here
 
 
@@ -62,6 +72,17 @@ def _anon_and_fds(pid: int, store_root: Path) -> tuple[int, int, int]:
         else:
             other += 1
     return anon, other, in_store
+
+
+def _steady_growth_per_min(samples: list[tuple[float, int]]) -> float:
+    """Growth of (seconds, bytes) samples in MB per minute, less the STEPS_SET_ASIDE largest
+    one-second rises of STEP_BYTES or more (see the module docstring)."""
+    values = [v for _, v in samples]
+    jumps = sorted((b - a for a, b in itertools.pairwise(values) if b - a >= STEP_BYTES),
+                   reverse=True)[:STEPS_SET_ASIDE]
+    seconds = samples[-1][0] - samples[0][0]
+    growth = values[-1] - values[0] - sum(jumps)
+    return growth / seconds * 60 / 1e6 if seconds > 0 else 0.0
 
 
 def _slope_per_min(samples: list[tuple[float, int]]) -> float:
@@ -125,14 +146,17 @@ def test_sustained_load_keeps_rate_memory_and_descriptors_flat(tmp_path: Path, r
                 after = [r for r in rows if r[0] >= t_warm]
                 assert len(after) >= 10, f"{len(after)} samples after the warm-up"
                 slope = _slope_per_min([(r[0], r[1]) for r in after])
+                steady = _steady_growth_per_min([(r[0], r[1]) for r in after])
                 fds = [r[2] for r in after]
                 memory[name] = {"anon_mb_start": round(after[0][1] / 1e6, 1),
                                 "anon_mb_end": round(after[-1][1] / 1e6, 1),
                                 "anon_slope_mb_min": round(slope, 3),
+                                "anon_steady_growth_mb_min": round(steady, 3),
                                 "fds_start": fds[0], "fds_max": max(fds), "fds_end": fds[-1],
                                 "segment_fds_start": after[0][3], "segment_fds_end": after[-1][3]}
-                if slope >= ANON_SLOPE_LIMIT_MB_MIN:
-                    problems.append(f"{name}: RssAnon grows {slope:.2f} MB/min")
+                if steady >= ANON_SLOPE_LIMIT_MB_MIN:
+                    problems.append(f"{name}: RssAnon grows {steady:.2f} MB/min "
+                                    f"(least-squares slope {slope:.2f})")
                 if max(fds) - fds[0] > FD_GROWTH_LIMIT:
                     problems.append(f"{name}: descriptors outside the store {fds[0]} -> "
                                     f"{max(fds)}")

@@ -352,11 +352,10 @@ def test_threads_that_end_leave_no_sockets_or_descriptors_behind(broker: Scripte
         assert broker.served >= 151
         # the sockets of the 150 threads that ended are closed (at the next blocking call or
         # the I/O thread's sweep); their connections go, on both ends
-        # (both: a sweep closes them; the count of descriptors can dip below the bound while
-        # the last few sockets still wait for it)
-        wait_until(lambda: fd_count() - before < 20 and len(t._direct) == 1,
-                   lambda: f"the descriptors to come back ({fd_count() - before} more, "
-                           f"{len(t._direct)} sockets)")
+        wait_until(lambda: fd_count() - before < 20,
+                   lambda: f"the descriptors to come back ({fd_count() - before} more)")
+        wait_until(lambda: len(t._direct) == 1,  # this thread's; the sweep runs every second
+                   lambda: f"the dead threads' sockets reaped ({len(t._direct)} left)")
         t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)  # this thread's own
     finally:
         t.close()

@@ -116,3 +116,24 @@ def test_keyless_sends_keep_two_batches_in_flight(make_broker: Callable[..., Bro
                    if i > first_refused and b[0] == bodies[0])
     assert retried > first_refused + 1  # another batch went out meanwhile
     assert sorted(stored_bodies(broker, "u", 0)) == bodies  # all stored, once
+
+
+def test_keyed_order_holds_in_a_queue_shared_with_keyless_sends(
+        make_broker: Callable[..., Broker]) -> None:
+    """Keyless messages sent to the key's queue between keyed ones do not let a retried keyed
+    batch fall behind a later keyed message."""
+    broker = make_broker(defaultTopicQueueNums=4)
+    keyed = [b"k-%03d" % i for i in range(40)]
+    injector = Injector(broker, {keyed[i] for i in range(0, 40, 8)})
+    with Producer([addr(broker)], batch_size=3, max_batches_in_flight=2, retries=5) as p:
+        p.send("m", b"warm-up", queue_id=0)
+        first = p.send_async("m", keyed[0], shard_key="order-9")
+        queue = first.result(30).queue_id
+        futures = [first]
+        for i, body in enumerate(keyed[1:], 1):
+            futures.append(p.send_async("m", body, shard_key="order-9"))
+            futures.append(p.send_async("m", b"u-%03d" % i, queue_id=queue))  # keyless
+        assert all(f.result(30).status == SendStatus.SEND_OK for f in futures)
+    stored = [b for b in stored_bodies(broker, "m", queue) if b.startswith(b"k-")]
+    assert stored == keyed
+    assert len(injector.refuse) < 5  # refusals did happen

@@ -346,3 +346,19 @@ def test_send_async_after_the_client_io_thread_died_fails_at_once(
         for fut in futures:
             err = fut.exception(timeout=2)  # old: queued into a dead inbox, waited forever
             assert isinstance(err, BrokerError) and "I/O thread died" in err.remark
+
+
+def test_the_restart_back_off_grows_and_starts_over_after_a_healthy_run() -> None:
+    health = loop.ParticipantHealth()
+    health.up_since -= loop.HEALTHY_AFTER_S  # ran long enough before its first failure
+    waits = []
+    for _ in range(8):  # failing right after each restart: no tight loop
+        waits.append(health.failed(RuntimeError("again"), restarting=True))
+        health.restarted()
+    assert waits[:3] == [loop.RESTART_BACKOFF_S, 2 * loop.RESTART_BACKOFF_S,
+                         4 * loop.RESTART_BACKOFF_S]
+    assert waits[-1] == loop.RESTART_BACKOFF_MAX_S == max(waits)
+    health.up_since -= loop.HEALTHY_AFTER_S  # then it ran well for a while
+    assert health.failed(RuntimeError("once more"), restarting=True) == loop.RESTART_BACKOFF_S
+    assert health.as_status() == {"state": "restarting", "failures": 9, "restarts": 8,
+                                  "lastError": "RuntimeError: once more"}
