@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from common.core.allocation import allocate_averagely
 
+
 def topic_queues(layout: dict[str, int]) -> list[tuple[str, int]]:
     """A topic's queues over the broker groups holding it: (group, queue id), sorted (the
     order the client's route table lists them in, ``common/client/routing.py``)."""

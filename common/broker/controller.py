@@ -874,7 +874,7 @@ class _KazooLog(logging.Handler):
         if msg.startswith("Session created") and isinstance(record.args, tuple) \
                 and len(record.args) >= 3:
             try:
-                self.on_session(int(record.args[2]))
+                self.on_session(int(record.args[2]))  # type: ignore[call-overload]
             except (TypeError, ValueError):
                 pass
         elif record.levelno >= logging.INFO:

@@ -11,7 +11,6 @@ from common.core.message import MessageExt
 from common.format.protocol import ProtocolError, RequestCode, decode_record
 from common.format.tables import loads, parse_offsets, parse_topics
 
-
 __all__ = ["Admin", "parse_cluster_info"]
 
 
@@ -38,7 +37,7 @@ class Admin(ClientBase):
         if broker_names is not None:
             for name in broker_names:
                 if name not in table.groups:
-                    table = self._routes.refresh()
+                    table = self._routes.recheck(name)
                     if name not in table.groups:
                         raise unknown_group(name, table)
             names = sorted(set(broker_names))
@@ -90,7 +89,7 @@ class Admin(ClientBase):
         before: dict[str, int] = {}
         for name, cluster in self._groups(broker_names):
 
-            def attempt(address: str, cluster: Cluster = cluster) -> int:
+            def attempt(address: str, cluster: Cluster = cluster, name: str = name) -> int:
                 resp = cluster.request(
                     address, RequestCode.CREATE_TOPIC, {"topic": topic, "queueNums": queue_nums}
                 )

@@ -15,7 +15,7 @@ from common.client.results import (
     send_results,
 )
 from common.client.routes import one_group_of, unknown_group
-from common.client.routing import MessageQueue
+from common.client.routing import MessageQueue, RouteTable
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import (
@@ -24,7 +24,6 @@ from common.core.message import (
     MessageExt,
 )
 from common.format.protocol import RequestCode
-
 
 READ_PREFERENCES = (None, "master", "slave")
 
@@ -81,10 +80,10 @@ class Consumer(ClientBase):
             except BrokerError as e:
                 if e.code != ResponseCode.TOPIC_NOT_EXIST:
                     raise
-                table = self._routes.refresh()  # made since the table was asked?
+                table = self._routes.recheck(topic)  # made since the table was asked?
                 broker_name = one_group_of(topic, table, what)
         elif broker_name not in table.groups:
-            table = self._routes.refresh()
+            table = self._routes.recheck(broker_name)
             if broker_name not in table.groups:
                 raise unknown_group(broker_name, table)
         return self._routes.cluster(broker_name, table), broker_name, True
@@ -100,6 +99,16 @@ class Consumer(ClientBase):
             return self._fixed_target(topic, broker_name)
         return self._target(topic, broker_name)
 
+    def route_table(self, fresh: bool = False) -> RouteTable:
+        """The cluster's route table as this client keeps it (asked again now with ``fresh``;
+        waits up to ``timeout_ms`` while no broker gives one)."""
+        if fresh:
+            try:
+                return self._routes.refresh()
+            except NoMasterError:
+                pass
+        return self._routes.wait_table(self._closed, self.timeout_ms)
+
     def queues(self, topic: str) -> list[MessageQueue]:
         """The topic's queues over the cluster, (group, id) in RocketMQ's order, as the route
         names them (one group: its master's count)."""
@@ -109,7 +118,7 @@ class Consumer(ClientBase):
             return [MessageQueue(name, q) for q in range(self.queue_nums(topic))]
         queues = table.queues(topic)
         if not queues:
-            queues = self._routes.refresh().queues(topic)
+            queues = self._routes.recheck(topic).queues(topic)
         return list(queues)
 
     def pull(

@@ -17,8 +17,8 @@ from common.client.cluster import (
     REDISCOVER_CODES,
     ROUTE_TTL_MS,
     ClientBase,
+    Cluster,
 )
-from common.client.cluster import Cluster
 from common.client.results import (
     ClientTimeoutError,
     NoMasterError,
@@ -460,12 +460,15 @@ class Producer(ClientBase):
                 raise unknown_group(broker_name, table)
             return MessageQueue(name, self._queue(topic, queue_id, shard_key))
         if broker_name is not None and broker_name not in table.groups:
-            table = self._routes.refresh()
+            table = self._routes.recheck(broker_name)
             if broker_name not in table.groups:
                 raise unknown_group(broker_name, table)
         if queue_id is not None:
-            group = broker_name or one_group_of(topic, table, f"queue_id={queue_id}")
-            return MessageQueue(group, queue_id)
+            if broker_name is not None:
+                return MessageQueue(broker_name, queue_id)
+            if topic not in table.topics:  # made since the table was asked?
+                table = self._routes.recheck(topic)
+            return MessageQueue(one_group_of(topic, table, f"queue_id={queue_id}"), queue_id)
         if broker_name is not None:
             queues = queues_in(table.queues(topic), broker_name) or [
                 MessageQueue(broker_name, q) for q in range(
@@ -581,9 +584,8 @@ class Producer(ClientBase):
         thread calls it: nothing here asks the network)."""
         now = time.monotonic()
         keyless = item.fixed_queue is None and item.fixed_broker is None
-        if keyless and item.broker_name and (err.retriable or isinstance(err, NoMasterError)):
-            if self._routes.multi_known():
-                self._routes.selector.failed(item.broker_name)  # keyless: another group next
+        if keyless and item.broker_name and err.retriable and self._routes.multi_known():
+            self._routes.selector.failed(item.broker_name)  # keyless: another group next
         if isinstance(err, NoMasterError):  # waiting for a master uses no retry (give_up)
             if now + NO_MASTER_PAUSE_S >= item.give_up or self._closed.is_set():
                 self._fail_item(item, err)

@@ -69,6 +69,7 @@ class Routes:
         self._last_ask = float("-inf")
         self._stale = False
         self._clusters: dict[str, Cluster] = {}
+        self._misses: dict[str, float] = {}  # name -> when a recheck for it last asked
         self.refreshes = 0  # tables taken (tests, bench)
 
     # ---- the table ------------------------------------------------------------------------
@@ -95,6 +96,23 @@ class Routes:
     def refresh(self) -> RouteTable:
         """Ask now (a routing error was met, or a test wants the newest table)."""
         with self._lock:
+            self._stale = True
+            self._last_ask = float("-inf")
+        return self._refresh(self._table, wait=True)
+
+    def recheck(self, missed: str) -> RouteTable:
+        """After a miss (a topic or group the table does not name, ``missed``): ask again now,
+        unless the same name missed within ``ROUTE_RETRY_S`` (then the table stands: a name
+        that does not exist costs one ask per ``ROUTE_RETRY_S``, not one per call)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._misses.get(missed, float("-inf")) < ROUTE_RETRY_S:
+                table = self._table
+                if table is not None:
+                    return table
+            if len(self._misses) > 1024:
+                self._misses.clear()
+            self._misses[missed] = now
             self._stale = True
             self._last_ask = float("-inf")
         return self._refresh(self._table, wait=True)
