@@ -6,6 +6,7 @@ from typing import Any
 
 from common.client.cluster import ClientBase, Cluster
 from common.client.routes import parse_cluster_info, unknown_group
+from common.client.routing import RouteTable
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import MessageExt
 from common.format.protocol import ProtocolError, RequestCode, decode_record
@@ -25,6 +26,13 @@ class Admin(ClientBase):
         if not resp.ok:
             raise BrokerError(resp.code, resp.remark)
         return parse_cluster_info(resp)
+
+    def route_table(self, fresh: bool = False) -> RouteTable:
+        """The cluster's route table as this client keeps it (waits up to ``timeout_ms``
+        while no broker gives one; asked again now with ``fresh``)."""
+        if fresh:
+            return self._routes.refresh()
+        return self._routes.wait_table(self._closed, self.timeout_ms)
 
     def broker_names(self) -> list[str]:
         """The cluster's broker groups, as the route table names them."""

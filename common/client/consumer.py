@@ -116,9 +116,9 @@ class Consumer(ClientBase):
         if len(table.groups) <= 1:
             (name,) = table.groups
             return [MessageQueue(name, q) for q in range(self.queue_nums(topic))]
-        queues = table.queues(topic)
+        queues = table.queues(topic) or self._routes.recheck(topic).queues(topic)
         if not queues:
-            queues = self._routes.recheck(topic).queues(topic)
+            one_group_of(topic, table, "")  # TOPIC_NOT_EXIST, naming the groups
         return list(queues)
 
     def pull(

@@ -29,7 +29,7 @@ from common.client.results import (
 from common.client.routes import one_group_of, queues_in, unknown_group
 from common.client.routing import MessageQueue, RouteTable, queue_for_key
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS, AsyncItem
-from common.core.errors import BrokerError, ResponseCode
+from common.core.errors import BrokerError, ResponseCode, SendStatus
 from common.core.futures import LightFuture
 from common.core.message import (
     DEFAULT_COMPRESS_LEVEL,
@@ -75,6 +75,11 @@ def _message_meta(msg: Message, sys_flag: int = 0) -> list[Any] | None:
         return None
     meta = [msg.tags, keys, props or None, msg.flag]
     return [*meta, sys_flag] if sys_flag else meta
+
+
+def _degraded(result: SendResult | list[SendResult]) -> bool:
+    first = result[0] if isinstance(result, list) else result
+    return first.status is not SendStatus.SEND_OK
 
 
 class _Retries:
@@ -421,7 +426,12 @@ class Producer(ClientBase):
                 mq = self._choose(table, topic, queue_id, shard_key, broker_name)
                 cluster = self._routes.cluster(mq.broker_name, table)
                 address = cluster.master()
-                return attempt(cluster, address, mq)
+                result = attempt(cluster, address, mq)
+                if multi and keyless and _degraded(result):
+                    # stored, but the group's slaves did not confirm it: keyless sends go to
+                    # the other groups for a while (RocketMQ retries another broker then)
+                    self._routes.selector.failed(mq.broker_name)
+                return result
             except NoMasterError as e:
                 if multi and mq is not None:
                     if keyless:

@@ -256,9 +256,14 @@ class Routes:
         return ""
 
     def _recheck(self, address: str) -> None:
+        """A degraded answer (stored, not confirmed by the slaves) to a ``send_async`` batch
+        (the client's I/O thread): doubt that master, and let keyless sends pass over its group
+        for a while."""
         self.seed.recheck(address)
-        for cluster in list(self._clusters.values()):
+        for name, cluster in list(self._clusters.items()):
             cluster.recheck(address)
+            if address in cluster.known_servers():
+                self.selector.failed(name)
 
 
 def unknown_group(group: str, table: RouteTable) -> BrokerError:
