@@ -16,6 +16,9 @@
 * ``Drill``: a context manager owning every process, relay and worker of one run; ``finally``
   kills every broker by pid. ``finish`` drains every queue from every replica, byte-compares the
   replicas' CommitLogs over their common range, and records one JSON result (``RESULTS``).
+* Several broker groups (``finish_groups``): a message's group is part of its queue's identity
+  (``group`` in the history, ``(group, queue)`` in the drains), each group is drained, its
+  replicas byte-compared among themselves, and lost / unexpected are also counted per group.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from broker_harness import BrokerProcess, free_port, run_cli
 from controller_harness import controller_fields, wait_master
 from replication_harness import Relay, commitlog_digest, stop_process, wait_for
 
-from common.client import ClientTimeoutError, Consumer, Producer
+from common.client import ClientTimeoutError, Consumer, NoMasterError, Producer
 from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
 from common.core.message import decode_msg_id
 
@@ -137,6 +140,8 @@ def classify(outcome: Any) -> tuple[str, str, dict[str, Any]]:
         "phy": outcome.commit_log_offset,
         "handler": handler_of(outcome.msg_id),
     }
+    if outcome.broker_name:
+        extra["group"] = outcome.broker_name
     return kind, outcome.status.value, extra
 
 
@@ -173,7 +178,13 @@ class ProducerWorker(Worker):
         size: int = 512,
         seed: int = 0,
         fixed_queue: int | None = None,
+        group: str | None = None,
+        keyless: bool = False,
+        groups_of: dict[str, str] | None = None,
     ):
+        """``group``: every put goes to that broker group (queues in turn); ``keyless``: the
+        client picks the queue over every group (no ``queue_id``); ``groups_of`` maps broker
+        addresses to their group, so a failed keyless put names the group it went to."""
         super().__init__(producer_id)
         self.history = history
         self.servers = servers
@@ -182,6 +193,9 @@ class ProducerWorker(Worker):
         self.size = size
         self.rng = random.Random(f"{seed}-{producer_id}")
         self.fixed_queue = fixed_queue
+        self.group = group
+        self.keyless = keyless
+        self.groups_of = groups_of or {}
         self.sent = 0
 
     def body(self) -> None:
@@ -191,15 +205,23 @@ class ProducerWorker(Worker):
             while not self.stop_event.is_set():
                 seq += 1
                 msg_id = f"{self.producer_id}-{seq}"
-                queue = self.fixed_queue if self.fixed_queue is not None else seq % QUEUES
+                queue = None if self.keyless else (
+                    self.fixed_queue if self.fixed_queue is not None else seq % QUEUES)
                 body = make_body(msg_id, self.size, self.rng)
-                self.history.add(self.producer_id, "put", "invoke", msg_id=msg_id, queue=queue)
+                where = {"group": self.group} if self.group else {}
+                self.history.add(self.producer_id, "put", "invoke", msg_id=msg_id, queue=queue,
+                                 **where)
                 try:
-                    outcome: Any = producer.send(TOPIC, body, keys=msg_id, queue_id=queue)
+                    outcome: Any = producer.send(TOPIC, body, keys=msg_id, queue_id=queue,
+                                                 broker_name=self.group)
                 except Exception as e:  # noqa: BLE001 - classified
                     outcome = e
                 kind, status, extra = classify(outcome)
                 extra.setdefault("queue", queue)
+                if self.group:
+                    extra.setdefault("group", self.group)
+                elif isinstance(outcome, BaseException):
+                    extra.setdefault("group", self._group_of_error(outcome))
                 self.history.add(
                     self.producer_id, "put", kind, msg_id=msg_id, status=status, **extra
                 )
@@ -207,26 +229,40 @@ class ProducerWorker(Worker):
                 next_at = max(next_at + self.interval, time.monotonic() - 1.0)
                 self.stop_event.wait(max(0.0, next_at - time.monotonic()))
 
+    def _group_of_error(self, e: BaseException) -> str:
+        """The group a failed keyless put went to ("?" when the error does not say)."""
+        if isinstance(e, NoMasterError) and e.broker_name:
+            return e.broker_name
+        address = getattr(e, "address", None)
+        return self.groups_of.get(address, "?") if isinstance(address, str) else "?"
+
 
 class ConsumerWorker(Worker):
-    """Reads every queue from the current master throughout (offsets kept per queue)."""
+    """Reads every queue from the current master throughout (offsets kept per queue); with
+    ``groups``, every queue of every broker group."""
 
-    def __init__(self, history: History, servers: list[str], name: str = "consumer"):
+    def __init__(self, history: History, servers: list[str], name: str = "consumer",
+                 groups: list[str] | None = None):
         super().__init__(name)
         self.history = history
         self.servers = servers
+        self.groups = groups
         self.corrupt = 0
 
     def body(self) -> None:
-        offsets = dict.fromkeys(range(QUEUES), 0)
+        queues: list[tuple[str | None, int]] = [
+            (g, q) for g in (self.groups or [None]) for q in range(QUEUES)]
+        offsets = dict.fromkeys(queues, 0)
         with Consumer(self.servers, group="drill", timeout_ms=CLIENT_TIMEOUT_MS, retries=0) as c:
             while not self.stop_event.is_set():
                 found = False
-                for q in range(QUEUES):
+                for g, q in queues:
+                    where = {"group": g} if g else {}
                     try:
-                        pr = c.pull(TOPIC, q, offsets[q], max_nums=64)
+                        pr = c.pull(TOPIC, q, offsets[(g, q)], max_nums=64, broker_name=g)
                     except Exception as e:  # noqa: BLE001 - recorded; reads go on
-                        self.history.add(self.name, "get", "fail", queue=q, status=repr(e)[:120])
+                        self.history.add(self.name, "get", "fail", queue=q, status=repr(e)[:120],
+                                         **where)
                         continue
                     if pr.status == PullStatus.FOUND:
                         found = True
@@ -242,9 +278,10 @@ class ConsumerWorker(Worker):
                                 queue=q,
                                 offset=m.queue_offset,
                                 status="FOUND" if ok else "CORRUPT",
+                                **where,
                             )
                     if pr.status in (PullStatus.FOUND, PullStatus.OFFSET_ILLEGAL):
-                        offsets[q] = pr.next_begin_offset
+                        offsets[(g, q)] = pr.next_begin_offset
                 if not found:
                     self.stop_event.wait(0.05)  # polling period at the end of the queues
 
@@ -284,9 +321,9 @@ def burst(
     return done
 
 
-def drain(address: str, servers: Iterable[str]) -> dict[int, list[tuple[int, str, bool]]]:
+def drain(address: str, servers: Iterable[str]) -> dict[Any, list[tuple[int, str, bool]]]:
     """Every message of every queue read from ``address``: queue -> [(offset, msg_id, crc ok)]."""
-    out: dict[int, list[tuple[int, str, bool]]] = {}
+    out: dict[Any, list[tuple[int, str, bool]]] = {}
     with Consumer(list(servers), group="drain", timeout_ms=10_000, read_from=address) as c:
         for q in range(QUEUES):
             rows: list[tuple[int, str, bool]] = []
@@ -305,7 +342,7 @@ def drain(address: str, servers: Iterable[str]) -> dict[int, list[tuple[int, str
 
 # ---- the checker ------------------------------------------------------------------------------
 def check_total_queue(
-    events: list[dict[str, Any]], final: dict[int, list[tuple[int, str, bool]]]
+    events: list[dict[str, Any]], final: dict[Any, list[tuple[int, str, bool]]]
 ) -> dict[str, Any]:
     """Total-queue figures from the history and the final drain of the master."""
     outcome: dict[str, str] = {}
@@ -662,6 +699,68 @@ class Drill:
         if extra_checks is not None:
             problems.extend(extra_checks(summary))
         summary.pop("final_ids")
+        return self.record(summary, problems)
+
+    def finish_groups(
+        self,
+        groups: dict[str, tuple[Node, list[Node]]],
+        extra_checks: Callable[[dict[str, Any]], list[str]] | None = None,
+    ) -> dict[str, Any]:
+        """``finish`` over several broker groups: group -> (its master, its replicas). Each
+        group converges, is drained from its master and from each replica (the same
+        messages), and its replicas' CommitLogs are byte-compared; a queue is (group, id).
+        The total-queue figures are given for the whole run and per group (a put's group is
+        the one its result or invocation named)."""
+        self.stop_workers()
+        final: dict[Any, list[tuple[int, str, bool]]] = {}
+        per_group: dict[str, dict[str, Any]] = {}
+        for name, (master, replicas) in sorted(groups.items()):
+            converged_at = self.wait_converged(master, replicas)
+            servers = [master.address, *(r.address for r in replicas)]
+            mine = drain(master.address, servers)
+            equal = all(drain(r.address, servers) == mine for r in replicas)
+            final.update({(name, q): rows for q, rows in mine.items()})
+            logs = self.compare_logs([master, *replicas])
+            per_group[name] = {"converged_max": converged_at, "logs_identical": logs["identical"],
+                               "compared_range": logs["range"], "replica_drains_equal": equal,
+                               "final_messages": sum(len(r) for r in mine.values())}
+        summary = check_total_queue(self.history.events, final)
+        put_group: dict[str, str] = {}
+        for e in self.history.events:
+            if e["op"] == "put" and e.get("group"):
+                put_group.setdefault(e["msg_id"], e["group"])
+        lost_ids = summary.pop("lost_ids_all")
+        for name, figures in per_group.items():
+            puts = [e for e in self.history.events if e["op"] == "put" and e["type"] != "invoke"
+                    and put_group.get(e["msg_id"]) == name]
+            figures.update(
+                ok=sum(e["type"] == "ok" for e in puts), fail=sum(e["type"] == "fail" for e in puts),
+                info=sum(e["type"] == "info" for e in puts),
+                lost=sum(put_group.get(m) == name for m in lost_ids))
+        misplaced = [m for (name, _), rows in final.items() for _, m, _ in rows
+                     if put_group.get(m) not in (None, name)]
+        summary.update(
+            drill=self.name, seed=self.seed, wall_s=round(time.monotonic() - self.started, 1),
+            groups=per_group, misplaced=len(misplaced),
+            unattributed=sum(1 for e in self.history.events if e["op"] == "put"
+                             and e["type"] != "invoke" and put_group.get(e["msg_id"]) in
+                             (None, "?")),
+            faults=[{k: f[k] for k in ("t", "status", "node", "epoch") if k in f}
+                    | {"rto_s": rto_after(self.history.events, f["t"])} for f in self.faults],
+            **self.extra)
+        problems = [f"{key}={summary[key]}" for key in
+                    ("lost", "unexpected", "failed_but_read", "corrupt", "queue_gaps",
+                     "misplaced") if summary[key]]
+        for name, figures in per_group.items():
+            if figures["lost"]:
+                problems.append(f"{name}: lost={figures['lost']}")
+            if not figures["logs_identical"]:
+                problems.append(f"{name}: replica CommitLogs differ in "
+                                f"{figures['compared_range']}")
+            if not figures["replica_drains_equal"]:
+                problems.append(f"{name}: replicas serve different messages")
+        if extra_checks is not None:
+            problems.extend(extra_checks(summary))
         return self.record(summary, problems)
 
     def record(self, summary: dict[str, Any], problems: list[str]) -> dict[str, Any]:
