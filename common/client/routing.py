@@ -170,6 +170,8 @@ class QueueSelector:
         self._down_until: dict[str, float] = {}
         self._counter = itertools.count()
         self._lock = threading.Lock()
+        self._filtered: dict[int, tuple[Sequence[MessageQueue], frozenset[str],
+                                        Sequence[MessageQueue]]] = {}
 
     def failed(self, broker_name: str) -> None:
         with self._lock:
@@ -199,8 +201,24 @@ class QueueSelector:
             raise ValueError("no queue to choose from")
         down = self.down()
         if down:
-            queues = [mq for mq in queues if mq.broker_name not in down] or queues
+            queues = self._passing_over(queues, down)
         return queues[next(self._counter) % len(queues)]
+
+    def _passing_over(self, queues: Sequence[MessageQueue],
+                      down: frozenset[str]) -> Sequence[MessageQueue]:
+        """``queues`` without the groups ``down`` (all of them when every group is down),
+        kept per queue list while the same groups are down: a route table's lists live as
+        long as the table, and filtering 512 queues on every send would cost more than the
+        rest of the routing."""
+        key = id(queues)
+        cached = self._filtered.get(key)
+        if cached is not None and cached[0] is queues and cached[1] == down:
+            return cached[2]
+        kept = [mq for mq in queues if mq.broker_name not in down] or list(queues)
+        if len(self._filtered) >= 64:
+            self._filtered.clear()
+        self._filtered[key] = (queues, down, kept)  # holds ``queues``: its id stays its own
+        return kept
 
 
 def groups_of(queues: Iterable[MessageQueue]) -> list[str]:
