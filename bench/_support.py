@@ -62,15 +62,17 @@ def write_config(home: Path, **fields: Any) -> Path:
     return path
 
 
-def launch(home: Path, address: str, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
-    """Run ``replog broker -c home/broker.yaml`` (log in home/broker.log) until it answers."""
+def launch(home: Path, address: str, timeout_s: float = 30.0,
+           curve: dict[str, Any] | None = None) -> subprocess.Popen[bytes]:
+    """Run ``replog broker -c home/broker.yaml`` (log in home/broker.log) until it answers
+    (``curve``: the key/server_key to ask with, for a broker with aclEnable)."""
     with open(home / "broker.log", "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "common.cli", "broker", "-c", str(home / "broker.yaml")],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=broker_env(),
         )
     deadline = time.monotonic() + timeout_s
-    with Admin([address], timeout_ms=500, retries=0) as admin:
+    with Admin([address], timeout_ms=500, retries=0, **(curve or {})) as admin:
         while True:
             try:
                 admin.status(address)

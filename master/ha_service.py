@@ -63,6 +63,14 @@ will never read. ``reopen`` binds a new socket and starts a new core of the same
 slaves' DEALERs reconnect to it and say HELLO again. Puts held for the old core's acks are
 answered by the new one's, or FLUSH_SLAVE_TIMEOUT at their deadline (indeterminate).
 
+Security (``common/broker/security.py``, with ``aclEnable``): the ROUTER is a CURVE server of
+ZAP domain ``replog.ha`` whose Context runs its own ZAP authenticator, started before the bind
+and stopped only once the socket is closed. ZAP admits ``replica`` accounts only, and every
+frame is checked again against the ACL in force (its ZAP User-Id, read with ``copy=False``):
+a frame of a key that is no longer a replica account is dropped, audited, and its peer is
+disconnected in the core, so no more log bytes go to it; after each ACL reload the peers
+already connected are checked once more (``on_timer``).
+
 ``create(cfg, store, role_name, host)`` is the factory ``common/cli/main.py`` calls for a master
 role; ``build_master_replication`` returns ``(service, replica waits or None)``: the
 ``GroupTransfer`` the master role admits SYNC puts into, on the request server's I/O thread.
@@ -83,9 +91,11 @@ import zmq
 
 from common.broker.loop import LoopHost, ParticipantThread
 from common.broker.port_hold import HA_BIND_HOST
+from common.broker.security import HA_DOMAIN, HandshakeMonitor, Security, user_id
 from common.core.config import BrokerConfig
 from common.core.logs import log_event
-from common.format.zmq_frames import POLLIN, readable, send_frames
+from common.format.acl import Denial
+from common.format.zmq_frames import NOBLOCK, POLLIN, readable, send_frames
 from common.ha import controller_core as cc
 from common.ha import master_core as mc
 from common.ha import term
@@ -102,6 +112,8 @@ RATE_SAMPLE_MS = 1000
 SNDHWM_SLACK = 64  # heartbeats and errors beyond the DATA frames of a full window
 SSS_CHECK_MS = 250  # controller mode: how often the SyncStateSet is looked at
 SSS_CONNECT_GRACE_MS = 2000  # members of the last term get this long to connect to a new one
+MAX_TRACKED_PEERS = 4096  # peers whose ZAP identity is remembered (security on)
+RCVMORE = int(zmq.RCVMORE)
 _SENT, _AGAIN, _GONE = "sent", "again", "gone"
 
 
@@ -112,6 +124,7 @@ class HaServiceStats:
     eagain: int = 0
     dropped_peers: int = 0
     bad_frames: int = 0
+    refused_frames: int = 0  # frames of a key that is not (or no longer) a replica account
 
 
 class SyncStateHost(Protocol):
@@ -139,8 +152,15 @@ class HaService:
         bind_host: str = HA_BIND_HOST,
         host: LoopHost | None = None,
         sync_state: SyncStateHost | None = None,
+        security: Security | None = None,
     ):
         self._cfg = cfg
+        self._security = security if security is not None else Security()
+        self._auth: Any = None  # the ZAP authenticator of self._ctx (security on)
+        self._handshakes: HandshakeMonitor | None = None  # counts handshakes (security on)
+        # peer -> (its ZAP User-Id, the ACL version it was last admitted under, a frame of it)
+        self._peers: dict[bytes, tuple[str, int, zmq.Frame]] = {}
+        self._acl_seen = 0
         self._store = store
         self._clock = clock
         self._bind = f"tcp://{bind_host}:{cfg.ha_port}"
@@ -197,11 +217,12 @@ class HaService:
             self._cfg.store_root, int(store.min_phy_offset), int(store.max_phy_offset)
         )
         self._ctx = zmq.Context()
+        security = self._security
         try:
+            self._auth = security.start_authenticator(self._ctx)  # before any bind
             self._open()
-        except OSError:
-            self._ctx.term()
-            self._ctx = None
+        except BaseException:
+            self._end_context()
             raise
         sock = self._sock
         assert sock is not None
@@ -213,9 +234,9 @@ class HaService:
             self._attached = True
         except BaseException:  # e.g. the request server stopped meanwhile
             self._sock = None
+            self._close_handshakes()
             sock.close(0)
-            self._ctx.term()
-            self._ctx = None
+            self._end_context()
             raise
         log_event(
             log,
@@ -229,10 +250,15 @@ class HaService:
         )
 
     def _open(self) -> None:
-        """A new core of the term and a bound ROUTER (OSError if the bind fails)."""
+        """A new core of the term and a bound ROUTER (OSError if the bind fails). The
+        Context's ZAP authenticator runs already (``start``): with security on, the socket is
+        a CURVE server of domain ``replog.ha`` and ``security.bind`` refuses without it."""
         store = self._store
         assert self._ctx is not None
-        sock = self._ctx.socket(zmq.ROUTER)
+        security = self._security
+        sock = security.server_socket(self._ctx, zmq.ROUTER, HA_DOMAIN)
+        self._handshakes = security.handshake_monitor(sock, HA_DOMAIN)
+        self._acl_seen = security.version
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         window_frames = self._cfg.haWindowBytes // max(1, self._cfg.haTransferBatchSize) + 1
@@ -240,8 +266,9 @@ class HaService:
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_header_bytes + 1024)
         try:
-            sock.bind(self._bind)
-        except zmq.ZMQError as e:
+            security.bind(sock, self._bind)
+        except Exception as e:  # a bind error or a refused bind (no authenticator)
+            self._close_handshakes()
             sock.close(0)
             raise OSError(f"HA service cannot bind {self._bind}: {e}") from e
         with self._lock:
@@ -253,7 +280,7 @@ class HaService:
                 self._now_ms(),
             )
         self._sock = sock
-        self._items = ((sock, zmq.POLLIN),)
+        self._items = self._poll_items(zmq.POLLIN)
 
     def reopen(self) -> None:
         """After a failure (the host closed it): a new socket and a new core (host thread)."""
@@ -274,9 +301,33 @@ class HaService:
                 log_event(log, "ha_service_detach_stuck", logging.ERROR)
         if self.group_transfer is not None:
             self.group_transfer.stop()
-        if self._ctx is not None and closed:
-            self._ctx.term()
+        if closed:  # else the socket may still serve: its authenticator stays (never open)
+            self._end_context()
         log_event(log, "ha_service_stopped", sent=self.stats.bytes_sent)
+
+    def _poll_items(self, flags: int) -> tuple[tuple[zmq.Socket[Any], int], ...]:
+        """The ROUTER with ``flags``, and its handshake monitor (security on)."""
+        sock = self._sock
+        assert sock is not None
+        items: tuple[tuple[zmq.Socket[Any], int], ...] = ((sock, flags),)
+        if self._handshakes is not None and self._handshakes.socket is not None:
+            items += ((self._handshakes.socket, zmq.POLLIN),)
+        return items
+
+    def _close_handshakes(self) -> None:
+        if self._handshakes is not None:
+            self._handshakes.close()
+            self._handshakes = None
+
+    def _end_context(self) -> None:
+        """The authenticator stops (no socket of the Context is open any more), then the
+        Context ends."""
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
 
     # ---- what other threads ask --------------------------------------------------------------
     def slaves(self) -> list[dict[str, Any]]:
@@ -360,6 +411,9 @@ class HaService:
             self._execute(sock, actions)
 
     def on_events(self, sock: zmq.Socket[Any], events: int) -> None:
+        if self._handshakes is not None and sock is self._handshakes.socket:
+            self._handshakes.drain()
+            return
         actions = self._log_actions()
         if events & POLLIN:
             actions.extend(self._receive(sock))
@@ -382,6 +436,8 @@ class HaService:
     def on_timer(self) -> None:
         sock = self._sock
         assert sock is not None
+        if self._security.enabled and self._security.version != self._acl_seen:
+            self._recheck_peers()
         if self._proposal_result is not None:
             self._take_proposal_result()
         if self._sync_state is not None and self._now_ms() >= self._sss_due_ms:
@@ -397,6 +453,7 @@ class HaService:
         """Host thread: close the socket and drop the core (no slave is reported any more)."""
         self._wake = None
         self._streaming = False
+        self._close_handshakes()
         if self._sock is not None:
             self._sock.close(0)
             self._sock = None
@@ -417,14 +474,23 @@ class HaService:
 
     def _receive(self, sock: zmq.Socket[Any]) -> list[mc.MasterAction]:
         actions: list[mc.MasterAction] = []
+        secure = self._security.enabled
         for _ in range(RECV_BURST):
             if not readable(sock):
                 break
             try:
-                msg = sock.recv_multipart(zmq.NOBLOCK)
+                if secure:
+                    head = sock.recv(NOBLOCK, copy=False)
+                    peer, body = head.bytes, []
+                    while sock.getsockopt(RCVMORE):
+                        body.append(sock.recv(NOBLOCK))
+                    if not self._admitted(peer, head):
+                        continue
+                else:
+                    msg = sock.recv_multipart(zmq.NOBLOCK)
+                    peer, body = msg[0], msg[1:]
             except zmq.Again:
                 break
-            peer, body = msg[0], msg[1:]
             now_ms = self._now_ms()
             try:
                 frame = decode(body, self._limits)
@@ -439,6 +505,45 @@ class HaService:
                 assert self._core is not None
                 actions.extend(self._core.on_frame(peer, frame, now_ms))
         return actions
+
+    # ---- security (on) -----------------------------------------------------------------------
+    def _admitted(self, peer: bytes, head: zmq.Frame) -> bool:
+        """Whether a frame from ``peer`` comes from a replica account of the ACL in force."""
+        user = user_id(head)
+        version = self._security.version
+        known = self._peers.get(peer)
+        if known is not None and known[0] == user and known[1] == version:
+            return True
+        denial = self._replica_denial(user, head)
+        if denial is not None:
+            self._refuse(peer, user, head, denial)
+            return False
+        if known is None and len(self._peers) >= MAX_TRACKED_PEERS:
+            self._peers.pop(next(iter(self._peers)))
+        self._peers[peer] = (user, version, head)
+        return True
+
+    def _replica_denial(self, user: str, head: zmq.Frame) -> Denial | None:
+        found = self._security.account_of(user, head)
+        if isinstance(found, Denial):
+            return found
+        return found.may_replicate()
+
+    def _refuse(self, peer: bytes, user: str, head: zmq.Frame, denial: Denial) -> None:
+        self.stats.refused_frames += 1
+        self._security.refused("ha", user, head, denial)
+        self._peers.pop(peer, None)
+        self._disconnect(peer, f"refused by the ACL: {denial.reason}")  # no more log bytes
+
+    def _recheck_peers(self) -> None:
+        """After an ACL reload: every connected peer is checked against the new ACL."""
+        self._acl_seen = self._security.version
+        for peer, (user, _, head) in list(self._peers.items()):
+            denial = self._replica_denial(user, head)
+            if denial is not None:
+                self._refuse(peer, user, head, denial)
+            else:
+                self._peers[peer] = (user, self._acl_seen, head)
 
     def _timer_actions(self) -> list[mc.MasterAction]:
         now_ms = self._now_ms()
@@ -497,7 +602,7 @@ class HaService:
         want_out = bool(self._backlog) and not self._backlog_stalled
         flags = zmq.POLLIN | zmq.POLLOUT if want_out else zmq.POLLIN
         if self._items[0][1] != flags:
-            self._items = ((sock, flags),)
+            self._items = self._poll_items(flags)
         with self._lock:
             assert self._core is not None
             streaming = self._core.peer_count > 0
@@ -575,6 +680,7 @@ class HaService:
 
     def _dropped(self, action: mc.Drop) -> None:
         self.stats.dropped_peers += 1
+        self._peers.pop(action.peer_id, None)
         self._backlog.pop(action.peer_id, None)
         self._rates.pop(action.peer_id, None)
         log_event(
@@ -682,16 +788,20 @@ class HaService:
 def build_master_replication(
     cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None,
     sync_state: SyncStateHost | None = None,
+    security: Security | None = None,
 ) -> tuple[HaService, GroupTransfer | None]:
     """The HA service of a master term and, for SYNC_MASTER, its replica waits. ``host``: the
     request server whose I/O thread drives it (None: a thread of its own); ``sync_state``: the
-    controller, in controller mode."""
-    service = HaService(cfg, store, role_name, host=host, sync_state=sync_state)
+    controller, in controller mode; ``security``: the broker's (``common/broker/security.py``;
+    None: plain)."""
+    service = HaService(cfg, store, role_name, host=host, sync_state=sync_state,
+                        security=security)
     return service, service.group_transfer
 
 
 def create(
-    cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None
+    cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None,
+    security: Security | None = None,
 ) -> HaService:
     """``common/cli/main.py``'s hook: the service, carrying ``group_transfer`` (None when ASYNC)."""
-    return build_master_replication(cfg, store, role_name, host)[0]
+    return build_master_replication(cfg, store, role_name, host, security)[0]

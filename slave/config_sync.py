@@ -30,6 +30,7 @@ from typing import Any
 
 from common.client import Transport
 from common.core.errors import BrokerError
+from common.core.keys import ClientKeys
 from common.core.logs import log_event
 from common.format.protocol import RequestCode
 
@@ -57,13 +58,16 @@ class SyncStats:
 
 class ConfigSync:
     def __init__(self, interval_ms: int, master_address: Callable[[], str], apply: Apply,
-                 transport_factory: Callable[[], Any] | None = None):
+                 transport_factory: Callable[[], Any] | None = None,
+                 curve: ClientKeys | None = None):
+        """``curve``: the broker's keys (security on): the tables are read as its account,
+        which needs admin or replica (``common.format.acl``)."""
         self.interval_s = interval_ms / 1000.0
         self.timeout_ms = max(100, min(MAX_REQUEST_TIMEOUT_MS, interval_ms))
         self._master_address = master_address
         self._apply = apply
         self._transport_factory = transport_factory or (
-            lambda: Transport(name="replog-config-sync-client", spin_us=0))
+            lambda: Transport(name="replog-config-sync-client", spin_us=0, curve=curve))
         self._stop = threading.Event()
         self._wake = threading.Event()  # a request finished, or stop
         self._apply_lock = threading.Lock()  # stop() waits out an apply under way

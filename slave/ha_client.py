@@ -44,6 +44,12 @@ haClient`` and the metrics), the socket is closed, and after a back-off
 (``common.broker.loop.ParticipantHealth``) the client starts again from what its store holds,
 with the next session and a new connection, as RocketMQ's HAClient reconnects.
 
+Security (``docs/security.md``): with ``curve`` (the broker's own key pair, pinning
+``haMasterPublicKeyFile``) the DEALER is a CURVE client. A handshake the master refuses (its ACL
+holds no replica account with this key) or that fails (the master's key is not the pinned one)
+is logged once per failing spell (``ha_handshake_failed``) and counted; nothing is replicated
+meanwhile, and libzmq or the core's silence timer tries again.
+
 ``create(cfg, store)`` is the factory ``common/cli/main.py`` calls; ``build_slave_replication`` is
 the same.
 """
@@ -64,6 +70,7 @@ from zmq.utils.monitor import recv_monitor_message
 from common.broker.loop import ParticipantHealth
 from common.core.config import BrokerConfig
 from common.core.errors import ReplicationFencedError, StoreError
+from common.core.keys import ClientKeys
 from common.core.logs import log_event
 from common.format.zmq_frames import readable, send_frames
 from common.ha import epochs as ep
@@ -83,6 +90,16 @@ RECONNECT_IVL_MAX_MS = 1000
 _ACK_PREFIX = encode_header(Ack(0, 0))[:2]
 assert _ACK_PREFIX == b"\x94\x04"
 _MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+_HANDSHAKE_FAILURES: dict[int, str] = {
+    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): "the master refused this broker's key (no replica "
+                                          "account holds it in the master's ACL)",
+    int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): "protocol error (does the master run CURVE?)",
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): "the master cut the handshake (is "
+                                               "haMasterPublicKeyFile the master's public key?)",
+}
+_CURVE_MONITOR_EVENTS = int(_MONITOR_EVENTS)
+for _event in _HANDSHAKE_FAILURES:
+    _CURVE_MONITOR_EVENTS |= int(_event)
 
 
 @dataclasses.dataclass
@@ -94,6 +111,7 @@ class HaClientStats:
     rebuilds: int = 0
     bad_frames: int = 0
     dropped_sends: int = 0
+    handshake_failures: int = 0
     last_failure: str = ""
 
 
@@ -104,8 +122,11 @@ class _ActionFailed(Exception):
 class HaClient:
     """Replication client of one slave term."""
 
-    def __init__(self, cfg: BrokerConfig, store: Any, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, cfg: BrokerConfig, store: Any, clock: Callable[[], float] = time.monotonic,
+                 curve: ClientKeys | None = None):
         self._cfg = cfg
+        self._curve = curve
+        self._handshake_failing = False
         self._store = store
         self._clock = clock
         self._limits = Limits.from_config(cfg)
@@ -352,7 +373,18 @@ class HaClient:
                 log_event(
                     log, "ha_master_disconnected", logging.WARNING, master=self._cfg.haMasterAddress
                 )
+            elif int(event["event"]) in _HANDSHAKE_FAILURES:
+                self.stats.handshake_failures += 1
+                if not self._handshake_failing:
+                    self._handshake_failing = True
+                    why = _HANDSHAKE_FAILURES[int(event["event"])]
+                    self.stats.last_failure = why
+                    log_event(log, "ha_handshake_failed", logging.ERROR,
+                              master=self._cfg.haMasterAddress, reason=why)
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if self._handshake_failing:
+                    self._handshake_failing = False
+                    log_event(log, "ha_handshake_recovered", master=self._cfg.haMasterAddress)
                 self._handshakes += 1
                 if self._handshakes > 1:  # ZeroMQ reconnected under us: handshake again now
                     with self._lock:
@@ -477,6 +509,8 @@ class HaClient:
     def _open(self) -> None:
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.DEALER)
+        if self._curve is not None:
+            self._curve.apply(sock, self._cfg.haMasterAddress)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.setsockopt(
@@ -487,7 +521,8 @@ class HaClient:
         )
         sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-        self._monitor = sock.get_monitor_socket(_MONITOR_EVENTS)
+        self._monitor = sock.get_monitor_socket(
+            _CURVE_MONITOR_EVENTS if self._curve is not None else _MONITOR_EVENTS)
         self._handshakes = 0
         sock.connect(self._endpoint)
         self._sock = sock
@@ -508,11 +543,12 @@ class HaClient:
         return int(self._clock() * 1000)
 
 
-def build_slave_replication(cfg: BrokerConfig, store: Any) -> HaClient:
-    """The HA client of a slave role."""
-    return HaClient(cfg, store)
+def build_slave_replication(cfg: BrokerConfig, store: Any,
+                            curve: ClientKeys | None = None) -> HaClient:
+    """The HA client of a slave role (``curve``: the broker's keys, security on)."""
+    return HaClient(cfg, store, curve=curve)
 
 
-def create(cfg: BrokerConfig, store: Any) -> HaClient:
+def create(cfg: BrokerConfig, store: Any, curve: ClientKeys | None = None) -> HaClient:
     """``common/cli/main.py``'s hook (same as ``build_slave_replication``)."""
-    return build_slave_replication(cfg, store)
+    return build_slave_replication(cfg, store, curve)

@@ -19,6 +19,10 @@ server's I/O thread cannot be restarted in place (it owns the client socket and 
 in flight): when it dies the broker logs ``event=broker_fatal`` at ERROR, shuts down cleanly
 (flush, checkpoint) and ``serve_forever`` returns ``EXIT_INTERNAL_ERROR`` (70, EX_SOFTWARE), the
 process's exit status, for its supervisor to restart it.
+
+Security (``common/broker/security.py``): ``self.security`` is built from the config before
+anything starts (a bad key or ACL file refuses the start) and handed to the request server and,
+through the composition root, to the roles; SIGHUP reloads the ACL file.
 """
 
 from __future__ import annotations
@@ -36,9 +40,15 @@ from typing import Any, Protocol
 import prometheus_client
 
 from common.broker.consumer_groups import ConsumerGroups
-from common.broker.metrics import ConsumerLagCollector, StatusCollector, dead_letters
+from common.broker.metrics import (
+    ConsumerLagCollector,
+    SecurityCollector,
+    StatusCollector,
+    dead_letters,
+)
 from common.broker.port_hold import HA_BIND_HOST, PortHold
 from common.broker.replies import Reply, reply
+from common.broker.security import Security
 from common.broker.server import RequestServer
 from common.broker.tables import ConsumerOffsetTable, TopicTable
 from common.core.config import BrokerConfig, split_addresses
@@ -116,6 +126,7 @@ class BrokerStatus:
     deadLetters: dict[str, int]  # group -> messages held in its %DLQ% topic (master/send_back.py)
     controller: dict[str, Any]  # controller mode: ZooKeeper session, lease, SyncStateSet, epoch
     fencedWrites: int  # controller mode: writes refused for a stale lease or a lost election
+    security: dict[str, Any]  # aclEnable, aclVersion, aclReloadFailing (common/broker/security.py)
     # component (haService, haClient) -> {state, failures, restarts, lastError}
     health: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
@@ -158,7 +169,8 @@ class Broker:
         self.offsets = ConsumerOffsetTable(config_dir)
         self.consumer_groups = ConsumerGroups()
         self.role: Role | None = None
-        self.server = RequestServer(cfg, self)
+        self.security = Security.from_config(cfg)  # ConfigError before anything started
+        self.server = RequestServer(cfg, self, security=self.security)
         self._started = time.monotonic()
         self._admin = concurrent.futures.ThreadPoolExecutor(1, "replog-admin")
         self._stop = threading.Event()
@@ -209,7 +221,8 @@ class Broker:
             except BrokerError:
                 return None
 
-        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0) as admin, \
+        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0,
+                   curve=self.security.peer_keys()) as admin, \
                 concurrent.futures.ThreadPoolExecutor(len(peers), "replog-probe") as pool:
             answers = list(pool.map(probe, peers))  # all at once: at most one timeout in all
         for address, doc in zip(peers, answers, strict=True):
@@ -243,6 +256,7 @@ class Broker:
     def start(self) -> None:
         self.store.start()
         try:
+            self.security.start()
             self._start_serving()
         except BaseException:
             # a clean refusal: stop what started, flush, remove abort, release the lock
@@ -251,6 +265,7 @@ class Broker:
             self._release_ha_port()
             self.server.stop(timeout_s=2.0)
             self.store.shutdown()
+            self.security.stop()
             raise
 
     def _resume_promotion(self) -> None:
@@ -338,6 +353,7 @@ class Broker:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
+        self.security.stop()
         log_event(log, "broker_stopped", drained=drained)
 
     def _resume_slave(self, failed: Role | None, history: epochs.EpochHistory | None) -> None:
@@ -382,6 +398,7 @@ class Broker:
         Returns the process's exit status: 0, or EXIT_INTERNAL_ERROR when the I/O thread died."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_sighup)
         self.start()
         return self.wait_and_shutdown()
 
@@ -407,6 +424,13 @@ class Broker:
             os._exit(1)
         log_event(log, "broker_signal", signal=signal.Signals(signum).name)
         self._stop.set()
+
+    def _on_sighup(self, _signum: int, _frame: object) -> None:
+        """Reload the ACL file now (its poller would within aclReloadIntervalMs)."""
+        if self.security.enabled:
+            self.security.request_reload()
+        else:
+            log_event(log, "sighup_ignored", reason="aclEnable is off: no ACL file to reload")
 
     def _housekeep(self) -> None:
         while not self._stop.wait(OFFSET_PERSIST_INTERVAL_S):
@@ -473,7 +497,8 @@ class Broker:
             except BrokerError:
                 return None
 
-        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0) as admin, \
+        with Admin(peers, timeout_ms=GROUP_PROBE_MS, retries=0,
+                   curve=self.security.peer_keys()) as admin, \
                 concurrent.futures.ThreadPoolExecutor(len(peers), "replog-probe") as pool:
             answers = list(pool.map(probe, peers))  # all at once: at most one timeout in all
         for address, doc in zip(peers, answers, strict=True):
@@ -497,6 +522,8 @@ class Broker:
             from common.broker.controller_metrics import ControllerCollector
 
             registry.register(ControllerCollector(self.controller.status, self.cfg.brokerName))
+        if self.security.enabled:
+            registry.register(SecurityCollector(self.security))
         server, _thread = prometheus_client.start_http_server(
             self.cfg.metricsPort, addr="0.0.0.0", registry=registry
         )
@@ -553,6 +580,7 @@ class Broker:
             deadLetters=dead_letters(store),
             controller=controller,
             fencedWrites=int(role_fields.get("fencedWrites", 0)),
+            security=self.security.status(),
             health={**self.server.participant_health(), **role_fields.get("health", {})},
         )
 

@@ -111,6 +111,7 @@ class Controller:
         self.call_timeout_s = self.session_s / CALL_TIMEOUT_FRACTION
         self.poll_s = cfg.controllerPollIntervalMs / 1000.0
         self.incarnation = secrets.token_hex(8)
+        self._digest = read_digest(cfg.controllerAuthFile) if cfg.controllerAuthFile else None
         self.stats = ControllerStats()
         self.lease = cc.Lease(cfg.controller_lease_ms)
         self._client_factory = client_factory
@@ -146,12 +147,20 @@ class Controller:
         from kazoo.retry import KazooRetry
 
         factory = self._client_factory or KazooClient
+        auth: dict[str, Any] = {}
+        if self._digest is not None:
+            from kazoo.security import make_digest_acl
+
+            user, password = self._digest
+            auth = {"auth_data": [("digest", f"{user}:{password}")],
+                    "default_acl": [make_digest_acl(user, password, all=True)]}
         self._zk = factory(
             hosts=self.hosts,
             timeout=self.session_s,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=1.5, max_delay=1.0),
             command_retry=None,
             logger=_kazoo_logger(self._on_negotiated),
+            **auth,
         )
         self._zk.add_listener(self._on_connection)
         self._thread = threading.Thread(target=self._run, name="replog-controller", daemon=True)
@@ -859,6 +868,26 @@ class Controller:
             self._call("delete", self.switchover_path, version=version)
         except (NoNodeError, BadVersionError):
             pass
+
+
+def read_digest(path: str) -> tuple[str, str]:
+    """``controllerAuthFile``: one line ``user:password`` (ZooKeeper's digest scheme), in a
+    file only its owner may read; ValueError naming the file otherwise (the broker refuses to
+    start)."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+        text = open(path, encoding="utf-8").read(4096).strip()  # noqa: SIM115 - read at once
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"controllerAuthFile {path}: cannot read it: {e}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"controllerAuthFile {path}: others may read it (chmod 600)")
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password or "\n" in text:
+        raise ValueError(f"controllerAuthFile {path}: expected one line user:password")
+    return user, password
 
 
 class _KazooLog(logging.Handler):

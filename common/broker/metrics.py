@@ -21,6 +21,9 @@ cannot share a family name): ``replog_requests`` -> ``replog_requests_total``, a
 ``store_deleted_segments``, ``config_sync_rounds``, ``config_sync_failures``,
 ``config_sync_changes``; ``replog_put_total`` and ``replog_get_total`` keep their names and
 become counters.
+With ``aclEnable``, ``SecurityCollector`` adds ``replog_handshake_total{port,result}``,
+``replog_authz_denied_total{port,op,reason}``, ``replog_acl_reload_total{result}``,
+``replog_acl_version`` and ``replog_acl_reload_failing``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from common.core.message import DLQ_PREFIX
 
 if TYPE_CHECKING:
     from common.broker.broker import BrokerStatus
+    from common.broker.security import Security
 
 
 # Status figures that only grow (counted since the broker started): exported as counters.
@@ -120,6 +124,45 @@ class ConsumerLagCollector:
         for group, n in sorted(dead_letters(self._store).items()):
             dead.add_metric([group], float(n))
         yield dead
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []
+
+
+class SecurityCollector:
+    """Prometheus collector of the security layer's counters (``common/broker/security.py``)."""
+
+    def __init__(self, security: Security):
+        self._security = security
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        sec = self._security
+        handshakes, denied = sec.audit.counts()
+        shakes = CounterMetricFamily("replog_handshake", "CURVE handshakes by port and result",
+                                     labels=["port", "result"])
+        for (port, result), n in sorted(handshakes.items()):
+            shakes.add_metric([port, result], float(n))
+        yield shakes
+        refusals = CounterMetricFamily("replog_authz_denied", "refused handshakes and requests",
+                                       labels=["port", "op", "reason"])
+        for (port, op, reason), n in sorted(denied.items()):
+            refusals.add_metric([port, op, reason], float(n))
+        yield refusals
+        if sec.acl is None:
+            return
+        reloads = CounterMetricFamily("replog_acl_reload", "ACL file reloads by result",
+                                      labels=["result"])
+        for result in ("ok", "error"):
+            reloads.add_metric([result], float(sec.acl.reloads[result]))
+        yield reloads
+        version = GaugeMetricFamily("replog_acl_version", "the version of the ACL in force")
+        version.add_metric([], float(sec.acl.current.version))
+        yield version
+        failing = GaugeMetricFamily("replog_acl_reload_failing",
+                                    "1 while the ACL file on disk is refused (the last good "
+                                    "one stays in force)")
+        failing.add_metric([], 1.0 if sec.acl.failing else 0.0)
+        yield failing
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []

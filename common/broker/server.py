@@ -49,6 +49,13 @@ Threads::
   it is logged at ERROR (``event=io_thread_died``), kept in ``failure``, and ``on_fatal`` (the
   broker) is told, which stops the process with a non-zero status: this thread owns the
   socket and every request in flight, so there is nothing to restart in place.
+* Security (``common/broker/security.py``, with ``aclEnable``): the ROUTER is a CURVE server
+  whose Context runs the ZAP authenticator, started on this thread before the bind. Each
+  request's first frame is read with ``copy=False`` for its ZAP User-Id (the client's public
+  key), which is mapped to its account in the ACL in force and checked against the request
+  code's rule (``common.format.acl.REQUEST_RULES``) before anything else looks at it; a refusal
+  is answered NO_PERMISSION, audited and counted. ROUTER_HANDOVER is off then: a peer claiming
+  another connection's routing id would otherwise take over its answers.
 """
 
 from __future__ import annotations
@@ -69,10 +76,12 @@ from common.broker.consumer_groups import ConsumerGroups
 from common.broker.loop import LoopParticipant, Participants
 from common.broker.mailbox import Mailbox
 from common.broker.replies import Answers, Deferred, LoopWaits, Reply, reply
+from common.broker.security import CLIENT_DOMAIN, HandshakeMonitor, Security, user_id
 from common.broker.server_stats import ServerStats
 from common.core.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
 from common.core.logs import log_event
 from common.core.message import tags_code
+from common.format.acl import SUB, Account, Denial, rule_for
 from common.format.protocol import (
     WRITE_CODES,
     Limits,
@@ -84,7 +93,7 @@ from common.format.protocol import (
     encode_response,
     error_response,
 )
-from common.format.zmq_frames import peer_address, readable, send_frames
+from common.format.zmq_frames import NOBLOCK, peer_address, readable, send_frames
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
@@ -92,6 +101,7 @@ CLOSE_LINGER_MS = 2000  # answers sent while draining get this long to leave on 
 DRAIN_GRACE_S = 0.3  # drained: connections stay open this long after the last answer
 PEER_CACHE = 4096  # connections whose address is remembered (oldest forgotten first)
 PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
+RCVMORE = int(zmq.RCVMORE)
 
 
 log = logging.getLogger("replog.server")
@@ -164,9 +174,13 @@ class _Wake:
 class RequestServer:
     """The ROUTER loop; ``start`` runs it on its own thread, ``drain``/``stop`` end it."""
 
-    def __init__(self, cfg: Any, services: Services, bind: str | None = None):
+    def __init__(self, cfg: Any, services: Services, bind: str | None = None,
+                 security: Security | None = None):
         self.cfg = cfg
         self.services = services
+        self.security = security if security is not None else Security()
+        self._caller: tuple[Account, str, zmq.Frame] | None = None  # the request being served
+        self._handshakes: HandshakeMonitor | None = None  # security on: counts handshakes
         self.limits = Limits.from_config(cfg)
         self.bind = bind or f"tcp://0.0.0.0:{cfg.listenPort}"
         self.stats = ServerStats()
@@ -250,25 +264,36 @@ class RequestServer:
     # -- the I/O thread ------------------------------------------------------------------------
     def _run(self) -> None:
         self._io_ident = threading.get_ident()
+        security = self.security
+        auth = None
+        sock = None
         try:
-            sock = self._ctx.socket(zmq.ROUTER)
+            auth = security.start_authenticator(self._ctx)  # before any bind in this Context
+            sock = security.server_socket(self._ctx, zmq.ROUTER, CLIENT_DOMAIN)
+            self._handshakes = security.handshake_monitor(sock, CLIENT_DOMAIN)
             sock.setsockopt(zmq.LINGER, 1000)
             sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
-            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 0 if security.enabled else 1)
             sock.setsockopt(zmq.SNDHWM, 100_000)
             sock.setsockopt(zmq.RCVHWM, 100_000)
             sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
-            sock.bind(self.bind)
-        except zmq.ZMQError as e:
+            security.bind(sock, self.bind)
+        except Exception as e:  # noqa: BLE001 - a bind error, a refused bind: start fails
             self._bind_error = OSError(f"cannot bind {self.bind}: {e}")
             self._participants.end()
             self._bound.set()
+            if self._handshakes is not None:
+                self._handshakes.close()
+            if sock is not None:
+                sock.close(linger=0)
+            if auth is not None:
+                auth.stop()
             self._ctx.term()
             return
         self._sock = sock
         self._bound.set()
-        log_event(log, "server_listening", bind=self.bind)
+        log_event(log, "server_listening", bind=self.bind, curve=security.enabled)
         try:
             self._loop(sock)
         except Exception as e:  # a bug in the loop: loud, and the broker exits (see above)
@@ -278,7 +303,11 @@ class RequestServer:
         finally:
             self._draining.set()  # nothing new is taken: the thread is gone
             self._participants.end()
+            if self._handshakes is not None:
+                self._handshakes.close()
             sock.close(linger=CLOSE_LINGER_MS)
+            if auth is not None:
+                auth.stop()
             self._ctx.term()
             self._mailbox.close()
             log_event(log, "server_stopped", inflight=self.stats.inflight)
@@ -290,6 +319,9 @@ class RequestServer:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._mailbox.fileno(), zmq.POLLIN)
+        handshakes = self._handshakes.socket if self._handshakes is not None else None
+        if handshakes is not None:
+            poller.register(handshakes, zmq.POLLIN)
         participants.begin(poller)
         while True:
             timeout = self._poll_timeout_ms()
@@ -300,6 +332,8 @@ class RequestServer:
             events = dict(poller.poll(timeout))
             if self._mailbox.fileno() in events:
                 self._handle_mailbox(sock)
+            if handshakes is not None and handshakes in events:
+                self._handshakes.drain()  # type: ignore[union-attr]
             if participants.polled:
                 participants.on_events(events)
                 self._poll_due(sock)  # e.g. acks read just now: answer the puts they cover
@@ -358,6 +392,9 @@ class RequestServer:
         return timeout
 
     def _receive(self, sock: zmq.Socket[bytes]) -> None:
+        if self.security.enabled:
+            self._receive_secure(sock)
+            return
         for _ in range(RECV_BURST):
             if not readable(sock):
                 return
@@ -380,16 +417,56 @@ class RequestServer:
                 del self._peers[next(iter(self._peers))]
         return host
 
+    def _receive_secure(self, sock: zmq.Socket[bytes]) -> None:
+        """As ``_receive``, the routing-id frame kept as a zmq.Frame: its metadata carry the
+        connection's ZAP User-Id and peer address."""
+        for _ in range(RECV_BURST):
+            if not readable(sock):
+                return
+            try:
+                head = sock.recv(NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            frames = []
+            while sock.getsockopt(RCVMORE):
+                frames.append(sock.recv(NOBLOCK))
+            if not frames:
+                continue  # no header: cannot be answered
+            self._serve(sock, head.bytes, frames, head)
+
     def _serve(self, sock: zmq.Socket[bytes], identity: bytes, frames: list[bytes],
-               first: zmq.Frame | None = None) -> None:
+               head: zmq.Frame | None = None) -> None:
         started = time.monotonic()
         self.stats.requests += 1
+        account: Account | None = None
+        user = ""
+        secure = head is not None and self.security.enabled
+        if secure:  # who is asking, in the ACL in force now
+            assert head is not None
+            user = user_id(head)
+            found = self.security.account_of(user, head)
+            if isinstance(found, Denial):
+                self._refuse(sock, identity, _opaque_of(frames, self.limits), user, head, found)
+                return
+            account = found
         try:
             req = decode_request(frames, self.limits)
         except ProtocolError as e:
+            if secure and account is not None and head is not None \
+                    and e.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                denial = account.may_admin("an unknown request code")
+                if denial is not None:
+                    self._refuse(sock, identity, e.opaque, user, head, denial)
+                    return
             self.stats.bad_requests += 1
             self._send(sock, identity, error_response(e))
             return
+        if secure and account is not None and head is not None:
+            denial = rule_for(req.code)(account, req.fields)
+            if denial is not None:
+                self._refuse(sock, identity, req.opaque, user, head, denial)
+                return
+            self._caller = (account, user, head)
         if self._draining.is_set():
             self._answer(
                 sock,
@@ -407,9 +484,20 @@ class RequestServer:
                 started,
             )
             return
-        if req.code in WRITE_CODES and first is not None:
-            req = req._replace(born_host=self._born_host(identity, first))
-        self._dispatch(sock, identity, req, started)
+        if req.code in WRITE_CODES and head is not None:
+            req = req._replace(born_host=self._born_host(identity, head))
+        try:
+            self._dispatch(sock, identity, req, started)
+        finally:
+            self._caller = None
+
+    def _refuse(self, sock: zmq.Socket[bytes], identity: bytes, opaque: int, user: str,
+                head: zmq.Frame, denial: Denial) -> None:
+        """NO_PERMISSION (not retriable), audited; nothing else runs for the request."""
+        self.stats.refused_permission += 1
+        remark = self.security.refused("client", user, head, denial)
+        self._send(sock, identity, encode_response(ResponseCode.NO_PERMISSION, opaque, remark,
+                                                   {"account": denial.account}))
 
     def _dispatch(
         self, sock: zmq.Socket[bytes], identity: bytes, req: Request, started: float
@@ -624,11 +712,29 @@ class RequestServer:
             found = self.services.store.message_by_msg_id(req.fields["msgId"])
         except ValueError as e:
             raise ProtocolError("msgId", str(e)) from None
-        return _messages_reply(req, [found] if found is not None else [], self.services.store)
+        return self._found_reply(req, [found] if found is not None else [])
 
     def _query_by_offset(self, req: Request) -> Response:
         found = self.services.store.message_by_offset(req.fields["phyOffset"])
-        return _messages_reply(req, [found] if found is not None else [], self.services.store)
+        return self._found_reply(req, [found] if found is not None else [])
+
+    def _found_reply(self, req: Request, found: list[Any]) -> Response:
+        """A look-up by msgId or offset may name any topic: with security on, the caller
+        needs SUB on the topic of what was found (``common.format.acl``)."""
+        caller = self._caller
+        if caller is not None:
+            account, user, head = caller
+            for msg in found:
+                denial = account.may_topic(msg.topic, SUB)
+                if denial is not None:
+                    self.stats.refused_permission += 1
+                    remark = self.security.refused("client", user, head, denial)
+                    return reply(req, ResponseCode.NO_PERMISSION, remark,
+                                 {"account": denial.account})
+        return _messages_reply(req, found, self.services.store)
+
+    def _acl_info(self, req: Request) -> Response:
+        return reply(req, fields=self.security.acl_info())
 
     def _consumer_heartbeat(self, req: Request) -> Response:
         f = req.fields
@@ -673,6 +779,7 @@ class RequestServer:
         RequestCode.GET_ALL_TOPIC_CONFIG: _config_document,
         RequestCode.GET_ALL_CONSUMER_OFFSET: _config_document,
         RequestCode.GET_ALL_DELAY_OFFSET: _config_document,
+        RequestCode.GET_BROKER_CLUSTER_ACL_INFO: _acl_info,
     }
 
     # -- pull and long polling -------------------------------------------------------------------
@@ -810,6 +917,14 @@ def _messages_reply(req: Request, found: list[Any], store: Any) -> Response:
     if not records:
         return reply(req, ResponseCode.QUERY_NOT_FOUND, "no message found")
     return reply(req, bodies=records)
+
+
+def _opaque_of(frames: list[bytes], limits: Limits) -> int:
+    """The opaque of a request refused before it was looked at (UNKNOWN_OPAQUE if none)."""
+    try:
+        return decode_request(frames, limits).opaque
+    except ProtocolError as e:
+        return e.opaque
 
 
 def _encode(resp: Response) -> list[bytes]:

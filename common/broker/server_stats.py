@@ -69,6 +69,7 @@ class ServerStats:
     requests: int = 0
     refused_busy: int = 0
     bad_requests: int = 0
+    refused_permission: int = 0  # NO_PERMISSION answers (common/broker/security.py)
     inflight: int = 0
     long_polls: int = 0
     wakes_inline: int = 0  # owners woken on the I/O thread itself (e.g. by an HA ack)
@@ -87,6 +88,7 @@ class ServerStats:
             "requests": self.requests,
             "refusedBusy": self.refused_busy,
             "badRequests": self.bad_requests,
+            "refusedPermission": self.refused_permission,
             "inflight": self.inflight,
             "longPolls": self.long_polls,
             "wakesInline": self.wakes_inline,

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from common.cli.output import EXIT_OK, UsageError, emit_json, key_value_table, out
+from common.cli.output import EXIT_OK, UsageError, curve_args, emit_json, key_value_table, out
 from common.client import Admin, Consumer
 from common.core.errors import BrokerError, ResponseCode
 
@@ -23,7 +23,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     names = _names(args.broker_names)
     if names is not None and args.create is None:
         raise UsageError("--broker-names goes with --create")
-    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+    with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
         if args.create is not None:
             before = admin.create_topic_on_groups(args.create, args.queues, names)
             doc: dict[str, Any] = {"topic": args.create, "queueNums": args.queues,
@@ -40,7 +40,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
         table = admin.route_table()
     multi = len(table.groups) > 1
     rows = []
-    with Consumer(args.servers, timeout_ms=args.timeout_ms) as consumer:
+    with Consumer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
         for name in sorted(layout):
             if args.topic and name != args.topic:
                 continue
@@ -93,7 +93,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
     """Every consumer group the masters know: live members, dead letters and, per topic, the
     committed offsets and the lag (``kafka-consumer-groups --describe``, RocketMQ's
     consumerProgress), over every broker group of the cluster; ``--group G`` shows one."""
-    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+    with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
         multi = len(admin.route_table().groups) > 1
         if multi:
             by_broker = admin.group_offsets_by_broker()
@@ -116,7 +116,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
                               + ("s" if multi else ""), False)
         names = [args.group]
     groups = []
-    with Consumer(args.servers, timeout_ms=args.timeout_ms) as consumer:
+    with Consumer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
         for name in names:
             per_topic: dict[str, list[dict[str, Any]]] = {}
             for broker, offsets in sorted(by_broker.items()):
@@ -154,7 +154,8 @@ def cmd_groups(args: argparse.Namespace) -> int:
 def cmd_cluster_status(args: argparse.Namespace) -> int:
     """``replog status --cluster``: every broker group of the cluster from any broker's
     CLUSTER_INFO (the controller's view of ZooKeeper), with each master's figures."""
-    with Admin(args.servers, timeout_ms=args.timeout_ms, retries=0) as admin:
+    with Admin(args.servers, timeout_ms=args.timeout_ms, retries=0,
+               **curve_args(args)) as admin:
         info = admin.cluster_info(admin.servers[0])
         for group in info["groups"]:
             master = group.get("master") or ""
@@ -187,7 +188,7 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     if getattr(args, "cluster", False):
         return cmd_cluster_status(args)
-    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+    with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
         status = admin.status(admin.servers[0])
     if args.json:
         emit_json(status)
@@ -264,7 +265,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     # a switchover (controller mode) waits up to switchoverTimeoutMs (10 s) and the new role
     # to start: the request is given at least PROMOTE_TIMEOUT_MS
     with Admin(args.servers, timeout_ms=max(args.timeout_ms, PROMOTE_TIMEOUT_MS),
-               retries=0) as admin:
+               retries=0, **curve_args(args)) as admin:
         status = admin.promote(admin.servers[0], role=args.role)
     if args.json:
         emit_json(status)

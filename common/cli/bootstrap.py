@@ -23,16 +23,18 @@ def make_role(role_name: str, broker: Any) -> Any:
         from slave.ha_client import build_slave_replication
         from slave.role import SlaveRole
 
-        ha_client = build_slave_replication(broker.cfg, broker.store)
+        keys = broker.security.peer_keys()  # None unless aclEnable
+        ha_client = build_slave_replication(broker.cfg, broker.store, curve=keys)
         sync = ConfigSync(broker.cfg.slaveConfigSyncIntervalMs, ha_client.master_address,
-                          broker.apply_master_document)
+                          broker.apply_master_document, curve=keys)
         return SlaveRole(broker.cfg, ha_client=ha_client, config_sync=sync)
     from master.ha_service import build_master_replication
     from master.role import MasterRole
 
     # the request server's I/O thread drives the HA socket itself (no thread hand-off per put)
     service, waiter = build_master_replication(
-        broker.cfg, broker.store, role_name, host=broker.server, sync_state=broker.controller
+        broker.cfg, broker.store, role_name, host=broker.server, sync_state=broker.controller,
+        security=broker.security,
     )
     return MasterRole(broker.cfg, broker.store, broker.topics, role_name, waiter, service,
                       write_gate=broker.write_refusal)

@@ -4,6 +4,11 @@ One group by default (``broker-a``: broker *i* on base port P + 10i, under ``<di
 With ``--groups N`` (controller mode) groups ``broker-a``, ``broker-b``, ... share one local
 ZooKeeper and one ``brokerClusterName``: group *g*'s broker *i* listens on P + 100g + 10i, under
 ``<dir>/broker-<letter>-<i>``; the first group's master keeps port P, ZooKeeper is on P + 90.
+
+``--secure`` (docs/security.md): under ``--dir``, ``keys/broker.key(_secret)`` (the group's key
+pair: every broker serves with it and pins it as its master's) and ``keys/admin.key(_secret)``
+(the CLI's), and ``acl.yml`` with an ``admin`` account and a ``replica`` account for the
+brokers; each is made only if missing, so a restarted cluster keeps its keys and an edited ACL.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from common.cli.zookeeper import Ensemble
 from common.client import Admin
 from common.core.config import KNOWN_KEYS, dump_yaml, load_config
 from common.core.errors import BrokerError
+from common.core.keys import load_public, new_key_pair
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
@@ -82,6 +88,7 @@ class LocalCluster:
         self, directory: Path, slaves: int = 2, mode: str = "sync", base_port: int = 10911,
         controller: bool = False, zk_port: int | None = None,
         session_ms: int = LOCAL_SESSION_MS, groups: int = 1,
+        secure: bool = False,
     ):
         if not 1 <= groups <= MAX_GROUPS:
             raise UsageError(f"--groups must be 1..{MAX_GROUPS}, not {groups}")
@@ -101,12 +108,43 @@ class LocalCluster:
             self.zookeeper = Ensemble(self.directory / "zookeeper", 1, ZK_TICK_MS,
                                       base_port=zk_port or base_port + ZK_PORT_OFFSET)
         self.session_ms = session_ms
-        self.children = [self._child(i, mode, g) for g in range(groups) for i in range(slaves + 1)]
+        self.secure = secure
+        self.keys_dir = self.directory / "keys"
+        self.acl_path = self.directory / "acl.yml"
+        if secure:
+            self._make_keys_and_acl()
+        self.children = [self._child(i, mode, g) for g in range(groups)
+                         for i in range(slaves + 1)]
 
     @property
     def controller_addr(self) -> str:
         assert self.zookeeper is not None
         return f"{self.zookeeper.hosts}/replog-local"
+
+    def _make_keys_and_acl(self) -> None:
+        for name in ("broker", "admin"):
+            if not (self.keys_dir / f"{name}.key_secret").exists():
+                new_key_pair(self.keys_dir, name)
+        if self.acl_path.exists():
+            return
+        broker = load_public(self.keys_dir / "broker.key").public.decode("ascii")
+        admin = load_public(self.keys_dir / "admin.key").public.decode("ascii")
+        self.acl_path.write_text(
+            "# replog cluster up --secure: who may do what (docs/security.md)\n"
+            "accounts:\n"
+            "  - accessKey: admin          # the CLI: every operation, every topic and group\n"
+            f'    curvePublicKey: "{admin}"\n'
+            "    admin: true\n"
+            "  - accessKey: broker         # the brokers: replication and config sync\n"
+            f'    curvePublicKey: "{broker}"\n'
+            "    replica: true\n")
+
+    def client_curve(self) -> dict[str, Any]:
+        """The CLI's ``key``/``server_key`` for this cluster ({} when it is plain)."""
+        if not self.secure:
+            return {}
+        return {"key": str(self.keys_dir / "admin.key_secret"),
+                "server_key": str(self.keys_dir / "broker.key")}
 
     def _child(self, index: int, mode: str, group: int = 0) -> ChildBroker:
         port = self.base_port + GROUP_PORT_STRIDE * group + 10 * index
@@ -140,12 +178,20 @@ class LocalCluster:
                 groupServers=",".join(f"127.0.0.1:{self.base_port + 10 * i}"
                                       for i in range(self.size) if i != index),
             )
+        fields.update(self._security_keys())
         cfg = load_config(None, (), env={}, **fields)
         child = ChildBroker(name, role, f"127.0.0.1:{port}", home / "broker.yaml",
                             home / "broker.log", group=group_name(group))
         child.config_path.parent.mkdir(parents=True, exist_ok=True)
         child.config_path.write_text(dump_yaml(cfg))
         return child
+
+    def _security_keys(self) -> dict[str, Any]:
+        if not self.secure:
+            return {}
+        return {"aclEnable": True, "aclFile": str(self.acl_path),
+                "curveSecretKeyFile": str(self.keys_dir / "broker.key_secret"),
+                "haMasterPublicKeyFile": str(self.keys_dir / "broker.key")}
 
     def start(self) -> None:
         if self.zookeeper is not None:
@@ -168,7 +214,8 @@ class LocalCluster:
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with Admin([c.address for c in self.children], timeout_ms=1000, retries=0) as admin:
+        with Admin([c.address for c in self.children], timeout_ms=1000, retries=0,
+                   **self.client_curve()) as admin:
             for child in self.children:
                 while True:
                     if child.process is not None and child.process.poll() is not None:
@@ -273,7 +320,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                          f"{GROUP_PORT_STRIDE})")
     cluster = LocalCluster(Path(args.dir), args.slaves, args.mode, args.base_port,
                            controller=not args.no_controller, zk_port=args.zk_port,
-                           session_ms=args.session_ms, groups=groups)
+                           session_ms=args.session_ms, groups=groups,
+                           secure=args.secure)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -295,6 +343,10 @@ def _announce(args: argparse.Namespace, cluster: LocalCluster) -> None:
         if cluster.zookeeper is not None:
             doc["zookeeper"] = [{"address": n.address, "pid": n.pid}
                                 for n in cluster.zookeeper.nodes]
+        if cluster.secure:
+            doc["acl"] = str(cluster.acl_path)
+            doc["keys"] = {"key": str(cluster.keys_dir / "admin.key_secret"),
+                           "serverKey": str(cluster.keys_dir / "broker.key")}
         emit_json(doc)
         return
     table = Table(title=f"replog cluster under {cluster.directory}")
@@ -319,12 +371,18 @@ def _announce(args: argparse.Namespace, cluster: LocalCluster) -> None:
     if cluster.groups > 1:
         out.print(f"{cluster.groups} broker groups share the cluster: `replog status --cluster "
                   f"-s {cluster.children[0].address}`, `replog topics --create T --queues 4`")
+    if cluster.secure:
+        curve = cluster.client_curve()
+        out.print(f"CURVE and ACL on ({cluster.acl_path}); the CLI needs its key:")
+        out.print(f"  export REPLOG_KEY={curve['key']} REPLOG_SERVER_KEY={curve['server_key']}",
+                  soft_wrap=True)
     out.print(f"try: replog status -s {cluster.children[0].address}   (Ctrl-C stops the cluster)")
 
 
 def _watch(args: argparse.Namespace, cluster: LocalCluster, stop: threading.Event) -> None:
     deadline = time.monotonic() + args.duration if args.duration else float("inf")
-    with Admin([c.address for c in cluster.children], timeout_ms=1000, retries=0) as admin:
+    with Admin([c.address for c in cluster.children], timeout_ms=1000, retries=0,
+               **cluster.client_curve()) as admin:
         while not stop.wait(min(1.0, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 break

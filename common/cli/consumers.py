@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-from common.cli.output import EXIT_OK, UsageError, emit_json, err, out
+from common.cli.output import EXIT_OK, UsageError, curve_args, emit_json, err, out
 from common.client import Consumer, Producer
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -39,7 +39,7 @@ def cmd_offsets(args: argparse.Namespace) -> int:
         raise UsageError("--reset needs --group G and --time T")
     timestamp = parse_time_ms(args.time) if args.time is not None else None
     with Consumer(args.servers, group=args.group or "replog-cli",
-                  timeout_ms=args.timeout_ms) as consumer:
+                  timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
         multi = len(consumer.route_table().groups) > 1
         queues: list[tuple[str | None, int]]
         if not multi:  # one broker group: its queue ids, as always
@@ -107,7 +107,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         raise UsageError("--offsets-file goes with --broadcasting")
     model = "broadcasting" if args.broadcasting else "clustering"
     with GroupConsumer(args.servers, args.group, topics, start=args.start,
-                       timeout_ms=args.timeout_ms, model=model,
+                       timeout_ms=args.timeout_ms, **curve_args(args), model=model,
                        offsets_path=args.offsets_file) as consumer:
         idle_until = time.monotonic() + args.idle_s
         try:
@@ -143,11 +143,13 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
     if args.max <= 0:
         raise UsageError("-n must be at least 1")
-    with Consumer(args.servers, group=args.group, timeout_ms=args.timeout_ms) as consumer:
+    with Consumer(args.servers, group=args.group, timeout_ms=args.timeout_ms,
+                  **curve_args(args)) as consumer:
         every = dead_letters.read_all(consumer, args.max)  # one per broker group holding some
         resent = 0
         if args.resend and any(x.messages for x in every):
-            with Producer(args.servers, timeout_ms=args.timeout_ms) as producer:
+            with Producer(args.servers, timeout_ms=args.timeout_ms,
+                          **curve_args(args)) as producer:
                 for letters in every:
                     resent += len(dead_letters.redrive(producer, consumer, letters))
     rows = [{**m.to_json(), "originTopic": m.properties.get("RETRY_TOPIC", m.topic),

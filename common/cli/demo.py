@@ -8,7 +8,9 @@ master answered a send, and restarts the old master, which rejoins as a slave.
 The cluster keeps running for ``REPLOG_DEMO_DURATION`` seconds (default 20; try
 ``replog status -s 127.0.0.1:10911`` meanwhile) and is stopped on time or on Ctrl-C.
 Environment: ``REPLOG_DEMO_DIR`` (default run/demo), ``REPLOG_DEMO_SLAVES`` (default 2),
-``REPLOG_DEMO_MODE`` (sync | async, default sync), ``REPLOG_DEMO_BASE_PORT`` (default 10911).
+``REPLOG_DEMO_MODE`` (sync | async, default sync), ``REPLOG_DEMO_BASE_PORT`` (default 10911),
+``REPLOG_DEMO_SECURE=1``: CURVE and an ACL, as ``replog cluster up --secure`` (keys and
+acl.yml under the demo's directory; the workload runs as its admin account).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -40,7 +43,7 @@ def _env_int(name: str, default: int) -> int:
 
 def wait_for_master(cluster: LocalCluster, servers: list[str]) -> None:
     started = time.monotonic()
-    with Admin(servers, timeout_ms=2000, retries=0) as admin:
+    with Admin(servers, timeout_ms=2000, retries=0, **cluster.client_curve()) as admin:
         while time.monotonic() - started < 30:
             master = cluster.master(admin)
             if master is not None:
@@ -52,10 +55,11 @@ def wait_for_master(cluster: LocalCluster, servers: list[str]) -> None:
             time.sleep(0.1)
 
 
-def workload(servers: list[str]) -> None:
-    with Admin(servers, timeout_ms=5000) as a:
+def workload(servers: list[str], **curve: Any) -> None:
+    """``curve``: the clients' ``key``/``server_key`` (a secure cluster)."""
+    with Admin(servers, timeout_ms=5000, **curve) as a:
         master = a.master_address()
-    with Producer(servers) as p:
+    with Producer(servers, **curve) as p:
         r = p.send("demo-orders", b"order 42: 3 apples", tags="TagA", keys="order-42")
         console.print(
             f"[bold]send[/] -> {r.status.value} msgId={r.msg_id} queue={r.queue_id} "
@@ -71,7 +75,7 @@ def workload(servers: list[str]) -> None:
         futures = [p.send_async("demo-orders", f"async {i}".encode()) for i in range(200)]
         statuses = {f.result(30).status.value for f in futures}
         console.print(f"[bold]send_async[/] x200 -> {sorted(statuses)}")
-    with Consumer(servers, group="demo-billing") as c:
+    with Consumer(servers, group="demo-billing", **curve) as c:
         pr = c.pull("demo-orders", queue_id=r.queue_id, offset=0, max_nums=4)
         console.print(
             f"[bold]pull[/] queue {r.queue_id} -> {pr.status.value}, "
@@ -84,7 +88,7 @@ def workload(servers: list[str]) -> None:
             f"[bold]commit_offset[/] -> group demo-billing at "
             f"{c.fetch_offset('demo-orders', r.queue_id)}"
         )
-    with Admin(servers) as a:
+    with Admin(servers, **curve) as a:
         found = a.query_by_key("demo-orders", "order-42", address=master)
         console.print(f"[bold]query[/] key order-42 -> {[m.msg_id for m in found]}")
         by_id = a.query_by_msg_id(r.msg_id, address=master)
@@ -101,7 +105,8 @@ def workload(servers: list[str]) -> None:
 def failover(cluster: LocalCluster, servers: list[str]) -> None:
     """Kill the master with SIGKILL, time the first SEND_OK after it, restart the old master
     and show it rejoin as a slave: the controller does it all (no `replog promote`)."""
-    with Admin(servers, timeout_ms=2000, retries=0) as admin:
+    curve = cluster.client_curve()
+    with Admin(servers, timeout_ms=2000, retries=0, **curve) as admin:
         master = cluster.master(admin)
         if master is None or master.process is None:
             console.print("[red]no master to kill[/]")
@@ -111,7 +116,7 @@ def failover(cluster: LocalCluster, servers: list[str]) -> None:
         os.kill(master.process.pid, signal.SIGKILL)
         master.process.wait(10)
         killed = time.monotonic()
-        with Producer(servers, timeout_ms=30_000) as p:
+        with Producer(servers, timeout_ms=30_000, **curve) as p:
             r = p.send("demo-orders", b"after the failover")
         took = time.monotonic() - killed
         new = cluster.master(admin)
@@ -145,6 +150,7 @@ def main() -> int:
         mode=os.environ.get("REPLOG_DEMO_MODE", "sync"),
         base_port=_env_int("REPLOG_DEMO_BASE_PORT", 10911),
         controller=not problem,
+        secure=os.environ.get("REPLOG_DEMO_SECURE", "") not in ("", "0"),
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -156,10 +162,12 @@ def main() -> int:
             for child in c.children:
                 pid = child.process.pid if child.process else "?"
                 console.print(f"  {child.name:<9} {child.role:<12} {child.address}  pid {pid}")
+            if c.secure:
+                console.print(f"  CURVE and ACL on: {c.acl_path}, keys under {c.keys_dir}")
             try:
                 if cluster.controller:
                     wait_for_master(cluster, servers)
-                workload(servers)
+                workload(servers, **c.client_curve())
                 if cluster.controller:
                     failover(cluster, servers)
             except BrokerError as e:

@@ -15,14 +15,19 @@
     replog groups [--group G]   (an extension)
     replog status [--cluster]
     replog promote
+    replog keys new NAME [-d DIR]   (a CURVE key pair: NAME.key, NAME.key_secret)
+    replog acl [--check FILE]   (the ACL in force, admin; or check a file here)
 
-Client commands take ``-s/--servers host:port[,...]`` and ``--json`` (one JSON document on
-stdout). Exit status: 0 success, 1 refused or failed (the outcome is still printed), 2 bad usage.
+Client commands take ``-s/--servers host:port[,...]``, ``--json`` (one JSON document on
+stdout) and, for brokers with ``aclEnable``, ``--key KEY_SECRET --server-key KEY`` (or
+REPLOG_KEY and REPLOG_SERVER_KEY; docs/security.md; ``query``, whose ``--key`` is a message
+key, takes ``--key-file``). Exit status: 0 success, 1 refused or
+failed (the outcome is still printed), 2 bad usage.
 
 The commands live one family a module: ``messages`` (send, pull, query), ``consumers``
 (offsets, consume, dlq), ``admin`` (topics, groups, status, promote), ``cluster`` (cluster up),
-and ``bootstrap`` (broker: the composition root, the one module that imports ``master/`` and
-``slave/``). Output helpers and exit codes: ``output``.
+``security`` (keys, acl) and ``bootstrap`` (broker: the composition root, the one module that
+imports ``master/`` and ``slave/``). Output helpers and exit codes: ``output``.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common.cli import admin, cluster, consumers, messages
+from common.cli import admin, cluster, consumers, messages, security
 from common.cli.bootstrap import run_broker
 from common.cli.output import (
     EXIT_FAILED,
@@ -78,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zk-port", type=int, help="the local ZooKeeper's port (base port + 90)")
     p.add_argument("--session-ms", type=int, default=4000,
                    help="controller session timeout of the local group (default %(default)s)")
+    p.add_argument("--secure", action="store_true",
+                   help="CURVE and an ACL: keys and acl.yml made under --dir")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("keys", help="make a CURVE key pair")
+    p.add_argument("action", choices=["new"])
+    p.add_argument("name")
+    p.add_argument("-d", "--dir", default=".", help="where NAME.key and NAME.key_secret go")
     p.add_argument("--json", action="store_true")
 
     p = _client(sub, "send", "produce messages")
@@ -152,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _client(sub, "groups", "consumer groups: members, lag per topic, dead letters")
     p.add_argument("--group", help="only this group")
 
+    p = _client(sub, "acl", "the ACL a broker has in force (admin); --check FILE checks one")
+    p.add_argument("--check", metavar="FILE", help="parse FILE here, as a broker would")
+
     p = _client(sub, "status", "one broker's state (--cluster: every broker group's)")
     p.add_argument("--cluster", action="store_true",
                    help="every broker group of the cluster: master, epoch, set, topics")
@@ -168,6 +184,14 @@ def _client(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     p.add_argument("-s", "--servers", default=DEFAULT_SERVERS, type=_servers_arg)
     p.add_argument("--json", action="store_true")
     p.add_argument("--timeout-ms", type=int, default=10_000)
+    # ``replog query --key K`` is a message key: there the CURVE key is --key-file only
+    names = ("--key-file",) if name == "query" else ("--key", "--key-file")
+    p.add_argument(*names, dest="curve_key", default=os.environ.get("REPLOG_KEY"),
+                   metavar="KEY_SECRET",
+                   help="CURVE: this client's .key_secret file (env REPLOG_KEY)")
+    p.add_argument("--server-key", default=os.environ.get("REPLOG_SERVER_KEY"),
+                   metavar="KEY", help="CURVE: the brokers' public .key file, or "
+                   "host:port=KEY,... one per broker (env REPLOG_SERVER_KEY)")
     return p
 
 
@@ -184,6 +208,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "promote": admin.cmd_promote,
     "controller": admin.cmd_controller,
     "cluster": cluster.cmd_cluster,
+    "keys": security.cmd_keys,
+    "acl": security.cmd_acl,
 }
 
 

@@ -10,6 +10,7 @@ from common.cli.output import (
     EXIT_FAILED,
     EXIT_OK,
     UsageError,
+    curve_args,
     emit_json,
     err,
     key_value_table,
@@ -30,7 +31,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         raise UsageError("give --queue or --shard-key, not both")
     if args.compress_over < 0:
         raise UsageError("--compress-over BYTES must be >= 0 (0: never compress)")
-    with Producer(args.servers, timeout_ms=args.timeout_ms,
+    with Producer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args),
                   compress_over_bytes=args.compress_over or None) as producer:
         if args.count is None:
             body = (
@@ -116,7 +117,8 @@ def _print_sends(args: argparse.Namespace, results: list[SendResult], single: bo
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    with Consumer(args.servers, group=args.group, timeout_ms=args.timeout_ms) as consumer:
+    with Consumer(args.servers, group=args.group, timeout_ms=args.timeout_ms,
+                  **curve_args(args)) as consumer:
         offset = args.offset
         if offset is None:
             committed = consumer.fetch_offset(args.topic, args.queue,
@@ -140,7 +142,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     modes = [args.key is not None, args.msg_id is not None, args.offset is not None]
     if sum(modes) != 1 or (args.key is not None and not args.topic):
         raise UsageError("give exactly one of --topic T --key K, --msg-id ID or --offset PHYOFFSET")
-    with Admin(args.servers, timeout_ms=args.timeout_ms) as admin:
+    with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
         if args.key is not None:
             found = admin.query_by_key(args.topic, args.key, args.max)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.core.errors import BrokerError
+from common.core.keys import KeyFileError, parse_server_keys
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -26,6 +28,18 @@ class UsageError(Exception):
 def emit_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, default=str) + "\n")
     sys.stdout.flush()
+
+
+def curve_args(args: argparse.Namespace) -> dict[str, Any]:
+    """A client command's ``--key`` / ``--server-key`` (or REPLOG_KEY / REPLOG_SERVER_KEY) as
+    the clients' ``key`` / ``server_key`` arguments (docs/security.md)."""
+    server_key: Any = args.server_key
+    if server_key:
+        try:
+            server_key = parse_server_keys(server_key)
+        except KeyFileError as e:
+            raise UsageError(str(e)) from None
+    return {"key": args.curve_key or None, "server_key": server_key or None}
 
 
 def error_doc(e: BrokerError) -> dict[str, Any]:

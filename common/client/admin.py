@@ -109,6 +109,15 @@ class Admin(ClientBase):
         self._routes.invalidate()
         return before
 
+    def acl_info(self, address: str | None = None) -> dict[str, Any]:
+        """The ACL a broker has in force (GET_BROKER_CLUSTER_ACL_INFO, admin accounts only):
+        version, sha256, reload error, accounts without their keys (docs/security.md)."""
+        resp = self._cluster.request(address or self.servers[0],
+                                     RequestCode.GET_BROKER_CLUSTER_ACL_INFO, {})
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        return dict(resp.fields)
+
     def topics(self) -> dict[str, int]:
         """Every topic of the cluster with its queue count over all groups (one group: its
         master's topics.json; RocketMQ's topicList, Kafka's listTopics). Topics are made on

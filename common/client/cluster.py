@@ -4,15 +4,17 @@ and retry loop every client shares."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from common.client.results import ClientTimeoutError, NoMasterError
 from common.client.transport import DEFAULT_TIMEOUT_MS, DEGRADED_CODES, Transport
 from common.core.config import split_addresses
 from common.core.errors import BrokerError, ResponseCode
+from common.core.keys import ClientKeys, KeyFileError, client_keys
 from common.format.protocol import (
     RequestCode,
     Response,
@@ -196,6 +198,7 @@ class Cluster:
         named_epoch = 0  # the epoch a controller names (slaves in controller mode say it)
         first_master = last_answer = None
         slaves: list[str] = []
+        refused: BrokerError | None = None  # e.g. this client's key refused (NO_PERMISSION)
         while pending:
             now = time.monotonic()
             limit = deadline
@@ -210,9 +213,14 @@ class Cluster:
             for fut in done:
                 address = pending.pop(fut)
                 try:
-                    status = fut.result().fields
-                except BrokerError:
+                    resp = fut.result()
+                except BrokerError as e:
+                    refused = refused or (None if e.retriable else e)
                     continue
+                if resp.code == ResponseCode.NO_PERMISSION:
+                    refused = refused or BrokerError(resp.code, resp.remark)
+                    continue
+                status = resp.fields
                 last_answer = time.monotonic()
                 role = status.get("role")
                 epoch = _int(status.get("epoch"))
@@ -233,6 +241,8 @@ class Cluster:
             if best is None:
                 self._no_master_at = time.monotonic()
         if best is None:
+            if refused is not None:  # waiting for a master would not help: say why now
+                raise refused
             raise NoMasterError(self.known_servers())
         return best[1]
 
@@ -304,7 +314,12 @@ def _is_address(text: str) -> bool:
 
 
 class ClientBase:
-    """Shared lifecycle: one Transport and one cluster view per client object."""
+    """Shared lifecycle: one Transport and one cluster view per client object.
+
+    CURVE (``docs/security.md``): ``key`` is this client's ``.key_secret`` file and
+    ``server_key`` the brokers' public ``.key`` (or a mapping ``host:port`` -> ``.key`` when each
+    broker has its own key pair); ``curve`` gives the same already loaded. A bad key file raises
+    BrokerError BAD_REQUEST naming it, before anything connects."""
 
     def __init__(
         self,
@@ -312,12 +327,22 @@ class ClientBase:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         retries: int = 2,
         route_ttl_ms: int = ROUTE_TTL_MS,
+        key: str | os.PathLike[str] | None = None,
+        server_key: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+        curve: ClientKeys | None = None,
         **transport_args: Any,
     ):
         self.servers = parse_servers(servers)
         self.timeout_ms = timeout_ms
         self.retries = retries
-        self._transport = Transport(name=type(self).__name__, **transport_args)
+        if curve is None:
+            try:
+                curve = client_keys(key, server_key)
+            except KeyFileError as e:
+                raise BrokerError(ResponseCode.BAD_REQUEST, str(e), False) from None
+        elif key is not None or server_key is not None:
+            raise ValueError("give key and server_key, or curve, not both")
+        self._transport = Transport(name=type(self).__name__, curve=curve, **transport_args)
         self._cluster = Cluster(self._transport, self.servers, timeout_ms, route_ttl_ms)
         self._closed = threading.Event()
         from common.client.routes import Routes  # routes.py builds on this module

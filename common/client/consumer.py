@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common.client.cluster import ClientBase, Cluster
@@ -18,6 +19,7 @@ from common.client.routes import one_group_of, unknown_group
 from common.client.routing import MessageQueue, RouteTable
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS
 from common.core.errors import BrokerError, ResponseCode
+from common.core.keys import ClientKeys
 from common.core.message import (
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_ORIGIN_MESSAGE_ID,
@@ -46,14 +48,19 @@ class Consumer(ClientBase):
         retries: int = 2,
         read_from: str | None = None,
         spin_us: int = DEFAULT_SPIN_US,
+        key: str | os.PathLike[str] | None = None,
+        server_key: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+        curve: ClientKeys | None = None,
     ):
         """``read_from``: where pulls and offset reads go. None or "master": the master, and a
         slave of the group while no master answers (RocketMQ 4.x consumers do so during a
         failover); "slave": the slaves in turn, the master when none answers; an address:
         that broker only. Offset commits always go to the master; one made while no master
         answers is kept here and sent with the next one that reaches a master (``close``
-        tries too), so a failover loses none of them."""
-        super().__init__(servers, timeout_ms, retries, spin_us=spin_us)
+        tries too), so a failover loses none of them.
+        ``key``, ``server_key``, ``curve``: CURVE (``ClientBase``, docs/security.md)."""
+        super().__init__(servers, timeout_ms, retries, key=key, server_key=server_key,
+                         curve=curve, spin_us=spin_us)
         self.group = group
         self.read_from = read_from
         # (topic, queue_id[, group]) -> (offset, client id): the group is there over several

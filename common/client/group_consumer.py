@@ -86,7 +86,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -184,7 +184,10 @@ class GroupConsumer:
                  auto_commit: bool = True,
                  on_assigned: Callable[[list[Queue]], object] | None = None,
                  on_revoked: Callable[[list[Queue]], object] | None = None,
-                 model: str = "clustering", offsets_path: str | Path | None = None):
+                 model: str = "clustering", offsets_path: str | Path | None = None,
+                 key: str | os.PathLike[str] | None = None,
+                 server_key: str | os.PathLike[str] | Mapping[str, Any] | None = None):
+        """``key``/``server_key``: CURVE, as for ``Consumer`` (docs/security.md)."""
         if start not in STARTS:
             raise ValueError(f"start must be one of {STARTS}, not {start!r}")
         if model not in MODELS:
@@ -217,7 +220,8 @@ class GroupConsumer:
         self.max_messages = max_messages
         self.client_id = client_id or (
             f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}")
-        self._consumer = Consumer(servers, group=group, timeout_ms=timeout_ms)
+        self._consumer = Consumer(servers, group=group, timeout_ms=timeout_ms, key=key,
+                                  server_key=server_key)
         self._lock = threading.Lock()
         # members (per broker group: None with one group), every queue (sorted)
         self._view: tuple[dict[str | None, list[str]], list[Queue]] = ({}, [])

@@ -6,9 +6,10 @@ from __future__ import annotations
 import concurrent.futures
 import heapq
 import itertools
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from common.client.cluster import (
@@ -31,6 +32,7 @@ from common.client.routing import MessageQueue, RouteTable, queue_for_key
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS, AsyncItem
 from common.core.errors import BrokerError, ResponseCode, SendStatus
 from common.core.futures import LightFuture
+from common.core.keys import ClientKeys
 from common.core.message import (
     DEFAULT_COMPRESS_LEVEL,
     DEFAULT_COMPRESS_OVER_BYTES,
@@ -165,11 +167,15 @@ class Producer(ClientBase):
         route_ttl_ms: int = ROUTE_TTL_MS,
         compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER_BYTES,
         compress_level: int = DEFAULT_COMPRESS_LEVEL,
+        key: str | os.PathLike[str] | None = None,
+        server_key: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+        curve: ClientKeys | None = None,
     ):
         """``compress_over_bytes``: a body of at least this many bytes is sent and stored
         zlib-deflated with the COMPRESSED sysflag, when that makes it smaller (RocketMQ's
         ``compressMsgBodyOverHowmuch``, 4 KiB, and ``zipCompressLevel``, 5); consumers get
-        it back inflated. None turns it off. ``max_message_size`` bounds the body as given."""
+        it back inflated. None turns it off. ``max_message_size`` bounds the body as given.
+        ``key``, ``server_key``, ``curve``: CURVE (``ClientBase``, docs/security.md)."""
         if not 0 <= compress_level <= 9:
             raise ValueError(f"compress_level {compress_level} is not 0..9")
         if compress_over_bytes is not None and compress_over_bytes < 1:
@@ -179,6 +185,9 @@ class Producer(ClientBase):
             timeout_ms,
             retries,
             route_ttl_ms,
+            key=key,
+            server_key=server_key,
+            curve=curve,
             spin_us=spin_us,
             batch_size=batch_size,
             linger_ms=linger_ms,

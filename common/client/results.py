@@ -64,6 +64,31 @@ class ConnectionLostError(ClientTimeoutError):
         self.address = address
 
 
+class HandshakeError(BrokerError):
+    """The CURVE handshake with ``address`` failed. Refused by the broker's ZAP (its ACL does not
+    admit this client's key, or the account is disabled or not allowed from here):
+    NO_PERMISSION, not retriable. Cut or garbled (the broker's key is not the pinned
+    ``server_key``, or it runs without CURVE): SYSTEM_ERROR, retriable (also what a broker
+    stopping mid-handshake looks like)."""
+
+    def __init__(self, address: str, refused: bool, detail: str):
+        if refused:
+            super().__init__(
+                ResponseCode.NO_PERMISSION,
+                f"{address} refused this client's key at the CURVE handshake ({detail}): the "
+                "broker's ACL holds no enabled account with it (or not from this address)",
+                False,
+            )
+        else:
+            super().__init__(
+                ResponseCode.SYSTEM_ERROR,
+                f"CURVE handshake with {address} failed ({detail}): is server_key that "
+                "broker's public key, and does it run with aclEnable?",
+                True,
+            )
+        self.address = address
+
+
 class NoMasterError(BrokerError):
     """No broker of the group answers as master (SERVICE_NOT_AVAILABLE, retriable). While a
     master restarts or a slave is being promoted, sends wait for one up to their ``timeout_ms``

@@ -177,6 +177,7 @@ class Routes:
                    for a in addresses}
         deadline = time.monotonic() + timeout / 1000.0
         problem = ""
+        refused: BrokerError | None = None  # e.g. this client's key refused (NO_PERMISSION)
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -190,12 +191,19 @@ class Routes:
                     if not resp.ok:
                         raise BrokerError(resp.code, resp.remark)
                     table = RouteTable.from_cluster_info(parse_cluster_info(resp))
-                except (BrokerError, RouteError) as e:
+                except BrokerError as e:
+                    problem = f"{address}: {e}"
+                    if not e.retriable or e.code == ResponseCode.NO_PERMISSION:
+                        refused = refused or e
+                    continue
+                except RouteError as e:
                     problem = f"{address}: {e}"
                     continue
                 if table.groups:
                     return table
                 problem = f"{address} knows no broker group yet"
+        if refused is not None:  # waiting would not help: say why now
+            raise refused
         # nothing to route by yet: waited for like a master (NoMasterError, retriable)
         raise NoMasterError(addresses, detail=f"no route table; {problem or 'no answer'}")
 

@@ -48,12 +48,14 @@ from zmq.utils.monitor import recv_monitor_message
 from common.client.results import (
     ClientTimeoutError,
     ConnectionLostError,
+    HandshakeError,
     SendResult,
     pack_bodies,
     send_results,
 )
 from common.core.errors import BrokerError, ResponseCode
 from common.core.futures import LightFuture
+from common.core.keys import ClientKeys
 from common.format.protocol import (
     Limits,
     ProtocolError,
@@ -78,6 +80,22 @@ IO_CALL_GRACE_S = 5.0  # a blocking call carried by the I/O thread: its own dead
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
 # Answers meaning "stored, but no slave confirmed it": a reason to ask the group again who leads.
 DEGRADED_CODES = frozenset({ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE})
+# With CURVE, a socket's monitor also reports failed handshakes (a refused key, a wrong server key)
+_HANDSHAKE_FAILURES = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol error",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "cut",
+}
+_CURVE_EVENTS = int(zmq.EVENT_DISCONNECTED)
+for _event in _HANDSHAKE_FAILURES:
+    _CURVE_EVENTS |= int(_event)
+
+
+def _handshake_error(address: str, event: Any) -> HandshakeError:
+    kind = event["event"]
+    refused = kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    detail = f"ZAP status {event['value']}" if refused else _HANDSHAKE_FAILURES[kind]
+    return HandshakeError(address, refused, detail)
 
 log = logging.getLogger("replog.client")
 
@@ -192,7 +210,8 @@ class _Settled:
 
 
 def new_dealer(
-    ctx: zmq.Context[zmq.Socket[bytes]], address: str, blocking_call: bool = False
+    ctx: zmq.Context[zmq.Socket[bytes]], address: str, blocking_call: bool = False,
+    curve: ClientKeys | None = None,
 ) -> zmq.Socket[bytes]:
     """A DEALER to ``address``.
 
@@ -204,8 +223,15 @@ def new_dealer(
     one call at a time) has neither: it keeps such an answer, and ``call_sync`` closes it when
     its call times out, so no stale request outlives the call either. Without heartbeats it
     also stays out of the libzmq assertions on heartbeat timers (libzmq issues 3596, 3937).
+    ``curve``: a CURVE client pinning the broker's key (``docs/security.md``).
     """
     sock = ctx.socket(zmq.DEALER)
+    if curve is not None:
+        try:
+            curve.apply(sock, address)
+        except BaseException:
+            sock.close(linger=0)
+            raise
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IMMEDIATE, 0 if blocking_call else 1)
     sock.setsockopt(zmq.SNDHWM, 0)
@@ -234,7 +260,10 @@ class Transport:
         batch_timeout_ms: int = DEFAULT_TIMEOUT_MS,
         spin_us: int = DEFAULT_SPIN_US,
         max_direct_sockets: int = MAX_DIRECT_SOCKETS,
+        curve: ClientKeys | None = None,
     ):
+        self._curve = curve
+        self._monitor_events = _CURVE_EVENTS if curve is not None else zmq.EVENT_DISCONNECTED
         self._batch_timeout_ms = batch_timeout_ms
         self._spin_s = max(0, spin_us) / 1e6
         self._rtt_s = 0.0  # moving average of call_sync round trips
@@ -311,7 +340,13 @@ class Transport:
         sock = self._direct_socket(address)
         if sock is None:  # as many blocking-call sockets as allowed: the I/O thread carries it
             return self._call_through_io(address, code, fields, bodies, timeout_ms)
-        self._connection_dropped(sock)  # forget drops before this request: it was not on them
+        # forget drops before this request: it was not on them; after a failed handshake,
+        # try a new connection (libzmq may not retry one a broker's ZAP refused)
+        if isinstance(self._connection_dropped(sock, address), HandshakeError):
+            self._drop_direct_socket(address, sock)
+            sock = self._direct_socket(address)
+            if sock is None:
+                return self._call_through_io(address, code, fields, bodies, timeout_ms)
         opaque = next(self._opaques)
         started = time.monotonic()
         deadline = started + timeout_ms / 1000.0
@@ -330,10 +365,13 @@ class Transport:
                 self._drop_direct_socket(address, sock)
                 raise ClientTimeoutError(address, timeout_ms)
             if not sock.poll(min(left_ms, LOST_CHECK_MS)):
-                if self._connection_dropped(sock) or (
-                        self._is_down(sock) and time.monotonic() - started > DOWN_WAIT_S):
+                lost = self._connection_dropped(sock, address)
+                if not lost and self._is_down(sock) and time.monotonic() - started > DOWN_WAIT_S:
+                    lost = True
+                if lost:
                     self._drop_direct_socket(address, sock)
-                    raise ConnectionLostError(address)
+                    raise lost if isinstance(lost, HandshakeError) else \
+                        ConnectionLostError(address)
                 continue
             try:
                 resp = decode_response(sock.recv_multipart(), CLIENT_LIMITS)
@@ -396,8 +434,8 @@ class Transport:
                 self._reap_direct_locked()
                 if len(self._direct) >= self._max_direct:
                     return None
-                sock = new_dealer(self._ctx, address, blocking_call=True)
-                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED
+                sock = new_dealer(self._ctx, address, blocking_call=True, curve=self._curve)
+                monitor = sock.get_monitor_socket(self._monitor_events
                                                   | zmq.EVENT_HANDSHAKE_SUCCEEDED)
                 self._direct[sock] = weakref.ref(threading.current_thread())
                 self._direct_monitors[sock] = monitor
@@ -416,15 +454,17 @@ class Transport:
             self._close_direct(sock)
         return len(dead)
 
-    def _connection_dropped(self, sock: zmq.Socket[bytes]) -> bool:
-        """Whether the calling thread's socket ``sock`` lost a connection since last asked.
+    def _connection_dropped(self, sock: zmq.Socket[bytes],
+                            address: str) -> bool | HandshakeError:
+        """Whether the calling thread's socket ``sock`` lost a connection since last asked
+        (with CURVE: the HandshakeError of a failed handshake, which outranks a drop).
 
         Checked while a blocking call waits (every LOST_CHECK_MS): an answer cannot come over
         a new connection to a request sent on a dropped one (the broker's ROUTER knew the
         peer by that connection), so the call ends with ConnectionLostError rather than at
         its deadline and is retried at once, e.g. on the master found again."""
         monitor = self._local.monitors.get(sock)
-        dropped = False
+        dropped: bool | HandshakeError = False
         # the common case (no event) costs one getsockopt, not a raised zmq.Again: this also
         # runs before every blocking request (1.8 against 3.4 us a call here)
         while monitor is not None and monitor.getsockopt(zmq.EVENTS) & POLLIN:
@@ -432,8 +472,11 @@ class Transport:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 break
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                dropped = True
+            if event["event"] in _HANDSHAKE_FAILURES:
+                dropped = _handshake_error(address, event)
+                self._down(sock, True)
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                dropped = dropped or True
                 self._down(sock, True)
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._down(sock, False)
@@ -647,8 +690,8 @@ class Transport:
     def _socket(self, address: str) -> zmq.Socket[bytes]:
         sock = self._sockets.get(address)
         if sock is None:
-            sock = new_dealer(self._ctx, address)
-            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            sock = new_dealer(self._ctx, address, curve=self._curve)
+            monitor = sock.get_monitor_socket(self._monitor_events)
             self._sockets[address] = sock
             self._addresses[sock] = address
             self._monitors[monitor] = address
@@ -671,14 +714,31 @@ class Transport:
 
     def _on_monitor(self, monitor: zmq.Socket[bytes]) -> None:
         lost = False
+        failed: HandshakeError | None = None
+        address = self._monitors[monitor]
         while True:
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 break
+            if event["event"] in _HANDSHAKE_FAILURES:
+                failed = _handshake_error(address, event)
             lost = lost or event["event"] == zmq.EVENT_DISCONNECTED
-        if lost:
-            self._connection_lost(self._monitors[monitor])
+        if failed is not None:
+            self._handshake_failed(address, failed)
+        elif lost:
+            self._connection_lost(address)
+
+    def _handshake_failed(self, address: str, err: HandshakeError) -> None:
+        """No request to ``address`` can go through: fail them all now (sent or waiting in
+        the backlog) with ``err``; the next call makes a new socket, hence a new attempt."""
+        self._close_socket(address)
+        self._backlog.pop(address, None)  # its calls are pending too: failed below
+        calls = [c for c in self._pending.values() if c.address == address]
+        for call in calls:
+            del self._pending[call.opaque]
+        for call in calls:
+            self._finish(call, err)
 
     def _connection_lost(self, address: str) -> None:
         """The connection to ``address`` dropped: every request sent on it is unanswerable.

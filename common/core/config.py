@@ -88,6 +88,9 @@ class BrokerConfig:
     haMaxTimeSlaveNotCatchup: int = 15_000  # a slave behind this long leaves the SyncStateSet
     brokerElectionPriority: int = 2**31 - 1  # lower wins among equals (RocketMQ's default)
     switchoverTimeoutMs: int = 10_000  # replog: a planned handover waits this long at most
+    # replog: a file holding "user:password": ZooKeeper digest auth for the controller, and an
+    # ACL on every znode it creates (only that identity reads or changes them); "": none
+    controllerAuthFile: str = ""
     # retention
     fileReservedTime: int = 72
     deleteWhen: str = "04"
@@ -106,6 +109,15 @@ class BrokerConfig:
     maxInflightRequests: int = 10_000
     maxFrameBytes: int = 8 * 1024 * 1024
     maxBatchCount: int = 4096
+    # security (docs/security.md): CURVE on the client and HA ports, the ACL per request
+    aclEnable: bool = False
+    aclFile: str = ""  # RocketMQ ACL 1.0's plain_acl.yml shape, with curvePublicKey
+    curveSecretKeyFile: str = ""  # this broker's .key_secret (both ports; its HA client too)
+    # a slave pins its master's public key (.key); empty: this broker's own public key (the
+    # group shares one key pair)
+    haMasterPublicKeyFile: str = ""
+    aclReloadIntervalMs: int = 5000  # the ACL file is polled (mtime, then sha256) this often
+    curveHandshakeTimeoutMs: int = 5000  # ZMQ_HANDSHAKE_IVL: a slow handshake is cut then
 
     # ---- derived values -------------------------------------------------------------------
     @property
@@ -159,6 +171,13 @@ class BrokerConfig:
                  "maxHaTransferByteInSecond", "must be >= 100 x haTransferBatchSize (it is "
                  "enforced per 10 ms)")
         parse_delay_levels(self.messageDelayLevel)
+        if self.aclEnable:
+            _require(bool(self.curveSecretKeyFile), "curveSecretKeyFile",
+                     "aclEnable needs this broker's secret key file (replog keys new NAME)")
+            _require(bool(self.aclFile), "aclFile", "aclEnable needs an ACL file")
+        _require(self.aclReloadIntervalMs >= 50, "aclReloadIntervalMs", "must be >= 50")
+        _require(100 <= self.curveHandshakeTimeoutMs <= 600_000, "curveHandshakeTimeoutMs",
+                 "must be in 100..600000")
         if self.groupServers.strip():
             try:
                 split_addresses(self.groupServers)

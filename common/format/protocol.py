@@ -93,6 +93,7 @@ class RequestCode(enum.IntEnum):
     CONSUMER_SEND_MSG_BACK = 36  # a consumer failed a message: store it again for a retry or DLQ
     GET_ALL_CONSUMER_OFFSET = 43  # consumerOffset.json, as a body frame (a slave syncs it)
     GET_ALL_DELAY_OFFSET = 45  # delayOffset.json, as a body frame (a slave syncs it)
+    GET_BROKER_CLUSTER_ACL_INFO = 52  # the ACL in force: version, digest, accounts (admin)
     SEND_BATCH = 320
     PROMOTE = 1001  # replog: turn a slave into its group's master
     CONSUMER_HEARTBEAT = 1002  # replog: a group consumer is alive (or leaves); -> members
@@ -245,6 +246,7 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
     RequestCode.GET_ALL_TOPIC_CONFIG: {},
     RequestCode.GET_ALL_CONSUMER_OFFSET: {},
     RequestCode.GET_ALL_DELAY_OFFSET: {},
+    RequestCode.GET_BROKER_CLUSTER_ACL_INFO: {},
     RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: {
         "topic": _TOPIC,
         "queueId": _QUEUE,

@@ -241,10 +241,12 @@ class SlaveCore:
     def on_data(self, data: Data, now_ms: int) -> list[SlaveAction]:
         if not self._current(data.session, SlaveState.TRANSFER):
             return []
-        if data.epoch < self._min_master_epoch:
-            return self._fail(ResponseCode.STALE_EPOCH, data.epoch,
-                              f"DATA of epoch {data.epoch} from a master the controller "
-                              f"replaced (epoch {self._min_master_epoch})", now_ms)
+        if self._master_epoch < self._min_master_epoch:
+            # the master of this session was replaced since the handshake (its DATA of older
+            # epochs is fine from a current master: that is the log's history)
+            return self._fail(ResponseCode.STALE_EPOCH, self._master_epoch,
+                              f"master of epoch {self._master_epoch} was replaced by the "
+                              f"controller (epoch {self._min_master_epoch})", now_ms)
         self._last_heard_ms = now_ms
         if data.end_phy_offset <= self._max:
             self._ignored_frames += 1  # a duplicate of bytes we hold

@@ -27,7 +27,8 @@ Options: ``servers`` (required), ``topic``, ``queueId``, ``brokerName``, ``batch
 ``timeoutMs``
 (10000), ``acceptStatuses`` (comma-separated SendStatus names, default ``SEND_OK``),
 ``compressOverBytes`` (4096: bodies of that size and more are stored deflated, as a
-RocketMQ producer stores them; 0 never).
+RocketMQ producer stores them; 0 never), ``key`` and ``serverKey`` (CURVE, for brokers with
+``aclEnable``: this writer's ``.key_secret`` and the brokers' ``.key``; docs/security.md).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class SinkOptions:
     timeout_ms: int
     accept: frozenset[SendStatus]
     compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER_BYTES  # None: never compress
+    key: str | None = None  # CURVE: this writer's .key_secret
+    server_key: str | None = None  # CURVE: the brokers' public .key
     broker_name: str | None = None  # the group of ``queue_id``
 
     @classmethod
@@ -98,12 +101,16 @@ class SinkOptions:
         compress = int(o.get("compressoverbytes", DEFAULT_COMPRESS_OVER_BYTES))
         if compress < 0:
             raise ValueError("compressOverBytes must be >= 0 (0: never compress)")
+        key, server_key = o.get("key") or None, o.get("serverkey") or None
+        if (key is None) != (server_key is None):
+            raise ValueError("CURVE needs both options key (this writer's .key_secret) and "
+                             "serverKey (the brokers' .key)")
         broker = o.get("brokername") or None
         if broker is not None and queue is None:
             raise ValueError("the brokerName option names the group of the queueId option")
         return cls(servers, topic, int(queue) if queue else None, batch,
                    int(o.get("timeoutms", DEFAULT_TIMEOUT_MS)), accept, compress or None,
-                   broker)
+                   key, server_key, broker)
 
 
 @dataclasses.dataclass
@@ -144,7 +151,8 @@ class _Sender:
         self.opts = opts
         self.partition_id = partition_id
         self.producer = Producer(list(opts.servers), timeout_ms=opts.timeout_ms,
-                                 compress_over_bytes=opts.compress_over_bytes)
+                                 compress_over_bytes=opts.compress_over_bytes,
+                                 key=opts.key, server_key=opts.server_key)
         self.pending: list[Message] = []
         self.key: tuple[str, int, str | None] | None = None
         self.sent = SentMessage(partition_id, 0)

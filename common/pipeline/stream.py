@@ -29,6 +29,9 @@ Options:
 | pullBatchSize       | messages per pull (default 256)                                    |
 | timeoutMs           | client request timeout (default 10000)                             |
 | failOnDataLoss      | ``true`` (default): fail when records of a batch were deleted      |
+| key, serverKey      | CURVE (brokers with ``aclEnable``, docs/security.md): this reader's |
+|                     | ``.key_secret`` and the brokers' ``.key``; the account needs SUB on |
+|                     | the topics and on the group ``DEFAULT_CONSUMER`` (or its default)  |
 """
 
 from __future__ import annotations
@@ -79,6 +82,12 @@ class StreamOptions:
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     fail_on_data_loss: bool = True
     starting_ts: int | None = None
+    key: str | None = None  # CURVE: this reader's .key_secret
+    server_key: str | None = None  # CURVE: the brokers' public .key
+
+    def curve(self) -> dict[str, Any]:
+        """The clients' ``key``/``server_key`` arguments."""
+        return {"key": self.key, "server_key": self.server_key}
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> StreamOptions:
@@ -103,22 +112,28 @@ class StreamOptions:
         max_bytes = int(o["maxbytespertrigger"]) if o.get("maxbytespertrigger") else None
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError("maxBytesPerTrigger must be positive")
+        key, server_key = o.get("key") or None, o.get("serverkey") or None
+        if (key is None) != (server_key is None):
+            raise ValueError("CURVE needs both options key (this reader's .key_secret) and "
+                             "serverKey (the brokers' .key)")
         return cls(
             servers, topics, starting, max_bytes,
             int(o.get("pullbatchsize", DEFAULT_PULL_BATCH)),
             int(o.get("timeoutms", DEFAULT_TIMEOUT_MS)),
             o.get("failondataloss", "true").strip().lower() != "false",
-            starting_ts,
+            starting_ts, key, server_key,
         )
 
 
-def group_status(servers: tuple[str, ...], timeout_ms: int) -> dict[str, Any]:
+def group_status(servers: tuple[str, ...], timeout_ms: int,
+                 curve: dict[str, Any] | None = None) -> dict[str, Any]:
     """Status of the group's master: the highest epoch among brokers answering as master.
-    All brokers are asked at once, so a dead one costs one short timeout, not one each."""
+    All brokers are asked at once, so a dead one costs one short timeout, not one each.
+    ``curve``: the clients' key/server_key (StreamOptions.curve)."""
     from common.client import Admin
 
     timeout = min(timeout_ms, STATUS_TIMEOUT_MS)
-    with Admin(list(servers), timeout_ms=timeout, retries=0) as admin, \
+    with Admin(list(servers), timeout_ms=timeout, retries=0, **(curve or {})) as admin, \
             concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
         answers = list(pool.map(lambda address: _status_or_none(admin, address), servers))
     masters = [a for a in answers if a is not None and a.get("role") in MASTER_ROLES]
@@ -174,7 +189,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return cluster_groups(self.opts)
 
     def _safe_ends(self) -> dict[str, int]:
-        return {name: safe_end(group_status(servers, self.opts.timeout_ms))
+        return {name: safe_end(group_status(servers, self.opts.timeout_ms, self.opts.curve()))
                 for name, servers in self._groups().items()}
 
     def initialOffset(self) -> dict[str, Any]:
@@ -192,7 +207,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return encode_offsets({name: int(starting) for name in groups})
         offsets = {}
         for name, servers in groups.items():
-            status = group_status(servers, self.opts.timeout_ms)
+            status = group_status(servers, self.opts.timeout_ms, self.opts.curve())
             offsets[name] = int(status["minPhyOffset"]) if starting == "earliest" \
                 else safe_end(status)
         return encode_offsets(offsets)
@@ -225,7 +240,8 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from common.client import Consumer
 
         out: list[InputPartition] = []
-        with Consumer(list(self.opts.servers), timeout_ms=self.opts.timeout_ms) as consumer:
+        with Consumer(list(self.opts.servers), timeout_ms=self.opts.timeout_ms,
+                      **self.opts.curve()) as consumer:
             table = consumer.route_table(fresh=True)
             for name, stop in sorted(stops.items()):
                 begin = begins.get(name, 0)  # a group new to the stream: from its start
@@ -255,7 +271,7 @@ def cluster_groups(opts: StreamOptions) -> dict[str, tuple[str, ...]]:
     always); over several, the addresses the route table names for each."""
     from common.client import Consumer
 
-    with Consumer(list(opts.servers), timeout_ms=opts.timeout_ms) as consumer:
+    with Consumer(list(opts.servers), timeout_ms=opts.timeout_ms, **opts.curve()) as consumer:
         table = consumer.route_table(fresh=True)
     if len(table.groups) <= 1:
         return {name: opts.servers for name in table.groups}
@@ -338,8 +354,8 @@ def offset_at_time(opts: StreamOptions, timestamp_ms: int, broker_name: str | No
     """
     from common.client import Consumer
 
-    start = safe_end(group_status(servers or opts.servers, opts.timeout_ms))
-    with Consumer(list(opts.servers), timeout_ms=opts.timeout_ms) as consumer:
+    start = safe_end(group_status(servers or opts.servers, opts.timeout_ms, opts.curve()))
+    with Consumer(list(opts.servers), timeout_ms=opts.timeout_ms, **opts.curve()) as consumer:
         table = consumer.route_table()
         multi = len(table.groups) > 1
         name = broker_name if multi else None
@@ -359,7 +375,7 @@ def wait_dispatched(opts: StreamOptions, end: int,
     """The master's status once it has dispatched ``end`` (a new master may lag briefly)."""
     deadline = time.monotonic() + DISPATCH_WAIT_S
     while True:
-        status = group_status(servers or opts.servers, opts.timeout_ms)
+        status = group_status(servers or opts.servers, opts.timeout_ms, opts.curve())
         if int(status["dispatchedPhyOffset"]) >= end:
             return status
         if time.monotonic() > deadline:
@@ -399,7 +415,7 @@ def read_queue_range(opts: StreamOptions, part: QueueRange, columns: tuple[str, 
                           f"records from {part.start} to {status['minPhyOffset']} of "
                           f"{part.broker_name or 'the group'} were deleted before the stream "
                           "read them; set failOnDataLoss=false to skip them")
-    with Consumer(list(servers), timeout_ms=opts.timeout_ms) as consumer:
+    with Consumer(list(servers), timeout_ms=opts.timeout_ms, **opts.curve()) as consumer:
         name = part.broker_name or None
         queue_offset = first_queue_offset(consumer, part.topic, part.queue_id, part.start, name)
         while True:

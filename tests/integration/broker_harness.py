@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,29 +29,46 @@ READY_TIMEOUT_S = 30.0
 
 
 def free_port(span: int = 3) -> int:
-    """A port p with p..p+span-1 free right now (client, HA and metrics ports)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + span < 65535 and all(_is_free(port + i) for i in range(1, span)):
+    """A port p with p..p+span-1 free right now (client, HA and metrics ports).
+
+    Picked at random below the kernel's ephemeral range: a port the kernel handed out for a
+    moment (an outgoing connection of any process on the machine) is the port that turns out
+    taken a second later, when the broker binds it."""
+    low, high = _unassigned_range()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(low, high - span)
+        if all(_is_free(port + i) for i in range(span)):
             return port
     raise RuntimeError("no free port range found")
 
 
+def _unassigned_range() -> tuple[int, int]:
+    """Ports the kernel does not give to outgoing connections (below ip_local_port_range)."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    return (20000, first) if first > 21000 else (first + 28300, 65000)
+
+
 def _is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+    for host in ("0.0.0.0", "127.0.0.1"):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
 
 
 class BrokerProcess:
-    def __init__(self, home: Path, extra_env: dict[str, str] | None = None, **fields: Any):
+    def __init__(self, home: Path, extra_env: dict[str, str] | None = None,
+                 client_curve: dict[str, Any] | None = None, **fields: Any):
+        """``client_curve``: the key/server_key the harness's own clients use (aclEnable)."""
         self.home = home
         self.extra_env = dict(extra_env or {})
+        self.client_curve = dict(client_curve or {})
         self.port = fields.pop("listenPort", None) or free_port()
         defaults: dict[str, Any] = {
             "listenPort": self.port,
@@ -93,7 +111,7 @@ class BrokerProcess:
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with Admin([self.address], timeout_ms=500, retries=0) as admin:
+        with Admin([self.address], timeout_ms=500, retries=0, **self.client_curve) as admin:
             while True:
                 assert self.proc is not None
                 if self.proc.poll() is not None:
@@ -106,7 +124,7 @@ class BrokerProcess:
                         raise RuntimeError(f"broker not ready:\n{self.log_tail()}") from None
 
     def status(self) -> dict[str, Any]:
-        with Admin([self.address], timeout_ms=3000, retries=0) as admin:
+        with Admin([self.address], timeout_ms=3000, retries=0, **self.client_curve) as admin:
             return admin.status(self.address)
 
     def terminate(self, timeout_s: float = 30.0) -> int:
@@ -145,15 +163,17 @@ def brokers(*procs: BrokerProcess) -> Iterator[tuple[BrokerProcess, ...]]:
             p.close()
 
 
-def run_cli(*args: str, timeout_s: float = 60.0) -> tuple[int, Any]:
-    """``replog ARGS --json`` in a subprocess -> (exit status, parsed JSON or None)."""
+def run_cli(*args: str, timeout_s: float = 60.0,
+            env: dict[str, str] | None = None) -> tuple[int, Any]:
+    """``replog ARGS --json`` in a subprocess -> (exit status, parsed JSON or None); ``env``
+    is added to the child's environment (from which REPLOG_* variables are removed)."""
     done = subprocess.run(
         [sys.executable, "-m", "common.cli", *args, "--json"],
         check=False,
         cwd=REPO,
         capture_output=True,
         timeout=timeout_s,
-        env=_child_env(),
+        env={**_child_env(), **(env or {})},
     )
     text = done.stdout.decode().strip()
     return done.returncode, (json.loads(text) if text else None)

@@ -409,3 +409,38 @@ def test_every_broker_answers_the_cluster_view_of_all_groups(tmp_path: Path) -> 
             assert groups["broker-a"]["master"] == ma.address
             assert groups["broker-b"]["master"] == mb.address
             assert groups["broker-a"]["slaves"] == [p.address for p in a.procs if p is not ma]
+
+
+@pytest.mark.timeout(120)
+def test_zookeeper_digest_auth_keeps_others_out_of_the_groups_znodes(tmp_path: Path) -> None:
+    """controllerAuthFile: the brokers authenticate with ZooKeeper's digest scheme and every
+    znode they make carries an ACL for that identity only: an unauthenticated ZooKeeper
+    client cannot read or change the group's state. A readable or malformed file refuses the
+    start."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoAuthError
+
+    secret = tmp_path / "zk-auth"
+    secret.write_text("replog:s3cret\n")
+    secret.chmod(0o600)
+    with running_zookeeper(tmp_path / "zk") as zk:
+        root = chroot()
+        with Group(tmp_path, zk.hosts + root, size=2, controllerAuthFile=str(secret)) as g:
+            g.master()
+            stranger = KazooClient(hosts=zk.hosts + root, timeout=3.0)
+            stranger.start(10)
+            try:
+                state = "/replog/DefaultCluster/broker-a/state"
+                with pytest.raises(NoAuthError):
+                    stranger.get(state)
+                with pytest.raises(NoAuthError):
+                    stranger.set(state, b"{}")
+            finally:
+                stranger.stop()
+                stranger.close()
+        secret.chmod(0o644)
+        bad = BrokerProcess(tmp_path / "bad", **controller_fields(
+            zk.hosts + root, 3, controllerAuthFile=str(secret)))
+        with pytest.raises(RuntimeError, match="others may read it"):
+            bad.start(timeout_s=20)
+        bad.close()

@@ -717,6 +717,13 @@ def test_a_slave_acks_with_its_epoch_and_refuses_a_replaced_master() -> None:
     actions = s.on_frame(Data(10, 257, 0, 100, b"x" * 10), 2 * HB_MS + 1)
     assert _of(actions, sc.Failed)[0].code == ResponseCode.STALE_EPOCH  # type: ignore[union-attr]
     assert not _of(actions, sc.Append) and s.max_phy_offset == 100
+    # a current master (epoch 514) streams the log's history: DATA of epoch 257 is fine
+    s3 = _slave(max_phy_offset=100, history=(E(257, 0),))
+    s3.require_epoch(514)
+    s3.start(0)
+    s3.on_frame(HelloReply(10, 514, 0, 900, 100, (E(257, 0), E(514, 800))), 1)
+    actions = s3.on_frame(Data(10, 257, 0, 100, b"y" * 10), 2)
+    assert _of(actions, sc.Append) and not _of(actions, sc.Failed)
     s2 = _slave(max_phy_offset=100, history=(E(257, 0),))
     s2.require_epoch(514)
     s2.start(0)
