@@ -212,7 +212,8 @@ def test_a_group_without_a_master_is_passed_over_by_keyless_sends(groups: TwoGro
         assert {f.result(15).broker_name for f in ok} == {"broker-a"}
 
 
-def test_a_group_consumer_of_three_members_reads_both_groups(groups: TwoGroups) -> None:
+def test_a_group_consumer_of_three_members_reads_both_groups(
+        groups: TwoGroups, caplog: pytest.LogCaptureFixture) -> None:
     """2 groups x 4 queues, 3 members: each (group, queue) is read by one member, the
     allocation each member computes is what each group's master fences commits by (no commit
     is refused), and every message is read; the committed offsets reach the queues' ends."""
@@ -234,6 +235,7 @@ def test_a_group_consumer_of_three_members_reads_both_groups(groups: TwoGroups) 
         while not assigned():
             assert time.monotonic() < deadline, [m.assignment() for m in members]
         assert all(len(q) == 3 for m in members for q in m.assignment())  # (topic, id, group)
+        caplog.clear()  # settled: from here no master refuses a member's commit
         deadline = time.monotonic() + 30
         while {m.msg_id for m in read} != sent:
             assert time.monotonic() < deadline, len({m.msg_id for m in read})
@@ -241,6 +243,8 @@ def test_a_group_consumer_of_three_members_reads_both_groups(groups: TwoGroups) 
                 read += m.poll(100)
         for m in members:
             m.commit()
+        fenced = [r for r in caplog.records if "group_commit_fenced" in r.getMessage()]
+        assert not fenced, [r.getMessage() for r in fenced]
     finally:
         for m in members:
             m.close()
