@@ -768,15 +768,22 @@ class Broker:
     def topic_table(self) -> dict[str, int]:
         return self.topics.topics()
 
+    def topic_perms(self) -> dict[str, int]:
+        return self.topics.perms()
+
     def cluster_info(self) -> dict[str, Any]:
-        """CLUSTER_INFO (RocketMQ's GET_BROKER_CLUSTER_INFO, with each group's topics: its
-        TopicRouteData): in controller mode every group of ``brokerClusterName`` as ZooKeeper
-        holds it; without a controller, this broker's own group as it knows it."""
+        """CLUSTER_INFO (RocketMQ's GET_BROKER_CLUSTER_INFO, with each group's topics, queue
+        counts and permissions: its TopicRouteData): in controller mode every group of
+        ``brokerClusterName`` as ZooKeeper holds it (this broker's own topic table for its
+        group while it is that group's master: the same, a moment sooner); without a
+        controller, this broker's own group as it knows it."""
         if self.controller is not None:
             groups = []
+            own_master = self.controller.is_master()
             for view in self.controller.cluster_view().values():
                 doc = view.to_json()
-                doc["topics"] = dict(view.topics)
+                if own_master and view.name == self.cfg.brokerName:
+                    doc["topics"], doc["perms"] = self.topics.topics(), self.topics.perms()
                 groups.append(doc)
             return {"cluster": self.cfg.brokerClusterName, "controller": True,
                     "groups": groups}
@@ -788,7 +795,22 @@ class Broker:
         return {"cluster": self.cfg.brokerClusterName, "controller": False, "groups": [{
             "brokerName": self.cfg.brokerName, "master": master,
             "masterEpoch": status["epoch"], "slaves": slaves,
-            "topics": self.topics.topics()}]}
+            "topics": self.topics.topics(), "perms": self.topics.perms()}]}
+
+    def topic_layout(self, topic: str) -> dict[str, int]:
+        """Group -> queue count of ``topic`` over the cluster (what a consumer group's
+        allocation is computed over; ``ConsumerGroups.owns``): this group's count from its own
+        table, the others' from the controller's view of ZooKeeper; without a controller, this
+        group alone."""
+        layout = {}
+        if self.controller is not None:
+            layout = {name: view.topics[topic] for name, view in
+                      self.controller.cluster_view().items() if topic in view.topics}
+        layout.pop(self.cfg.brokerName, None)
+        nums = self.topics.queue_nums(topic)
+        if nums:
+            layout[self.cfg.brokerName] = nums
+        return layout
 
     def slave_acks(self) -> dict[int, int]:
         getter = getattr(self.role, "slave_acks", None)

@@ -20,6 +20,13 @@ from collections.abc import Callable
 
 from common.core.allocation import allocate_averagely
 
+
+def topic_queues(layout: dict[str, int]) -> list[tuple[str, int]]:
+    """A topic's queues over the broker groups holding it: (group, queue id), sorted (the
+    order the client's route table lists them in, ``common/client/routing.py``)."""
+    return [(name, q) for name in sorted(layout) for q in range(layout[name])]
+
+
 MAX_GROUPS = 100_000  # bounds the table against clients inventing group names
 
 
@@ -59,10 +66,15 @@ class ConsumerGroups:
                           if expires >= now)
 
     def owns(self, group: str, client_id: str, topic: str, queue_id: int,
-             queue_nums: int) -> bool:
-        """Whether ``client_id`` is a live member that the group's allocation gives the queue."""
-        queues = [(topic, q) for q in range(queue_nums)]
-        return (topic, queue_id) in allocate_averagely(queues, self.members(group), client_id)
+             layout: dict[str, int], broker_name: str) -> bool:
+        """Whether ``client_id`` is a live member that the group's allocation gives queue
+        ``queue_id`` of ``topic`` in this broker group (``broker_name``). ``layout`` is the
+        topic's queue count per broker group: allocated over the queues of every group,
+        (group, queue id) in RocketMQ's order, with the members that heartbeat this master
+        (every member heartbeats every group's master, ``GroupConsumer``). A topic held by
+        one group is allocated over its queue ids alone, as before there were several."""
+        return (broker_name, queue_id) in allocate_averagely(
+            topic_queues(layout), self.members(group), client_id)
 
     def groups(self) -> dict[str, int]:
         """Group -> live members (status)."""

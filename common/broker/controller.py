@@ -58,6 +58,8 @@ class ControlledBroker(Protocol):
 
     def topic_table(self) -> dict[str, int]: ...  # topic -> queue count (a master publishes)
 
+    def topic_perms(self) -> dict[str, int]: ...  # topic -> RocketMQ perm (6: read|write)
+
     def act_as_master(self, state: GroupState) -> None: ...  # raises if it cannot
 
     def act_as_slave(self, state: GroupState) -> None: ...  # follow state's master
@@ -132,7 +134,7 @@ class Controller:
         self._asked: tuple[int, int] | None = None  # switchover to this broker: (session, epoch)
         self.granted_session_ms = 0  # what ZooKeeper granted (0: not connected yet)
         self.cluster: dict[str, GroupView] = {}  # every group of brokerClusterName (routes)
-        self._published_topics: dict[str, int] | None = None
+        self._published_topics: tuple[dict[str, int], dict[str, int]] | None = None
         self._member_due = 0.0
         self._poll_due = 0.0
         self._registered = False
@@ -303,6 +305,10 @@ class Controller:
     def _on_watch(self, *_args: Any) -> None:
         self._events.put(("watch", None))
 
+    def _on_cluster_watch(self, *_args: Any) -> None:
+        """Another group's ``state`` or ``topics`` changed: only the cluster view is read."""
+        self._events.put(("cluster", None))
+
     # ---- the controller thread -------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -330,6 +336,9 @@ class Controller:
             self._ask_switchover(*payload)
         elif kind == "watch":
             self._poll_due = 0.0
+        elif kind == "cluster" and self.connected and self._registered:
+            self._read_cluster()
+            return
         if not self.connected:
             return
         now = time.monotonic()
@@ -493,10 +502,10 @@ class Controller:
         """The master keeps ``<group>/topics`` equal to its topic table (routes read it)."""
         from kazoo.exceptions import NodeExistsError, NoNodeError
 
-        topics = self.broker.topic_table()
+        topics = self.broker.topic_table(), self.broker.topic_perms()
         if topics == self._published_topics:
             return
-        raw = cc.encode_topics(topics)
+        raw = cc.encode_topics(*topics)
         try:
             self._call("set", self.topics_path, raw)
         except NoNodeError:
@@ -507,11 +516,14 @@ class Controller:
         self._published_topics = topics
 
     def _read_cluster(self) -> None:
-        """Every group of the cluster: state, live members, topics (a watch on the groups)."""
+        """Every group of the cluster: state, live members, topics. Watches on the list of
+        groups and on every other group's ``state``, members and ``topics`` keep the view
+        fresh (routes answered from it name a new master or a new topic at once, not a poll
+        later); a fired one reads the cluster view again, not this group's decisions."""
         from kazoo.exceptions import NoNodeError
 
         try:
-            names = self._call("get_children", self.cluster_path, watch=self._on_watch)
+            names = self._call("get_children", self.cluster_path, watch=self._on_cluster_watch)
         except NoNodeError:
             names = []
         view: dict[str, GroupView] = {}
@@ -521,7 +533,8 @@ class Controller:
                 state, members = self.state, dict(self.members)
             else:
                 state, members = self._read_state(base), self._read_members(base)
-            view[name] = GroupView(name, state, members, self._read_topics(base))
+            topics, perms = self._read_topics(base)
+            view[name] = GroupView(name, state, members, topics, perms)
         with self._lock:
             self.cluster = view
 
@@ -529,16 +542,20 @@ class Controller:
         from kazoo.exceptions import NoNodeError
 
         try:
-            raw, _ = self._call("get", f"{base}/state")
+            raw, _ = self._call("get", f"{base}/state", watch=self._on_cluster_watch)
             return GroupState.from_bytes(raw)
-        except (NoNodeError, cc.RecordError):
+        except NoNodeError:
+            self._call("exists", f"{base}/state", watch=self._on_cluster_watch)
+            return None
+        except cc.RecordError:
             return None
 
     def _read_members(self, base: str) -> dict[int, MemberRecord]:
         from kazoo.exceptions import NoNodeError
 
         try:
-            names = self._call("get_children", f"{base}/brokers")
+            names = self._call("get_children", f"{base}/brokers",
+                               watch=self._on_cluster_watch)
         except NoNodeError:
             return {}
         out: dict[int, MemberRecord] = {}
@@ -551,18 +568,20 @@ class Controller:
             out[record.member_id] = record
         return out
 
-    def _read_topics(self, base: str) -> dict[str, int]:
+    def _read_topics(self, base: str) -> tuple[dict[str, int], dict[str, int]]:
         from kazoo.exceptions import NoNodeError
 
+        path = f"{base}/topics"
         try:
-            raw, _ = self._call("get", f"{base}/topics")
-            return cc.decode_topics(raw)
+            raw, _ = self._call("get", path, watch=self._on_cluster_watch)
+            return cc.decode_topic_routes(raw)
         except NoNodeError:
-            return {}
+            self._call("exists", path, watch=self._on_cluster_watch)
+            return {}, {}
         except cc.RecordError as e:
             log_event(log, "controller_topics_unreadable", logging.WARNING, path=base,
                       error=str(e))
-            return {}
+            return {}, {}
 
     def _cas_state(self, new: GroupState) -> bool:
         """Compare-and-set ``state`` from the version read last; True if it is now ``new``.
@@ -884,7 +903,7 @@ class _KazooLog(logging.Handler):
         if msg.startswith("Session created") and isinstance(record.args, tuple) \
                 and len(record.args) >= 3:
             try:
-                self.on_session(int(record.args[2]))
+                self.on_session(int(record.args[2]))  # type: ignore[call-overload]
             except (TypeError, ValueError):
                 pass
         elif record.levelno >= logging.INFO:

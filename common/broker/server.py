@@ -36,8 +36,8 @@ Threads::
   ROUTER identity) and kept for ``PEER_CACHE`` connections.
 * In-flight requests (waiting futures and parked long polls) are bounded by
   ``maxInflightRequests``; past that a request is answered SYSTEM_BUSY at once, so no queue grows
-  without bound (STATUS is always served: clients need it to find the master and health checks
-  to see the overload). Oversized single frames are cut by ZeroMQ itself (``ZMQ_MAXMSGSIZE``, which
+  without bound (STATUS and CLUSTER_INFO are always served: clients need them to find the
+  master and the routes, and health checks to see the overload). Oversized single frames are cut by ZeroMQ itself (``ZMQ_MAXMSGSIZE``, which
   disconnects the peer); everything else malformed gets a typed error (``common.format.protocol``).
 * Long polling: a pull at the end of a queue with ``suspendMs`` > 0 is parked until reput reports
   a new message for that queue (``store.add_arrival_listener``) or the wait ends; the parked pull
@@ -124,6 +124,8 @@ class Services(Protocol):
     def cluster_info(self) -> dict[str, Any]: ...  # CLUSTER_INFO: groups, brokers, topics
 
     def topic_queue_nums(self, topic: str) -> tuple[int, bool]: ...  # (nums or 0, auto-create)
+
+    def topic_layout(self, topic: str) -> dict[str, int]: ...  # group -> queues, the cluster's
 
     def commit_offset(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None: ...
 
@@ -476,7 +478,7 @@ class RequestServer:
                 started,
             )
             return
-        if self.stats.inflight >= self.max_inflight and req.code != RequestCode.STATUS:
+        if self.stats.inflight >= self.max_inflight and req.code not in _ALWAYS_SERVED:
             self.stats.refused_busy += 1
             self._answer(
                 sock,
@@ -685,9 +687,10 @@ class RequestServer:
         f = req.fields
         client = f.get("clientId")
         if client:  # a group member: only the queue's owner in the group's view commits
-            nums, _ = self.services.topic_queue_nums(f["topic"])
-            if not self.services.consumer_groups.owns(f["group"], client, f["topic"],
-                                                      f["queueId"], nums):
+            layout = self.services.topic_layout(f["topic"])
+            if not self.services.consumer_groups.owns(
+                    f["group"], client, f["topic"], f["queueId"], layout,
+                    self.cfg.brokerName):
                 return reply(req, ResponseCode.CONSUMER_NOT_ONLINE,
                              f"{client} does not own {f['topic']}/{f['queueId']} in group "
                              f"{f['group']} now (its session ran out or the queue moved): "
@@ -905,6 +908,7 @@ class RequestServer:
 # ---- helpers ----------------------------------------------------------------------------------
 
 # store GetStatus -> (client PullStatus, response code), as RocketMQ's PullMessageProcessor maps them
+_ALWAYS_SERVED = frozenset({RequestCode.STATUS, RequestCode.CLUSTER_INFO})  # past the cap too
 _PULL_STATUS: dict[GetStatus, tuple[PullStatus, ResponseCode]] = {
     GetStatus.FOUND: (PullStatus.FOUND, ResponseCode.SUCCESS),
     GetStatus.NO_MATCHED_MESSAGE: (PullStatus.NO_MATCHED_MSG, ResponseCode.PULL_RETRY_IMMEDIATELY),

@@ -20,6 +20,7 @@ from common.format.tables import (
     json_bytes,
     loads,
     parse_offsets,
+    parse_topic_perms,
     parse_topics,
     read_table,
 )
@@ -31,7 +32,9 @@ class TopicTable:
     def __init__(self, config_dir: Path):
         self.path = config_dir / TOPICS_FILE
         self._lock = threading.Lock()
-        self._queues, self._counter = parse_topics(read_table(self.path), str(self.path))
+        doc = read_table(self.path)
+        self._queues, self._counter = parse_topics(doc, str(self.path))
+        self._perms = parse_topic_perms(doc, str(self.path))  # kept as read; new topics 6
         self.on_change: Callable[[], None] | None = None  # after a topic is made or grown
 
     def merge_seen(self, seen: dict[str, int]) -> None:
@@ -57,6 +60,14 @@ class TopicTable:
         with self._lock:
             return dict(self._queues)
 
+    def perms(self) -> dict[str, int]:
+        """Topic -> RocketMQ ``perm`` (6, read|write, unless topics.json said otherwise)."""
+        with self._lock:
+            return {t: self._perms.get(t, PERM_READ_WRITE) for t in self._queues}
+
+    def perm(self, topic: str) -> int:
+        return self._perms.get(topic, PERM_READ_WRITE)
+
     def to_bytes(self) -> bytes:
         """The table as topics.json holds it (what a slave asks for)."""
         with self._lock:
@@ -66,13 +77,16 @@ class TopicTable:
         """Take a master's topics.json (ValueError, nothing changed, if it is malformed); True
         if the table changed (then it is written). Topics this store holds messages of keep at
         least the queues ``seen`` in its ConsumeQueues."""
-        queues, counter = parse_topics(loads(raw, source), source)
+        doc = loads(raw, source)
+        queues, counter = parse_topics(doc, source)
+        perms = parse_topic_perms(doc, source)
         for name, nums in (seen or {}).items():
             queues[name] = max(nums, queues.get(name, 0))
         with self._lock:
-            if queues == self._queues:
+            if queues == self._queues and perms == self._perms:
                 return False
             self._queues, self._counter = queues, max(counter, self._counter + 1)
+            self._perms = perms
             atomic_write_json(self.path, self._to_json())
             return True
 
@@ -82,7 +96,7 @@ class TopicTable:
                 "topicName": name,
                 "readQueueNums": nums,
                 "writeQueueNums": nums,
-                "perm": PERM_READ_WRITE,
+                "perm": self._perms.get(name, PERM_READ_WRITE),
             }
             for name, nums in sorted(self._queues.items())
         }

@@ -19,77 +19,122 @@ PROMOTE_TIMEOUT_MS = 30_000
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    """The group's topics with their queues and messages (RocketMQ's topicList/topicStatus,
-    ``kafka-topics --describe``); ``--create T --queues N`` makes a topic or grows it."""
+    """The cluster's topics with their queues and messages, group by group (RocketMQ's
+    topicList/topicRoute, ``kafka-topics --describe``); ``--create T --queues N`` makes a topic
+    or grows it on every group's master (or on ``--broker-names``)."""
     if (args.create is None) != (args.queues is None):
         raise UsageError("--create TOPIC and --queues N go together")
+    names = _names(args.broker_names)
+    if names is not None and args.create is None:
+        raise UsageError("--broker-names goes with --create")
     with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
         if args.create is not None:
-            before = admin.create_topic(args.create, args.queues)
+            before = admin.create_topic_on_groups(args.create, args.queues, names)
             doc: dict[str, Any] = {"topic": args.create, "queueNums": args.queues,
-                                   "before": before}
+                                   "before": min(before.values()), "groups": before}
             if args.json:
                 emit_json(doc)
             else:
-                what = "created" if before == 0 else (
-                    "unchanged" if before == args.queues else f"grown from {before}")
-                out.print(f"{args.create}: {args.queues} queues ({what})")
+                for group, was in sorted(before.items()):
+                    what = "created" if was == 0 else (
+                        "unchanged" if was == args.queues else f"grown from {was}")
+                    out.print(f"{args.create} on {group}: {args.queues} queues ({what})")
             return EXIT_OK
-        topics = admin.topics()
+        layout = admin.topic_layout()
+        table = admin.route_table()
+    multi = len(table.groups) > 1
     rows = []
     with Consumer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
-        for name in sorted(topics):
+        for name in sorted(layout):
             if args.topic and name != args.topic:
                 continue
-            ends = [(consumer.min_offset(name, q), consumer.max_offset(name, q))
-                    for q in range(topics[name])]
-            rows.append({"topic": name, "queueNums": topics[name],
-                         "messages": sum(hi - lo for lo, hi in ends),
-                         "maxOffsets": [hi for _, hi in ends]})
+            groups = []
+            for group, nums in sorted(layout[name].items()):
+                broker = group if multi else None
+                ends = [(consumer.min_offset(name, q, broker_name=broker),
+                         consumer.max_offset(name, q, broker_name=broker)) for q in range(nums)]
+                groups.append({"brokerName": group, "queueNums": nums,
+                               "perm": table.perm(name, group),
+                               "messages": sum(hi - lo for lo, hi in ends),
+                               "maxOffsets": [hi for _, hi in ends]})
+            rows.append({"topic": name, "queueNums": sum(g["queueNums"] for g in groups),
+                         "messages": sum(g["messages"] for g in groups),
+                         "maxOffsets": [o for g in groups for o in g["maxOffsets"]],
+                         "perm": min(g["perm"] for g in groups), "groups": groups})
     if args.topic and not rows:
         raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"no topic {args.topic}", False)
     if args.json:
         emit_json({"topics": rows})
         return EXIT_OK
-    table = Table(title="topics")
-    table.add_column("topic")
-    table.add_column("queues", justify="right")
-    table.add_column("messages", justify="right")
-    table.add_column("written per queue")
+    table_out = Table(title="topics" + (f" of cluster {table.cluster}" if multi else ""))
+    columns = ("topic", "group", "queues", "perm", "messages", "written per queue")
+    for col in columns if multi else (c for c in columns if c != "group"):
+        table_out.add_column(col, justify="right" if col in ("queues", "messages") else "left")
     for row in rows:
-        table.add_row(row["topic"], str(row["queueNums"]), str(row["messages"]),
-                      " ".join(map(str, row["maxOffsets"])))
-    out.print(table)
+        for i, g in enumerate(row["groups"]):
+            cells = [row["topic"] if i == 0 else "", g["brokerName"], str(g["queueNums"]),
+                     _perm(g["perm"]), str(g["messages"]), " ".join(map(str, g["maxOffsets"]))]
+            table_out.add_row(*(cells if multi else cells[:1] + cells[2:]))
+    out.print(table_out)
     return EXIT_OK
 
 
+def _names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--broker-names needs at least one group name")
+    return names
+
+
+def _perm(perm: int) -> str:
+    """RocketMQ's PermName as text: 6 -> "6 (rw)"."""
+    return f"{perm} ({'r' if perm & 4 else '-'}{'w' if perm & 2 else '-'})"
+
+
 def cmd_groups(args: argparse.Namespace) -> int:
-    """Every consumer group on the master: live members, dead letters and, per topic, the
+    """Every consumer group the masters know: live members, dead letters and, per topic, the
     committed offsets and the lag (``kafka-consumer-groups --describe``, RocketMQ's
-    consumerProgress); ``--group G`` shows one."""
+    consumerProgress), over every broker group of the cluster; ``--group G`` shows one."""
     with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
-        offsets = admin.group_offsets()
-        status = admin.status(admin.master_address())
-    members: dict[str, int] = status.get("consumerGroups") or {}
-    dead: dict[str, int] = status.get("deadLetters") or {}
-    names = sorted({*offsets, *members, *dead})
+        multi = len(admin.route_table().groups) > 1
+        if multi:
+            by_broker = admin.group_offsets_by_broker()
+            statuses = admin.status_of_masters()
+        else:
+            by_broker = {"": admin.group_offsets()}
+            statuses = {"": admin.status(admin.master_address())}
+    members: dict[str, int] = {}
+    dead: dict[str, int] = {}
+    for status in statuses.values():  # every member heartbeats every master: the most seen
+        for name, n in (status.get("consumerGroups") or {}).items():
+            members[name] = max(members.get(name, 0), int(n))
+        for name, n in (status.get("deadLetters") or {}).items():
+            dead[name] = dead.get(name, 0) + int(n)
+    names = sorted({g for offsets in by_broker.values() for g in offsets} | {*members, *dead})
     if args.group is not None:
         if args.group not in names:
             raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
-                              f"no consumer group {args.group} on the master", False)
+                              f"no consumer group {args.group} on the master"
+                              + ("s" if multi else ""), False)
         names = [args.group]
     groups = []
     with Consumer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
         for name in names:
-            topics = []
-            for topic, committed in sorted(offsets.get(name, {}).items()):
-                queues = []
-                for q, offset in sorted(committed.items()):
-                    low, high = consumer.min_offset(topic, q), consumer.max_offset(topic, q)
-                    queues.append({"queueId": q, "committedOffset": offset, "maxOffset": high,
-                                   "lag": max(0, high - max(offset, low))})
-                topics.append({"topic": topic, "lag": sum(r["lag"] for r in queues),
-                               "queues": queues})
+            per_topic: dict[str, list[dict[str, Any]]] = {}
+            for broker, offsets in sorted(by_broker.items()):
+                for topic, committed in sorted(offsets.get(name, {}).items()):
+                    for q, offset in sorted(committed.items()):
+                        b = broker or None
+                        low = consumer.min_offset(topic, q, broker_name=b)
+                        high = consumer.max_offset(topic, q, broker_name=b)
+                        row: dict[str, Any] = {"brokerName": broker} if multi else {}
+                        row.update(queueId=q, committedOffset=offset, maxOffset=high,
+                                   lag=max(0, high - max(offset, low)))
+                        per_topic.setdefault(topic, []).append(row)
+            topics = [{"topic": t, "lag": sum(r["lag"] for r in qs), "queues": qs}
+                      for t, qs in sorted(per_topic.items())]
             groups.append({"group": name, "members": members.get(name, 0),
                            "deadLetters": dead.get(name, 0),
                            "lag": sum(t["lag"] for t in topics), "topics": topics})
@@ -110,8 +155,43 @@ def cmd_groups(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cluster_status(args: argparse.Namespace) -> int:
+    """``replog status --cluster``: every broker group of the cluster from any broker's
+    CLUSTER_INFO (the controller's view of ZooKeeper), with each master's figures."""
+    with Admin(args.servers, timeout_ms=args.timeout_ms, retries=0,
+               **curve_args(args)) as admin:
+        info = admin.cluster_info(admin.servers[0])
+        for group in info["groups"]:
+            master = group.get("master") or ""
+            try:
+                st = admin.status(master) if master else None
+            except BrokerError:
+                st = None
+            group["masterStatus"] = None if st is None else {
+                k: st.get(k) for k in ("role", "epoch", "maxPhyOffset", "putTps", "getTps",
+                                       "putTotal", "inflight", "fencedWrites")}
+    if args.json:
+        emit_json(info)
+        return EXIT_OK
+    table = Table(title=f"cluster {info.get('cluster')}"
+                  + ("" if info.get("controller") else " (no controller: this group only)"))
+    for col in ("group", "master", "epoch", "SyncStateSet", "slaves", "topics", "max offset",
+                "put/s"):
+        table.add_column(col)
+    for g in sorted(info["groups"], key=lambda g: g["brokerName"]):
+        st = g.get("masterStatus") or {}
+        table.add_row(g["brokerName"], g.get("master") or "none", str(g.get("masterEpoch", 0)),
+                      ",".join(map(str, g.get("syncStateSet") or [])),
+                      " ".join(g.get("slaves") or []), str(len(g.get("topics") or {})),
+                      str(st.get("maxPhyOffset", "")),
+                      f"{st['putTps']:.0f}" if st.get("putTps") is not None else "")
+    out.print(table)
+    return EXIT_OK
+
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if getattr(args, "cluster", False):
+        return cmd_cluster_status(args)
     with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
         status = admin.status(admin.servers[0])
     if args.json:

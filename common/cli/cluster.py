@@ -1,4 +1,9 @@
-"""``replog cluster up``: a local broker group as child processes (what ``make run`` runs).
+"""``replog cluster up``: local broker groups as child processes (what ``make run`` runs).
+
+One group by default (``broker-a``: broker *i* on base port P + 10i, under ``<dir>/broker-<i>``).
+With ``--groups N`` (controller mode) groups ``broker-a``, ``broker-b``, ... share one local
+ZooKeeper and one ``brokerClusterName``: group *g*'s broker *i* listens on P + 100g + 10i, under
+``<dir>/broker-<letter>-<i>``; the first group's master keeps port P, ZooKeeper is on P + 90.
 
 ``--secure`` (docs/security.md): under ``--dir``, ``keys/broker.key(_secret)`` (the group's key
 pair: every broker serves with it and pins it as its master's) and ``keys/admin.key(_secret)``
@@ -37,6 +42,13 @@ CLUSTER_SEGMENT_BYTES = 128 * 1024 * 1024
 ZK_PORT_OFFSET = 90  # the local ZooKeeper's client port: base port + 90 (11001 by default)
 ZK_TICK_MS = 500  # sessions of 1..10 s
 LOCAL_SESSION_MS = 4000  # a local group fails over in about this long (brokers default: 10 s)
+GROUP_PORT_STRIDE = 100  # group g's brokers listen from base port + 100g
+MAX_GROUPS = 26  # broker-a .. broker-z
+CLUSTER_NAME = "DefaultCluster"
+
+
+def group_name(index: int) -> str:
+    return f"broker-{chr(ord('a') + index)}"
 
 
 @dataclasses.dataclass
@@ -47,10 +59,12 @@ class ChildBroker:
     config_path: Path
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    group: str = "broker-a"  # its brokerName
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "group": self.group,
             "role": self.role,
             "address": self.address,
             "pid": self.process.pid if self.process else None,
@@ -60,23 +74,31 @@ class ChildBroker:
 
 
 class LocalCluster:
-    """1 master + N slaves as child ``replog broker`` processes under one directory.
+    """``groups`` x (1 master + N slaves) as child ``replog broker`` processes under one
+    directory.
 
     With ``controller`` (the default of ``replog cluster up``) a local ZooKeeper runs as a
-    child too (``common/cli/zookeeper.py``, Debian's package) and the group runs in controller
-    mode: ZooKeeper elects the master (the first broker, on ``base_port``, when all start
-    together: the lowest member id wins a tie) and a new one when it dies. Without it, broker-0
-    is the master and a failover takes ``replog promote``."""
+    child too (``common/cli/zookeeper.py``, Debian's package) and each group runs in controller
+    mode: ZooKeeper elects its master (the first broker of the group, when all start together:
+    the lowest member id wins a tie) and a new one when it dies, group by group. Without it,
+    broker-0 is the master and a failover takes ``replog promote``; several groups need the
+    controller (their routes are kept in ZooKeeper)."""
 
     def __init__(
         self, directory: Path, slaves: int = 2, mode: str = "sync", base_port: int = 10911,
         controller: bool = False, zk_port: int | None = None,
-        session_ms: int = LOCAL_SESSION_MS,
+        session_ms: int = LOCAL_SESSION_MS, groups: int = 1,
         secure: bool = False,
     ):
+        if not 1 <= groups <= MAX_GROUPS:
+            raise UsageError(f"--groups must be 1..{MAX_GROUPS}, not {groups}")
+        if groups > 1 and not controller:
+            raise UsageError("several broker groups need the controller: their routes are kept "
+                             "in ZooKeeper (drop --no-controller)")
         self.directory = directory.resolve()
         self.base_port = base_port
         self.size = slaves + 1
+        self.groups = groups
         self.controller = controller
         self.zookeeper: Ensemble | None = None
         if controller:
@@ -91,7 +113,8 @@ class LocalCluster:
         self.acl_path = self.directory / "acl.yml"
         if secure:
             self._make_keys_and_acl()
-        self.children = [self._child(i, mode) for i in range(slaves + 1)]
+        self.children = [self._child(i, mode, g) for g in range(groups)
+                         for i in range(slaves + 1)]
 
     @property
     def controller_addr(self) -> str:
@@ -123,12 +146,14 @@ class LocalCluster:
         return {"key": str(self.keys_dir / "admin.key_secret"),
                 "server_key": str(self.keys_dir / "broker.key")}
 
-    def _child(self, index: int, mode: str) -> ChildBroker:
-        port = self.base_port + 10 * index
+    def _child(self, index: int, mode: str, group: int = 0) -> ChildBroker:
+        port = self.base_port + GROUP_PORT_STRIDE * group + 10 * index
         master_role = "SYNC_MASTER" if mode == "sync" else "ASYNC_MASTER"
-        home = self.directory / f"broker-{index}"
+        name = f"broker-{index}" if self.groups == 1 else f"{group_name(group)}-{index}"
+        home = self.directory / name
         fields: dict[str, Any] = {
-            "brokerName": "broker-a",
+            "brokerClusterName": CLUSTER_NAME,
+            "brokerName": group_name(group),
             "listenPort": port,
             "haListenPort": port + 1,
             "storePathRootDir": str(home / "store"),
@@ -155,9 +180,8 @@ class LocalCluster:
             )
         fields.update(self._security_keys())
         cfg = load_config(None, (), env={}, **fields)
-        child = ChildBroker(
-            f"broker-{index}", role, f"127.0.0.1:{port}", home / "broker.yaml", home / "broker.log"
-        )
+        child = ChildBroker(name, role, f"127.0.0.1:{port}", home / "broker.yaml",
+                            home / "broker.log", group=group_name(group))
         child.config_path.parent.mkdir(parents=True, exist_ok=True)
         child.config_path.write_text(dump_yaml(cfg))
         return child
@@ -238,9 +262,22 @@ class LocalCluster:
         if self.zookeeper is not None:
             self.zookeeper.stop()
 
-    def master(self, admin: Admin) -> ChildBroker | None:
-        """The child serving as master now (the controller's pick, or broker-0's successor)."""
-        for child in self.children:
+    def group_children(self, group: str) -> list[ChildBroker]:
+        return [c for c in self.children if c.group == group]
+
+    def masters(self, admin: Admin) -> dict[str, ChildBroker]:
+        """Group -> the child serving as its master now (groups without one left out)."""
+        found = {}
+        for group in sorted({c.group for c in self.children}):
+            master = self.master(admin, group)
+            if master is not None:
+                found[group] = master
+        return found
+
+    def master(self, admin: Admin, group: str | None = None) -> ChildBroker | None:
+        """The child serving as master now (the controller's pick, or broker-0's successor),
+        of ``group`` (default: the first group)."""
+        for child in self.group_children(group or self.children[0].group):
             try:
                 s = admin.status(child.address)
             except BrokerError:
@@ -274,11 +311,17 @@ def running_cluster(cluster: LocalCluster) -> Iterator[LocalCluster]:
 def cmd_cluster(args: argparse.Namespace) -> int:
     if args.action != "up":
         raise UsageError("usage: replog cluster up [...]")
-    if args.slaves < 0 or not 1 <= args.base_port <= 65535 - 10 * args.slaves - 2:
+    groups = getattr(args, "groups", 1)
+    top = GROUP_PORT_STRIDE * (groups - 1) + 10 * args.slaves + 2
+    if args.slaves < 0 or not 1 <= args.base_port <= 65535 - top:
         raise UsageError("--slaves must be >= 0 and ports must fit below 65536")
+    if groups > 1 and args.slaves > 7:
+        raise UsageError("with several groups at most 7 slaves each (a group's ports span "
+                         f"{GROUP_PORT_STRIDE})")
     cluster = LocalCluster(Path(args.dir), args.slaves, args.mode, args.base_port,
                            controller=not args.no_controller, zk_port=args.zk_port,
-                           session_ms=args.session_ms, secure=args.secure)
+                           session_ms=args.session_ms, groups=groups,
+                           secure=args.secure)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -297,6 +340,9 @@ def _announce(args: argparse.Namespace, cluster: LocalCluster) -> None:
     if args.json:
         doc: dict[str, Any] = {"dir": str(cluster.directory),
                                "brokers": [c.to_json() for c in cluster.children]}
+        if cluster.zookeeper is not None:
+            doc["zookeeper"] = [{"address": n.address, "pid": n.pid}
+                                for n in cluster.zookeeper.nodes]
         if cluster.secure:
             doc["acl"] = str(cluster.acl_path)
             doc["keys"] = {"key": str(cluster.keys_dir / "admin.key_secret"),
@@ -304,12 +350,13 @@ def _announce(args: argparse.Namespace, cluster: LocalCluster) -> None:
         emit_json(doc)
         return
     table = Table(title=f"replog cluster under {cluster.directory}")
-    for col in ("name", "role", "client address", "HA port", "pid", "log"):
+    for col in ("name", "group", "role", "client address", "HA port", "pid", "log"):
         table.add_column(col)
     for c in cluster.children:
         port = int(c.address.rsplit(":", 1)[1])
         table.add_row(
             c.name,
+            c.group,
             c.role,
             c.address,
             str(port + 1),
@@ -321,6 +368,9 @@ def _announce(args: argparse.Namespace, cluster: LocalCluster) -> None:
         out.print(f"controller: ZooKeeper at {cluster.controller_addr} (session "
                   f"{cluster.session_ms} ms): `replog controller status -s "
                   f"{cluster.children[0].address}`")
+    if cluster.groups > 1:
+        out.print(f"{cluster.groups} broker groups share the cluster: `replog status --cluster "
+                  f"-s {cluster.children[0].address}`, `replog topics --create T --queues 4`")
     if cluster.secure:
         curve = cluster.client_curve()
         out.print(f"CURVE and ACL on ({cluster.acl_path}); the CLI needs its key:")

@@ -40,20 +40,34 @@ def cmd_offsets(args: argparse.Namespace) -> int:
     timestamp = parse_time_ms(args.time) if args.time is not None else None
     with Consumer(args.servers, group=args.group or "replog-cli",
                   timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
-        queues = [args.queue] if args.queue is not None else range(consumer.queue_nums(args.topic))
+        multi = len(consumer.route_table().groups) > 1
+        queues: list[tuple[str | None, int]]
+        if not multi:  # one broker group: its queue ids, as always
+            queues = [(args.broker_name, args.queue)] if args.queue is not None else [
+                (args.broker_name, q) for q in range(consumer.queue_nums(
+                    args.topic, broker_name=args.broker_name))]
+        else:
+            queues = [(q.broker_name, q.queue_id) for q in consumer.queues(args.topic)
+                      if args.broker_name in (None, q.broker_name)
+                      and args.queue in (None, q.queue_id)]
+            if not queues and args.broker_name is not None and args.queue is not None:
+                queues = [(args.broker_name, args.queue)]
         rows = []
-        for q in queues:
-            row: dict[str, Any] = {
+        for name, q in queues:
+            row: dict[str, Any] = {"brokerName": name} if multi else {}
+            row.update({
                 "queueId": q,
-                "minOffset": consumer.min_offset(args.topic, q),
-                "maxOffset": consumer.max_offset(args.topic, q),
-            }
+                "minOffset": consumer.min_offset(args.topic, q, broker_name=name),
+                "maxOffset": consumer.max_offset(args.topic, q, broker_name=name),
+            })
             if timestamp is not None:
-                row["offsetAtTime"] = consumer.search_offset(args.topic, q, timestamp)
+                row["offsetAtTime"] = consumer.search_offset(args.topic, q, timestamp,
+                                                             broker_name=name)
             if args.group is not None:
-                committed = consumer.fetch_offset(args.topic, q)
+                committed = consumer.fetch_offset(args.topic, q, broker_name=name)
                 if args.reset:
-                    consumer.commit_offset(args.topic, q, row["offsetAtTime"])
+                    consumer.commit_offset(args.topic, q, row["offsetAtTime"],
+                                           broker_name=name)
                     row["previousOffset"], committed = committed, row["offsetAtTime"]
                 row["committedOffset"] = committed
                 row["lag"] = row["maxOffset"] - max(committed, row["minOffset"])
@@ -75,6 +89,11 @@ def cmd_offsets(args: argparse.Namespace) -> int:
     out.print(table)
     return EXIT_OK
 
+
+
+def consumer_multi(consumer: Any) -> bool:
+    """The group consumer reads several broker groups (its queues name their group)."""
+    return any(len(q) > 2 for q in consumer.assignment())
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
@@ -105,7 +124,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         consumed.append(m.to_json())
                     else:
                         body = m.to_json()["body"]
-                        out.print(f"{m.topic}/{m.queue_id}@{m.queue_offset} "
+                        group = f"{m.broker_name}:" if consumer_multi(consumer) else ""
+                        out.print(f"{group}{m.topic}/{m.queue_id}@{m.queue_offset} "
                                   f"{body if body is not None else f'<{len(m.body)} bytes>'}")
         except KeyboardInterrupt:
             pass
@@ -125,19 +145,26 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         raise UsageError("-n must be at least 1")
     with Consumer(args.servers, group=args.group, timeout_ms=args.timeout_ms,
                   **curve_args(args)) as consumer:
-        letters = dead_letters.read(consumer, args.max)
+        every = dead_letters.read_all(consumer, args.max)  # one per broker group holding some
         resent = 0
-        if args.resend and letters.messages:
-            with Producer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as producer:
-                resent = len(dead_letters.redrive(producer, consumer, letters))
+        if args.resend and any(x.messages for x in every):
+            with Producer(args.servers, timeout_ms=args.timeout_ms,
+                          **curve_args(args)) as producer:
+                for letters in every:
+                    resent += len(dead_letters.redrive(producer, consumer, letters))
     rows = [{**m.to_json(), "originTopic": m.properties.get("RETRY_TOPIC", m.topic),
-             "reconsumeTimes": m.reconsume_times} for m in letters.messages]
+             "reconsumeTimes": m.reconsume_times} for x in every for m in x.messages]
+    start = sum(x.start for x in every)
+    end = sum(x.end for x in every)
     if args.json:
-        emit_json({"group": args.group, "fromOffset": letters.start, "maxOffset": letters.end,
-                   "resent": resent, "messages": rows})
+        doc = {"group": args.group, "fromOffset": start, "maxOffset": end,
+               "resent": resent, "messages": rows}
+        if len(every) > 1 or (every and every[0].broker_name):
+            doc["brokers"] = [{"brokerName": x.broker_name, "fromOffset": x.start,
+                               "maxOffset": x.end} for x in every]
+        emit_json(doc)
         return EXIT_OK
-    table = Table(title=f"dead letters of {args.group} (offset {letters.start} of "
-                        f"{letters.end})")
+    table = Table(title=f"dead letters of {args.group} (offset {start} of {end})")
     for col in ("queueOffset", "originTopic", "msgId", "reconsumeTimes", "body"):
         table.add_column(col)
     for row in rows:

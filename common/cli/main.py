@@ -1,19 +1,19 @@
 """The ``replog`` command: its arguments and the command each runs (``docs/contract.md``).
 
     replog broker -c FILE [--set k=v]...
-    replog cluster up [--dir D] [--slaves N] [--mode sync|async] [--base-port P] [--duration S]
-                      [--no-controller] [--zk-port P] [--session-ms MS]
+    replog cluster up [--dir D] [--groups G] [--slaves N] [--mode sync|async] [--base-port P]
+                      [--duration S] [--no-controller] [--zk-port P] [--session-ms MS]
     replog controller status
     replog send -t TOPIC (-b BODY | --file F | --count N --size BYTES) [--tags T] [--keys K]
-                [--queue Q] [--delay-level L]
-    replog pull -t TOPIC [-q QUEUE] [-o OFFSET] [-n MAX] [--group G]
+                [--queue Q] [--broker-name B] [--delay-level L]
+    replog pull -t TOPIC [-q QUEUE] [--broker-name B] [-o OFFSET] [-n MAX] [--group G]
     replog query (--topic T --key K | --msg-id ID | --offset PHYOFFSET)
     replog offsets -t TOPIC [-q QUEUE] [--time T] [--group G [--reset]]   (an extension)
     replog consume -t TOPIC[,TOPIC] --group G [--from latest|earliest] [-n MAX]
                    [--broadcasting [--offsets-file F]]   (an extension)
-    replog topics [-t TOPIC] [--create TOPIC --queues N]   (an extension)
+    replog topics [-t TOPIC] [--create TOPIC --queues N [--broker-names A,B]]   (an extension)
     replog groups [--group G]   (an extension)
-    replog status
+    replog status [--cluster]
     replog promote
     replog keys new NAME [-d DIR]   (a CURVE key pair: NAME.key, NAME.key_secret)
     replog acl [--check FILE]   (the ACL in force, admin; or check a file here)
@@ -71,9 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("job_args", nargs=argparse.REMAINDER)
 
-    p = sub.add_parser("cluster", help="run a local broker group")
+    p = sub.add_parser("cluster", help="run local broker groups on one ZooKeeper")
     p.add_argument("action", choices=["up"])
     p.add_argument("--dir", default="run/cluster")
+    p.add_argument("--groups", type=int, default=1,
+                   help="broker groups broker-a, broker-b, ... (default %(default)s)")
     p.add_argument("--slaves", type=int, default=2)
     p.add_argument("--mode", choices=["sync", "async"], default="sync")
     p.add_argument("--base-port", type=int, default=10911)
@@ -103,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keys")
     p.add_argument("--queue", type=int)
     p.add_argument("--shard-key", help="every message of a key to one queue, in order")
+    p.add_argument("--broker-name", help="the broker group to send to (with --queue: the "
+                   "queue's group, needed when several groups hold the topic)")
     p.add_argument("--delay-level", type=int, default=0)
     p.add_argument("--compress-over", type=int, default=DEFAULT_COMPRESS_OVER_BYTES,
                    metavar="BYTES",
@@ -115,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--max", type=int, default=32)
     p.add_argument("--group", default="replog-cli")
     p.add_argument("--suspend-ms", type=int, default=0)
+    p.add_argument("--broker-name", help="the queue's broker group (needed when several "
+                   "groups hold the topic)")
 
     p = _client(sub, "consume", "read topics as a member of a consumer group")
     p.add_argument("-t", "--topic", required=True, help="a topic or t1,t2")
@@ -148,11 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="show the group's committed offsets and lag")
     p.add_argument("--reset", action="store_true",
                    help="commit the offsets at --time for --group (replay or skip from then)")
+    p.add_argument("--broker-name", help="only the queues of this broker group")
 
-    p = _client(sub, "topics", "the group's topics, queues and messages; make or grow a topic")
+    p = _client(sub, "topics", "the cluster's topics, queues and messages per broker group; "
+                "make or grow a topic")
     p.add_argument("-t", "--topic", help="only this topic")
-    p.add_argument("--create", metavar="TOPIC", help="make TOPIC, or give it more queues")
+    p.add_argument("--create", metavar="TOPIC", help="make TOPIC, or give it more queues, on "
+                   "every broker group's master")
     p.add_argument("--queues", type=int, help="with --create: the queue count (never fewer)")
+    p.add_argument("--broker-names", metavar="A,B", help="with --create: only these groups")
 
     p = _client(sub, "groups", "consumer groups: members, lag per topic, dead letters")
     p.add_argument("--group", help="only this group")
@@ -160,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _client(sub, "acl", "the ACL a broker has in force (admin); --check FILE checks one")
     p.add_argument("--check", metavar="FILE", help="parse FILE here, as a broker would")
 
-    _client(sub, "status", "one broker's state")
+    p = _client(sub, "status", "one broker's state (--cluster: every broker group's)")
+    p.add_argument("--cluster", action="store_true",
+                   help="every broker group of the cluster: master, epoch, set, topics")
     p = _client(sub, "promote", "turn the slave at -s into the master "
                 "(controller mode: a planned switchover to it)")
     p.add_argument("--role", choices=["SYNC_MASTER", "ASYNC_MASTER"], default="SYNC_MASTER")

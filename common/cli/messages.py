@@ -45,6 +45,7 @@ def cmd_send(args: argparse.Namespace) -> int:
                 queue_id=args.queue,
                 delay_level=args.delay_level,
                 shard_key=args.shard_key,
+                broker_name=args.broker_name,
             )
             return _print_sends(args, [result], single=True)
         results = _send_many(producer, args)
@@ -64,14 +65,15 @@ def _send_many(producer: Producer, args: argparse.Namespace) -> list[SendResult]
             for i in range(args.count):
                 results.append(producer.send(args.topic, body_for(i), args.tags, args.keys,
                                              queue_id=args.queue, delay_level=args.delay_level,
-                                             shard_key=args.shard_key))
+                                             shard_key=args.shard_key,
+                                             broker_name=args.broker_name))
                 progress.advance(task)
             return results
         for i in range(args.count):
             futures.append(
                 producer.send_async(
                     args.topic, body_for(i), args.tags, args.keys, queue_id=args.queue,
-                    shard_key=args.shard_key,
+                    shard_key=args.shard_key, broker_name=args.broker_name,
                 )
             )
             futures[-1].add_done_callback(lambda _f: progress.advance(task))
@@ -99,6 +101,7 @@ def _print_sends(args: argparse.Namespace, results: list[SendResult], single: bo
                 [
                     ("status", r.status.value),
                     ("msgId", r.msg_id),
+                    ("brokerName", r.broker_name),
                     ("queueId", r.queue_id),
                     ("queueOffset", r.queue_offset),
                     ("commitLogOffset", r.commit_log_offset),
@@ -118,9 +121,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
                   **curve_args(args)) as consumer:
         offset = args.offset
         if offset is None:
-            committed = consumer.fetch_offset(args.topic, args.queue)
+            committed = consumer.fetch_offset(args.topic, args.queue,
+                                              broker_name=args.broker_name)
             offset = max(0, committed)
-        result = consumer.pull(args.topic, args.queue, offset, args.max, suspend_ms=args.suspend_ms)
+        result = consumer.pull(args.topic, args.queue, offset, args.max,
+                               suspend_ms=args.suspend_ms, broker_name=args.broker_name)
     if args.json:
         emit_json(result.to_json())
     else:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
-from common.client.cluster import ClientBase
+from common.client.cluster import ClientBase, Cluster
+from common.client.routes import parse_cluster_info, unknown_group
+from common.client.routing import RouteTable
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import MessageExt
 from common.format.protocol import (
@@ -17,29 +18,44 @@ from common.format.protocol import (
 )
 from common.format.tables import loads, parse_offsets, parse_topics
 
-
-def parse_cluster_info(resp: Any) -> dict[str, Any]:
-    """CLUSTER_INFO's answer: one JSON document in the body frame."""
-    try:
-        doc = json.loads(bytes(resp.bodies[0]).decode("utf-8"))
-    except (IndexError, UnicodeDecodeError, ValueError) as e:
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed cluster info: {e}",
-                          False) from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, "malformed cluster info: no groups", False)
-    return doc
+__all__ = ["Admin", "parse_cluster_info"]
 
 
 class Admin(ClientBase):
-    """Status, promotion, topics and message look-ups against one broker or the group."""
+    """Status, promotion, topics and message look-ups against one broker, a group, or every
+    group of the cluster."""
 
     def cluster_info(self, address: str | None = None) -> dict[str, Any]:
-        """Every broker group of the cluster with its master, slaves and topics (any broker
-        answers: in controller mode from ZooKeeper, otherwise its own group)."""
+        """Every broker group of the cluster with its master, slaves, topics and their perms
+        (any broker answers: in controller mode from ZooKeeper, otherwise its own group)."""
         resp = self._cluster.request(address or self.servers[0], RequestCode.CLUSTER_INFO)
         if not resp.ok:
             raise BrokerError(resp.code, resp.remark)
         return parse_cluster_info(resp)
+
+    def route_table(self, fresh: bool = False) -> RouteTable:
+        """The cluster's route table as this client keeps it (waits up to ``timeout_ms``
+        while no broker gives one; asked again now with ``fresh``)."""
+        if fresh:
+            return self._routes.refresh()
+        return self._routes.wait_table(self._closed, self.timeout_ms)
+
+    def broker_names(self) -> list[str]:
+        """The cluster's broker groups, as the route table names them."""
+        return self._routes.wait_table(self._closed, self.timeout_ms).group_names
+
+    def _groups(self, broker_names: list[str] | None = None) -> list[tuple[str, Cluster]]:
+        """(group, its master discovery) for every group of the cluster, or those named."""
+        table = self._routes.wait_table(self._closed, self.timeout_ms)
+        names = table.group_names
+        if broker_names is not None:
+            for name in broker_names:
+                if name not in table.groups:
+                    table = self._routes.recheck(name)
+                    if name not in table.groups:
+                        raise unknown_group(name, table)
+            names = sorted(set(broker_names))
+        return [(name, self._routes.cluster(name, table)) for name in names]
 
     def status(self, address: str | None = None,
                timeout_ms: int | None = None) -> dict[str, Any]:
@@ -61,7 +77,10 @@ class Admin(ClientBase):
         """A broker's table as its file holds it (JSON bytes): ``RequestCode.
         GET_ALL_TOPIC_CONFIG`` (topics.json), ``GET_ALL_CONSUMER_OFFSET`` (consumerOffset.json)
         or ``GET_ALL_DELAY_OFFSET`` (delayOffset.json); what a slave copies from its master."""
-        resp = self._cluster.request(address or self.servers[0], code, {})
+        return self._config_document(self._cluster, code, address or self.servers[0])
+
+    def _config_document(self, cluster: Cluster, code: RequestCode, address: str) -> bytes:
+        resp = cluster.request(address, code, {})
         if not resp.ok:
             raise BrokerError(resp.code, resp.remark)
         if len(resp.bodies) != 1:
@@ -69,20 +88,34 @@ class Admin(ClientBase):
                               f"{code.name}: {len(resp.bodies)} body frames, expected 1")
         return bytes(resp.bodies[0])
 
-    def create_topic(self, topic: str, queue_nums: int) -> int:
-        """Make ``topic`` with ``queue_nums`` queues on the group's master, or grow it to that
-        many (RocketMQ's updateTopic); returns how many it had before (0: it is new). A topic
-        never shrinks: fewer queues than it has is refused (BAD_REQUEST)."""
+    def create_topic(self, topic: str, queue_nums: int,
+                     broker_names: list[str] | None = None) -> int:
+        """Make ``topic`` with ``queue_nums`` queues on the master of every broker group of the
+        cluster (or of the groups named), or grow it to that many (RocketMQ's updateTopic on
+        each broker of the cluster); returns how many it had before where it had the fewest
+        (0: it is new somewhere). A topic never shrinks: fewer queues than a group has is
+        refused (BAD_REQUEST) by that group. ``create_topic_on_groups`` says group by group."""
+        return min(self.create_topic_on_groups(topic, queue_nums, broker_names).values())
 
-        def attempt(address: str) -> int:
-            resp = self._cluster.request(
-                address, RequestCode.CREATE_TOPIC, {"topic": topic, "queueNums": queue_nums}
-            )
-            if not resp.ok:
-                raise BrokerError(resp.code, resp.remark)
-            return int(resp.fields.get("before", 0))
+    def create_topic_on_groups(self, topic: str, queue_nums: int,
+                               broker_names: list[str] | None = None) -> dict[str, int]:
+        """``create_topic``, returning group -> the queue count it had before. Each master
+        publishes its topics to ZooKeeper at once, so the cluster's route names the topic
+        right after (clients take it at their next route refresh)."""
+        before: dict[str, int] = {}
+        for name, cluster in self._groups(broker_names):
 
-        return self._with_retries(attempt)  # type: ignore[no-any-return]
+            def attempt(address: str, cluster: Cluster = cluster, name: str = name) -> int:
+                resp = cluster.request(
+                    address, RequestCode.CREATE_TOPIC, {"topic": topic, "queueNums": queue_nums}
+                )
+                if not resp.ok:
+                    raise BrokerError(resp.code, f"{name}: {resp.remark}")
+                return int(resp.fields.get("before", 0))
+
+            before[name] = self._with_retries(attempt, cluster=cluster)
+        self._routes.invalidate()
+        return before
 
     def acl_info(self, address: str | None = None) -> dict[str, Any]:
         """The ACL a broker has in force (GET_BROKER_CLUSTER_ACL_INFO, admin accounts only):
@@ -94,32 +127,62 @@ class Admin(ClientBase):
         return dict(resp.fields)
 
     def topics(self) -> dict[str, int]:
-        """Every topic the group's master has, with its queue count (its topics.json; RocketMQ's
-        topicList, Kafka's listTopics). Topics are made on first use unless the master's
-        ``autoCreateTopicEnable`` is off."""
+        """Every topic of the cluster with its queue count over all groups (one group: its
+        master's topics.json; RocketMQ's topicList, Kafka's listTopics). Topics are made on
+        first use unless the masters' ``autoCreateTopicEnable`` is off. ``topic_layout``
+        gives each group's count."""
+        return {topic: sum(groups.values()) for topic, groups in self.topic_layout().items()}
 
-        def attempt(address: str) -> dict[str, int]:
-            raw = self.config_document(RequestCode.GET_ALL_TOPIC_CONFIG, address)
-            try:
-                queues, _ = parse_topics(loads(raw, "topics.json"), f"topics.json of {address}")
-            except ValueError as e:
-                raise BrokerError(ResponseCode.SYSTEM_ERROR, str(e)) from None
-            return queues
+    def topic_layout(self) -> dict[str, dict[str, int]]:
+        """topic -> group -> queue count, read from every group's master."""
+        out: dict[str, dict[str, int]] = {}
+        for name, cluster in self._groups():
 
-        return self._with_retries(attempt)  # type: ignore[no-any-return]
+            def attempt(address: str, cluster: Cluster = cluster) -> dict[str, int]:
+                raw = self._config_document(cluster, RequestCode.GET_ALL_TOPIC_CONFIG, address)
+                try:
+                    queues, _ = parse_topics(loads(raw, "topics.json"),
+                                             f"topics.json of {address}")
+                except ValueError as e:
+                    raise BrokerError(ResponseCode.SYSTEM_ERROR, str(e)) from None
+                return queues
 
-    def master_address(self) -> str:
+            for topic, nums in self._with_retries(attempt, cluster=cluster).items():
+                out.setdefault(topic, {})[name] = nums
+        return out
+
+    def master_address(self, broker_name: str | None = None) -> str:
         """The client address of the group's master (the broker of the highest epoch that
-        answers as master); NoMasterError when none does."""
-        return self._cluster.master()
+        answers as master); NoMasterError when none does. Over several groups, name one."""
+        if broker_name is None:
+            return self._cluster.master()
+        ((_, cluster),) = self._groups([broker_name])
+        return cluster.master()
 
     def group_offsets(self) -> dict[str, dict[str, dict[int, int]]]:
         """Every consumer group's committed offsets on the group's master: group -> topic ->
         queue -> the next offset to consume (its consumerOffset.json; RocketMQ's
-        GET_ALL_CONSUMER_OFFSET, Kafka's listConsumerGroupOffsets for every group)."""
+        GET_ALL_CONSUMER_OFFSET, Kafka's listConsumerGroupOffsets for every group). Over
+        several broker groups: ``group_offsets_by_broker``."""
+        return self._group_offsets(self._cluster)
 
+    def group_offsets_by_broker(self) -> dict[str, dict[str, dict[str, dict[int, int]]]]:
+        """broker group -> ``group_offsets`` of its master, for every group of the cluster."""
+        return {name: self._group_offsets(cluster) for name, cluster in self._groups()}
+
+    def status_of_masters(self) -> dict[str, dict[str, Any]]:
+        """broker group -> its master's status, for every group that has a master now."""
+        out = {}
+        for name, cluster in self._groups():
+            try:
+                out[name] = cluster.status(cluster.master())
+            except BrokerError:
+                continue
+        return out
+
+    def _group_offsets(self, cluster: Cluster) -> dict[str, dict[str, dict[int, int]]]:
         def attempt(address: str) -> dict[str, dict[str, dict[int, int]]]:
-            raw = self.config_document(RequestCode.GET_ALL_CONSUMER_OFFSET, address)
+            raw = self._config_document(cluster, RequestCode.GET_ALL_CONSUMER_OFFSET, address)
             source = f"consumerOffset.json of {address}"
             try:
                 table = parse_offsets(loads(raw, source), source)
@@ -131,7 +194,7 @@ class Admin(ClientBase):
                 out.setdefault(group, {})[topic] = dict(queues)
             return out
 
-        return self._with_retries(attempt)  # type: ignore[no-any-return]
+        return self._with_retries(attempt, cluster=cluster)  # type: ignore[no-any-return]
 
     def query_by_key(
         self, topic: str, key: str, max_nums: int = 32, address: str | None = None

@@ -345,6 +345,9 @@ class ClientBase:
         self._transport = Transport(name=type(self).__name__, curve=curve, **transport_args)
         self._cluster = Cluster(self._transport, self.servers, timeout_ms, route_ttl_ms)
         self._closed = threading.Event()
+        from common.client.routes import Routes  # routes.py builds on this module
+
+        self._routes = Routes(self._transport, self._cluster, timeout_ms, route_ttl_ms)
 
     def __enter__(self) -> Any:
         return self
@@ -363,14 +366,17 @@ class ClientBase:
 
     def _with_retries(self, attempt: Callable[[str], Any], fixed: str | None = None,
                       read_from: str | None = None, read: bool = False,
-                      wait_for_master: bool = True) -> Any:
+                      wait_for_master: bool = True, cluster: Cluster | None = None) -> Any:
         """Run ``attempt(master_address)``; retry retriable errors, re-discovering the master.
 
         With ``fixed`` (a consumer reading from a chosen broker) no master is needed at all;
         with ``read`` the broker is the one ``read_from`` prefers (``Cluster.reader``: the
         master, or a slave while none answers). ``wait_for_master`` False: NoMasterError at
         once when no master answers, instead of waiting for one up to ``timeout_ms``.
+        ``cluster``: the broker group's master discovery (one group of several); default, the
+        one made from ``servers``.
         """
+        group = cluster or self._cluster
         give_up = time.monotonic() + self.timeout_ms / 1000.0  # for finding a master
         n = 0
         while True:
@@ -379,9 +385,9 @@ class ClientBase:
                 if fixed:
                     address = fixed
                 elif read:
-                    address = self._cluster.reader(read_from)
+                    address = group.reader(read_from)
                 else:
-                    address = self._cluster.master()
+                    address = group.master()
                 return attempt(address)
             except NoMasterError:
                 # each discovery waits up to DISCOVERY_TIMEOUT_MS for an answer: no spin here
@@ -390,7 +396,7 @@ class ClientBase:
                     raise
             except BrokerError as e:
                 if isinstance(e, ClientTimeoutError) or e.code in REDISCOVER_CODES:
-                    self._cluster.forget(address)
+                    group.forget(address)
                 if not e.retriable or n == self.retries or self._closed.is_set():
                     raise
                 self._closed.wait(min(MAX_BACKOFF_S, 0.05 * 2**n))

@@ -39,34 +39,55 @@ _NOT_CARRIED = {PROPERTY_TAGS, PROPERTY_KEYS, SCHEDULE_SOURCE, "DELAY", "REAL_TO
 
 @dataclasses.dataclass
 class Letters:
-    """Dead letters of ``group`` from ``start`` (its committed DLQ offset, or the DLQ's start)."""
+    """Dead letters of ``group`` from ``start`` (its committed DLQ offset, or the DLQ's start),
+    in one broker group's DLQ (``broker_name``; None with one broker group)."""
 
     group: str
     start: int
     end: int  # the DLQ's max offset when read
     messages: list[MessageExt]
+    broker_name: str | None = None
 
 
-def read(consumer: Consumer, max_nums: int) -> Letters:
-    """Up to ``max_nums`` dead letters of the consumer's group, from its position in its DLQ."""
+def read(consumer: Consumer, max_nums: int, broker_name: str | None = None) -> Letters:
+    """Up to ``max_nums`` dead letters of the consumer's group, from its position in its DLQ
+    (over several broker groups: the DLQ of ``broker_name``; ``read_all`` reads each)."""
     topic = dlq_topic(consumer.group)
     try:
-        consumer.queue_nums(topic)
+        consumer.queue_nums(topic, broker_name=broker_name)
     except BrokerError as e:
         if e.code != ResponseCode.TOPIC_NOT_EXIST:
             raise
-        return Letters(consumer.group, 0, 0, [])  # the group never gave up on a message
-    start = max(consumer.fetch_offset(topic, DLQ_QUEUE), consumer.min_offset(topic, DLQ_QUEUE))
-    end = consumer.max_offset(topic, DLQ_QUEUE)
+        return Letters(consumer.group, 0, 0, [], broker_name)  # it never gave up on one
+    start = max(consumer.fetch_offset(topic, DLQ_QUEUE, broker_name=broker_name),
+                consumer.min_offset(topic, DLQ_QUEUE, broker_name=broker_name))
+    end = consumer.max_offset(topic, DLQ_QUEUE, broker_name=broker_name)
     found: list[MessageExt] = []
     offset = start
     while offset < end and len(found) < max_nums:
-        pr = consumer.pull(topic, DLQ_QUEUE, offset, min(32, max_nums - len(found)))
+        pr = consumer.pull(topic, DLQ_QUEUE, offset, min(32, max_nums - len(found)),
+                           broker_name=broker_name)
         if pr.status != PullStatus.FOUND or not pr.messages:
             break
         found += pr.messages
         offset = pr.next_begin_offset
-    return Letters(consumer.group, start, end, found)
+    return Letters(consumer.group, start, end, found, broker_name)
+
+
+def read_all(consumer: Consumer, max_nums: int) -> list[Letters]:
+    """``read`` of every broker group's DLQ of the consumer's group (a message goes back to
+    the group it was read from, so each broker group keeps its own dead letters); one entry
+    with one broker group. At most ``max_nums`` letters in all."""
+    table = consumer.route_table()
+    if len(table.groups) <= 1:
+        return [read(consumer, max_nums)]
+    out: list[Letters] = []
+    for name in sorted(table.topics.get(dlq_topic(consumer.group), {})):
+        letters = read(consumer, max_nums - sum(len(x.messages) for x in out), name)
+        out.append(letters)
+        if sum(len(x.messages) for x in out) >= max_nums:
+            break
+    return out
 
 
 def redrive(producer: Producer, consumer: Consumer, letters: Letters) -> list[SendResult]:
@@ -80,12 +101,13 @@ def redrive(producer: Producer, consumer: Consumer, letters: Letters) -> list[Se
         props.setdefault(PROPERTY_RETRY_TOPIC, msg.topic)
         props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, msg.msg_id)
         result = producer.send(topic, msg.body, tags=msg.tags, keys=msg.keys, properties=props,
-                               flag=msg.flag)
+                               flag=msg.flag, broker_name=letters.broker_name)
         if result.status != SendStatus.SEND_OK:  # stored, not as safe as a send must be
             raise BrokerError(ResponseCode[result.status.name],
                               f"resend of DLQ offset {msg.queue_offset} answered "
                               f"{result.status}: left in the DLQ for the next run "
                               f"({len(results)} resent)")
         results.append(result)
-        consumer.commit_offset(dlq_topic(letters.group), DLQ_QUEUE, msg.queue_offset + 1)
+        consumer.commit_offset(dlq_topic(letters.group), DLQ_QUEUE, msg.queue_offset + 1,
+                               broker_name=letters.broker_name)
     return results

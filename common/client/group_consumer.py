@@ -57,10 +57,23 @@ give::
   A failed message is not retried (RocketMQ drops it in this model): ``reconsume_later``
   refuses.
 
-Failover: the client follows the group's master (the highest epoch) like any client; while
+* **Many broker groups.** Over a cluster of several broker groups a queue is
+  ``(topic, queue_id, broker_name)`` (with one group it stays ``(topic, queue_id)``). The
+  heartbeat goes to every group's master, each of which answers the members it knows; the
+  members share each topic's queues over all groups, (group, id) in RocketMQ's order, with
+  AllocateMessageQueueAveragely, the queues of each group by the member list of that group's
+  master: exactly what that master computes when it fences a commit, so the fence and the
+  allocation agree group by group even while a member's heartbeat reached one master and not
+  yet another. Offsets are committed to the master of the queue's group; pulls go to that
+  group (a slave while it has no master, as ``read_from`` says). The route table is asked
+  again at every heartbeat, so a topic grown or a group added is used within one.
+
+Failover: the client follows each group's master (the highest epoch) like any client; while
 none answers within ``timeout_ms``, ``poll`` raises the BrokerError and the caller polls
 again. The new master knows the group's offsets (a slave copies them, ``slave/config_sync.py``)
-and learns the members from their next heartbeats.
+and learns the members from their next heartbeats. Over several broker groups the other
+groups' queues are read and committed on meanwhile (the member list of a group without a
+master is the last one its master answered).
 
 Not thread-safe (like KafkaConsumer): one thread polls; the heartbeat thread only reports.
 """
@@ -78,6 +91,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from common.client import Consumer, SendResult
+from common.client.routing import RouteTable
 from common.core.allocation import allocate_averagely
 from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
 from common.core.message import (
@@ -95,14 +109,25 @@ LONG_POLL_MS = 500  # one empty round over the queues, then wait this long on on
 STARTS = ("latest", "earliest")
 MODELS = ("clustering", "broadcasting")
 
-Queue = tuple[str, int]
+# (topic, queue id), or over several broker groups (topic, queue id, broker group)
+Queue = tuple[Any, ...]
+
+
+def _group(queue: Queue) -> str | None:
+    return queue[2] if len(queue) > 2 else None
+
+
+def _name(queue: Queue) -> str:
+    return f"{queue[2]}:{queue[0]}/{queue[1]}" if len(queue) > 2 else f"{queue[0]}/{queue[1]}"
 
 
 class LocalOffsets:
     """A broadcasting member's offsets in a file of consumerOffset.json's shape
     (``{"offsetTable": {"topic@group": {"queueId": offset}}}``), written atomically at each
     commit; an unreadable file is refused at start (ValueError naming it), never overwritten.
-    Other groups' entries in the file are written back as they were read."""
+    Other groups' entries in the file are written back as they were read. Over several broker
+    groups the offsets of each broker group's queues are under ``"brokerOffsetTable":
+    {brokerName: {"topic@group": {"queueId": offset}}}`` beside it."""
 
     def __init__(self, path: Path, group: str):
         self.path = path
@@ -110,23 +135,38 @@ class LocalOffsets:
         doc = read_json(path)
         table = parse_offsets(doc, str(path)) if doc is not None else {}
         self._offsets: dict[Queue, int] = {}
-        self._others: dict[str, dict[str, int]] = {}
-        for key, queues in table.items():
-            topic, _, owner = key.rpartition("@")
-            if owner == group:
-                self._offsets.update({(topic, q): o for q, o in queues.items()})
-            else:
-                self._others[key] = {str(q): o for q, o in queues.items()}
+        self._others: dict[str | None, dict[str, dict[str, int]]] = {}
+        brokers = doc.get("brokerOffsetTable", {}) if isinstance(doc, dict) else {}
+        if not isinstance(brokers, dict):  # a bad file: refused like parse_offsets refuses
+            raise ValueError(f"{path}: brokerOffsetTable must be a JSON object")  # noqa: TRY004
+        tables: dict[str | None, dict[str, dict[int, int]]] = {None: table}
+        for broker, inner in brokers.items():
+            tables[broker] = parse_offsets({"offsetTable": inner}, f"{path} ({broker})")
+        for broker, entries in tables.items():
+            for key, queues in entries.items():
+                topic, _, owner = key.rpartition("@")
+                if owner == group:
+                    self._offsets.update({
+                        ((topic, q) if broker is None else (topic, q, broker)): o
+                        for q, o in queues.items()})
+                else:
+                    self._others.setdefault(broker, {})[key] = {
+                        str(q): o for q, o in queues.items()}
 
     def get(self, queue: Queue) -> int:
         return self._offsets.get(queue, -1)
 
     def put_all(self, offsets: dict[Queue, int]) -> None:
         self._offsets.update(offsets)
-        table: dict[str, dict[str, int]] = dict(self._others)
-        for (topic, q), offset in sorted(self._offsets.items()):
-            table.setdefault(f"{topic}@{self.group}", {})[str(q)] = offset
-        atomic_write_json(self.path, {"offsetTable": table})
+        tables: dict[str | None, dict[str, dict[str, int]]] = {
+            b: dict(t) for b, t in self._others.items()}
+        for queue, offset in sorted(self._offsets.items(), key=lambda kv: repr(kv[0])):
+            table = tables.setdefault(_group(queue), {})
+            table.setdefault(f"{queue[0]}@{self.group}", {})[str(queue[1])] = offset
+        doc: dict[str, Any] = {"offsetTable": tables.pop(None, {})}
+        if tables:
+            doc["brokerOffsetTable"] = dict(sorted(tables.items()))
+        atomic_write_json(self.path, doc)
 
 
 def default_offsets_path(group: str, client_id: str | None) -> Path:
@@ -183,7 +223,10 @@ class GroupConsumer:
         self._consumer = Consumer(servers, group=group, timeout_ms=timeout_ms, key=key,
                                   server_key=server_key)
         self._lock = threading.Lock()
-        self._view: tuple[list[str], list[Queue]] = ([], [])  # members, every queue (sorted)
+        # members (per broker group: None with one group), every queue (sorted)
+        self._view: tuple[dict[str | None, list[str]], list[Queue]] = ({}, [])
+        self._multi = False  # the view applied has several broker groups (queues name theirs)
+        self._route_multi = False  # the last route table had several (heartbeat thread)
         self._view_version = 0
         self._applied_version = -1
         self._assigned: list[Queue] = []
@@ -215,21 +258,38 @@ class GroupConsumer:
         return list(self._assigned)
 
     def members(self) -> list[str]:
+        """The consumer group's live members (over several broker groups: every member any
+        group's master knows)."""
         with self._lock:
-            return list(self._view[0])
+            return sorted({m for ms in self._view[0].values() for m in ms})
 
-    def position(self, topic: str, queue_id: int) -> int:
+    def position(self, topic: str, queue_id: int, broker_name: str | None = None) -> int:
         """The next offset ``poll`` reads in an assigned queue (KeyError if not assigned)."""
-        return self._positions[(topic, queue_id)]
+        return self._positions[self._key(topic, queue_id, broker_name)]
 
-    def seek(self, topic: str, queue_id: int, offset: int) -> None:
+    def _key(self, topic: str, queue_id: int, broker_name: str | None) -> Queue:
+        """The queue of (topic, id[, group]): the group may be left out while one assigned
+        queue has that topic and id."""
+        if not self._multi:
+            return (topic, queue_id)
+        if broker_name is not None:
+            return (topic, queue_id, broker_name)
+        held = [q for q in self._positions if q[0] == topic and q[1] == queue_id]
+        if len(held) == 1:
+            return held[0]
+        raise ValueError(f"{topic}/{queue_id} is assigned in groups "
+                         f"{', '.join(str(_group(q)) for q in held) or 'none'}: "
+                         "name its group (broker_name=)")
+
+    def seek(self, topic: str, queue_id: int, offset: int,
+             broker_name: str | None = None) -> None:
         """Read an assigned queue from ``offset`` on (Kafka's ``seek``): replay, or skip ahead.
         Committed like any progress; an offset outside the queue is moved to its nearest end
         at the next pull (the broker answers OFFSET_ILLEGAL with where to go)."""
-        queue = (topic, queue_id)
+        queue = self._key(topic, queue_id, broker_name)
         if queue not in self._positions:
-            raise ValueError(f"{topic}/{queue_id} is not assigned to this member "
-                             f"({', '.join(f'{t}/{q}' for t, q in self._assigned) or 'none'})")
+            raise ValueError(f"{_name(queue)} is not assigned to this member "
+                             f"({', '.join(_name(q) for q in self._assigned) or 'none'})")
         if offset < 0:
             raise ValueError(f"offset must be >= 0, not {offset}")
         self._positions[queue] = offset
@@ -312,7 +372,8 @@ class GroupConsumer:
             if self._committed.get(queue) == offset:
                 continue
             try:
-                self._consumer.commit_offset(queue[0], queue[1], offset, self.client_id)
+                self._consumer.commit_offset(queue[0], queue[1], offset, self.client_id,
+                                             broker_name=_group(queue))
             except BrokerError as e:
                 if e.code != ResponseCode.CONSUMER_NOT_ONLINE:
                     raise
@@ -335,7 +396,10 @@ class GroupConsumer:
         try:
             if self.auto_commit:
                 self.commit()
-            if not self.broadcasting:
+            if not self.broadcasting and self._multi:
+                self._consumer.heartbeat_groups(self.client_id, self.session_timeout_ms,
+                                                leave=True)
+            elif not self.broadcasting:
                 self._consumer.heartbeat(self.client_id, self.session_timeout_ms, leave=True)
         except BrokerError as e:
             log.warning("event=group_consumer_close_incomplete group=%s error=%s", self.group, e)
@@ -360,7 +424,7 @@ class GroupConsumer:
             # from what the group committed (at least once)
             offset = self._positions[queue] = self._committed[queue] = self._start_offset(queue)
         pr = self._consumer.pull(queue[0], queue[1], offset, self.max_messages,
-                                 suspend_ms=suspend_ms)
+                                 suspend_ms=suspend_ms, broker_name=_group(queue))
         if pr.status == PullStatus.FOUND and pr.messages:
             self._positions[queue] = pr.next_begin_offset
             self._last = (queue, {m.commit_log_offset: m.queue_offset for m in pr.messages})
@@ -381,11 +445,14 @@ class GroupConsumer:
                 return
             members, queues = self._view
             version = self._view_version
+        self._multi = None not in members
         if self.broadcasting:
             mine = list(queues)  # every queue of the topics read, sorted
-        else:
+        elif None in members:  # one broker group: its queue ids
             mine = [q for topic in self._read_topics for q in allocate_averagely(
-                [x for x in queues if x[0] == topic], members, self.client_id)]
+                [x for x in queues if x[0] == topic], members[None], self.client_id)]
+        else:
+            mine = allocate_over_groups(self._read_topics, queues, members, self.client_id)
         revoked = [q for q in self._assigned if q not in mine]
         if revoked and self.on_revoked is not None:
             self.on_revoked(revoked)  # positions still held: a commit() there may still land
@@ -399,39 +466,64 @@ class GroupConsumer:
         added = [q for q in mine if q not in self._assigned]
         if mine != self._assigned:
             log.info("event=group_rebalanced group=%s client=%s members=%d queues=%s",
-                     self.group, self.client_id, len(members),
-                     ",".join(f"{t}/{q}" for t, q in mine) or "-")
+                     self.group, self.client_id,
+                     len({m for ms in members.values() for m in ms}),
+                     ",".join(map(_name, mine)) or "-")
         self._assigned = mine
         self._applied_version = version
         if added and self.on_assigned is not None:
             self.on_assigned(added)
 
     def _start_offset(self, queue: Queue) -> int:
+        group = _group(queue)
         committed = (self._local.get(queue) if self._local is not None
-                     else self._consumer.fetch_offset(queue[0], queue[1]))
+                     else self._consumer.fetch_offset(queue[0], queue[1], broker_name=group))
         if committed >= 0:
             return committed
         if self.start == "earliest" or queue[0].startswith(RETRY_PREFIX):
-            return self._consumer.min_offset(queue[0], queue[1])
-        return self._consumer.max_offset(queue[0], queue[1])
+            return self._consumer.min_offset(queue[0], queue[1], broker_name=group)
+        return self._consumer.max_offset(queue[0], queue[1], broker_name=group)
 
     def _refresh(self) -> None:
-        """One heartbeat and a look at the topics' queue counts (the heartbeat thread); a
-        broadcasting member is no member of anything and sends none."""
-        members = ([self.client_id] if self.broadcasting
-                   else self._consumer.heartbeat(self.client_id, self.session_timeout_ms))
-        queues = []
-        for topic in self._read_topics:
-            try:
-                queues += [(topic, q) for q in range(self._consumer.queue_nums(topic))]
-            except BrokerError as e:
-                if e.code != ResponseCode.TOPIC_NOT_EXIST:
-                    raise
+        """One heartbeat and a look at the topics' queues (the heartbeat thread); a
+        broadcasting member is no member of anything and sends none. Over several broker
+        groups: a heartbeat to every group's master and a fresh route table."""
+        table = self._consumer.route_table(fresh=self._route_multi)
+        self._route_multi = len(table.groups) > 1
+        if self._route_multi:
+            members, queues = self._refresh_groups(table)
+        else:
+            members = {None: [self.client_id] if self.broadcasting
+                       else self._consumer.heartbeat(self.client_id, self.session_timeout_ms)}
+            queues = []
+            for topic in self._read_topics:
+                try:
+                    queues += [(topic, q) for q in range(self._consumer.queue_nums(topic))]
+                except BrokerError as e:
+                    if e.code != ResponseCode.TOPIC_NOT_EXIST:
+                        raise
         with self._lock:
             if (members, queues) != self._view:
                 self._view = (members, queues)
                 self._view_version += 1
                 self._changed.set()
+
+    def _refresh_groups(self, table: RouteTable
+                        ) -> tuple[dict[str | None, list[str]], list[Queue]]:
+        queues: list[Queue] = [(topic, mq.queue_id, mq.broker_name)
+                               for topic in self._read_topics for mq in table.queues(topic)]
+        if self.broadcasting:
+            return {name: [self.client_id] for name in table.group_names}, queues
+        answered = self._consumer.heartbeat_groups(self.client_id, self.session_timeout_ms)
+        with self._lock:
+            before = self._view[0]
+        members: dict[str | None, list[str]] = {}
+        for name in table.group_names:
+            known = answered.get(name)
+            # a group without a master now: the list its master answered last (it fences by
+            # whatever list its next master learns; commits wait for that master anyway)
+            members[name] = known if known is not None else list(before.get(name, []))
+        return members, queues
 
     def _run(self) -> None:
         while not self._stop.wait(self.heartbeat_ms / 1000.0):
@@ -442,5 +534,20 @@ class GroupConsumer:
 
     def status(self) -> dict[str, Any]:
         return {"clientId": self.client_id, "members": self.members(),
-                "assignment": [f"{t}/{q}" for t, q in self._assigned],
-                "positions": {f"{t}/{q}": o for (t, q), o in self._positions.items()}}
+                "assignment": [_name(q) for q in self._assigned],
+                "positions": {_name(q): o for q, o in self._positions.items()}}
+
+
+def allocate_over_groups(topics: Iterable[str], queues: list[Queue],
+                         members: dict[str | None, list[str]], me: str) -> list[Queue]:
+    """The queues ``me`` reads over several broker groups: per topic, its queues over every
+    group ((group, id) in RocketMQ's order) shared by AllocateMessageQueueAveragely, each
+    group's queues by the members that group's master knows (what its commit fence computes,
+    ``common/broker/consumer_groups.py``)."""
+    mine: list[Queue] = []
+    for topic in topics:
+        pairs = sorted((q[2], q[1]) for q in queues if q[0] == topic)
+        for name in sorted({g for g, _ in pairs}):
+            mine += [(topic, qid, g) for g, qid in
+                     allocate_averagely(pairs, members.get(name, []), me) if g == name]
+    return mine

@@ -18,6 +18,7 @@ from common.client.cluster import (
     REDISCOVER_CODES,
     ROUTE_TTL_MS,
     ClientBase,
+    Cluster,
 )
 from common.client.results import (
     ClientTimeoutError,
@@ -26,8 +27,10 @@ from common.client.results import (
     pack_bodies,
     send_results,
 )
+from common.client.routes import one_group_of, queues_in, unknown_group
+from common.client.routing import MessageQueue, RouteTable, queue_for_key
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS, AsyncItem
-from common.core.errors import BrokerError, ResponseCode
+from common.core.errors import BrokerError, ResponseCode, SendStatus
 from common.core.futures import LightFuture
 from common.core.keys import ClientKeys
 from common.core.message import (
@@ -74,6 +77,11 @@ def _message_meta(msg: Message, sys_flag: int = 0) -> list[Any] | None:
         return None
     meta = [msg.tags, keys, props or None, msg.flag]
     return [*meta, sys_flag] if sys_flag else meta
+
+
+def _degraded(result: SendResult | list[SendResult]) -> bool:
+    first = result[0] if isinstance(result, list) else result
+    return first.status is not SendStatus.SEND_OK
 
 
 class _Retries:
@@ -135,7 +143,14 @@ class _Retries:
 
 
 class Producer(ClientBase):
-    """Sends messages to the master of a broker group (docs/contract.md §4)."""
+    """Sends messages to the masters of a cluster's broker groups (docs/contract.md §4).
+
+    With one broker group a queue is its id, as it always was. With several (the route table,
+    ``common/client/routes.py``) a topic's queues are (group, id) pairs over every group
+    holding it, in RocketMQ's order: a keyed send hashes over that whole list (stable while the
+    route is unchanged), a keyless one goes round the queues of groups that have a master and
+    passes over a group that just failed (RocketMQ's latency fault tolerance), and an explicit
+    ``queue_id`` needs ``broker_name`` unless one group holds the topic."""
 
     def __init__(
         self,
@@ -186,7 +201,11 @@ class Producer(ClientBase):
         self._rr = itertools.count()
         self._batch_size = max(1, batch_size)
         self._sticky: dict[str, tuple[int, int]] = {}  # topic -> (queue, sends left on it)
+        self._sticky_mq: dict[str, tuple[MessageQueue, int]] = {}  # the same, several groups
         self._sticky_lock = threading.Lock()
+        # topics no route names yet (auto-created on first send): their queues per group as the
+        # masters' TOPIC_ROUTE answers say, until the route names them or this expires
+        self._provisional: dict[str, tuple[list[MessageQueue], float]] = {}
         self._retries = _Retries(self._retry_item, self._fail_item)
 
     def close(self) -> None:
@@ -204,10 +223,12 @@ class Producer(ClientBase):
         delay_level: int = 0,
         flag: int = 0,
         shard_key: str | None = None,
+        broker_name: str | None = None,
     ) -> SendResult:
         """One message; ``shard_key`` picks its queue (every message of a key to one queue, in
         order: RocketMQ's SelectMessageQueueByHash, Kafka's keyed partitioning), ``queue_id``
-        names one, neither spreads them round robin."""
+        names one, neither spreads them round robin. ``broker_name`` keeps the send to one
+        broker group (and names the group of ``queue_id`` when several hold the topic)."""
         properties = _with_shard_key(properties, shard_key, queue_id)
         msg = Message(topic, body, tags, keys, dict(properties or {}), flag, delay_level)
         self._check(msg)
@@ -220,19 +241,21 @@ class Producer(ClientBase):
         if msg.delay_level:  # also in the DELAY property, RocketMQ's carrier, as brokers read it
             fields["delayLevel"] = msg.delay_level
 
-        def attempt(address: str) -> SendResult:
-            qid = self._queue(topic, queue_id, shard_key)
-            resp = self._cluster.request(
-                address, RequestCode.SEND, {**fields, "queueId": qid}, [body]
+        def attempt(cluster: Cluster, address: str, mq: MessageQueue) -> SendResult:
+            resp = cluster.request(
+                address, RequestCode.SEND, {**fields, "queueId": mq.queue_id}, [body]
             )
-            return send_results(topic, resp)[0]
+            return send_results(topic, resp, mq.broker_name)[0]
 
-        return self._with_retries(attempt)  # type: ignore[no-any-return]
+        return self._routed(topic, queue_id, shard_key, broker_name,  # type: ignore[no-any-return]
+                            attempt)
 
     def send_batch(
-        self, topic: str, bodies: Sequence[bytes | Message], queue_id: int | None = None
+        self, topic: str, bodies: Sequence[bytes | Message], queue_id: int | None = None,
+        broker_name: str | None = None,
     ) -> list[SendResult]:
-        """All messages in one request: one append, dense queue offsets, one acknowledgement."""
+        """All messages in one request: one append, dense queue offsets, one acknowledgement
+        (one queue, so one broker group: ``broker_name`` may name it)."""
         if not bodies:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "empty batch", False)
         fields: dict[str, Any] = {"topic": topic}
@@ -250,14 +273,14 @@ class Producer(ClientBase):
         else:
             packed = self._pack_messages(topic, bodies, fields)
 
-        def attempt(address: str) -> list[SendResult]:
-            qid = self._queue(topic, queue_id)
-            resp = self._cluster.request(
-                address, RequestCode.SEND_BATCH, {**fields, "queueId": qid}, packed
+        def attempt(cluster: Cluster, address: str, mq: MessageQueue) -> list[SendResult]:
+            resp = cluster.request(
+                address, RequestCode.SEND_BATCH, {**fields, "queueId": mq.queue_id}, packed
             )
-            return send_results(topic, resp)
+            return send_results(topic, resp, mq.broker_name)
 
-        return self._with_retries(attempt)  # type: ignore[no-any-return]
+        return self._routed(topic, queue_id, None, broker_name,  # type: ignore[no-any-return]
+                            attempt)
 
     def _pack_messages(
         self, topic: str, bodies: Sequence[bytes | Message], fields: dict[str, Any]
@@ -286,6 +309,7 @@ class Producer(ClientBase):
         properties: dict[str, str] | None = None,
         queue_id: int | None = None,
         shard_key: str | None = None,
+        broker_name: str | None = None,
     ) -> concurrent.futures.Future[SendResult]:
         """Queue a send; concurrent sends to one queue are coalesced into batch requests.
         ``shard_key`` and ``queue_id`` pick the queue as for ``send``. Messages with a
@@ -295,11 +319,12 @@ class Producer(ClientBase):
         if shard_key is not None:
             properties = _with_shard_key(properties, shard_key, queue_id)
             try:
-                queue_id = self._queue(topic, None, shard_key)
+                key_mq = self._choose(self._routes.table(), topic, None, shard_key, broker_name)
             except BrokerError as e:  # no master or no such topic: reported like a send's
                 failed: concurrent.futures.Future[SendResult] = LightFuture()
                 failed.set_exception(e)
                 return failed
+            queue_id, broker_name = key_mq.queue_id, key_mq.broker_name
         over = self.compress_over_bytes
         if (tags is None and keys is None and not properties
                 and (over is None or len(body) < over)):
@@ -317,6 +342,8 @@ class Producer(ClientBase):
         future: concurrent.futures.Future[SendResult] = LightFuture()
         item = AsyncItem("", topic, 0, bytes(body), meta, future, 0.0, queue_id, 0,
                          self._on_item_error, time.monotonic() + self.timeout_ms / 1000.0)
+        item.fixed_broker = broker_name
+        item.broker_name = broker_name or ""
         try:
             self._transport.reserve(self.timeout_ms)
         except BrokerError as e:
@@ -366,6 +393,145 @@ class Producer(ClientBase):
         if not topic:
             raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "empty topic", False)
 
+    def queue_nums(self, topic: str, fresh: bool = False) -> int:
+        """How many queues ``topic`` has over the cluster (the length of ``queues``): cached
+        for ``route_ttl_ms``, asked now with ``fresh``. With one broker group, its master's
+        count, counting the queues a first send would auto-create."""
+        table = self._routes.refresh() if fresh else self._routes.table()
+        if len(table.groups) <= 1:
+            return self._cluster.queue_nums(topic, fresh)
+        return len(self._send_queues(table, topic))
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's queues over the cluster, (group, id) in RocketMQ's order: what keyed
+        sends hash over."""
+        table = self._routes.table()
+        if len(table.groups) <= 1:
+            name = next(iter(table.groups))
+            return [MessageQueue(name, q) for q in range(self._cluster.queue_nums(topic))]
+        return list(self._send_queues(table, topic))
+
+    def _routed(self, topic: str, queue_id: int | None, shard_key: str | None,
+                broker_name: str | None,
+                attempt: Callable[[Cluster, str, MessageQueue], Any]) -> Any:
+        """Run ``attempt(group's discovery, its master, queue)``; retry retriable errors.
+
+        One broker group: exactly ``ClientBase._with_retries`` (wait for a master up to
+        ``timeout_ms``, re-discover after a doubtful answer). Several: a keyless send that
+        finds its group without a master, or failing, marks the group for the selector and
+        goes to another group at once; a keyed or explicit one waits for its group's master
+        up to ``timeout_ms`` and then fails naming the group."""
+        give_up = time.monotonic() + self.timeout_ms / 1000.0  # for finding a master
+        keyless = queue_id is None and shard_key is None and broker_name is None
+        n = 0
+        while True:
+            cluster: Cluster | None = None
+            address = None
+            mq: MessageQueue | None = None
+            multi = False
+            try:
+                table = self._routes.table()
+                multi = len(table.groups) > 1
+                mq = self._choose(table, topic, queue_id, shard_key, broker_name)
+                cluster = self._routes.cluster(mq.broker_name, table)
+                address = cluster.master()
+                result = attempt(cluster, address, mq)
+                if multi and keyless and _degraded(result):
+                    # stored, but the group's slaves did not confirm it: keyless sends go to
+                    # the other groups for a while (RocketMQ retries another broker then)
+                    self._routes.selector.failed(mq.broker_name)
+                return result
+            except NoMasterError as e:
+                if multi and mq is not None:
+                    if keyless:
+                        self._routes.selector.failed(mq.broker_name)
+                        if self._another_group_up(table, topic, mq.broker_name):
+                            continue  # RocketMQ's latency fault tolerance: another group now
+                    e = NoMasterError(e.servers, mq.broker_name)
+                # each discovery waits up to DISCOVERY_TIMEOUT_MS for an answer: no spin here
+                if self._closed.wait(NO_MASTER_PAUSE_S) or time.monotonic() >= give_up:
+                    raise e from None
+            except BrokerError as e:
+                if cluster is not None and (isinstance(e, ClientTimeoutError)
+                                            or e.code in REDISCOVER_CODES):
+                    cluster.forget(address)
+                if multi and mq is not None:
+                    if keyless and e.retriable:
+                        self._routes.selector.failed(mq.broker_name)
+                    if e.code == ResponseCode.TOPIC_NOT_EXIST:
+                        self._routes.invalidate()
+                if not e.retriable or n == self.retries or self._closed.is_set():
+                    raise
+                self._closed.wait(min(MAX_BACKOFF_S, 0.05 * 2**n))
+                n += 1
+
+    def _another_group_up(self, table: RouteTable, topic: str, failed: str) -> bool:
+        down = self._routes.selector.down()
+        return any(mq.broker_name != failed and mq.broker_name not in down
+                   for mq in table.writable(topic))
+
+    def _choose(self, table: RouteTable, topic: str, queue_id: int | None,
+                shard_key: str | None, broker_name: str | None) -> MessageQueue:
+        """The queue of a send: (group, id)."""
+        if len(table.groups) <= 1:  # one group: its queue ids, as before there were several
+            (name,) = table.groups
+            if broker_name is not None and broker_name != name:
+                raise unknown_group(broker_name, table)
+            return MessageQueue(name, self._queue(topic, queue_id, shard_key))
+        if broker_name is not None and broker_name not in table.groups:
+            table = self._routes.recheck(broker_name)
+            if broker_name not in table.groups:
+                raise unknown_group(broker_name, table)
+        if queue_id is not None:
+            if broker_name is not None:
+                return MessageQueue(broker_name, queue_id)
+            if topic not in table.topics:  # made since the table was asked?
+                table = self._routes.recheck(topic)
+            return MessageQueue(one_group_of(topic, table, f"queue_id={queue_id}"), queue_id)
+        if broker_name is not None:
+            queues = queues_in(table.queues(topic), broker_name) or [
+                MessageQueue(broker_name, q) for q in range(
+                    self._routes.cluster(broker_name, table).queue_nums(topic))]
+            if shard_key is not None:
+                return queue_for_key(queues, shard_key)
+            return queues[next(self._rr) % len(queues)]
+        queues = self._send_queues(table, topic)
+        if shard_key is not None:
+            return queue_for_key(queues, shard_key)
+        if queues is table.queues(topic):
+            queues = table.writable(topic) or queues
+        return self._routes.selector.pick(queues)
+
+    def _send_queues(self, table: RouteTable, topic: str) -> list[MessageQueue]:
+        """The topic's queues over the cluster. A topic no route names yet is asked of every
+        group's master (TOPIC_ROUTE: the queues a first send auto-creates there, as RocketMQ's
+        producers use TBW102's route), kept ``route_ttl_ms`` or until the route names it."""
+        queues = table.queues(topic)
+        if queues:
+            return queues
+        now = time.monotonic()
+        known = self._provisional.get(topic)
+        if known is not None and now < known[1]:
+            return known[0]
+        self._routes.invalidate()  # created since the table was asked? the next use re-asks
+        found: list[MessageQueue] = []
+        refused: BrokerError | None = None
+        for name in table.group_names:
+            if not table.groups[name].master:
+                continue
+            try:
+                nums = self._routes.cluster(name, table).queue_nums(topic)
+            except BrokerError as e:
+                refused = refused or e
+                continue
+            found += [MessageQueue(name, q) for q in range(nums)]
+        if not found:
+            raise refused or NoMasterError(self._routes.seed.known_servers())
+        if len(self._provisional) > 4096:
+            self._provisional.clear()
+        self._provisional[topic] = (found, now + self._routes.ttl_s)
+        return found
+
     def _queue(self, topic: str, queue_id: int | None, shard_key: str | None = None) -> int:
         if queue_id is not None:
             return queue_id
@@ -385,19 +551,60 @@ class Producer(ClientBase):
             self._sticky[topic] = (queue_id, left - 1)
             return queue_id
 
+    def _sticky_group_queue(self, table: RouteTable, topic: str) -> MessageQueue:
+        """The sticky partitioner over several groups: a batch's worth on one queue, then the
+        selector's next (which passes over a group that failed)."""
+        with self._sticky_lock:
+            mq, left = self._sticky_mq.get(topic, (None, 0))
+        if mq is None or left <= 0 or not self._routes.selector.available(mq.broker_name):
+            mq, left = self._choose(table, topic, None, None, None), self._batch_size
+        with self._sticky_lock:
+            self._sticky_mq[topic] = (mq, left - 1)
+        return mq
+
     def _route(self, item: AsyncItem) -> None:
         """Pick the master and the queue for a message (may discover: not on the I/O thread)."""
-        item.address = self._cluster.master()
-        if item.fixed_queue is not None:
-            item.queue_id = item.fixed_queue
-        else:
-            item.queue_id = self._sticky_queue(item.topic)
-        item.enqueued = time.monotonic()
+        table = self._routes.table()
+        if len(table.groups) <= 1:
+            (name,) = table.groups
+            if item.fixed_broker is not None and item.fixed_broker != name:
+                raise unknown_group(item.fixed_broker, table)
+            item.address = self._cluster.master()
+            if item.fixed_queue is not None:
+                item.queue_id = item.fixed_queue
+            else:
+                item.queue_id = self._sticky_queue(item.topic)
+            item.broker_name = name
+            item.enqueued = time.monotonic()
+            return
+        keyless = item.fixed_queue is None and item.fixed_broker is None
+        for _ in range(len(table.groups)):
+            if keyless:
+                mq = self._sticky_group_queue(table, item.topic)
+            else:
+                mq = self._choose(table, item.topic, item.fixed_queue, None, item.fixed_broker)
+            try:
+                item.address = self._routes.cluster(mq.broker_name, table).master()
+            except NoMasterError as e:
+                if not keyless:
+                    raise NoMasterError(e.servers, mq.broker_name) from None
+                self._routes.selector.failed(mq.broker_name)  # another group, now
+                if not self._another_group_up(table, item.topic, mq.broker_name):
+                    raise NoMasterError(e.servers, mq.broker_name) from None
+                continue
+            item.queue_id, item.broker_name = mq.queue_id, mq.broker_name
+            item.enqueued = time.monotonic()
+            return
+        raise NoMasterError(self._routes.seed.known_servers())
 
     def _on_item_error(self, item: AsyncItem, err: BrokerError) -> None:
         """A batch holding ``item`` failed (I/O thread) or no master was found for it (the
-        sending thread): retry it on the retry thread, or fail it. Never blocks."""
+        sending thread): retry it on the retry thread, or fail it. Never blocks (the I/O
+        thread calls it: nothing here asks the network)."""
         now = time.monotonic()
+        keyless = item.fixed_queue is None and item.fixed_broker is None
+        if keyless and item.broker_name and err.retriable and self._routes.multi_known():
+            self._routes.selector.failed(item.broker_name)  # keyless: another group next
         if isinstance(err, NoMasterError):  # waiting for a master uses no retry (give_up)
             if now + NO_MASTER_PAUSE_S >= item.give_up or self._closed.is_set():
                 self._fail_item(item, err)
@@ -405,7 +612,7 @@ class Producer(ClientBase):
                 self._fail_item(item, err)  # the producer is closing
             return
         if isinstance(err, ClientTimeoutError) or err.code in REDISCOVER_CODES:
-            self._cluster.forget(item.address)
+            self._routes.known_cluster(item.broker_name).forget(item.address)
         if not err.retriable or item.attempt >= self.retries or self._closed.is_set():
             self._fail_item(item, err)
             return

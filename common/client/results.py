@@ -94,10 +94,15 @@ class NoMasterError(BrokerError):
     master restarts or a slave is being promoted, sends wait for one up to their ``timeout_ms``
     without using up their retries (as Kafka's producer waits for a partition leader)."""
 
-    def __init__(self, servers: Sequence[str]):
+    def __init__(self, servers: Sequence[str], broker_name: str = "", detail: str = ""):
+        where = f" in broker group {broker_name}" if broker_name else ""
         super().__init__(
-            ResponseCode.SERVICE_NOT_AVAILABLE, f"no master answers among {', '.join(servers)}", True
+            ResponseCode.SERVICE_NOT_AVAILABLE,
+            f"no master answers{where} among {', '.join(servers)}"
+            + (f" ({detail})" if detail else ""), True
         )
+        self.servers = list(servers)
+        self.broker_name = broker_name
 
 
 # ---- results --------------------------------------------------------------------------------
@@ -112,6 +117,7 @@ class SendResult(NamedTuple):
     queue_offset: int
     commit_log_offset: int
     topic: str = ""
+    broker_name: str = ""  # the broker group that stored it: its queue is (broker_name, queue_id)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,6 +126,7 @@ class SendResult(NamedTuple):
             "queueId": self.queue_id,
             "queueOffset": self.queue_offset,
             "commitLogOffset": self.commit_log_offset,
+            "brokerName": self.broker_name,
         }
 
 
@@ -141,7 +148,7 @@ class PullResult:
         }
 
 
-def send_results(topic: str, resp: Response) -> list[SendResult]:
+def send_results(topic: str, resp: Response, broker_name: str = "") -> list[SendResult]:
     """A SEND / SEND_BATCH answer -> one SendResult per message (raises if refused).
 
     The answer carries the store host's msgId prefix (``storeHost``) and each record's CommitLog
@@ -168,7 +175,7 @@ def send_results(topic: str, resp: Response) -> list[SendResult]:
         digits = struct.pack(f">{len(offsets)}Q", *offsets).hex().upper()
         ids = [prefix + digits[i : i + 16] for i in range(0, len(digits), 16)]
     return [
-        make(cls, (status, msg_id, queue_id, first + i, phy, topic))
+        make(cls, (status, msg_id, queue_id, first + i, phy, topic, broker_name))
         for i, (msg_id, phy) in enumerate(zip(ids, offsets, strict=True))
     ]
 
@@ -180,7 +187,7 @@ def pack_bodies(fields: dict[str, Any], bodies: list[bytes]) -> list[bytes]:
     return [b"".join(bodies)]
 
 
-def pull_result(resp: Response) -> PullResult:
+def pull_result(resp: Response, broker_name: str = "") -> PullResult:
     """A PULL answer -> PullResult. A record that fails its checks (here: the CRCs; on the
     broker: where the queue entry leads) ends the messages before it; when it is the first,
     CorruptMessageError names its queue offset, so a consumer can decide to skip it."""
@@ -204,6 +211,9 @@ def pull_result(resp: Response) -> PullResult:
                 raise CorruptMessageError(queue_offset, phy, e.reason) from None
             next_begin = messages[-1].queue_offset + 1  # the next pull meets it first
             break
+    if broker_name:
+        for m in messages:
+            m.broker_name = broker_name
     return PullResult(
         status,
         next_begin,

@@ -15,9 +15,9 @@ that have ended are closed (at the next socket made, and by the I/O thread every
 the cap reached has its blocking call carried by the I/O thread instead (a Future waited on),
 so a pool's thread churn cannot leak descriptors.
 
-``send_async`` coalescing keeps one lane per (topic, queue): messages wait there and go out as
-SEND_BATCH requests, at most ``max_batches_in_flight`` per lane, each batch to the broker its
-first message was routed to. A lane carrying *ordered* messages (a ``shard_key``: every message
+``send_async`` coalescing keeps one lane per (topic, queue, broker group): messages wait there
+and go out as SEND_BATCH requests, at most ``max_batches_in_flight`` per lane, each batch to
+the broker its first message was routed to. A lane carrying *ordered* messages (a ``shard_key``: every message
 of a key to one queue, in the order sent) has at most one batch in flight, and a batch of them
 that fails and is retried keeps its place: its ordered messages go back to the front of the
 lane (by their send sequence number) and the lane sends nothing else while any of them waits
@@ -174,6 +174,8 @@ class AsyncItem:
     ordered: bool = False  # keep its order in its queue through retries (a shard_key)
     seq: int = 0  # send order of an ordered message (Transport.next_seq), from send_async
     counted: bool = False  # I/O thread: counted in its lane's ``ordered`` until settled
+    broker_name: str = ""  # the broker group of its queue (one of several; "" for one group)
+    fixed_broker: str | None = None  # the group the caller (or its key) chose, if any
 
 
 @dataclasses.dataclass(eq=False)
@@ -277,8 +279,9 @@ class Transport:
         self._pending: dict[int, _Call] = {}
         self._deadlines: list[tuple[float, int]] = []
         self._opaques = itertools.count(1)
-        self._batches: dict[tuple[str, int], _QueueBatch] = {}  # (topic, queue) -> its lane
-        self._ready: set[tuple[str, int]] = set()
+        # (topic, queue, group) -> its lane
+        self._batches: dict[tuple[str, int, str], _QueueBatch] = {}
+        self._ready: set[tuple[str, int, str]] = set()
         self._seqs = itertools.count(1)  # send order of ordered messages (atomic under the GIL)
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
@@ -629,8 +632,8 @@ class Transport:
                     deadline = min(deadline, batch.items[0].enqueued + self._linger_s)
         return max(0, min(1000, int((deadline - time.monotonic()) * 1000) + 1))
 
-    def _lane(self, item: AsyncItem) -> tuple[tuple[str, int], _QueueBatch]:
-        key = (item.topic, item.queue_id)
+    def _lane(self, item: AsyncItem) -> tuple[tuple[str, int, str], _QueueBatch]:
+        key = (item.topic, item.queue_id, item.broker_name)
         batch = self._batches.get(key)
         if batch is None:
             batch = self._batches[key] = _QueueBatch()
@@ -878,7 +881,7 @@ class Transport:
             if not batch.items:
                 self._ready.discard(key)
 
-    def _send_batch(self, key: tuple[str, int], batch: _QueueBatch) -> None:
+    def _send_batch(self, key: tuple[str, int, str], batch: _QueueBatch) -> None:
         items: list[AsyncItem] = []
         size = 0
         address = batch.items[0].address  # one batch, one broker
@@ -888,7 +891,7 @@ class Transport:
                 break
             items.append(batch.items.popleft())
             size += len(nxt.body)
-        topic, queue_id = key
+        topic, queue_id, _ = key
         fields: dict[str, Any] = {"topic": topic, "queueId": queue_id}
         if any(i.meta is not None for i in items):
             fields["meta"] = [i.meta for i in items]
@@ -902,7 +905,7 @@ class Transport:
         self._start_call(call)
 
     def _batch_done(
-        self, key: tuple[str, int], batch: _QueueBatch, items: list[AsyncItem], call: _Call
+        self, key: tuple[str, int, str], batch: _QueueBatch, items: list[AsyncItem], call: _Call
     ) -> None:
         batch.in_flight -= 1
         if batch.items:
@@ -911,7 +914,7 @@ class Transport:
             resp = call.future.result()
             if resp.code in DEGRADED_CODES and self.on_degraded is not None:
                 self.on_degraded(call.address)
-            results = send_results(key[0], resp)
+            results = send_results(key[0], resp, key[2])
             if len(results) != len(items):
                 raise BrokerError(
                     ResponseCode.SYSTEM_ERROR,

@@ -220,6 +220,7 @@ class MessageExt:
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
     msg_id: str = ""
+    broker_name: str = ""  # the broker group it was read from (RocketMQ's MessageExt brokerName)
 
     @property
     def tags(self) -> str | None:
@@ -248,6 +249,7 @@ class MessageExt:
             "properties": self.properties,
             "body": body_str(self.body),
             "bodyBase64": base64.b64encode(self.body).decode("ascii"),
+            "brokerName": self.broker_name,
         }
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-FinalDrain = dict[int, list[tuple[int, str, bool]]]  # queue -> [(offset, msg_id, crc ok)]
+FinalDrain = dict[Any, list[tuple[int, str, bool]]]  # queue (or (group, queue)) -> [(offset, msg_id, crc ok)]
 PROBLEM_KEYS = ("lost", "unexpected", "failed_but_read", "corrupt", "queue_gaps")
 
 

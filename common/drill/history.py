@@ -109,4 +109,6 @@ def classify(outcome: Any) -> tuple[str, str, dict[str, Any]]:
         "phy": outcome.commit_log_offset,
         "handler": handler_of(outcome.msg_id),
     }
+    if outcome.broker_name:
+        extra["group"] = outcome.broker_name
     return kind, outcome.status.value, extra

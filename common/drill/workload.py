@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from common.client import Consumer, Producer
+from common.client import Consumer, NoMasterError, Producer
 from common.core.errors import PullStatus
 from common.drill.history import (
     CLIENT_TIMEOUT_MS,
@@ -79,7 +79,13 @@ class ProducerWorker(Worker):
         seed: int = 0,
         fixed_queue: int | None = None,
         topic: str = TOPIC,
+        group: str | None = None,
+        keyless: bool = False,
+        groups_of: dict[str, str] | None = None,
     ):
+        """``group``: every put goes to that broker group (queues in turn); ``keyless``: the
+        client picks the queue over every group (no ``queue_id``); ``groups_of`` maps broker
+        addresses to their group, so a failed keyless put names the group it went to."""
         super().__init__(producer_id)
         self.topic = topic
         self.history = history
@@ -89,6 +95,9 @@ class ProducerWorker(Worker):
         self.size = size
         self.rng = random.Random(f"{seed}-{producer_id}")
         self.fixed_queue = fixed_queue
+        self.group = group
+        self.keyless = keyless
+        self.groups_of = groups_of or {}
         self.sent = 0
 
     def body(self) -> None:
@@ -98,16 +107,23 @@ class ProducerWorker(Worker):
             while not self.stop_event.is_set():
                 seq += 1
                 msg_id = f"{self.producer_id}-{seq}"
-                queue = self.fixed_queue if self.fixed_queue is not None else seq % QUEUES
+                queue = None if self.keyless else (
+                    self.fixed_queue if self.fixed_queue is not None else seq % QUEUES)
                 body = make_body(msg_id, self.size, self.rng)
-                self.history.add(self.producer_id, "put", "invoke", msg_id=msg_id, queue=queue)
+                where = {"group": self.group} if self.group else {}
+                self.history.add(self.producer_id, "put", "invoke", msg_id=msg_id, queue=queue,
+                                 **where)
                 try:
                     outcome: Any = producer.send(self.topic, body, keys=msg_id,
-                                                 queue_id=queue)
+                                                 queue_id=queue, broker_name=self.group)
                 except Exception as e:  # noqa: BLE001 - classified
                     outcome = e
                 kind, status, extra = classify(outcome)
                 extra.setdefault("queue", queue)
+                if self.group:
+                    extra.setdefault("group", self.group)
+                elif isinstance(outcome, BaseException):
+                    extra.setdefault("group", self._group_of_error(outcome))
                 self.history.add(
                     self.producer_id, "put", kind, msg_id=msg_id, status=status, **extra
                 )
@@ -115,28 +131,41 @@ class ProducerWorker(Worker):
                 next_at = max(next_at + self.interval, time.monotonic() - 1.0)
                 self.stop_event.wait(max(0.0, next_at - time.monotonic()))
 
+    def _group_of_error(self, e: BaseException) -> str:
+        """The group a failed keyless put went to ("?" when the error does not say)."""
+        if isinstance(e, NoMasterError) and e.broker_name:
+            return e.broker_name
+        address = getattr(e, "address", None)
+        return self.groups_of.get(address, "?") if isinstance(address, str) else "?"
+
 
 class ConsumerWorker(Worker):
-    """Reads every queue from the current master throughout (offsets kept per queue)."""
+    """Reads every queue from the current master throughout (offsets kept per queue); with
+    ``groups``, every queue of every broker group."""
 
     def __init__(self, history: History, servers: list[str], name: str = "consumer",
-                 topic: str = TOPIC):
+                 topic: str = TOPIC, groups: list[str] | None = None):
         super().__init__(name)
         self.topic = topic
         self.history = history
         self.servers = servers
+        self.groups = groups
         self.corrupt = 0
 
     def body(self) -> None:
-        offsets = dict.fromkeys(range(QUEUES), 0)
+        queues: list[tuple[str | None, int]] = [
+            (g, q) for g in (self.groups or [None]) for q in range(QUEUES)]
+        offsets = dict.fromkeys(queues, 0)
         with Consumer(self.servers, group="drill", timeout_ms=CLIENT_TIMEOUT_MS, retries=0) as c:
             while not self.stop_event.is_set():
                 found = False
-                for q in range(QUEUES):
+                for g, q in queues:
+                    where = {"group": g} if g else {}
                     try:
-                        pr = c.pull(self.topic, q, offsets[q], max_nums=64)
+                        pr = c.pull(self.topic, q, offsets[(g, q)], max_nums=64, broker_name=g)
                     except Exception as e:  # noqa: BLE001 - recorded; reads go on
-                        self.history.add(self.name, "get", "fail", queue=q, status=repr(e)[:120])
+                        self.history.add(self.name, "get", "fail", queue=q, status=repr(e)[:120],
+                                         **where)
                         continue
                     if pr.status == PullStatus.FOUND:
                         found = True
@@ -152,9 +181,10 @@ class ConsumerWorker(Worker):
                                 queue=q,
                                 offset=m.queue_offset,
                                 status="FOUND" if ok else "CORRUPT",
+                                **where,
                             )
                     if pr.status in (PullStatus.FOUND, PullStatus.OFFSET_ILLEGAL):
-                        offsets[q] = pr.next_begin_offset
+                        offsets[(g, q)] = pr.next_begin_offset
                 if not found:
                     self.stop_event.wait(0.05)  # polling period at the end of the queues
 
@@ -195,9 +225,9 @@ def burst(
 
 
 def drain(address: str, servers: Iterable[str],
-          topic: str = TOPIC) -> dict[int, list[tuple[int, str, bool]]]:
+          topic: str = TOPIC) -> dict[Any, list[tuple[int, str, bool]]]:
     """Every message of every queue read from ``address``: queue -> [(offset, msg_id, crc ok)]."""
-    out: dict[int, list[tuple[int, str, bool]]] = {}
+    out: dict[Any, list[tuple[int, str, bool]]] = {}
     with Consumer(list(servers), group="drain", timeout_ms=10_000, read_from=address) as c:
         for q in range(QUEUES):
             rows: list[tuple[int, str, bool]] = []

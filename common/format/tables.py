@@ -30,7 +30,9 @@ TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "consumerOffset.json"
 DELAY_OFFSETS_FILE = "delayOffset.json"
 MAX_CONFIG_FILE_BYTES = 64 * 1024 * 1024
-PERM_READ_WRITE = 6
+PERM_READ = 4  # RocketMQ's PermName: the topic's queues serve reads
+PERM_WRITE = 2  # ... and take writes
+PERM_READ_WRITE = PERM_READ | PERM_WRITE  # 6, every topic replog makes
 
 
 def atomic_write_json(path: Path, value: Any) -> None:
@@ -103,6 +105,17 @@ def parse_topics(doc: Any, source: str) -> tuple[dict[str, int], int]:
                             f"topic {name!r} writeQueueNums", 0, MAX_QUEUE_NUMS)
     version = _mapping(doc.get("dataVersion", {}), source, "dataVersion")
     return queues, _int(version.get("counter", 0), source, "dataVersion.counter", 0)
+
+
+def parse_topic_perms(doc: Any, source: str) -> dict[str, int]:
+    """topics.json -> topic -> ``perm`` (RocketMQ's PermName bits; 6 when the entry has none).
+    replog writes 6 for every topic; a table made by RocketMQ may say otherwise, and routes
+    carry what it says."""
+    table = _mapping(_mapping(doc, source, "the document").get("topicConfigTable", {}), source,
+                     "topicConfigTable")
+    return {name: _int(_mapping(entry, source, f"topic {name!r}").get("perm", PERM_READ_WRITE),
+                       source, f"topic {name!r} perm", 0, 7)
+            for name, entry in table.items()}
 
 
 def parse_offsets(doc: Any, source: str) -> dict[str, dict[int, int]]:

@@ -10,6 +10,8 @@ drives it; this module never sees it). Under ``<chroot>/replog/<cluster>/<group>
 | ``brokers/<id>`` | ephemeral | ``MemberRecord``: a live broker (its session), refreshed      |
 |                |            | about once a second with its offsets                           |
 | ``switchover`` | persistent | ``Switchover``: a planned handover asked of the master         |
+| ``topics``     | persistent | the master's topics, queue counts and odd permissions (routes: |
+|                |            | ``encode_topics``; every broker of the cluster reads them all) |
 
 Rules (RocketMQ 5's controller, Kafka's ISR, Patroni; ``docs/guarantees.md``):
 
@@ -42,6 +44,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
+from common.format.tables import PERM_READ_WRITE
 from common.ha import epochs as ep
 
 MAX_RECORD_BYTES = 16 * 1024
@@ -219,30 +222,46 @@ def _address(value: Any, field: str) -> str:
     return value
 
 
-def encode_topics(topics: dict[str, int]) -> bytes:
-    """A group's ``topics`` znode: the topics its master holds and their queue counts (what
-    routes are made of, RocketMQ's TopicRouteData queue data)."""
-    raw = json.dumps({"topics": dict(sorted(topics.items()))}, separators=(",", ":")).encode()
+def encode_topics(topics: dict[str, int], perms: Mapping[str, int] | None = None) -> bytes:
+    """A group's ``topics`` znode: the topics its master holds, their queue counts and, for
+    topics whose permission is not read|write (6), their ``perm`` (RocketMQ's TopicRouteData
+    queue data: what routes are made of). ``{"topics": {name: queues}, "perms": {name: p}}``."""
+    odd = {t: p for t, p in sorted((perms or {}).items()) if t in topics and p != PERM_READ_WRITE}
+    doc: dict[str, Any] = {"topics": dict(sorted(topics.items()))}
+    if odd:
+        doc["perms"] = odd
+    raw = json.dumps(doc, separators=(",", ":")).encode()
     if len(raw) > MAX_TOPICS_BYTES:
         raise RecordError(f"topics: {len(raw)} bytes, more than {MAX_TOPICS_BYTES}")
     return raw
 
 
 def decode_topics(raw: bytes) -> dict[str, int]:
+    return decode_topic_routes(raw)[0]
+
+
+def decode_topic_routes(raw: bytes) -> tuple[dict[str, int], dict[str, int]]:
+    """A ``topics`` znode -> (topic -> queue count, topic -> perm for every topic)."""
     if not isinstance(raw, bytes | bytearray) or len(raw) > MAX_TOPICS_BYTES:
         raise RecordError(f"topics: not a record of at most {MAX_TOPICS_BYTES} bytes")
     try:
         doc = json.loads(bytes(raw).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise RecordError(f"topics: not JSON: {e}") from None
-    if not isinstance(doc, dict) or set(doc) != {"topics"} or not isinstance(doc["topics"], dict):
-        raise RecordError("topics: not {\"topics\": {name: queues}}")
+    if not isinstance(doc, dict) or not {"topics"} <= set(doc) <= {"topics", "perms"} \
+            or not isinstance(doc["topics"], dict) or not isinstance(doc.get("perms", {}), dict):
+        raise RecordError("topics: not {\"topics\": {name: queues}, \"perms\": {name: perm}}")
     out = {}
     for name, nums in doc["topics"].items():
         if not isinstance(name, str) or not name or len(name) > MAX_TOPIC_CHARS:
             raise RecordError(f"topics: bad topic name {name!r}")
         out[name] = _int(nums, f"topics[{name}]", 1, MAX_QUEUES)
-    return out
+    perms = dict.fromkeys(out, PERM_READ_WRITE)
+    for name, perm in doc.get("perms", {}).items():
+        if name not in out:
+            raise RecordError(f"perms: {name!r} is not among the topics")
+        perms[name] = _int(perm, f"perms[{name}]", 0, 7)
+    return out, perms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +273,10 @@ class GroupView:
     state: GroupState | None
     members: dict[int, MemberRecord]
     topics: dict[str, int]
+    perms: dict[str, int] = dataclasses.field(default_factory=dict)  # read|write when absent
+
+    def perm(self, topic: str) -> int:
+        return self.perms.get(topic, PERM_READ_WRITE)
 
     @property
     def master_address(self) -> str:
@@ -277,6 +300,8 @@ class GroupView:
             "syncStateSet": sorted(s.sync_state_set) if s is not None else [],
             "slaves": self.slave_addresses(),
             "members": {str(i): m.to_json() for i, m in sorted(self.members.items())},
+            "topics": dict(self.topics),
+            "perms": {t: self.perm(t) for t in sorted(self.topics)},
         }
 
 

@@ -269,3 +269,54 @@ def format_report(report: AuditReport) -> str:
         lines.append(f"  record {r['offset']}: {r['kind']} master={r['masterSize']} "
                      f"slave={r['slaveSize']} {r['detail']}")
     return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterAudit:
+    """Every broker group's replicas, each compared with its group's reference replica (the
+    master's store, or the most complete one): a cluster's groups hold different logs, so
+    only replicas of one group are compared. group -> (reference store, reports)."""
+
+    groups: dict[str, tuple[str, tuple[AuditReport, ...]]]
+
+    @property
+    def divergent(self) -> bool:
+        return any(r.divergent for _, reports in self.groups.values() for r in reports)
+
+    @property
+    def identical(self) -> bool:
+        return all(r.identical for _, reports in self.groups.values() for r in reports)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"divergent": self.divergent, "identical": self.identical,
+                "groups": [{"brokerName": name, "reference": reference,
+                            "divergent": any(r.divergent for r in reports),
+                            "identical": all(r.identical for r in reports),
+                            "replicas": [r.as_dict() for r in reports]}
+                           for name, (reference, reports) in sorted(self.groups.items())]}
+
+
+def run_cluster_audit(spark: SparkSession, groups: dict[str, list[str]],
+                      max_blocks: int = MAX_BLOCKS_EXAMINED) -> ClusterAudit:
+    """``run_audit`` of every replica of every group against the group's first store (a group
+    of one replica has nothing to compare and is listed with no report)."""
+    out = {}
+    for name, stores in sorted(groups.items()):
+        reference, *others = stores
+        out[name] = (reference, tuple(run_audit(spark, reference, other, max_blocks)
+                                      for other in others))
+    return ClusterAudit(out)
+
+
+def format_cluster_report(audit: ClusterAudit) -> str:
+    lines = []
+    for name, (reference, reports) in sorted(audit.groups.items()):
+        verdict = ("DIVERGENT" if any(r.divergent for r in reports) else
+                   "IDENTICAL" if all(r.identical for r in reports) else "PREFIX")
+        lines.append(f"group {name}: {verdict} ({len(reports)} replica(s) against "
+                     f"{reference})")
+        for report in reports:
+            lines += ["  " + line for line in format_report(report).splitlines()]
+    verdict = "DIVERGENT" if audit.divergent else "IDENTICAL" if audit.identical else "PREFIX"
+    lines.append(f"cluster: {verdict}")
+    return "\n".join(lines)

@@ -537,15 +537,26 @@ def column(
 _NEEDS_PROPS = frozenset({"properties", "tags", "keys", "tagsCode"})
 
 
-def decode(recs: Records, names: tuple[str, ...] = COLUMN_NAMES) -> pa.RecordBatch:
-    """A record batch with the columns ``names`` (Spark's Arrow schema for them)."""
+def decode(recs: Records, names: tuple[str, ...] = COLUMN_NAMES,
+           broker_name: str = "") -> pa.RecordBatch:
+    """A record batch with the columns ``names`` (Spark's Arrow schema for them);
+    ``brokerName`` is ``broker_name`` on every row (the group the store belongs to)."""
     schema = arrow_schema(names)
     if len(recs) == 0:
         return _empty(schema)
     props = split_properties(recs) if _NEEDS_PROPS.intersection(names) else None
     body = body_bytes(recs) if BODY_COLUMNS.intersection(names) else None
-    arrays = [column(recs, name, props, body) for name in names]
+    arrays = [constant_strings(broker_name, len(recs)) if name == "brokerName"
+              else column(recs, name, props, body) for name in names]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def constant_strings(value: str, n: int) -> pa.Array:
+    """``n`` copies of one string, built from its bytes once (offsets step by its length)."""
+    raw = value.encode("utf-8")
+    offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.tobytes()),
+                                                  pa.py_buffer(raw * n)])
 
 
 def _empty(schema: pa.Schema) -> pa.RecordBatch:

@@ -1,6 +1,7 @@
 """Operator jobs on Spark: ``audit``, ``stats``, ``reindex``.
 
     replog pipeline audit MASTER_STORE SLAVE_STORE [--require-identical] [--max-blocks N]
+    replog pipeline audit (--group NAME=STORE,STORE[,...] ... | --cluster-dir DIR) [...]
     replog pipeline stats STORE [--output PARQUET_DIR] [--top N] [--topics T1,T2]
     replog pipeline reindex STORE [--write OUT_DIR] [--cq-file-bytes N]
 
@@ -48,9 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="one JSON document on stdout")
         p.add_argument("--spark-master", default=None, help="Spark master (default local[2])")
 
-    p = sub.add_parser("audit", help="is the slave's CommitLog a byte copy of the master's?")
-    p.add_argument("master_store")
-    p.add_argument("slave_store")
+    p = sub.add_parser("audit", help="is the slave's CommitLog a byte copy of the master's? "
+                       "(of every broker group: --group or --cluster-dir)")
+    p.add_argument("stores", nargs="*", metavar="STORE", help="MASTER_STORE SLAVE_STORE")
+    p.add_argument("--group", action="append", default=[], metavar="NAME=STORE,STORE",
+                   help="a broker group's replicas, the reference first (repeat per group)")
+    p.add_argument("--cluster-dir", help="a `replog cluster up` directory: every group's "
+                   "replicas, compared with the most complete one")
     p.add_argument("--require-identical", action="store_true",
                    help="exit 1 unless both logs hold exactly the same bytes")
     p.add_argument("--max-blocks", type=int, default=16,
@@ -104,11 +109,22 @@ def _emit(doc: Any, as_json: bool, text: str) -> None:
 def run_job(spark: SparkSession, args: argparse.Namespace) -> int:
     """Run the parsed job on ``spark``; print its result; return the exit status."""
     if args.job == "audit":
-        from common.pipeline.audit import format_report, run_audit
+        from common.pipeline.audit import (
+            format_cluster_report,
+            format_report,
+            run_audit,
+            run_cluster_audit,
+        )
 
-        report = run_audit(spark, args.master_store, args.slave_store, args.max_blocks)
-        _emit(report.as_dict(), args.json, format_report(report))
-        bad = report.divergent or (args.require_identical and not report.identical)
+        groups = audit_groups(args)
+        if groups is None:
+            report = run_audit(spark, args.stores[0], args.stores[1], args.max_blocks)
+            _emit(report.as_dict(), args.json, format_report(report))
+            bad = report.divergent or (args.require_identical and not report.identical)
+            return EXIT_FOUND if bad else EXIT_OK
+        cluster = run_cluster_audit(spark, groups, args.max_blocks)
+        _emit(cluster.as_dict(), args.json, format_cluster_report(cluster))
+        bad = cluster.divergent or (args.require_identical and not cluster.identical)
         return EXIT_FOUND if bad else EXIT_OK
     if args.job == "stats":
         from common.pipeline.stats import format_table, run_stats
@@ -125,6 +141,42 @@ def run_job(spark: SparkSession, args: argparse.Namespace) -> int:
         _emit(result, args.json, format_reindex(result))
         return EXIT_OK if result["consistent"] else EXIT_FOUND
     raise UsageError(f"unknown job {args.job!r}")
+
+
+def audit_groups(args: argparse.Namespace) -> dict[str, list[str]] | None:
+    """The broker groups an audit compares (group -> replicas, the reference first), or None
+    for the two positional stores (one group)."""
+    modes = [bool(args.stores), bool(args.group), args.cluster_dir is not None]
+    if sum(modes) != 1:
+        raise UsageError("audit: give MASTER_STORE SLAVE_STORE, or --group NAME=STORE,STORE "
+                         "(repeatable), or --cluster-dir DIR")
+    if args.stores:
+        if len(args.stores) != 2:
+            raise UsageError("audit: MASTER_STORE SLAVE_STORE (two stores)")
+        return None
+    if args.cluster_dir is not None:
+        from common.pipeline.layout import cluster_replicas, most_complete
+
+        try:
+            found = cluster_replicas(args.cluster_dir)
+        except ValueError as e:
+            raise UsageError(f"audit: {e}") from None
+        out = {}
+        for name, replicas in sorted(found.items()):
+            reference = most_complete(replicas)
+            out[name] = [reference, *(r for r in replicas if r != reference)]
+        return out
+    groups: dict[str, list[str]] = {}
+    for item in args.group:
+        name, sep, stores = item.partition("=")
+        replicas = [x.strip() for x in stores.split(",") if x.strip()]
+        if not sep or not name.strip() or len(replicas) < 2:
+            raise UsageError(f"audit: --group {item!r} is not NAME=STORE,STORE[,...] "
+                             "(two replicas at least)")
+        if name.strip() in groups:
+            raise UsageError(f"audit: group {name.strip()} given twice")
+        groups[name.strip()] = replicas
+    return groups
 
 
 def main(argv: Sequence[str] | None = None) -> int:

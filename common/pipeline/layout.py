@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import mmap
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -184,3 +185,77 @@ def check_walk_end(sl: Slice, stop: str, end: int, reason: str) -> None:
         return
     why = reason or f"records end at {end} of {length} bytes"
     raise CorruptionError(sl.base + sl.lo + end, f"{os.path.basename(sl.path)}: {why}")
+
+
+# ---- several broker groups -------------------------------------------------------------------
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9_.%|-]{1,127}$")
+
+
+def parse_stores(text: str) -> list[tuple[str, str]]:
+    """``"a=/path/a,b=/path/b"`` -> [(broker group, store directory)] (ValueError naming the
+    item that is not ``name=path``, or a group named twice)."""
+    out: list[tuple[str, str]] = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        name, sep, path = item.partition("=")
+        if not sep or not _GROUP_NAME.match(name.strip()) or not path.strip():
+            raise ValueError(f"{item!r} is not broker-group=store-directory")
+        out.append((name.strip(), path.strip()))
+    if not out:
+        raise ValueError("no store given: name=path[,name=path...]")
+    names = [n for n, _ in out]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"broker group {name} named twice")
+    return out
+
+
+def looks_like_stores(text: str) -> bool:
+    """A ``path`` option holding ``name=path,...`` rather than one directory: it has an ``=``
+    and is no directory (``parse_stores`` then says what is wrong with it, if anything)."""
+    return "=" in text and not Path(text).is_dir()
+
+
+def cluster_replicas(directory: str | Path) -> dict[str, list[str]]:
+    """Broker group -> its replicas' store directories, found under ``directory`` (what
+    ``replog cluster up`` makes: one ``broker.yaml`` per broker, naming its ``brokerName``
+    and ``storePathRootDir``). A broker whose store holds no CommitLog is left out."""
+    import yaml
+
+    found: dict[str, list[str]] = {}
+    root = Path(directory)
+    configs = sorted(root.glob("*/broker.yaml"))
+    if not configs:
+        raise ValueError(f"{directory}: no */broker.yaml (not a `replog cluster up` directory)")
+    for cfg in configs:
+        try:
+            doc = yaml.safe_load(cfg.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ValueError(f"{cfg}: {e}") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"{cfg}: not a broker configuration")  # noqa: TRY004 - a bad file
+        name = str(doc.get("brokerName", "broker-a"))
+        store = Path(str(doc.get("storePathRootDir", cfg.parent / "store"))).expanduser()
+        if not store.is_absolute():
+            store = cfg.parent / store
+        if (store / "commitlog").is_dir():
+            found.setdefault(name, []).append(str(store))
+    if not found:
+        raise ValueError(f"{directory}: no broker there has a store yet")
+    return found
+
+
+def most_complete(stores: list[str]) -> str:
+    """The replica holding the most of the log (its readable end; ties: the first): the one
+    to read a group from."""
+    best, best_end = stores[0], -1
+    for store in stores:
+        try:
+            segments = list_segments(store)
+        except StoreError:
+            continue
+        end = readable_end(store, segments)
+        if end > best_end:
+            best, best_end = store, end
+    return best

@@ -33,6 +33,8 @@ stored deflated (SYSFLAG COMPRESSED, ``sysFlag & 1``) is inflated, as a consumer
 | reconsumeTimes             | int                   | RECONSUMETIMES                           |
 | preparedTransactionOffset  | bigint                | PREPAREDTRANSACTIONOFFSET                |
 | tagsCode                   | bigint                | ConsumeQueue tagsCode: Java hashCode(TAGS)|
+| brokerName                 | string                | the broker group the store belongs to    |
+|                            |                       | (not in the record: the source names it) |
 
 A user schema (``spark.read.schema(...)``) may name any subset of these columns, in any order;
 the reader then decodes only those (the Python Data Source API has no column pruning of its
@@ -81,6 +83,7 @@ COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("reconsumeTimes", IntegerType()),
     ("preparedTransactionOffset", LongType()),
     ("tagsCode", LongType()),
+    ("brokerName", StringType()),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 _TYPES = dict(COLUMNS)

@@ -1,11 +1,13 @@
-"""``df.write.format("replog")`` and ``writeStream.format("replog")``: send rows to a group.
+"""``df.write.format("replog")`` and ``writeStream.format("replog")``: send rows to a cluster.
 
 Each Spark task sends its rows in order with one ``common.client.Producer``, ``batchSize``
 rows per SEND_BATCH request, each request waiting for its answer before the next leaves; a
 refused send (``BrokerError``) or, unless ``acceptStatuses`` says otherwise, any status other
 than SEND_OK fails the task. All rows of a task go to one queue, so a consumer of that queue
-sees them in the task's order: the ``queueId`` column or option when given, else queue
-``partitionId % queueCount``. Delivery is at-least-once: a retried task sends its rows again.
+sees them in the task's order: the ``queueId`` (and ``brokerName``) column or option when
+given, else the queue ``partitionId % queueCount`` of the topic's queues over every broker
+group ((group, id) in RocketMQ's order, as a producer routes), so the tasks spread over all
+groups. Delivery is at-least-once: a retried task sends its rows again.
 
 Columns (others are ignored, so a DataFrame read from replog can be written back):
 
@@ -18,8 +20,11 @@ Columns (others are ignored, so a DataFrame read from replog can be written back
 | tags, keys  | string                     | optional                                  |
 | properties  | map<string,string>         | optional user properties                  |
 | queueId     | int                        | optional                                  |
+| brokerName  | string                     | optional: the group of ``queueId`` (needed|
+|             |                            | when several groups hold the topic)       |
 
-Options: ``servers`` (required), ``topic``, ``queueId``, ``batchSize`` (64), ``timeoutMs``
+Options: ``servers`` (required), ``topic``, ``queueId``, ``brokerName``, ``batchSize`` (64),
+``timeoutMs``
 (10000), ``acceptStatuses`` (comma-separated SendStatus names, default ``SEND_OK``),
 ``compressOverBytes`` (4096: bodies of that size and more are stored deflated, as a
 RocketMQ producer stores them; 0 never), ``key`` and ``serverKey`` (CURVE, for brokers with
@@ -53,6 +58,7 @@ _OPTIONAL = {
     "keys": (StringType(),),
     "properties": (MapType(StringType(), StringType()),),
     "queueId": (IntegerType(),),
+    "brokerName": (StringType(),),
     "body": (BinaryType(), StringType()),
     "bodyBase64": (StringType(),),
 }
@@ -69,6 +75,7 @@ class SinkOptions:
     compress_over_bytes: int | None = DEFAULT_COMPRESS_OVER_BYTES  # None: never compress
     key: str | None = None  # CURVE: this writer's .key_secret
     server_key: str | None = None  # CURVE: the brokers' public .key
+    broker_name: str | None = None  # the group of ``queue_id``
 
     @classmethod
     def parse(cls, options: dict[str, str], schema: StructType) -> SinkOptions:
@@ -98,9 +105,12 @@ class SinkOptions:
         if (key is None) != (server_key is None):
             raise ValueError("CURVE needs both options key (this writer's .key_secret) and "
                              "serverKey (the brokers' .key)")
+        broker = o.get("brokername") or None
+        if broker is not None and queue is None:
+            raise ValueError("the brokerName option names the group of the queueId option")
         return cls(servers, topic, int(queue) if queue else None, batch,
                    int(o.get("timeoutms", DEFAULT_TIMEOUT_MS)), accept, compress or None,
-                   key, server_key)
+                   key, server_key, broker)
 
 
 @dataclasses.dataclass
@@ -144,24 +154,29 @@ class _Sender:
                                  compress_over_bytes=opts.compress_over_bytes,
                                  key=opts.key, server_key=opts.server_key)
         self.pending: list[Message] = []
-        self.key: tuple[str, int] | None = None
+        self.key: tuple[str, int, str | None] | None = None
         self.sent = SentMessage(partition_id, 0)
-        self._queues: dict[str, int] = {}
+        self._queues: dict[str, tuple[int, str | None]] = {}
 
-    def queue_for(self, topic: str, row_queue: int | None) -> int:
+    def queue_for(self, topic: str, row_queue: int | None,
+                  row_broker: str | None = None) -> tuple[int, str | None]:
+        """(queue id, group) of a row: its columns, else the options, else the task's queue
+        ``partitionId % queueCount`` over every group holding the topic."""
         if row_queue is not None:
-            return row_queue
+            return row_queue, row_broker or self.opts.broker_name
         if self.opts.queue_id is not None:
-            return self.opts.queue_id
+            return self.opts.queue_id, self.opts.broker_name
         if topic not in self._queues:
-            from .stream import queue_count
-
-            count = queue_count(self.producer, topic)
-            self._queues[topic] = self.partition_id % count if count else 0
+            queues = self.producer.queues(topic)
+            if queues:
+                mq = queues[self.partition_id % len(queues)]
+                self._queues[topic] = (mq.queue_id, mq.broker_name)
+            else:
+                self._queues[topic] = (0, None)
         return self._queues[topic]
 
-    def add(self, msg: Message, row_queue: int | None) -> None:
-        key = (msg.topic, self.queue_for(msg.topic, row_queue))
+    def add(self, msg: Message, row_queue: int | None, row_broker: str | None = None) -> None:
+        key = (msg.topic, *self.queue_for(msg.topic, row_queue, row_broker))
         if key != self.key or len(self.pending) >= self.opts.batch_size:
             self.flush()
             self.key = key
@@ -170,12 +185,14 @@ class _Sender:
     def flush(self) -> None:
         if not self.pending or self.key is None:
             return
-        topic, queue_id = self.key
-        results = self.producer.send_batch(topic, self.pending, queue_id=queue_id)
+        topic, queue_id, broker = self.key
+        results = self.producer.send_batch(topic, self.pending, queue_id=queue_id,
+                                           broker_name=broker)
         for r in results:
             if r.status not in self.opts.accept:
                 raise BrokerError(ResponseCode.SYSTEM_ERROR,
-                                  f"send to {topic}/{queue_id} returned {r.status.value} "
+                                  f"send to {r.broker_name}:{topic}/{queue_id} returned "
+                                  f"{r.status.value} "
                                   f"(accepted: {', '.join(sorted(s.value for s in self.opts.accept))})",
                                   False)
         if self.sent.first_offset < 0:
@@ -197,7 +214,8 @@ def send_rows(opts: SinkOptions, rows: Iterator[Any]) -> SentMessage:
     try:
         for row in rows:
             queue = row["queueId"] if "queueId" in row.__fields__ else None
-            sender.add(_message(row, opts.topic), queue)
+            broker = row["brokerName"] if "brokerName" in row.__fields__ else None
+            sender.add(_message(row, opts.topic), queue, broker or None)
         sender.flush()
         return sender.sent
     finally:

@@ -1,10 +1,16 @@
-"""``spark.read.format("replog").load(STORE_DIR)``: a store's CommitLog as a DataFrame.
+"""``spark.read.format("replog").load(STORE_DIR)``: a store's CommitLog as a DataFrame; over a
+cluster of broker groups, one store per group (``load("a=/path/a,b=/path/b")``).
 
-Options (all optional):
+Options (all optional; one of path, stores, clusterDir is needed):
 
 | option              | meaning                                                            |
 |---------------------|--------------------------------------------------------------------|
-| path                | the store directory (``load(path)`` sets it)                        |
+| path                | the store directory (``load(path)`` sets it), or ``name=dir,...``   |
+|                     | (as ``stores``)                                                    |
+| stores              | ``broker-a=/path/a,broker-b=/path/b``: one store per broker group  |
+| clusterDir          | a ``replog cluster up`` directory: every group's most complete     |
+|                     | replica (its ``broker.yaml`` files name group and store)           |
+| brokerName          | the ``brokerName`` column of a single ``path`` (default empty)     |
 | topics              | comma-separated topics to keep                                     |
 | startOffset         | first CommitLog offset to read (records starting at or after it)   |
 | endOffset           | CommitLog offset to stop at (records starting before it)           |
@@ -15,9 +21,11 @@ Options (all optional):
 |                     | ``spark.sql.python.filterPushdown.enabled``. Default: on after     |
 |                     | ``common.pipeline.register(spark)`` (which sets it), else off      |
 
-One input partition per CommitLog segment (or per ``maxPartitionBytes`` of it). Pushed-down
-filters: ``topic`` and ``queueId`` equality/IN, and comparisons on ``commitLogOffset``; a
-topic filter skips every column of the records it drops. A user schema naming a subset of the
+One input partition per CommitLog segment (or per ``maxPartitionBytes`` of it) of each
+group's store; each row's ``brokerName`` is its store's group. Pushed-down filters: ``topic``,
+``queueId`` and ``brokerName`` equality/IN, and comparisons on ``commitLogOffset`` (applied to
+each group's log: offsets are per group); a topic filter skips every column of the records it
+drops, a ``brokerName`` filter every store of the other groups. A user schema naming a subset of the
 columns (see ``schema.py``) decodes only those. The read stops at the store's flushed offset.
 """
 
@@ -51,7 +59,11 @@ from .layout import (
     DEFAULT_MAX_PARTITION_BYTES,
     Slice,
     check_walk_end,
+    cluster_replicas,
     list_segments,
+    looks_like_stores,
+    most_complete,
+    parse_stores,
     plan,
     read_bytes,
     readable_end,
@@ -85,7 +97,7 @@ def _int(options: dict[str, str], key: str, default: int) -> int:
 class ReadOptions:
     """The batch source's options, parsed and checked once, on the driver."""
 
-    path: str
+    stores: tuple[tuple[str, str], ...]  # (broker group, store directory)
     topics: frozenset[str] | None = None
     start_offset: int = 0
     end_offset: int = MAX_OFFSET
@@ -97,12 +109,9 @@ class ReadOptions:
     @classmethod
     def parse(cls, options: dict[str, str], push_filters: bool = True) -> ReadOptions:
         lowered = {k.lower(): v for k, v in options.items()}
-        path = lowered.get("path")
-        if not path:
-            raise ValueError('replog needs a store directory: .load("/path/to/store")')
         topics = lowered.get("topics")
         parsed = cls(
-            path=path,
+            stores=_stores(lowered),
             topics=frozenset(t.strip() for t in topics.split(",") if t.strip()) if topics else None,
             start_offset=_int(lowered, "startoffset", 0),
             end_offset=_int(lowered, "endoffset", MAX_OFFSET),
@@ -120,14 +129,40 @@ class ReadOptions:
         return parsed
 
 
+    @property
+    def path(self) -> str:
+        """The one store's directory (a read of one group)."""
+        return self.stores[0][1]
+
+
+def _stores(lowered: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    given = [k for k in ("path", "stores", "clusterdir") if lowered.get(k)]
+    if len(given) != 1:
+        raise ValueError('replog needs one of: a store directory .load("/path/to/store"), '
+                         '.load("broker-a=/path/a,broker-b=/path/b") or .option("stores", ...), '
+                         '.option("clusterDir", DIR)' + (f"; got {', '.join(given)}"
+                                                          if given else ""))
+    if given[0] == "clusterdir":
+        replicas = cluster_replicas(lowered["clusterdir"])
+        return tuple((name, most_complete(replicas[name])) for name in sorted(replicas))
+    text = lowered[given[0]]
+    if given[0] == "stores" or looks_like_stores(text):
+        if lowered.get("brokername"):
+            raise ValueError("brokerName names a single path's group: the stores name theirs")
+        return tuple(parse_stores(text))
+    return ((lowered.get("brokername", ""), text),)
+
+
 @dataclasses.dataclass
 class SlicePartition(InputPartition):
-    """One input partition: a byte slice of one segment (picklable, read on an executor)."""
+    """One input partition: a byte slice of one segment of one group's store (picklable, read
+    on an executor)."""
 
     slice: Slice
+    broker_name: str = ""
 
     def __post_init__(self) -> None:
-        InputPartition.__init__(self, self.slice)
+        InputPartition.__init__(self, (self.slice, self.broker_name))
 
 
 @dataclasses.dataclass
@@ -137,6 +172,7 @@ class RowFilter:
     columns: tuple[str, ...]
     topics: frozenset[str] | None = None
     queue_ids: frozenset[int] | None = None
+    broker_names: frozenset[str] | None = None
     min_offset: int = 0
     max_offset: int = MAX_OFFSET
     verify_crc: bool = False
@@ -154,6 +190,13 @@ class RowFilter:
             return False
         wanted = frozenset(queue_ids)
         self.queue_ids = wanted if self.queue_ids is None else self.queue_ids & wanted
+        return True
+
+    def keep_brokers(self, names: Sequence[Any]) -> bool:
+        if not all(isinstance(n, str) for n in names):
+            return False
+        wanted = frozenset(names)
+        self.broker_names = wanted if self.broker_names is None else self.broker_names & wanted
         return True
 
     def keep_offsets(self, f: Filter) -> bool:
@@ -188,6 +231,10 @@ class RowFilter:
             return self.keep_queues([f.value])
         if column == "queueId" and isinstance(f, In):
             return self.keep_queues(list(f.value))
+        if column == "brokerName" and isinstance(f, EqualTo):
+            return self.keep_brokers([f.value])
+        if column == "brokerName" and isinstance(f, In):
+            return self.keep_brokers(list(f.value))
         if column == "commitLogOffset":
             return self.keep_offsets(f)
         return False
@@ -204,7 +251,7 @@ class RowFilter:
         return recs
 
 
-def read_slice(sl: Slice, rows: RowFilter) -> Iterator[pa.RecordBatch]:
+def read_slice(sl: Slice, rows: RowFilter, broker_name: str = "") -> Iterator[pa.RecordBatch]:
     """Decode the records of one slice that pass ``rows``, in batches of ``rows.batch_rows``."""
     buf = read_bytes(sl.path, sl.lo, sl.hi)
     phy_base = sl.base + sl.lo
@@ -213,7 +260,7 @@ def read_slice(sl: Slice, rows: RowFilter) -> Iterator[pa.RecordBatch]:
     recs = rows.select(Records(buf, found.starts), phy_base)
     for i in range(0, len(recs), rows.batch_rows):
         chunk = recs.select(slice(i, i + rows.batch_rows))
-        yield decode(chunk, rows.columns)
+        yield decode(chunk, rows.columns, broker_name)
 
 
 class ReplogReader(DataSourceReader):
@@ -236,15 +283,21 @@ class ReplogReader(DataSourceReader):
             return []
         if rows.min_offset >= rows.max_offset:
             return []
-        segments = list_segments(self.opts.path)
-        end = readable_end(self.opts.path, segments)
-        slices = plan(segments, rows.min_offset, rows.max_offset, end, self.opts.max_partition_bytes)
-        return [SlicePartition(sl) for sl in slices]
+        out: list[InputPartition] = []
+        for name, path in self.opts.stores:
+            if rows.broker_names is not None and name not in rows.broker_names:
+                continue
+            segments = list_segments(path)
+            end = readable_end(path, segments)
+            slices = plan(segments, rows.min_offset, rows.max_offset, end,
+                          self.opts.max_partition_bytes)
+            out += [SlicePartition(sl, name) for sl in slices]
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, SlicePartition):  # Spark's stand-in for "no partitions"
             return iter(())
-        return read_slice(partition.slice, self.rows)
+        return read_slice(partition.slice, self.rows, partition.broker_name)
 
 
 class PushdownReader(ReplogReader):

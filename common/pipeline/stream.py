@@ -1,25 +1,29 @@
-"""``spark.readStream.format("replog").option("servers", ...)``: tail a broker group.
+"""``spark.readStream.format("replog").option("servers", ...)``: tail a cluster's broker groups.
 
-The stream offset is one CommitLog physical offset, as JSON ``{"commitLogOffset": N}``; a
-micro-batch ``(start, end]`` delivers every record whose CommitLog offset is in
-``[start, end)``. Offsets need not fall on record boundaries: a record belongs to the batch its
+The stream offset is one CommitLog physical offset per broker group: with one group, as JSON
+``{"commitLogOffset": N, "brokerName": g}``; over several, ``{"groups": {g: N, ...}}``. A
+micro-batch ``(start, end]`` delivers, in each group, every record whose CommitLog offset is in
+``[start_g, end_g)``; a group new to the stream (added to the cluster since) is read from its
+log's start. Offsets need not fall on record boundaries: a record belongs to the batch its
 start offset falls in, so consecutive batches partition the log exactly, and replaying a batch
 from a checkpoint reads exactly the same records (no loss, no repeats).
 
 ``latestOffset`` never passes the group's *safe end*: what the master has flushed and dispatched
 to its ConsumeQueues and, when it has in-sync slaves, what at least one of them has
 acknowledged; records below it survive a failover and are visible to pulls. Each batch has one
-input partition per (topic, queue); a partition finds its first queue offset at or after
-``start`` by binary search over pulls and pulls until it passes ``end``, through
+input partition per (group, topic, queue); a partition finds its first queue offset at or
+after ``start`` by binary search over pulls and pulls until it passes ``end``, through
 ``common.client.Consumer``, which follows the group's master across a failover.
+``maxBytesPerTrigger`` is shared among the groups (what one does not need goes to the others).
 
 Options:
 
 | option              | meaning                                                            |
 |---------------------|--------------------------------------------------------------------|
-| servers             | client addresses of the group, ``host:port,host:port`` (required)  |
+| servers             | client addresses of brokers of the cluster (required): any one     |
+|                     | names every group (CLUSTER_INFO)                                   |
 | topics              | comma-separated topics to read (required)                          |
-| startingOffset      | ``earliest`` (default), ``latest`` or a CommitLog offset            |
+| startingOffset      | ``earliest`` (default), ``latest`` or a CommitLog offset (one group)|
 | startingTimestamp   | ms since the epoch: start at the first record stored then or later |
 | maxBytesPerTrigger  | at most this many CommitLog bytes per micro-batch                  |
 | pullBatchSize       | messages per pull (default 256)                                    |
@@ -55,6 +59,8 @@ from common.core.message import MessageExt, body_str, tags_code
 from .schema import arrow_schema, check_schema
 
 OFFSET_KEY = "commitLogOffset"
+BROKER_KEY = "brokerName"
+GROUPS_KEY = "groups"
 DEFAULT_PULL_BATCH = 256
 DEFAULT_TIMEOUT_MS = 10_000
 DISPATCH_WAIT_S = 30.0
@@ -155,36 +161,56 @@ def safe_end(status: dict[str, Any]) -> int:
 
 @dataclasses.dataclass
 class QueueRange(InputPartition):
-    """Records of one (topic, queue) with CommitLog offsets in ``[start, end)``."""
+    """Records of one (topic, queue) of one broker group with CommitLog offsets (that group's)
+    in ``[start, end)``; ``servers``: where to ask about the group."""
 
     topic: str
     queue_id: int
     start: int
     end: int
+    broker_name: str = ""
+    servers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        InputPartition.__init__(self, (self.topic, self.queue_id, self.start, self.end))
+        InputPartition.__init__(self, (self.topic, self.queue_id, self.start, self.end,
+                                       self.broker_name))
 
 
 class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches of CommitLog offset ranges, read through the broker's pull API."""
+    """Micro-batches of CommitLog offset ranges, one range per broker group, read through the
+    broker's pull API."""
 
     def __init__(self, options: dict[str, str], schema: StructType):
         self.opts = StreamOptions.parse(options)
         self.columns = check_schema(schema)
-        self._target: int | None = None
+        self._target: dict[str, int] | None = None
 
-    def _status(self) -> dict[str, Any]:
-        return group_status(self.opts.servers, self.opts.timeout_ms, self.opts.curve())
+    def _groups(self) -> dict[str, tuple[str, ...]]:
+        return cluster_groups(self.opts)
 
-    def initialOffset(self) -> dict[str, int]:
+    def _safe_ends(self) -> dict[str, int]:
+        return {name: safe_end(group_status(servers, self.opts.timeout_ms, self.opts.curve()))
+                for name, servers in self._groups().items()}
+
+    def initialOffset(self) -> dict[str, Any]:
+        groups = self._groups()
         if self.opts.starting_ts is not None:
-            return {OFFSET_KEY: offset_at_time(self.opts, self.opts.starting_ts)}
+            return encode_offsets({name: offset_at_time(self.opts, self.opts.starting_ts,
+                                                        name, servers)
+                                   for name, servers in groups.items()})
         starting = self.opts.starting
         if starting.isdigit():
-            return {OFFSET_KEY: int(starting)}
-        status = self._status()
-        return {OFFSET_KEY: int(status["minPhyOffset"]) if starting == "earliest" else safe_end(status)}
+            if len(groups) > 1:
+                raise ValueError(f"startingOffset {starting} is one CommitLog's offset, and "
+                                 f"the cluster has groups {', '.join(sorted(groups))}: use "
+                                 "earliest, latest or startingTimestamp")
+            return encode_offsets({name: int(starting) for name in groups})
+        offsets = {}
+        for name, servers in groups.items():
+            status = group_status(servers, self.opts.timeout_ms, self.opts.curve())
+            offsets[name] = int(status["minPhyOffset"]) if starting == "earliest" \
+                else safe_end(status)
+        return encode_offsets(offsets)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_bytes is not None:
@@ -192,38 +218,118 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = safe_end(self._status())
+        self._target = self._safe_ends()
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        begin = int(start[OFFSET_KEY])
-        end = safe_end(self._status()) if self._target is None else self._target
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        ends = self._safe_ends() if self._target is None else dict(self._target)
+        begin = decode_offsets(start, list(ends))
+        for name in begin:
+            ends.setdefault(name, begin[name])  # a group gone from the route: nothing more
+        wanted = {name: max(0, end - begin.get(name, 0)) for name, end in ends.items()}
         if isinstance(limit, ReadMaxBytes):
-            end = min(end, begin + limit.max_bytes)
-        return {OFFSET_KEY: max(begin, end)}
+            wanted = share_bytes(wanted, limit.max_bytes)
+        return encode_offsets({name: begin.get(name, 0) + n for name, n in wanted.items()})
 
-    def reportLatestOffset(self) -> dict[str, int]:
-        return {OFFSET_KEY: safe_end(self._status())}
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return encode_offsets(self._safe_ends())
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        begin, stop = int(start[OFFSET_KEY]), int(end[OFFSET_KEY])
-        if stop <= begin:
-            return []
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        groups = self._groups()
+        stops = decode_offsets(end, list(groups))
+        begins = decode_offsets(start, list(groups))
         from common.client import Consumer
 
+        out: list[InputPartition] = []
         with Consumer(list(self.opts.servers), timeout_ms=self.opts.timeout_ms,
                       **self.opts.curve()) as consumer:
-            return [QueueRange(topic, q, begin, stop)
-                    for topic in self.opts.topics for q in range(queue_count(consumer, topic))]
+            table = consumer.route_table(fresh=True)
+            for name, stop in sorted(stops.items()):
+                begin = begins.get(name, 0)  # a group new to the stream: from its start
+                if stop <= begin:
+                    continue
+                route = table.groups.get(name)
+                servers = groups.get(name) or (tuple(route.addresses) if route is not None
+                                               else self.opts.servers)
+                for topic in self.opts.topics:
+                    for q in group_queues(consumer, table, topic, name):
+                        out.append(QueueRange(topic, q, begin, stop, name, servers))
+        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, QueueRange)
         return read_queue_range(self.opts, partition, self.columns)
 
-    def commit(self, end: dict[str, int]) -> None:
-        """Nothing to release: the broker keeps no per-stream state."""
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the brokers keep no per-stream state."""
 
     def stop(self) -> None:
         """No connections outlive a call."""
+
+
+def cluster_groups(opts: StreamOptions) -> dict[str, tuple[str, ...]]:
+    """Broker group -> the servers to ask about it: with one group, the servers given (as
+    always); over several, the addresses the route table names for each."""
+    from common.client import Consumer
+
+    with Consumer(list(opts.servers), timeout_ms=opts.timeout_ms, **opts.curve()) as consumer:
+        table = consumer.route_table(fresh=True)
+    if len(table.groups) <= 1:
+        return {name: opts.servers for name in table.groups}
+    return {name: tuple(g.addresses) or opts.servers for name, g in table.groups.items()}
+
+
+def group_queues(consumer: Any, table: Any, topic: str, name: str) -> list[int]:
+    """Queue ids of ``topic`` in group ``name`` (none when the group does not hold it)."""
+    if len(table.groups) <= 1:
+        return list(range(queue_count(consumer, topic)))
+    return [mq.queue_id for mq in table.queues(topic) if mq.broker_name == name]
+
+
+def encode_offsets(offsets: dict[str, int]) -> dict[str, Any]:
+    """The stream's offset: one group ``{"commitLogOffset": N, "brokerName": g}``; several
+    ``{"groups": {g: N, ...}}`` (one CommitLog offset per group)."""
+    if len(offsets) == 1:
+        ((name, offset),) = offsets.items()
+        return {OFFSET_KEY: offset, BROKER_KEY: name}
+    return {GROUPS_KEY: dict(sorted(offsets.items()))}
+
+
+def decode_offsets(doc: dict[str, Any], groups: list[str]) -> dict[str, int]:
+    """``encode_offsets``'s document -> group -> offset. An offset written before the stream
+    named groups (``{"commitLogOffset": N}``) is the one group's while the cluster has one."""
+    if GROUPS_KEY in doc:
+        return {str(name): int(offset) for name, offset in doc[GROUPS_KEY].items()}
+    name = doc.get(BROKER_KEY)
+    if name is None:
+        if len(groups) != 1:
+            raise ValueError(f"the stream's offset {doc} names no broker group and the cluster "
+                             f"has {len(groups)} ({', '.join(sorted(groups))}): restart the "
+                             "stream from a new checkpoint")
+        name = groups[0]
+    return {str(name): int(doc[OFFSET_KEY])}
+
+
+def share_bytes(wanted: dict[str, int], budget: int) -> dict[str, int]:
+    """``maxBytesPerTrigger`` over the groups: an equal share each, what a group does not
+    need going to the others (water-filling); at least one byte to a group that has any."""
+    out = dict.fromkeys(wanted, 0)
+    left = budget
+    hungry = sorted((n, name) for name, n in wanted.items() if n > 0)
+    while hungry and left > 0:
+        share = max(1, left // len(hungry))
+        n, name = hungry[0]
+        if n <= share:
+            out[name] = n
+            left -= n
+            hungry.pop(0)
+            continue
+        for n, name in hungry:
+            out[name] = min(n, share)
+            left -= out[name]
+            if left <= 0:
+                break
+        break
+    return out
 
 
 def queue_count(consumer: Any, topic: str) -> int:
@@ -236,31 +342,40 @@ def queue_count(consumer: Any, topic: str) -> int:
         raise
 
 
-def offset_at_time(opts: StreamOptions, timestamp_ms: int) -> int:
+def offset_at_time(opts: StreamOptions, timestamp_ms: int, broker_name: str | None = None,
+                   servers: tuple[str, ...] | None = None) -> int:
     """The CommitLog offset of the first record of ``opts.topics`` stored at or after
-    ``timestamp_ms``: the least, over the topics' queues, of the record each queue's
-    search by time finds; the safe end (as ``latest``) when no queue holds one.
+    ``timestamp_ms`` in group ``broker_name``: the least, over the topics' queues, of the
+    record each queue's search by time finds; the safe end (as ``latest``) when no queue
+    holds one.
 
     The safe end is read first, so a record stored during the searches is not skipped.
     Exact while store times grow along the CommitLog, as they do under one clock.
     """
     from common.client import Consumer
 
-    start = safe_end(group_status(opts.servers, opts.timeout_ms, opts.curve()))
+    start = safe_end(group_status(servers or opts.servers, opts.timeout_ms, opts.curve()))
     with Consumer(list(opts.servers), timeout_ms=opts.timeout_ms, **opts.curve()) as consumer:
+        table = consumer.route_table()
+        multi = len(table.groups) > 1
+        name = broker_name if multi else None
         for topic in opts.topics:
-            for q in range(queue_count(consumer, topic)):
-                found = consumer.pull(topic, q, consumer.search_offset(topic, q, timestamp_ms), 1)
+            queues = (group_queues(consumer, table, topic, broker_name or "") if multi
+                      else range(queue_count(consumer, topic)))
+            for q in queues:
+                found = consumer.pull(topic, q, consumer.search_offset(
+                    topic, q, timestamp_ms, broker_name=name), 1, broker_name=name)
                 if found.status == PullStatus.FOUND and found.messages:
                     start = min(start, found.messages[0].commit_log_offset)
     return start
 
 
-def wait_dispatched(opts: StreamOptions, end: int) -> dict[str, Any]:
+def wait_dispatched(opts: StreamOptions, end: int,
+                    servers: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The master's status once it has dispatched ``end`` (a new master may lag briefly)."""
     deadline = time.monotonic() + DISPATCH_WAIT_S
     while True:
-        status = group_status(opts.servers, opts.timeout_ms, opts.curve())
+        status = group_status(servers or opts.servers, opts.timeout_ms, opts.curve())
         if int(status["dispatchedPhyOffset"]) >= end:
             return status
         if time.monotonic() > deadline:
@@ -269,14 +384,15 @@ def wait_dispatched(opts: StreamOptions, end: int) -> dict[str, Any]:
         time.sleep(0.05)
 
 
-def first_queue_offset(consumer: Any, topic: str, queue_id: int, phy_offset: int) -> int:
+def first_queue_offset(consumer: Any, topic: str, queue_id: int, phy_offset: int,
+                       broker_name: str | None = None) -> int:
     """The first queue offset whose record's CommitLog offset is >= ``phy_offset``
     (binary search; queue order is CommitLog order)."""
-    probe = consumer.pull(topic, queue_id, 0, 1)
+    probe = consumer.pull(topic, queue_id, 0, 1, broker_name=broker_name)
     lo, hi = probe.min_offset, probe.max_offset
     while lo < hi:
         mid = (lo + hi) // 2
-        found = consumer.pull(topic, queue_id, mid, 1)
+        found = consumer.pull(topic, queue_id, mid, 1, broker_name=broker_name)
         if found.status != PullStatus.FOUND or not found.messages:
             raise BrokerError(ResponseCode.SYSTEM_ERROR,
                               f"{topic}/{queue_id}@{mid} vanished during the search")
@@ -292,15 +408,19 @@ def read_queue_range(opts: StreamOptions, part: QueueRange, columns: tuple[str, 
     """Pull the records of one queue with CommitLog offsets in ``[start, end)``."""
     from common.client import Consumer
 
-    status = wait_dispatched(opts, part.end)
+    servers = part.servers or opts.servers
+    status = wait_dispatched(opts, part.end, servers)
     if opts.fail_on_data_loss and int(status["minPhyOffset"]) > part.start:
         raise BrokerError(ResponseCode.SYSTEM_ERROR,
-                          f"records from {part.start} to {status['minPhyOffset']} were deleted "
-                          "before the stream read them; set failOnDataLoss=false to skip them")
-    with Consumer(list(opts.servers), timeout_ms=opts.timeout_ms, **opts.curve()) as consumer:
-        queue_offset = first_queue_offset(consumer, part.topic, part.queue_id, part.start)
+                          f"records from {part.start} to {status['minPhyOffset']} of "
+                          f"{part.broker_name or 'the group'} were deleted before the stream "
+                          "read them; set failOnDataLoss=false to skip them")
+    with Consumer(list(servers), timeout_ms=opts.timeout_ms, **opts.curve()) as consumer:
+        name = part.broker_name or None
+        queue_offset = first_queue_offset(consumer, part.topic, part.queue_id, part.start, name)
         while True:
-            pulled = consumer.pull(part.topic, part.queue_id, queue_offset, opts.pull_batch)
+            pulled = consumer.pull(part.topic, part.queue_id, queue_offset, opts.pull_batch,
+                                   broker_name=name)
             if pulled.status == PullStatus.NO_NEW_MSG or (
                     pulled.status == PullStatus.FOUND and not pulled.messages):
                 return
@@ -335,6 +455,7 @@ _ATTRS = {
     "msgId": "msg_id", "bornHost": "born_host", "storeHost": "store_host", "sysFlag": "sys_flag",
     "bodyCrc": "body_crc", "storeSize": "store_size", "reconsumeTimes": "reconsume_times",
     "preparedTransactionOffset": "prepared_transaction_offset", "bodyBytes": "body",
+    "brokerName": "broker_name",
 }
 
 

@@ -8,6 +8,9 @@ names the drills import.
 * ``Drill``: a context manager owning every process, relay and worker of one run; ``finally``
   kills every broker by pid. ``finish`` drains every queue from every replica, byte-compares the
   replicas' CommitLogs over their common range, and records one JSON result (``RESULTS``).
+* Several broker groups (``finish_groups``): a message's group is part of its queue's identity
+  (``group`` in the history, ``(group, queue)`` in the drains), each group is drained, its
+  replicas byte-compared among themselves, and lost / unexpected are also counted per group.
 """
 
 from __future__ import annotations
@@ -318,6 +321,68 @@ class Drill:
         if extra_checks is not None:
             problems.extend(extra_checks(summary))
         summary.pop("final_ids")
+        return self.record(summary, problems)
+
+    def finish_groups(
+        self,
+        groups: dict[str, tuple[Node, list[Node]]],
+        extra_checks: Callable[[dict[str, Any]], list[str]] | None = None,
+    ) -> dict[str, Any]:
+        """``finish`` over several broker groups: group -> (its master, its replicas). Each
+        group converges, is drained from its master and from each replica (the same
+        messages), and its replicas' CommitLogs are byte-compared; a queue is (group, id).
+        The total-queue figures are given for the whole run and per group (a put's group is
+        the one its result or invocation named)."""
+        self.stop_workers()
+        final: dict[Any, list[tuple[int, str, bool]]] = {}
+        per_group: dict[str, dict[str, Any]] = {}
+        for name, (master, replicas) in sorted(groups.items()):
+            converged_at = self.wait_converged(master, replicas)
+            servers = [master.address, *(r.address for r in replicas)]
+            mine = drain(master.address, servers)
+            equal = all(drain(r.address, servers) == mine for r in replicas)
+            final.update({(name, q): rows for q, rows in mine.items()})
+            logs = self.compare_logs([master, *replicas])
+            per_group[name] = {"converged_max": converged_at, "logs_identical": logs["identical"],
+                               "compared_range": logs["range"], "replica_drains_equal": equal,
+                               "final_messages": sum(len(r) for r in mine.values())}
+        summary = check_total_queue(self.history.events, final)
+        put_group: dict[str, str] = {}
+        for e in self.history.events:
+            if e["op"] == "put" and e.get("group"):
+                put_group.setdefault(e["msg_id"], e["group"])
+        lost_ids = summary.pop("lost_ids_all")
+        for name, figures in per_group.items():
+            puts = [e for e in self.history.events if e["op"] == "put" and e["type"] != "invoke"
+                    and put_group.get(e["msg_id"]) == name]
+            figures.update(
+                ok=sum(e["type"] == "ok" for e in puts), fail=sum(e["type"] == "fail" for e in puts),
+                info=sum(e["type"] == "info" for e in puts),
+                lost=sum(put_group.get(m) == name for m in lost_ids))
+        misplaced = [m for (name, _), rows in final.items() for _, m, _ in rows
+                     if put_group.get(m) not in (None, name)]
+        summary.update(
+            drill=self.name, seed=self.seed, wall_s=round(time.monotonic() - self.started, 1),
+            groups=per_group, misplaced=len(misplaced),
+            unattributed=sum(1 for e in self.history.events if e["op"] == "put"
+                             and e["type"] != "invoke" and put_group.get(e["msg_id"]) in
+                             (None, "?")),
+            faults=[{k: f[k] for k in ("t", "status", "node", "epoch") if k in f}
+                    | {"rto_s": rto_after(self.history.events, f["t"])} for f in self.faults],
+            **self.extra)
+        problems = [f"{key}={summary[key]}" for key in
+                    ("lost", "unexpected", "failed_but_read", "corrupt", "queue_gaps",
+                     "misplaced") if summary[key]]
+        for name, figures in per_group.items():
+            if figures["lost"]:
+                problems.append(f"{name}: lost={figures['lost']}")
+            if not figures["logs_identical"]:
+                problems.append(f"{name}: replica CommitLogs differ in "
+                                f"{figures['compared_range']}")
+            if not figures["replica_drains_equal"]:
+                problems.append(f"{name}: replicas serve different messages")
+        if extra_checks is not None:
+            problems.extend(extra_checks(summary))
         return self.record(summary, problems)
 
     def record(self, summary: dict[str, Any], problems: list[str]) -> dict[str, Any]:

@@ -42,7 +42,9 @@ def test_cli_send_pull_query_status(tmp_path: Path) -> None:
             "1",
         )
         assert rc == 0 and sent["status"] == "SEND_OK" and sent["queueId"] == 1
-        assert set(sent) == {"status", "msgId", "queueId", "queueOffset", "commitLogOffset"}
+        assert set(sent) == {"status", "msgId", "queueId", "queueOffset", "commitLogOffset",
+                             "brokerName"}
+        assert sent["brokerName"] == "broker-a"  # the group that stored it (its queue's group)
         rc, many = run_cli(
             "send", *s, "-t", "orders", "--count", "5", "--size", "16", "--queue", "0"
         )
@@ -57,6 +59,7 @@ def test_cli_send_pull_query_status(tmp_path: Path) -> None:
             sent["msgId"],
         )
         assert base64.b64decode(msg["bodyBase64"]) == b"hello"
+        assert msg["brokerName"] == "broker-a"
         for field in (
             "topic",
             "queueId",

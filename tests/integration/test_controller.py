@@ -391,10 +391,10 @@ def test_every_broker_answers_the_cluster_view_of_all_groups(tmp_path: Path) -> 
                   controllerPollIntervalMs=5000)
         with a, b:
             ma, mb = a.master(), b.master()
-            with Admin([ma.address], timeout_ms=5000) as admin:
-                admin.create_topic("orders", 4)
+            with Admin([ma.address], timeout_ms=5000) as admin:  # each group its own count
+                admin.create_topic("orders", 4, broker_names=["broker-a"])
             with Admin([mb.address], timeout_ms=5000) as admin:
-                admin.create_topic("orders", 2)
+                admin.create_topic("orders", 2, broker_names=["broker-b"])
 
             def both() -> dict[str, Any] | None:
                 with Admin([b.procs[1].address], timeout_ms=2000, retries=0) as admin:

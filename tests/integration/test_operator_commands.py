@@ -21,7 +21,8 @@ def test_topics_are_listed_made_and_grown_never_shrunk(tmp_path: Path) -> None:
     with brokers(b):
         s = ["-s", b.address]
         rc, made = run_cli("topics", *s, "--create", "orders", "--queues", "3")
-        assert rc == 0 and made == {"topic": "orders", "queueNums": 3, "before": 0}
+        assert rc == 0 and made == {"topic": "orders", "queueNums": 3, "before": 0,
+                                    "groups": {"broker-a": 0}}  # the cluster: one group
         rc, grown = run_cli("topics", *s, "--create", "orders", "--queues", "4")
         assert rc == 0 and grown["before"] == 3
         rc, refused = run_cli("topics", *s, "--create", "orders", "--queues", "1")
@@ -41,7 +42,9 @@ def test_topics_are_listed_made_and_grown_never_shrunk(tmp_path: Path) -> None:
         assert (auto["topic"], auto["queueNums"], auto["messages"]) == ("auto", 2, 1)
         assert sorted(auto["maxOffsets"]) == [0, 1]  # the producer picked one of its queues
         assert orders == {"topic": "orders", "queueNums": 4, "messages": 3,
-                          "maxOffsets": [2, 0, 0, 1]}
+                          "maxOffsets": [2, 0, 0, 1], "perm": 6, "groups": [
+                              {"brokerName": "broker-a", "queueNums": 4, "perm": 6,
+                               "messages": 3, "maxOffsets": [2, 0, 0, 1]}]}
         rc, one = run_cli("topics", *s, "-t", "orders")
         assert rc == 0 and [t["topic"] for t in one["topics"]] == ["orders"]
         rc, missing = run_cli("topics", *s, "-t", "nope")

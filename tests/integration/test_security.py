@@ -331,11 +331,19 @@ def test_a_forged_routing_id_cannot_borrow_another_account(broker: BrokerProcess
         assert answer is not None and answer.code == ResponseCode.SUCCESS  # still the admin's
         admin.close(linger=0)
         thief.close(linger=0)
-        # the admin gone, the id is free: the attacker gets it, and is still the attacker
-        thief = realm.dealer(ctx, "attacker", broker.port, routing_id=rid)
-        answer = wait_until(lambda: raw_call(thief, RequestCode.CREATE_TOPIC,
-                                             {"topic": "stolen", "queueNums": 1}, 500),
-                            15, "an answer on the free routing id")
+        # the admin gone, the id is free: the attacker gets it, and is still the attacker. A
+        # connection made before the broker dropped the admin's is refused the id for good
+        # (libzmq keeps it open but unattached), so each attempt connects anew
+
+        def attempt() -> Any:
+            thief = realm.dealer(ctx, "attacker", broker.port, routing_id=rid)
+            try:
+                return raw_call(thief, RequestCode.CREATE_TOPIC,
+                                {"topic": "stolen", "queueNums": 1}, 500)
+            finally:
+                thief.close(linger=0)
+
+        answer = wait_until(attempt, 15, "an answer on the free routing id")
         assert answer.code == ResponseCode.NO_PERMISSION
         assert answer.remark.startswith("attacker has no permission to ADMIN")
     finally:

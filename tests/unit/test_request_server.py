@@ -152,6 +152,9 @@ class FakeStore:
     def max_queue_offset(self, topic: str, queue_id: int) -> int:
         return len(self.queues.get((topic, queue_id), []))
 
+    def min_queue_offset(self, topic: str, queue_id: int) -> int:
+        return 0  # nothing is ever deleted here
+
     def get_message(
         self,
         group: str,
