@@ -53,9 +53,14 @@ class Cluster:
     Discoveries take turns on ``_discovering``, which the I/O thread never takes."""
 
     def __init__(self, transport: Transport, servers: list[str], timeout_ms: int,
-                 route_ttl_ms: int = ROUTE_TTL_MS):
+                 route_ttl_ms: int = ROUTE_TTL_MS, group: str | None = None):
+        """``group``: the broker group (``brokerName``) this discovery is for; an answer from
+        a broker of another group is ignored (a client's seeds may span groups, and are asked
+        too: the addresses a route names may not be reachable from here, e.g. container
+        names, while the seed the user gave is)."""
         self.transport = transport
         self.servers = servers
+        self.group = group
         self.timeout_ms = timeout_ms
         self.route_ttl_s = route_ttl_ms / 1000.0
         self._lock = threading.Lock()
@@ -151,6 +156,10 @@ class Cluster:
                 return []
             return list(self._slaves)
 
+    def cached_master(self) -> str | None:
+        """The master found last, if still believed (never asks the network)."""
+        return self._master
+
     def known_servers(self) -> list[str]:
         """The servers given, then those learned from answers."""
         with self._lock:
@@ -221,6 +230,8 @@ class Cluster:
                     refused = refused or BrokerError(resp.code, resp.remark)
                     continue
                 status = resp.fields
+                if self.group is not None and status.get("brokerName", self.group) != self.group:
+                    continue  # a broker of another group (a seed given for the whole cluster)
                 last_answer = time.monotonic()
                 role = status.get("role")
                 epoch = _int(status.get("epoch"))

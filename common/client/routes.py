@@ -163,7 +163,7 @@ class Routes:
                 for name, group in table.groups.items():
                     cluster = self._clusters.get(name)
                     if cluster is not None and group.addresses:
-                        cluster.servers = group.addresses
+                        cluster.servers = self._servers_of(group.addresses)
 
     def _ask(self, known: RouteTable | None) -> RouteTable:
         """CLUSTER_INFO from the brokers this client knows, all at once; the first answer
@@ -232,13 +232,22 @@ class Routes:
         with self._lock:
             cluster = self._clusters.get(group)
             if cluster is None:
-                servers = route.addresses or self.seed.known_servers()
-                cluster = Cluster(self.transport, list(servers), self.timeout_ms,
-                                  int(self.ttl_s * 1000))
+                cluster = Cluster(self.transport, self._servers_of(route.addresses),
+                                  self.timeout_ms, int(self.ttl_s * 1000), group=group)
                 self._clusters[group] = cluster
             # every Cluster claims the transport's degraded-answer callback: one for all
             self.transport.on_degraded = self._recheck
         return cluster
+
+    def _servers_of(self, route_addresses: Sequence[str]) -> list[str]:
+        """What a group's discovery asks: the addresses its route names, then the servers this
+        client was given (a route names the addresses brokers advertise, which may not be
+        reachable from here: in the compose cluster they are container names, and the host
+        reaches the brokers through the published ports it was given). The discovery keeps
+        only answers from the group's own brokers."""
+        out = list(route_addresses)
+        out += [a for a in self.seed.servers if a not in out]
+        return out
 
     def known_cluster(self, group: str) -> Cluster:
         """``group``'s discovery if one was made, else the seed's; never asks the network (the
@@ -259,7 +268,7 @@ class Routes:
             if address in group.addresses:
                 return name
         for name, cluster in list(self._clusters.items()):
-            if address in cluster.known_servers():
+            if cluster.cached_master() == address:
                 return name
         return ""
 
@@ -268,9 +277,12 @@ class Routes:
         (the client's I/O thread): doubt that master, and let keyless sends pass over its group
         for a while."""
         self.seed.recheck(address)
+        table = self._table
         for name, cluster in list(self._clusters.items()):
+            was_master = cluster.cached_master() == address
             cluster.recheck(address)
-            if address in cluster.known_servers():
+            route = table.groups.get(name) if table is not None else None
+            if was_master or (route is not None and address in route.addresses):
                 self.selector.failed(name)
 
 

@@ -335,3 +335,42 @@ def test_route_refreshes_take_turns(groups: TwoGroups) -> None:
         assert not errors
         asked = p._routes.refreshes - before
         assert 1 <= asked <= (time.monotonic() - started) / ROUTE_RETRY_S + 1, asked
+
+
+def test_routes_naming_unreachable_addresses_still_reach_every_group_through_the_seeds(
+        groups: TwoGroups) -> None:
+    """The compose cluster from the host: brokers advertise addresses only the containers
+    resolve, and the host reaches them through the addresses it was given. Each group's master
+    discovery also asks those seeds and keeps only the answers of its own group's brokers."""
+    import json
+
+    from test_request_server import free_port
+
+    real = {addr(groups.a): f"127.0.0.1:{free_port()}", addr(groups.b): f"127.0.0.1:{free_port()}"}
+    answer = groups.cluster_info
+
+    def advertised() -> dict[str, Any]:
+        text = json.dumps(answer())
+        for address, unreachable in real.items():
+            text = text.replace(address, unreachable)
+        return dict(json.loads(text))
+
+    for broker in (groups.a, groups.b):
+        broker.cluster_info = advertised  # type: ignore[method-assign]
+    seeds = [addr(groups.b), addr(groups.a)]  # in either order: answers name their group
+    with Producer(seeds, timeout_ms=5000) as p:
+        table = p._routes.table()
+        assert set(table.groups["broker-a"].addresses) == {real[addr(groups.a)]}
+        results = [p.send("orders", b"m%d" % i) for i in range(16)]
+        pinned = {g: p.send("orders", b"to " + g.encode(), queue_id=1, broker_name=g)
+                  for g in ("broker-a", "broker-b")}
+    assert all(r.status == SendStatus.SEND_OK for r in results)
+    assert {(r.broker_name, r.queue_id) for r in results} == {
+        (g, q) for g in ("broker-a", "broker-b") for q in range(4)}
+    for g, r in pinned.items():
+        assert r.broker_name == g and b"to " + g.encode() in groups.stored(g, "orders", 1)
+    with Consumer(seeds, group="g", timeout_ms=5000) as c:
+        for g in ("broker-a", "broker-b"):
+            pr = c.pull("orders", 1, 0, max_nums=64, broker_name=g)
+            assert pr.status == PullStatus.FOUND
+            assert b"to " + g.encode() in [m.body for m in pr.messages]
