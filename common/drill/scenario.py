@@ -199,7 +199,7 @@ class Scenario:
             self.wait_whole(master)
             self.say(f"group settled: master {master.name} ({self.mode}), session "
                      f"{self.session_ms} ms; faults: {', '.join(self.options.faults)}")
-            self.start_load()
+            self.start_load(str((self.status(master) or {}).get("brokerName") or "") or None)
             wait_more_puts(self.history, 30, self.options.settle_timeout_s)
             for i, fault in enumerate(self.options.faults):
                 master = self.wait_master(self.nodes)  # whoever leads now is hit
@@ -226,13 +226,18 @@ class Scenario:
             if not failed:
                 self.history.path.unlink(missing_ok=True)
 
-    def start_load(self) -> None:
+    def start_load(self, group: str | None = None) -> None:
+        """Producers and a consumer on the drilled group: pinned to ``group`` (its
+        ``brokerName``), so a cluster of several groups sends and reads only there, and a new
+        topic is made there by its first send (queue ids alone would need a topic the routes
+        already name)."""
         servers = [n.address for n in self.nodes]
         for i in range(self.options.producers):
             self.workers.append(ProducerWorker(self.history, servers, f"p{i}", self.options.rate,
                                                size=self.options.size, seed=self.options.seed,
-                                               topic=self.options.topic))
-        self.workers.append(ConsumerWorker(self.history, servers, topic=self.options.topic))
+                                               topic=self.options.topic, group=group))
+        self.workers.append(ConsumerWorker(self.history, servers, topic=self.options.topic,
+                                           groups=[group] if group else None))
         for w in self.workers:
             w.start()
 

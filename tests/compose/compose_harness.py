@@ -169,7 +169,7 @@ def compose_cluster() -> Iterator[ComposeCluster]:
               f"{t2 - t1:.1f} s, up to all healthy {t3 - t2:.1f} s")
         yield cluster
     finally:
-        logs = cluster.compose("logs", "--no-color", "--tail", "200", check=False, timeout_s=60)
+        logs = cluster.compose("logs", "--no-color", "--timestamps", check=False, timeout_s=60)
         (REPO / "build").mkdir(exist_ok=True)
         (REPO / "build" / "compose-logs.txt").write_text(logs.stdout + logs.stderr)
         cluster.compose("down", "-v", "--remove-orphans", "--timeout", "10", timeout_s=180)

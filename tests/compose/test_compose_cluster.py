@@ -106,8 +106,8 @@ def test_a_msg_id_finds_its_message_and_only_on_its_broker(
                             "broker-b-2", "broker-b-3", timeout_s=240)
     try:
         wait_master(B)
-        with Producer(B, timeout_ms=10_000) as p:
-            first_b = p.send("ids", b"group b")
+        with Producer(B, timeout_ms=10_000) as p:  # a cluster of two groups now: pinned to b
+            first_b = p.send("ids", b"group b", broker_name="broker-b")
         assert first_b.status == SendStatus.SEND_OK and first_b.commit_log_offset == 0
         assert first_a.commit_log_offset == 0 and first_a.msg_id != first_b.msg_id
         transport = Transport(name="compose-msgid")
