@@ -211,6 +211,9 @@ class Scenario:
                 self.say(f"[{i + 1}/{len(self.options.faults)}] {fault} {record['node']}: "
                          f"master now {master.name} (epoch {record['epoch_after']}), took "
                          f"{record['took_s']} s")
+            # writes flow again after the last fault too, whichever it was (a cut from the
+            # slaves heals without an election: its first SEND_OK comes only after the heal)
+            wait_more_puts(self.history, 20, self.options.settle_timeout_s)
             report = self.finish(master)
             failed = report["verdict"] != "pass"
             return report
