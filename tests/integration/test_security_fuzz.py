@@ -2,7 +2,8 @@
 ZMTP 1.0/2.0/3.x NULL greetings, CURVE greetings with random or truncated HELLO and INITIATE
 commands, a legit client's handshake replayed on new connections, and slow handshakes that
 ``curveHandshakeTimeoutMs`` cuts. Afterwards the broker is the same process, its RSS grew by
-less than ``RSS_GROWTH_LIMIT``, the failures were counted, the replayed request was stored only
+less than ``RSS_HIGH_WATER_LIMIT`` and, on a second pass of the same cases, by less than
+``RSS_GROWTH_LIMIT`` more, the failures were counted, the replayed request was stored only
 once, and a legit client is served. The seed is printed and replayable (REPLOG_FUZZ_SEED)."""
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 SEED = int(os.environ.get("REPLOG_FUZZ_SEED", "20261125"))
 HANDSHAKE_MS = 500  # curveHandshakeTimeoutMs of the broker under test
-RSS_GROWTH_LIMIT = 24 * 1024 * 1024
+# The first pass may raise the high-water mark (more sessions pending at once on a loaded
+# machine: 37 MiB seen beside make bench, against < 24 on a quiet one); a second pass of the
+# same cases must not grow it much again.
+RSS_HIGH_WATER_LIMIT = 64 * 1024 * 1024
+RSS_GROWTH_LIMIT = 12 * 1024 * 1024
 WORKERS = 8
 SIGNATURE = b"\xff" + b"\x00" * 8 + b"\x7f"
 
@@ -214,6 +219,11 @@ def test_handshake_fuzz_leaves_the_broker_up_bounded_and_counting(tmp_path: Path
             rss_before = process.memory_info().rss
             answers = list(pool.map(lambda c: throw(broker.port, c[1]), all_cases[200:]))
             cuts = list(pool.map(lambda _: slow_handshake(broker.port), range(16)))
+            rss_first = process.memory_info().rss
+            # the same cases again: a leak grows again by as much, a high-water mark (the
+            # allocator keeping what a burst of pending sessions took) does not
+            again = list(pool.map(lambda c: throw(broker.port, c[1]), all_cases[200:]))
+            rss_second = process.memory_info().rss
         # a CURVE server answers a greeting with its own, and a HELLO with a WELCOME; never
         # more: no replayed or garbled request was ever answered
         by_kind: dict[str, set[int]] = {}
@@ -229,8 +239,13 @@ def test_handshake_fuzz_leaves_the_broker_up_bounded_and_counting(tmp_path: Path
         wait_until(lambda: scrape(port + 2).get(key, 0) >= 500, 30, "failures counted")
         counts = {k: v for k, v in scrape(port + 2).items() if k[0] == "replog_handshake_total"}
         print("handshakes:", counts)
-        growth = process.memory_info().rss - rss_before
-        assert growth < RSS_GROWTH_LIMIT, f"RSS grew {growth / 2**20:.1f} MiB"
+        first, second = rss_first - rss_before, rss_second - rss_first
+        print(f"RSS growth: first pass {first / 2**20:.1f} MiB, the same cases again "
+              f"{second / 2**20:.1f} MiB")
+        assert max(len(a) for a in again) < 400
+        assert first < RSS_HIGH_WATER_LIMIT, f"RSS grew {first / 2**20:.1f} MiB"
+        assert second < RSS_GROWTH_LIMIT, \
+            f"RSS grew {second / 2**20:.1f} MiB more on the same cases again (a leak)"
         with Producer([broker.address], **realm.curve("app")) as p:
             assert p.send("after", b"still serving").status == SendStatus.SEND_OK
         with Consumer([broker.address], **realm.curve("app")) as c:
