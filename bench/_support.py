@@ -22,6 +22,16 @@ from common.core.config import dump_yaml, load_config
 from common.core.errors import BrokerError
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+# A benchmark stopped with SIGTERM (`timeout`, a killed `make bench`) unwinds like Ctrl-C:
+# its finally blocks stop the brokers and ZooKeeper servers it started, not orphan them.
+if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
     """SIGTERM (a broker drains and flushes), then SIGKILL if it has not ended in time."""
     if proc.poll() is None:
