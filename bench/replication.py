@@ -457,7 +457,7 @@ def main() -> int:
     ap.add_argument("--catchup-mib", type=int, default=1024)
     ap.add_argument("--count", type=int, default=20_000, help="sends per in-flight figure")
     ap.add_argument("--lag-seconds", type=float, default=10.0)
-    ap.add_argument("--ha-batch-kib", type=int, default=32, help="haTransferBatchSize (catch-up)")
+    ap.add_argument("--ha-batch-kib", type=int, default=128, help="haTransferBatchSize (catch-up)")
     ap.add_argument("--ha-window-mib", type=int, default=4, help="haWindowBytes (catch-up)")
     ap.add_argument("--only-catchup", action="store_true")
     ap.add_argument("--body", type=int, default=1024, help="body bytes of the put figures")
