@@ -388,6 +388,35 @@ class CommitLog:
                 return digest if digest.end <= end else None
         return None
 
+    def take_digest_run(self, phy: int, end: int, max_records: int) -> WriteDigest | None:
+        """``take_digest``, merged with the digests of the writes that follow it to the same
+        queue (contiguous in the log and in the queue, all by ``end``, up to about
+        ``max_records`` entries): a run of single puts reaches the ConsumeQueue in one append."""
+        first = self.take_digest(phy, end)
+        if first is None:
+            return None
+        digests = self.digests
+        entries: list[tuple[int, int, int]] | None = None
+        last_end = first.end
+        count = len(first.entries)
+        key = (first.topic, first.queue_id)
+        store_timestamp = first.store_timestamp
+        while digests and count < max_records:
+            nxt = digests[0]  # the putting thread only appends at the other end
+            if (nxt.start != last_end or nxt.end > end or (nxt.topic, nxt.queue_id) != key
+                    or nxt.first_queue_offset != first.first_queue_offset + count):
+                break
+            digests.popleft()
+            if entries is None:
+                entries = list(first.entries)
+            entries.extend(nxt.entries)
+            count += len(nxt.entries)
+            last_end = nxt.end
+            store_timestamp = nxt.store_timestamp
+        if entries is None:
+            return first
+        return first._replace(end=last_end, entries=entries, store_timestamp=store_timestamp)
+
     def forget_digests_before(self, phy: int) -> None:
         """Drop the digests of writes that reput dispatched by parsing them."""
         digests = self.digests
