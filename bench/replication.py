@@ -275,6 +275,11 @@ def put_figures(home: Path, role: str, count: int) -> dict[str, Figure]:
                 "64": in_flight(p, count, 64, f"{tag} 64 in flight"),
                 "batch": batches(p, count * 2, f"{tag} send_batch x64"),
             }
+        st = master.status()
+        if role == "SYNC_MASTER":  # who woke the replica waits: the I/O thread, or a hand-off
+            print(f"    SYNC master: replica waits woken {st.get('wakesInline', 0)} times on "
+                  f"the I/O thread (an HA ack read there), {st.get('wakesPosted', 0)} through "
+                  "the mailbox from another thread")
         return figs
     finally:
         slave.stop()
