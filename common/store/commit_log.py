@@ -313,8 +313,9 @@ class CommitLog:
         crc_len = self._crc_len
         sealed = bool(crc_len)
         crc32 = zlib.crc32
-        crc_entry = record.crc_entry
+        crc_prefix = record.PROP_CRC_PREFIX
         plain_tail = len(topic_part) + 2 + crc_len  # the tail of a record without props
+        last_tail = front = b""
         with self.put_lock:
             self._lock_since = time.monotonic()
             try:
@@ -339,9 +340,11 @@ class CommitLog:
                 head = pack(size, magic, crc, queue_id, flag, queue_offset, phy, sys_flag, born,
                             born_ip, born_port, ts, store_ip, store_port, reconsume, 0, len(body))
                 if sealed:  # the CRC runs over the pieces; the join below is the one copy
-                    front = tail[:-crc_len]
+                    if tail is not last_tail:  # a batch's plain records share one tail
+                        last_tail, front = tail, tail[:-crc_len]
                     whole = crc32(front, crc32(body, crc32(head))) & 0x7FFFFFFF
-                    add_parts((head, body, front, crc_entry(whole)))
+                    # record.crc_entry(whole), inline: 10 digits, least significant first
+                    add_parts((head, body, front, crc_prefix, (b"%010d" % whole)[::-1], b"\x02"))
                 else:
                     add_parts((head, body, tail))
                 entries.append((phy, size, 0))
