@@ -60,6 +60,7 @@ FRAME = 32 * 1024
 SEGMENT = 256 * 1024 * 1024  # the benchmark brokers' mappedFileSizeCommitLog
 REPORTING_S = 5.0  # freed memory is reported to the hypervisor after ~2 s (page_reporting)
 WIDTH = 28  # name column of the report
+WAKES: list[str] = []  # put_figures: how the SYNC master's replica waits were woken
 
 
 class Broker:
@@ -277,9 +278,9 @@ def put_figures(home: Path, role: str, count: int) -> dict[str, Figure]:
             }
         st = master.status()
         if role == "SYNC_MASTER":  # who woke the replica waits: the I/O thread, or a hand-off
-            print(f"    SYNC master: replica waits woken {st.get('wakesInline', 0)} times on "
-                  f"the I/O thread (an HA ack read there), {st.get('wakesPosted', 0)} through "
-                  "the mailbox from another thread")
+            WAKES.append(f"    SYNC master: replica waits woken {st.get('wakesInline', 0)} times "
+                         f"on the I/O thread (an HA ack read there), {st.get('wakesPosted', 0)} "
+                         "through the mailbox from another thread")
         return figs
     finally:
         slave.stop()
@@ -519,6 +520,8 @@ def main() -> int:
             print(sync[key].line(asyn[key], WIDTH))
         ratio = sync["64"].rate / asyn["64"].rate
         print(f"    SYNC/ASYNC at 64 in flight: {ratio:.0%} (target >= 70%)")
+        for line in WAKES:
+            print(line)
         print(
             f"(3) SYNC latency at 16 in flight: p50 {sync['16'].pct(0.5):.3f} ms, "
             f"p99 {sync['16'].pct(0.99):.3f} ms (target p99 < 5 ms)"
