@@ -163,3 +163,23 @@ class Figure:
         if ref is not None and ref.rate > 0:
             text += f"   {self.rate / ref.rate:>5.2f}x {ref.name}"
         return text
+
+
+def ratio_text(figure: Figure, ref: Figure | None, target: float | None) -> str:
+    """``0.93x echo x1 (target >= 0.9x: met)``; ``target`` None: reported only."""
+    if ref is None or ref.rate <= 0:
+        return "no reference"
+    ratio = figure.rate / ref.rate
+    if target is None:
+        return f"{ratio:.2f}x {ref.name} (reported)"
+    verdict = "met" if ratio >= target else "MISSED"
+    return f"{ratio:.2f}x {ref.name} (target >= {target}x: {verdict})"
+
+
+def acceptance_row(figure: Figure, bare: Figure | None, bare_target: float | None,
+                   other: Figure | None, other_target: float | None) -> str:
+    """One acceptance row: the figure, its ratio to the bare-transport reference and to the
+    other reference (Redis), both measured in the same run."""
+    return (f"{figure.name:<22} {figure.rate:>9.0f} msg/s | "
+            f"{ratio_text(figure, bare, bare_target)} | "
+            f"{ratio_text(figure, other, other_target)}")

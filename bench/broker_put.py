@@ -249,6 +249,15 @@ def run_size(p: Producer, size: int, echo_port: int, redis_port: int) -> None:
                 print("    vs" + ref.line()[1:] + f"   ratio {f.rate / ref.rate:.2f}x")
     if r1 is None:
         print("  (redis-server not installed: Redis references skipped)")
+    print(f"  acceptance (issue 24), body {size} B: each ratio within this run")
+    for f, bare, bare_target, red, red_target in (
+        (sync, echo1, 0.9, r1, 1.0),
+        (asy, echo64, 0.9, r64, 1.0),
+        (batch, echob, 0.6, r64, 3.0),
+    ):
+        print("    " + _support.acceptance_row(f, bare, bare_target, red, red_target))
+    print(f"    sync send p99 {sync.pct(0.99):.3f} ms (target < 2 ms): "
+          f"{'met' if sync.pct(0.99) < 2.0 else 'MISSED'}")
 
 
 if __name__ == "__main__":

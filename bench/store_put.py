@@ -14,7 +14,7 @@ Prints, all measured in this run on this machine:
    (CommitLog alone, so that no other thread adds noise);
 5. put throughput with reput running (MessageStore) vs the CommitLog alone (issue 3).
 
-    .venv/bin/python bench/store_put.py [--seconds 1.5] [--dir /tmp]
+    .venv/bin/python bench/store_put.py [--seconds 1.5] [--dir /tmp] [--only-reput]
 """
 
 from __future__ import annotations
@@ -276,12 +276,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=1.5, help="time per throughput case")
     ap.add_argument("--dir", default=None, help="scratch directory (a real disk)")
+    ap.add_argument("--only-reput", action="store_true",
+                    help="only section 5: puts with reput vs the CommitLog alone")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-put-", dir=args.dir))
     sec = args.seconds
     try:
         print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, segment {SEGMENT >> 20} "
               f"MiB, {sec:.1f} s per case, dir {base}")
+        if args.only_reput:
+            reput_section(base, sec)
+            return
         print("\n== puts, one thread (raw = records packed into a fresh mmap, no store logic)")
         print("   rows without '4.x' also write the whole-record CRC property (20 bytes + crc32)")
         print(f"{'body':>6} {'mode':<22} {'msgs/s':>9} {'MB/s':>8} {'% raw':>6}")
@@ -320,20 +325,25 @@ def main() -> None:
                       f"{r['max']:>8.0f} {r['roll_median']:>9.0f} {r['roll_max']:>9.0f}  "
                       f"{r['hits']}/{r['misses']}")
 
-        print("\n== 128 B puts with reput (MessageStore, ASYNC, index on) vs CommitLog alone")
-        for batch in (0, 64):
-            alone = commit_log_only_rate(base, batch, sec)
-            name = "put" if batch == 0 else "put_batch(64)"
-            print(f"{name:<14} CommitLog alone {fmt(alone)} msgs/s")
-            for inline in (False, True):
-                with_reput, with_catch_up = with_reput_rate(base / "store-root", batch, sec,
-                                                            inline)
-                how = "inline every 64" if inline else "reput thread"
-                print(f"{'':<14} with reput ({how:<15}) {fmt(with_reput)} msgs/s (ratio "
-                      f"{with_reput / alone:.2f}, target >= 0.8); counting until dispatched "
-                      f"{fmt(with_catch_up)} msgs/s ({with_catch_up / alone:.2f})")
+        reput_section(base, sec)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def reput_section(base: Path, sec: float) -> None:
+    """Section 5: 128 B puts with reput running (MessageStore) vs the CommitLog alone."""
+    print("\n== 128 B puts with reput (MessageStore, ASYNC, index on) vs CommitLog alone")
+    for batch in (0, 64):
+        alone = commit_log_only_rate(base, batch, sec)
+        name = "put" if batch == 0 else "put_batch(64)"
+        print(f"{name:<14} CommitLog alone {fmt(alone)} msgs/s")
+        for inline in (False, True):
+            with_reput, with_catch_up = with_reput_rate(base / "store-root", batch, sec,
+                                                        inline)
+            how = "inline every 64" if inline else "reput thread"
+            print(f"{'':<14} with reput ({how:<15}) {fmt(with_reput)} msgs/s (ratio "
+                  f"{with_reput / alone:.2f}, target >= 0.8); counting until dispatched "
+                  f"{fmt(with_catch_up)} msgs/s ({with_catch_up / alone:.2f})")
 
 
 if __name__ == "__main__":

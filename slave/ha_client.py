@@ -305,13 +305,18 @@ class HaClient:
         return True
 
     def _loop(self) -> None:
+        poller: zmq.Poller | None = None
+        polled: tuple[Any, Any] | None = None
         while not self._stopping:
-            poller = zmq.Poller()
-            poller.register(self._stop_r, zmq.POLLIN)
             assert self._sock is not None and self._monitor is not None
             sock, monitor = self._sock, self._monitor
-            poller.register(sock, zmq.POLLIN)
-            poller.register(monitor, zmq.POLLIN)
+            if polled != (sock, monitor):  # first pass, or a reconnect made new sockets
+                poller = zmq.Poller()
+                poller.register(self._stop_r, zmq.POLLIN)
+                poller.register(sock, zmq.POLLIN)
+                poller.register(monitor, zmq.POLLIN)
+                polled = (sock, monitor)
+            assert poller is not None
             events = dict(poller.poll(self._poll_timeout_ms()))
             if self._stopping:
                 return

@@ -68,6 +68,7 @@ from common.format.zmq_frames import POLLIN, POLLOUT, readable, send_frames
 
 DEFAULT_TIMEOUT_MS = 10_000
 DEFAULT_SPIN_US = 300  # call_sync polls without sleeping this long while answers come sooner
+MAX_SPIN_BACKOFF = 64  # after spins that missed, at most this many calls in a row do not spin
 RECV_BURST = 1024  # messages read from one socket before looking at the others
 LOST_CHECK_MS = 100  # a blocking call looks for a dropped connection this often
 # a blocking call sent while its socket's connection is down waits this long for a reconnect,
@@ -268,6 +269,8 @@ class Transport:
         self._batch_timeout_ms = batch_timeout_ms
         self._spin_s = max(0, spin_us) / 1e6
         self._rtt_s = 0.0  # moving average of call_sync round trips
+        self._spin_skip = 0  # calls left that block at once (after a spin that missed)
+        self._spin_backoff = 0  # how many calls the next missed spin skips
         self.on_degraded: Callable[[str], None] | None = None  # set by the cluster view
         self._ctx = zmq.Context(io_threads=1)
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
@@ -355,10 +358,20 @@ class Transport:
         send_frames(sock, frames)  # never Again: no HWM, and queued until connected
         sent = time.perf_counter()
         if self._spin_s > 0.0 and self._rtt_s < self._spin_s:
-            resp = self._spin_for(sock, opaque, sent + min(self._spin_s, timeout_ms / 1000))
-            if resp is not None:
-                self._note_rtt(time.perf_counter() - sent)
-                return resp
+            if self._spin_skip > 0:
+                self._spin_skip -= 1
+            else:
+                resp = self._spin_for(sock, opaque, sent + min(self._spin_s, timeout_ms / 1000))
+                if resp is not None:
+                    self._spin_backoff = 0
+                    self._note_rtt(time.perf_counter() - sent)
+                    return resp
+                # Missed: answers take about the budget (a SYNC put's four hops). A spin that
+                # misses burnt a CPU the broker and its slave wanted on a small machine, so
+                # the next calls block at once, doubling each miss (an adaptive mutex's
+                # back-off); races between threads on these counters are harmless.
+                self._spin_backoff = min(MAX_SPIN_BACKOFF, self._spin_backoff * 2 + 1)
+                self._spin_skip = self._spin_backoff
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
@@ -389,7 +402,9 @@ class Transport:
         cross-CPU interrupt), as much as a whole loopback round trip; a caller that spins
         for an answer expected within ``spin_us`` skips that wake-up (an adaptive mutex's
         trick). ``call_sync`` spins only while the recent round trips fit in the budget, so a
-        slow path (a SYNC_MASTER put, a long poll) costs no CPU."""
+        slow path (a SYNC_MASTER put, a long poll) costs no CPU, and after a spin that missed
+        it skips 1, 3, 7 ... up to MAX_SPIN_BACKOFF calls before it spins again: round trips
+        just past the budget would otherwise spin on and off with the moving average."""
         clock = time.perf_counter
         while True:
             if not readable(sock):

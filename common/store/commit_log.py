@@ -313,8 +313,9 @@ class CommitLog:
         crc_len = self._crc_len
         sealed = bool(crc_len)
         crc32 = zlib.crc32
-        crc_entry = record.crc_entry
+        crc_prefix = record.PROP_CRC_PREFIX
         plain_tail = len(topic_part) + 2 + crc_len  # the tail of a record without props
+        last_tail = front = b""
         with self.put_lock:
             self._lock_since = time.monotonic()
             try:
@@ -339,9 +340,11 @@ class CommitLog:
                 head = pack(size, magic, crc, queue_id, flag, queue_offset, phy, sys_flag, born,
                             born_ip, born_port, ts, store_ip, store_port, reconsume, 0, len(body))
                 if sealed:  # the CRC runs over the pieces; the join below is the one copy
-                    front = tail[:-crc_len]
+                    if tail is not last_tail:  # a batch's plain records share one tail
+                        last_tail, front = tail, tail[:-crc_len]
                     whole = crc32(front, crc32(body, crc32(head))) & 0x7FFFFFFF
-                    add_parts((head, body, front, crc_entry(whole)))
+                    # record.crc_entry(whole), inline: 10 digits, least significant first
+                    add_parts((head, body, front, crc_prefix, (b"%010d" % whole)[::-1], b"\x02"))
                 else:
                     add_parts((head, body, tail))
                 entries.append((phy, size, 0))
@@ -387,6 +390,35 @@ class CommitLog:
             if digest.start == phy:
                 return digest if digest.end <= end else None
         return None
+
+    def take_digest_run(self, phy: int, end: int, max_records: int) -> WriteDigest | None:
+        """``take_digest``, merged with the digests of the writes that follow it to the same
+        queue (contiguous in the log and in the queue, all by ``end``, up to about
+        ``max_records`` entries): a run of single puts reaches the ConsumeQueue in one append."""
+        first = self.take_digest(phy, end)
+        if first is None:
+            return None
+        digests = self.digests
+        entries: list[tuple[int, int, int]] | None = None
+        last_end = first.end
+        count = len(first.entries)
+        key = (first.topic, first.queue_id)
+        store_timestamp = first.store_timestamp
+        while digests and count < max_records:
+            nxt = digests[0]  # the putting thread only appends at the other end
+            if (nxt.start != last_end or nxt.end > end or (nxt.topic, nxt.queue_id) != key
+                    or nxt.first_queue_offset != first.first_queue_offset + count):
+                break
+            digests.popleft()
+            if entries is None:
+                entries = list(first.entries)
+            entries.extend(nxt.entries)
+            count += len(nxt.entries)
+            last_end = nxt.end
+            store_timestamp = nxt.store_timestamp
+        if entries is None:
+            return first
+        return first._replace(end=last_end, entries=entries, store_timestamp=store_timestamp)
 
     def forget_digests_before(self, phy: int) -> None:
         """Drop the digests of writes that reput dispatched by parsing them."""

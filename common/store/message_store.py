@@ -465,6 +465,16 @@ class MessageStore:
 
     def put(self, msg: Message, queue_id: int, born_host: tuple[str, int] = ("127.0.0.1", 0),
             born_timestamp: int = 0) -> PutResult:
+        if self._group_commit is None and msg.delay_level <= 0:
+            # ASYNC_FLUSH, no delay: nothing to wait for, so no PendingPut to build and unwrap
+            # (what put_nowait + wait_flushed return here, at ~10% less per put)
+            result = self.commit_log.put(msg, queue_id, _cached_host(born_host[0]),
+                                         born_host[1], born_timestamp)
+            if result.status is PutStatus.PUT_OK:
+                self.puts += result.msg_count
+            else:
+                self.put_failures += 1
+            return result
         return self.wait_flushed(self.put_nowait(msg, queue_id, born_host, born_timestamp))
 
     def put_batch(self, topic: str, queue_id: int, msgs: Sequence[Message | bytes],

@@ -199,7 +199,7 @@ class ReputService:
         end = log_.max_offset
         count = 0
         while store.dispatched_phy_offset < end:
-            digest = log_.take_digest(store.dispatched_phy_offset, end)
+            digest = log_.take_digest_run(store.dispatched_phy_offset, end, MAX_PASS_RECORDS)
             if digest is not None:
                 count += self._dispatch_digest(digest)
                 continue

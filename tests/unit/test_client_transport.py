@@ -154,6 +154,37 @@ def test_a_slow_peer_is_waited_for_blocking_and_turns_spinning_off(broker: Scrip
         t.close()
 
 
+def test_spins_that_miss_back_off(broker: ScriptedBroker) -> None:
+    """Round trips just past the budget, with the moving average held under it (as a SYNC
+    put's four hops leave it, dipping under the budget now and then): after each spin that
+    missed, the next 1, 3, 7, ... calls block at once instead of spinning again."""
+    t = _transport(spin_us=300)
+    try:
+        t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)  # connect
+        broker.delay_s = 0.002  # 2 ms: every spin misses
+        spins = SpinCounter(t)
+        for _ in range(30):
+            t._rtt_s = 0.0  # the average says "fast": only the back-off stops the spins
+            resp = t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
+            assert resp.fields["echo"] == resp.opaque
+        assert spins.hits == 0
+        assert spins.calls == 4  # calls 1, 3, 7 and 15 (of 30) spun; 2, 4-6, 8-14, 16-30 not
+    finally:
+        t.close()
+    # a spin that finds its answer ends the back-off (a generous budget: the scripted broker
+    # shares this process's GIL with the spinning caller)
+    broker.delay_s = 0.0
+    t = _transport(spin_us=50_000)
+    try:
+        t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)  # connect
+        t._spin_backoff, t._spin_skip = 15, 0
+        spins = SpinCounter(t)
+        t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
+        assert (spins.calls, spins.hits, t._spin_backoff, t._spin_skip) == (1, 1, 0, 0)
+    finally:
+        t.close()
+
+
 def test_spin_us_zero_never_spins(broker: ScriptedBroker) -> None:
     t = _transport(spin_us=0)
     try:

@@ -105,6 +105,45 @@ def test_a_reput_that_fell_behind_parses_and_drops_stale_digests(tmp_path: Path)
 
 
 @pytest.mark.timeout(60)
+def test_runs_of_single_puts_merge_into_one_append_per_queue_and_match_parsing(
+        tmp_path: Path) -> None:
+    """Puts that pile up between two reput passes: each run of plain single puts to one queue
+    (contiguous in the log and in the queue) reaches the ConsumeQueue as one merged digest,
+    and a change of queue ends the run. The queues built are those parsing gives."""
+    digested, parsed = open_store(tmp_path / "d"), open_store(tmp_path / "p")
+    runs: list[int] = []
+    original = digested.commit_log.take_digest_run
+
+    def recording(phy: int, end: int, max_records: int):  # type: ignore[no-untyped-def]
+        digest = original(phy, end, max_records)
+        if digest is not None:
+            runs.append(len(digest.entries))
+        return digest
+
+    digested.commit_log.take_digest_run = recording  # type: ignore[method-assign]
+    parsed.commit_log.take_digest = lambda phy, end: None  # type: ignore[method-assign]
+    try:
+        for store in (digested, parsed):
+            store.reput.shutdown()  # nothing dispatches until do_reput below
+            for i in range(80):  # runs of 8 to queues 0, 1, 2, 0, ...; all in one segment
+                assert store.put(Message("orders", b"r%03d-" % i + b"y" * 40), (i // 8) % 3).ok
+            assert len(store.commit_log.queue.files) == 1
+            store.reput.do_reput()
+            assert store.dispatched_phy_offset == store.max_phy_offset
+        assert runs == [8] * 10
+        for queue_id in range(3):
+            got = digested.get_message("g", "orders", queue_id, 0, 10_000).messages()
+            want = parsed.get_message("g", "orders", queue_id, 0, 10_000).messages()
+            assert len(got) >= 24
+            assert [(m.queue_offset, m.commit_log_offset, m.body) for m in got] == [
+                (m.queue_offset, m.commit_log_offset, m.body) for m in want]
+    finally:
+        digested.shutdown()
+        parsed.shutdown()
+    assert cq_bytes(tmp_path / "d") == cq_bytes(tmp_path / "p")
+
+
+@pytest.mark.timeout(60)
 def test_truncate_forgets_digests(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     try:
