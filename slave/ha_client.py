@@ -519,7 +519,7 @@ class HaClient:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.setsockopt(
-            zmq.RCVHWM, 2 * (self._cfg.haWindowBytes // self._limits.max_data_bytes) + 64
+            zmq.RCVHWM, 2 * (self._cfg.haWindowBytes // self._cfg.haTransferBatchSize) + 64
         )
         sock.setsockopt(
             zmq.MAXMSGSIZE, max(self._limits.max_data_bytes, self._limits.max_header_bytes) + 1024

@@ -27,6 +27,11 @@ FLUSH_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
 
+# The largest DATA frame a master may send (haTransferBatchSize's ceiling): a slave accepts
+# frames up to this whatever its own haTransferBatchSize, so a master and slaves configured
+# differently (a default changed, a rolling upgrade) still replicate.
+HA_MAX_TRANSFER_BATCH = 1024 * 1024
+
 @dataclasses.dataclass
 class BrokerConfig:
     """Every key a broker understands, with RocketMQ's defaults."""
@@ -176,6 +181,9 @@ class BrokerConfig:
         _require(self.maxHashSlotNum > 0 and self.maxIndexNum > 1, "maxIndexNum", "must be > 1")
         for key in ("listenPort", "haListenPort", "metricsPort"):
             _require(0 <= getattr(self, key) <= 65535, key, "must be a port number")
+        _require(0 < self.haTransferBatchSize <= HA_MAX_TRANSFER_BATCH, "haTransferBatchSize",
+                 f"must be in 1..{HA_MAX_TRANSFER_BATCH} (every slave accepts DATA frames up "
+                 "to that, whatever its own setting)")
         _require(self.maxHaTransferByteInSecond >= 100 * self.haTransferBatchSize,
                  "maxHaTransferByteInSecond", "must be >= 100 x haTransferBatchSize (it is "
                  "enforced per 10 ms)")

@@ -52,7 +52,7 @@ from typing import Any, TypeAlias
 
 import msgpack
 
-from common.core.config import BrokerConfig
+from common.core.config import HA_MAX_TRANSFER_BATCH, BrokerConfig
 from common.core.errors import ResponseCode
 from common.ha.epochs import EpochEntry, EpochHistory
 
@@ -88,7 +88,9 @@ class Limits:
 
     @classmethod
     def from_config(cls, cfg: BrokerConfig) -> Limits:
-        return cls(max_data_bytes=cfg.haTransferBatchSize)
+        """A slave accepts DATA frames up to ``HA_MAX_TRANSFER_BATCH`` (its master's
+        ``haTransferBatchSize`` may differ from its own), never less than its own setting."""
+        return cls(max_data_bytes=max(cfg.haTransferBatchSize, HA_MAX_TRANSFER_BATCH))
 
     @property
     def max_header_bytes(self) -> int:

@@ -332,3 +332,29 @@ def test_write_to_a_replicating_slave_is_refused_and_changes_nothing(tmp_path: P
         )
         assert repl["lagBytes"] == 0 and repl["maxPhyOffset"] == end
         assert_identical(master, slave, 0, end)
+
+
+@pytest.mark.timeout(120)
+def test_master_and_slave_with_different_transfer_batch_sizes_replicate(tmp_path: Path) -> None:
+    """A master at the default haTransferBatchSize (128 KiB) and a slave still configured for
+    RocketMQ's 32 KiB: a SYNC batch of 64 x 1 KiB leaves in one frame larger than the slave's
+    own setting, and the slave takes it (it accepts frames up to the ceiling every config is
+    held to), then the same the other way round."""
+    for master_batch, slave_batch in ((None, 32 * 1024), (32 * 1024, None)):
+        where = tmp_path / f"m{master_batch}-s{slave_batch}"
+        sized = {"haTransferBatchSize": master_batch} if master_batch else {}
+        master = BrokerProcess(where / "master", brokerRole="SYNC_MASTER",
+                               mappedFileSizeCommitLog=SEGMENT_BYTES, **sized)
+        sized = {"haTransferBatchSize": slave_batch} if slave_batch else {}
+        slave = BrokerProcess(where / "slave", brokerRole="SLAVE", brokerId=1,
+                              haMasterAddress=f"127.0.0.1:{master.port + 1}",
+                              mappedFileSizeCommitLog=SEGMENT_BYTES, **sized)
+        with brokers(master, slave):
+            wait_in_sync(master)
+            with Producer([master.address], retries=0, timeout_ms=10_000) as p:
+                for _ in range(3):
+                    results = p.send_batch("t", [os.urandom(1024)] * 64, queue_id=0)
+                    assert {r.status for r in results} == {SendStatus.SEND_OK}, results[0]
+            end = wait_converged(master, slave)
+            assert end > 3 * 64 * 1024
+            assert_identical(master, slave, 0, end)

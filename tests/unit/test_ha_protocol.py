@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.core.config import BrokerConfig
-from common.core.errors import ResponseCode
+from common.core.config import HA_MAX_TRANSFER_BATCH, BrokerConfig
+from common.core.errors import ConfigError, ResponseCode
 from common.ha.epochs import EpochEntry
 from common.ha.protocol import (
     MAX_REASON_BYTES,
@@ -74,8 +74,16 @@ def test_data_bytes_pass_through_untouched() -> None:
     assert encode(frame)[1] is raw
 
 
-def test_limits_from_config_use_the_batch_size() -> None:
-    assert Limits.from_config(BrokerConfig(haTransferBatchSize=777)).max_data_bytes == 777
+def test_a_slave_accepts_frames_up_to_the_ceiling_whatever_its_own_batch_size() -> None:
+    """A master at the 128 KiB default and a slave configured for RocketMQ's 32 KiB (or the
+    other way round) still replicate: the bound is the ceiling every config is held to."""
+    for own in (777, 32 * 1024, 128 * 1024, HA_MAX_TRANSFER_BATCH):
+        limits = Limits.from_config(BrokerConfig(haTransferBatchSize=own,
+                                                 maxHaTransferByteInSecond=100 * own))
+        assert limits.max_data_bytes == HA_MAX_TRANSFER_BATCH
+    with pytest.raises(ConfigError, match="haTransferBatchSize"):
+        BrokerConfig(haTransferBatchSize=HA_MAX_TRANSFER_BATCH + 1,
+                     maxHaTransferByteInSecond=200 * HA_MAX_TRANSFER_BATCH).validate()
 
 
 def test_data_at_the_batch_limit_is_accepted_and_one_more_byte_refused() -> None:
