@@ -153,8 +153,8 @@ class ConsumerWorker(Worker):
         self.corrupt = 0
 
     def body(self) -> None:
-        queues: list[tuple[str | None, int]] = [
-            (g, q) for g in (self.groups or [None]) for q in range(QUEUES)]
+        groups: list[str | None] = list(self.groups) if self.groups else [None]
+        queues = [(g, q) for g in groups for q in range(QUEUES)]
         offsets = dict.fromkeys(queues, 0)
         with Consumer(self.servers, group="drill", timeout_ms=CLIENT_TIMEOUT_MS, retries=0) as c:
             while not self.stop_event.is_set():
