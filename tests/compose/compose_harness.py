@@ -1,6 +1,7 @@
 """The compose cluster, run for real (docs/operations.md "Run a cluster with Docker").
 
-One cluster per session, in a compose project of its own (``replog-test-<pid>``): the wheels
+One cluster for the module (torn down when it ends, not left running under the rest of the
+suite), in a compose project of its own (``replog-test-<pid>``): the wheels
 (compose/build-wheels.sh), the broker image (``docker compose build``), then ``up --wait``
 until every service is healthy. Teardown is ``down -v`` of the project, then a check that no
 container, network or volume of it is left.
@@ -143,7 +144,7 @@ def leftovers(project: str) -> dict[str, list[str]]:
     }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def compose_cluster() -> Iterator[ComposeCluster]:
     problem = docker_problem() or base_images_problem()
     if problem:
