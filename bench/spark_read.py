@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -121,6 +122,8 @@ def timed(fn, *args):  # type: ignore[no-untyped-def]
 
 
 def main() -> int:
+    # SIGTERM (a stopped make bench) unwinds like Ctrl-C: the temporary stores are removed
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--body", type=int, default=128)

@@ -23,6 +23,7 @@ import bisect
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -185,6 +186,8 @@ def bench_reput_lag(root: Path, seconds: float, rate: float | None, inline: int 
 
 
 def main() -> None:
+    # SIGTERM (a stopped make bench) unwinds like Ctrl-C: the temporary stores are removed
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--queries", type=int, default=20_000)

@@ -23,6 +23,7 @@ import argparse
 import mmap
 import os
 import shutil
+import signal
 import statistics
 import struct
 import sys
@@ -273,6 +274,8 @@ def with_reput_rate(root: Path, batch: int, seconds: float,
 
 
 def main() -> None:
+    # SIGTERM (a stopped make bench) unwinds like Ctrl-C: the temporary stores are removed
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=1.5, help="time per throughput case")
     ap.add_argument("--dir", default=None, help="scratch directory (a real disk)")
