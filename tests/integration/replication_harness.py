@@ -19,33 +19,17 @@ import selectors
 import signal
 import socket
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from broker_harness import BrokerProcess, free_port
 
-T = TypeVar("T")
+from common.drill.backends.process import all_threads_stopped
+from common.drill.workload import wait_for
 
 SEGMENT_BYTES = 1024 * 1024
 
 
-def wait_for(
-    condition: Callable[[], T | None | bool], timeout_s: float, what: str, step_s: float = 0.02
-) -> T:
-    """Re-check ``condition`` until it is truthy; AssertionError naming ``what`` at the deadline.
-    (The step is the polling period of the *test*, not a timing assumption.)"""
-    deadline = time.monotonic() + timeout_s
-    event = threading.Event()
-    last: Any = None
-    while True:
-        last = condition()
-        if last:
-            return last  # type: ignore[return-value]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} ({last!r})")
-        event.wait(step_s)
 
 
 def stop_process(pid: int, timeout_s: float = 5.0) -> None:
@@ -55,18 +39,8 @@ def stop_process(pid: int, timeout_s: float = 5.0) -> None:
     "paused" slave can still read and ack a frame.
     """
     os.kill(pid, signal.SIGSTOP)
-    wait_for(lambda: _all_threads_stopped(pid), timeout_s, f"pid {pid} to stop", step_s=0.001)
+    wait_for(lambda: all_threads_stopped(pid), timeout_s, f"pid {pid} to stop", step_s=0.001)
 
-
-def _all_threads_stopped(pid: int) -> bool:
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except FileNotFoundError:
-            continue  # the thread exited
-        if stat[stat.rindex(")") + 2] not in "tT":
-            return False
-    return True
 
 
 def commitlog_digest(store_root: Path, start: int, end: int, segment_bytes: int) -> str:

@@ -89,7 +89,7 @@ class ProcessBackend:
         os.kill(pid, signal.SIGSTOP)
         self._paused.add(node.name)
         # kill() returns before the signal reached threads running on another CPU
-        wait_for(lambda: _all_threads_stopped(pid), 5.0, f"pid {pid} to stop", step_s=0.001)
+        wait_for(lambda: all_threads_stopped(pid), 5.0, f"pid {pid} to stop", step_s=0.001)
 
     def resume(self, node: DrillNode) -> None:
         os.kill(self._process(node).pid, signal.SIGCONT)
@@ -119,7 +119,8 @@ class ProcessBackend:
                          for b in self._brokers.values()}}
 
 
-def _all_threads_stopped(pid: int) -> bool:
+def all_threads_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (SIGSTOP takes effect thread by thread)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             stat = (task / "stat").read_text()
