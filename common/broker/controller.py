@@ -157,6 +157,7 @@ class Controller:
         self._zk = factory(
             hosts=self.hosts,
             timeout=self.session_s,
+            handler=connect_capped_handler(self.session_s / max(1, self.hosts.count(",") + 1)),
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=1.5, max_delay=1.0),
             command_retry=None,
             logger=_kazoo_logger(self._on_negotiated),
@@ -888,6 +889,29 @@ def read_digest(path: str) -> tuple[str, str]:
     if not sep or not user or not password or "\n" in text:
         raise ValueError(f"controllerAuthFile {path}: expected one line user:password")
     return user, password
+
+
+def connect_capped_handler(connect_s: float) -> Any:
+    """kazoo's threading handler, whose TCP connect to a server gives up after ``connect_s``
+    (the session timeout over the number of servers, the Java client's connectTimeout).
+
+    kazoo itself waits a whole session timeout for the TCP connect, though its handshake then
+    waits only session / servers. A server that is down with no host at its address answers
+    nothing (the SYN is lost, no reset comes back), so a reconnect that tries it first waited
+    4 s of a 4 s session: past the 2 s lease, so a master cut off by the ZooKeeper leader's loss
+    refused writes for seconds after the ensemble had already elected a new leader (measured in
+    the compose cluster: 4.1-4.7 s write pauses, the kazoo connect to the dead node's address
+    spanning 4.0 s of them)."""
+    from kazoo.handlers.threading import SequentialThreadingHandler
+
+    class ConnectCappedHandler(SequentialThreadingHandler):  # type: ignore[misc]
+        def create_connection(self, *args: Any, **kwargs: Any) -> Any:
+            timeout = kwargs.get("timeout")
+            if timeout is not None and timeout > connect_s:
+                kwargs["timeout"] = connect_s
+            return super().create_connection(*args, **kwargs)
+
+    return ConnectCappedHandler()
 
 
 class _KazooLog(logging.Handler):
