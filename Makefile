@@ -50,7 +50,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check common master slave tests bench
-	$(BIN)/mypy common
+	$(BIN)/mypy common master slave
 
 clean:
 	rm -rf $(VENV) build *.egg-info

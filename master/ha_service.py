@@ -71,9 +71,9 @@ a frame of a key that is no longer a replica account is dropped, audited, and it
 disconnected in the core, so no more log bytes go to it; after each ACL reload the peers
 already connected are checked once more (``on_timer``).
 
-``create(cfg, store, role_name, host)`` is the factory ``common/cli/main.py`` calls for a master
-role; ``build_master_replication`` returns ``(service, replica waits or None)``: the
-``GroupTransfer`` the master role admits SYNC puts into, on the request server's I/O thread.
+``build_master_replication`` (what ``common/cli/bootstrap.py`` calls for a master role) returns
+``(service, replica waits or None)``: the ``GroupTransfer`` the master role admits SYNC puts
+into, on the request server's I/O thread.
 """
 
 from __future__ import annotations
@@ -798,10 +798,3 @@ def build_master_replication(
                         security=security)
     return service, service.group_transfer
 
-
-def create(
-    cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None,
-    security: Security | None = None,
-) -> HaService:
-    """``common/cli/main.py``'s hook: the service, carrying ``group_transfer`` (None when ASYNC)."""
-    return build_master_replication(cfg, store, role_name, host, security)[0]

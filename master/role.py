@@ -123,10 +123,10 @@ class MasterRole:
     def handle_write(self, req: Request) -> Reply:
         gate = self._write_gate
         if gate is not None:
-            refusal = gate()
-            if refusal:
+            fenced = gate()
+            if fenced:
                 self.fenced_writes += 1
-                return reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, refusal)
+                return reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, fenced)
         if req.code == RequestCode.CREATE_TOPIC:
             return self._create_topic(req)
         if req.code == RequestCode.CONSUMER_SEND_MSG_BACK:

@@ -50,8 +50,7 @@ holds no replica account with this key) or that fails (the master's key is not t
 is logged once per failing spell (``ha_handshake_failed``) and counted; nothing is replicated
 meanwhile, and libzmq or the core's silence timer tries again.
 
-``create(cfg, store)`` is the factory ``common/cli/main.py`` calls; ``build_slave_replication`` is
-the same.
+``build_slave_replication`` is what ``common/cli/bootstrap.py`` calls for a slave role.
 """
 
 from __future__ import annotations
@@ -553,7 +552,3 @@ def build_slave_replication(cfg: BrokerConfig, store: Any,
     """The HA client of a slave role (``curve``: the broker's keys, security on)."""
     return HaClient(cfg, store, curve=curve)
 
-
-def create(cfg: BrokerConfig, store: Any, curve: ClientKeys | None = None) -> HaClient:
-    """``common/cli/main.py``'s hook (same as ``build_slave_replication``)."""
-    return build_slave_replication(cfg, store, curve)
