@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 import _support
 import zmq
@@ -61,7 +62,7 @@ class Meter:
         self.cpu: dict[str, float] = {}
         self.seconds = 0.0
 
-    def __enter__(self) -> Meter:
+    def __enter__(self) -> Self:
         self._server0 = {name: cpu_s(pid) for name, pid in self.pids.items()}
         self._client0 = time.process_time()
         self._t0 = time.perf_counter()

@@ -102,10 +102,22 @@ def test_a_plain_client_gets_no_answer(broker: BrokerProcess) -> None:
                 pytest.raises(BrokerError) as info:
             plain.status()
         assert info.value.code == ResponseCode.SYSTEM_ERROR  # no answer, no status
+        # Counted as a failed handshake. Which kind depends on who reads the other's greeting
+        # first: the broker (a NULL mechanism: "protocol") or the client (a CURVE one: it
+        # hangs up, and the broker sees the handshake cut: "failed"). Beside a loaded machine
+        # some runs counted only "failed" (2 of 6 with four CPU hogs), so the test counts both,
+        # and waits for the monitor's events (read on the I/O thread) to reach the metrics.
+        deadline = time.monotonic() + 10
+        while True:
+            text = scrape(broker.port + 2)
+            failed = sum(text.get(("replog_handshake_total", (("port", "client"), ("result", r))),
+                              0.0) for r in ("protocol", "failed"))
+            if failed >= 1:
+                break
+            assert time.monotonic() < deadline, "no failed handshake counted for a plain client"
+            time.sleep(0.1)
     finally:
         ctx.destroy(linger=0)
-    text = scrape(broker.port + 2)
-    assert text[("replog_handshake_total", (("port", "client"), ("result", "protocol")))] >= 1
 
 
 def test_an_unknown_key_is_refused_at_the_handshake_with_an_audit_line(

@@ -9,6 +9,8 @@ brokers advertise, the networks a drill cuts, named volumes, the ASYNC override 
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,25 @@ COMPOSE = Path(__file__).resolve().parents[2] / "compose"
 ZOOKEEPERS = ("zk1", "zk2", "zk3")
 
 
+def interpolated(value: Any) -> Any:
+    """``${VAR:-default}`` replaced by its default, as Compose does with VAR unset."""
+    if isinstance(value, str):
+        return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: m.group(2), value)
+    if isinstance(value, dict):
+        return {k: interpolated(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolated(v) for v in value]
+    return value
+
+
 def document(name: str = "docker-compose.yml") -> dict[str, Any]:
-    return yaml.safe_load((COMPOSE / name).read_text())
+    return interpolated(yaml.safe_load((COMPOSE / name).read_text()))
+
+
+def zookeeper_ips() -> dict[str, str]:
+    """Each ensemble node's fixed address on ``control``."""
+    return {name: svc["networks"]["control"]["ipv4_address"]
+            for name, svc in services("zookeeper").items()}
 
 
 def services(role: str, doc: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -52,7 +71,8 @@ def test_every_broker_config_loads_in_controller_mode() -> None:
         assert cfg.storePathRootDir.startswith("/data")
         assert f"{name}-data:/data" in svc["volumes"]
         hosts, chroot = parse_controller_addr(cfg.controllerAddr)
-        assert sorted(h.split(":")[0] for h in hosts.split(",")) == list(ZOOKEEPERS)
+        # by their fixed IPs, never by name (a stopped node's name resolves only after 10 s)
+        assert hosts.split(",") == [f"{zookeeper_ips()[z]}:2181" for z in ZOOKEEPERS]
         assert chroot == "/replog"
         # ZooKeeper grants 2..20 tickTimes: the session asked for must be inside
         tick = int(services("zookeeper")["zk1"]["environment"]["ZOO_TICK_TIME"])
@@ -86,7 +106,18 @@ def test_brokers_advertise_an_alias_of_the_data_network_only() -> None:
         assert not (nets.get("control") or {}).get("aliases")
         assert svc["hostname"] == name
     for name, svc in services("zookeeper").items():
-        assert svc["networks"] == ["control"], name
+        assert list(svc["networks"]) == ["control"], name
+
+
+def test_the_ensemble_has_fixed_addresses_outside_the_range_other_containers_get() -> None:
+    ipam = document()["networks"]["control"]["ipam"]["config"][0]
+    subnet = ipaddress.ip_network(ipam["subnet"])
+    dynamic = ipaddress.ip_network(ipam["ip_range"])
+    assert dynamic.subnet_of(subnet)  # type: ignore[arg-type]
+    ips = [ipaddress.ip_address(ip) for ip in zookeeper_ips().values()]
+    assert len(set(ips)) == 3
+    for ip in ips:
+        assert ip in subnet and ip not in dynamic, ip  # a stopped node's address stays free
 
 
 def test_networks_a_drill_cuts_are_internal_and_front_carries_the_published_ports() -> None:
@@ -120,7 +151,8 @@ def test_the_ensemble_has_three_nodes_and_quick_leader_recovery() -> None:
         env = svc["environment"]
         ids.add(env["ZOO_MY_ID"])
         servers = env["ZOO_SERVERS"].split()
-        assert servers == [f"server.{i}=zk{i}:2888:3888;2181" for i in (1, 2, 3)]
+        ips = zookeeper_ips()
+        assert servers == [f"server.{i}={ips[f'zk{i}']}:2888:3888;2181" for i in (1, 2, 3)]
         assert "-Dzookeeper.cnxTimeout=1000" in env["JVMFLAGS"]
         assert env["ZOO_TICK_TIME"] == "500" and env["ZOO_STANDALONE_ENABLED"] == "false"
         assert any(v.endswith(":/data") for v in svc["volumes"]), name
