@@ -197,6 +197,9 @@ class Broker:
 
             self.controller = Controller(cfg, self)
             self.server.reply_gate = self._reply_gate
+            # held no longer than ZooKeeper keeps a silent session: after that the lease can
+            # only come back through an election this master did not win
+            self.server.reply_hold_s = cfg.controllerSessionTimeoutMs / 1000.0
             self.topics.on_change = self.controller.topics_changed
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -740,13 +743,22 @@ class Broker:
         controller = self.controller
         return "" if controller is None else controller.write_refusal()
 
-    def _reply_gate(self, resp: Response) -> Response:
+    def _reply_gate(self, resp: Response, final: bool) -> Response | None:
         """The last look before a SEND_OK leaves (the request server calls it): a master whose
-        lease ran out meanwhile (paused after the append) must not promise the message. The
-        record is stored; whether the next master has it is unknown: FLUSH_SLAVE_TIMEOUT."""
+        lease ran out meanwhile must not promise the message yet. While it is still master
+        (its session not known lost) the answer is held (None; ``final`` False): the lease is
+        confirmed again only by a write in the session it was elected in, and while that
+        session lives its member znode does too, so no election can have happened and the
+        SEND_OK is true once it is fresh. That is a ZooKeeper connection moving to another
+        server (the ensemble's leader lost): the answers in flight wait a second or two
+        instead of turning indeterminate. ``final`` (the hold's end, a session timeout, or the
+        loop ending) or a master no more (paused past its session, replaced): the record is
+        stored, whether the next master has it is unknown: FLUSH_SLAVE_TIMEOUT."""
         controller = self.controller
         if controller is None or controller.acknowledge_ok():
             return resp
+        if not final and controller.is_master():
+            return None
         controller.stats.fenced_writes += 1
         return resp._replace(
             code=ResponseCode.FLUSH_SLAVE_TIMEOUT,

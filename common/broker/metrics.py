@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 # Status figures that only grow (counted since the broker started): exported as counters.
 COUNTERS = frozenset({
     "putTotal", "getTotal", "requests", "refusedBusy", "badRequests", "longPolls",
-    "wakesInline", "wakesPosted", "refusedWrites",
+    "wakesInline", "wakesPosted", "refusedWrites", "answersHeldForLease",
     "store_puts", "store_put_failures", "store_dispatched_records", "store_deleted_segments",
     "store_segment_close_failures", "store_segments_held_too_long",
     "config_sync_rounds", "config_sync_failures", "config_sync_changes",

@@ -100,6 +100,7 @@ RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
 CLOSE_LINGER_MS = 2000  # answers sent while draining get this long to leave on a loaded box
 DRAIN_GRACE_S = 0.3  # drained: connections stay open this long after the last answer
+LEASE_RECHECK_MS = 10  # answers held for the controller lease are looked at again this often
 PEER_CACHE = 4096  # connections whose address is remembered (oldest forgotten first)
 PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 RCVMORE = int(zmq.RCVMORE)
@@ -171,6 +172,21 @@ class _Wake:
     owner: LoopWaits
 
 
+@dataclasses.dataclass(frozen=True)
+class _LeaseHeld:
+    """A SEND_OK the reply gate held back: its master's controller lease lapsed between the
+    append and the answer (the ZooKeeper connection moving to another server, say). It leaves
+    as soon as the gate lets it (the lease confirmed again in the session the master was
+    elected in: no election can have happened meanwhile), or as the gate's final answer at
+    ``deadline``."""
+
+    identity: bytes
+    code: RequestCode
+    resp: Response
+    started: float
+    deadline: float
+
+
 # ---- the server -------------------------------------------------------------------------------
 
 
@@ -207,8 +223,12 @@ class RequestServer:
         self._bound = threading.Event()
         self._bind_error: BaseException | None = None
         self._seq = 0
-        # controller mode: the last look at a SEND_OK before it leaves (Broker._reply_gate)
-        self.reply_gate: Callable[[Response], Response] | None = None
+        # controller mode: the last look at a SEND_OK before it leaves (Broker._reply_gate):
+        # gate(resp, final) -> the answer to send, or None (not final only) to hold it and ask
+        # again, for at most reply_hold_s
+        self.reply_gate: Callable[[Response, bool], Response | None] | None = None
+        self.reply_hold_s = 0.0
+        self._lease_held: list[_LeaseHeld] = []
         self._peers: dict[bytes, tuple[str, int]] = {}  # ROUTER identity -> (ip, port)
         self.failure = ""  # why the I/O thread died ("" while it runs or after a clean end)
         self.on_fatal: Callable[[str], None] | None = None  # told when the I/O thread dies
@@ -348,11 +368,14 @@ class RequestServer:
                 participants.on_timers(now)
             self._expire_polls(sock, now)
             self._poll_due(sock)
+            if self._lease_held:
+                self._release_lease_held(sock, now)
             if now >= self._waits_due:
                 for owner in list(self._waits):
                     self._poll_waits(sock, owner)
             if self._draining.is_set() and self._should_exit():
                 self._release_waits(sock)
+                self._release_lease_held(sock, now, final=True)
                 if self._stopped.is_set() or now >= self._closing_at:
                     return
                 # Everything is answered: keep the connections a moment, so clients read the
@@ -386,6 +409,8 @@ class RequestServer:
         if self._deadlines:
             wait = (self._deadlines[0][0] - now) * 1000
             timeout = max(0, min(timeout, int(wait) + 1))
+        if self._lease_held:
+            timeout = min(timeout, LEASE_RECHECK_MS)
         self._waits_due = float("inf")
         for owner in self._waits:
             wait_ms = owner.timeout_ms()
@@ -560,9 +585,7 @@ class RequestServer:
     def _send_answers(self, sock: zmq.Socket[bytes], answers: Answers) -> None:
         for held, resp in answers:
             self.stats.inflight -= 1
-            resp = self._gated(held.code, resp)
-            self._account(held.code, resp, held.started)
-            self._send(sock, held.identity, _encode(resp))
+            self._reply(sock, held.identity, held.code, resp, held.started)
 
     def _await(
         self,
@@ -589,9 +612,7 @@ class RequestServer:
             resp = Response(
                 ResponseCode.SYSTEM_ERROR, done.opaque, f"internal error: {e!r}", {}, []
             )
-        resp = self._gated(done.code, resp)
-        self._account(done.code, resp, done.started)
-        self._send(sock, done.identity, _encode(resp))
+        self._reply(sock, done.identity, done.code, resp, done.started)
 
     def _answer(
         self,
@@ -602,15 +623,46 @@ class RequestServer:
         code: RequestCode | None = None,
     ) -> None:
         if code is not None:
-            resp = self._gated(code, resp)
-            self._account(code, resp, started)
+            self._reply(sock, identity, code, resp, started)
+            return
         self._send(sock, identity, _encode(resp))
 
-    def _gated(self, code: RequestCode, resp: Response) -> Response:
+    def _reply(self, sock: zmq.Socket[bytes], identity: bytes, code: RequestCode,
+               resp: Response, started: float) -> None:
+        """Gate, account and send the answer to a request of ``code``; a SEND_OK the gate
+        holds waits in ``_lease_held`` (counted in flight, so a drain waits for it too)."""
+        gated = self._gated(code, resp, False)
+        if gated is None:
+            self.stats.inflight += 1
+            self.stats.answers_held_for_lease += 1
+            self._lease_held.append(_LeaseHeld(identity, code, resp, started,
+                                               time.monotonic() + self.reply_hold_s))
+            return
+        self._account(code, gated, started)
+        self._send(sock, identity, _encode(gated))
+
+    def _release_lease_held(self, sock: zmq.Socket[bytes], now: float,
+                            final: bool = False) -> None:
+        """Send the held answers the gate now lets go; at their deadline (or ``final``: the
+        loop ends) the gate's final word, which is never to hold."""
+        keep: list[_LeaseHeld] = []
+        for held in self._lease_held:
+            resp = self._gated(held.code, held.resp, final or now >= held.deadline)
+            if resp is None:
+                keep.append(held)
+                continue
+            self.stats.inflight -= 1
+            self._account(held.code, resp, held.started)
+            self._send(sock, held.identity, _encode(resp))
+        self._lease_held = keep
+
+    def _gated(self, code: RequestCode, resp: Response, final: bool) -> Response | None:
         gate = self.reply_gate
         if gate is None or resp.code != ResponseCode.SUCCESS or code not in _ACKED_WRITES:
             return resp
-        return gate(resp)
+        resp_out = gate(resp, final)
+        assert resp_out is not None or not final, "a final gate answer must not hold"
+        return resp_out
 
     def _account(self, code: RequestCode, resp: Response, started: float) -> None:
         latency_ms = (time.monotonic() - started) * 1000

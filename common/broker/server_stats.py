@@ -74,6 +74,8 @@ class ServerStats:
     long_polls: int = 0
     wakes_inline: int = 0  # owners woken on the I/O thread itself (e.g. by an HA ack)
     wakes_posted: int = 0  # owners woken from another thread, through the mailbox
+    # SEND_OKs held by the reply gate until the controller lease was confirmed again
+    answers_held_for_lease: int = 0
 
     def figures(self) -> dict[str, Any]:
         return {
@@ -93,5 +95,6 @@ class ServerStats:
             "longPolls": self.long_polls,
             "wakesInline": self.wakes_inline,
             "wakesPosted": self.wakes_posted,
+            "answersHeldForLease": self.answers_held_for_lease,
         }
 

@@ -654,3 +654,94 @@ def test_a_groups_first_heartbeat_makes_its_retry_topic_on_a_master_only(
     with Consumer([addr(master)], group="g" * 250) as c:  # its retry topic would be too long
         c.heartbeat("member-1")
     assert master.topics.queue_nums("%RETRY%" + "g" * 250) == 0
+
+
+# ---- answers held for the controller lease (Broker._reply_gate) ------------------------------
+def _lapsed(resp: Any) -> Any:
+    return resp._replace(code=ResponseCode.FLUSH_SLAVE_TIMEOUT, remark="lease lapsed")
+
+
+def test_a_send_ok_held_by_the_gate_leaves_once_the_gate_lets_it(
+        make_broker: Callable[..., Broker]) -> None:
+    """The answer waits while the gate holds it (a lapsed lease, still master) and leaves as
+    SEND_OK as soon as the gate lets it: the put is not turned indeterminate."""
+    broker = make_broker()
+    confirmed = threading.Event()
+    broker.server.reply_hold_s = 30.0
+    broker.server.reply_gate = lambda resp, final: resp if confirmed.is_set() or final else None
+    with Producer([addr(broker)], retries=0) as p:
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        fut = pool.submit(p.send, "held", b"m", queue_id=0)
+        deadline = time.monotonic() + 10
+        while broker.server.stats.answers_held_for_lease < 1:
+            assert time.monotonic() < deadline, "the answer was never held"
+            time.sleep(0.005)
+        time.sleep(0.2)
+        assert not fut.done() and broker.server.stats.inflight >= 1
+        confirmed.set()
+        assert fut.result(10).status == SendStatus.SEND_OK
+        assert broker.server.stats.inflight == 0
+        pool.shutdown()
+
+
+def test_a_held_send_ok_gets_the_gates_final_answer_at_its_deadline(
+        make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker()
+    broker.server.reply_hold_s = 0.3
+    broker.server.reply_gate = lambda resp, final: _lapsed(resp) if final else None
+    with Producer([addr(broker)], retries=0) as p:
+        started = time.monotonic()
+        r = p.send("held", b"m", queue_id=0)
+        assert r.status == SendStatus.FLUSH_SLAVE_TIMEOUT
+        assert time.monotonic() - started >= 0.3
+    assert broker.server.stats.answers_held_for_lease == 1 and broker.server.stats.inflight == 0
+
+
+def test_a_drain_gives_held_answers_the_gates_final_word(
+        make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker()
+    broker.server.reply_hold_s = 60.0
+    broker.server.reply_gate = lambda resp, final: _lapsed(resp) if final else None
+    with Producer([addr(broker)], retries=0) as p:
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        fut = pool.submit(p.send, "held", b"m", queue_id=0)
+        deadline = time.monotonic() + 10
+        while broker.server.stats.answers_held_for_lease < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert broker.server.drain(5.0)  # the held answer counts in flight: it is answered
+        assert fut.result(5).status == SendStatus.FLUSH_SLAVE_TIMEOUT
+        pool.shutdown()
+
+
+class _Lease:
+    def __init__(self, master: bool, fresh: bool):
+        self.master, self.fresh = master, fresh
+        self.stats = types.SimpleNamespace(fenced_writes=0)
+
+    def acknowledge_ok(self) -> bool:
+        return self.master and self.fresh
+
+    def is_master(self) -> bool:
+        return self.master
+
+
+@pytest.mark.parametrize(("master", "fresh", "final", "want"), [
+    (True, True, False, "ok"),
+    (True, True, True, "ok"),
+    (True, False, False, "hold"),  # lapsed, still master: its session may be confirmed again
+    (True, False, True, "flush"),  # the hold ended: indeterminate
+    (False, False, False, "flush"),  # no longer master (session lost, replaced): never OK
+])
+def test_the_broker_gate_holds_only_a_master_whose_lease_lapsed(
+        master: bool, fresh: bool, final: bool, want: str) -> None:
+    gate_owner = types.SimpleNamespace(controller=_Lease(master, fresh))
+    resp = protocol.Response(ResponseCode.SUCCESS, 7, "", {"msgId": "x"}, [])
+    out = Broker._reply_gate(gate_owner, resp, final)  # type: ignore[arg-type]
+    if want == "ok":
+        assert out is resp
+    elif want == "hold":
+        assert out is None and gate_owner.controller.stats.fenced_writes == 0
+    else:
+        assert out is not None and out.code == ResponseCode.FLUSH_SLAVE_TIMEOUT
+        assert gate_owner.controller.stats.fenced_writes == 1
