@@ -12,13 +12,14 @@ leader or follower), the one word ZooKeeper 3.8 allows without a whitelist.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from common.core import ports
 
 JARS = ("/usr/share/java/zookeeper.jar",)  # its manifest names the jars it needs
 OPTIONAL_JARS = ("/usr/share/java/slf4j-simple.jar",)  # server log lines, when present
@@ -47,21 +48,7 @@ def classpath() -> str:
 def free_port() -> int:
     """A free port below the kernel's ephemeral range (one the kernel hands an outgoing
     connection meanwhile cannot be taken from under the server)."""
-    try:
-        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        first = 32768
-    low, high = (20000, first) if first > 21000 else (first + 28300, 65000)
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(low, high)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port for ZooKeeper")
+    return ports.free_port()
 
 
 def mode_of(port: int, timeout_s: float = 1.0) -> str:

@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common.client import Admin
+from common.core import ports
 from common.core.config import dump_yaml, load_config
 from common.core.errors import BrokerError
 
@@ -29,37 +28,9 @@ READY_TIMEOUT_S = 30.0
 
 
 def free_port(span: int = 3) -> int:
-    """A port p with p..p+span-1 free right now (client, HA and metrics ports).
-
-    Picked at random below the kernel's ephemeral range: a port the kernel handed out for a
-    moment (an outgoing connection of any process on the machine) is the port that turns out
-    taken a second later, when the broker binds it."""
-    low, high = _unassigned_range()
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(low, high - span)
-        if all(_is_free(port + i) for i in range(span)):
-            return port
-    raise RuntimeError("no free port range found")
-
-
-def _unassigned_range() -> tuple[int, int]:
-    """Ports the kernel does not give to outgoing connections (below ip_local_port_range)."""
-    try:
-        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        first = 32768
-    return (20000, first) if first > 21000 else (first + 28300, 65000)
-
-
-def _is_free(port: int) -> bool:
-    for host in ("0.0.0.0", "127.0.0.1"):
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                return False
-    return True
+    """A port p with p..p+span-1 free right now (client, HA and metrics ports), below the
+    kernel's ephemeral range (``common.core.ports``)."""
+    return ports.free_port(span)
 
 
 class BrokerProcess:

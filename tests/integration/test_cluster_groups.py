@@ -28,6 +28,7 @@ from replication_harness import wait_for
 from common.client import Admin, Consumer, Producer
 from common.client.group_consumer import GroupConsumer
 from common.client.routing import queue_for_key
+from common.core import ports
 from common.core.errors import BrokerError, SendStatus
 
 pytestmark = pytest.mark.integration
@@ -308,18 +309,7 @@ def test_cluster_up_runs_several_groups_on_one_zookeeper(tmp_path: Path) -> None
 def _free_base() -> int:
     for _ in range(50):
         base = free_port(3)
-        if base + 200 < 65535 and all(_is_free(base + off) for off in (
+        if base + 200 < ports.unassigned_range()[1] and all(ports.is_free(base + off) for off in (
                 10, 11, 12, 90, 100, 101, 102, 110, 111, 112)):
             return base
     raise RuntimeError("no free port range for a two-group cluster")
-
-
-def _is_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False

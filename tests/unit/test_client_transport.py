@@ -8,7 +8,6 @@ spinning off, ``spin_us=0`` never spins, and the deadline still holds.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import zmq
 from time_bounds import late_s
 
 from common.client import ClientTimeoutError, ConnectionLostError, Transport
+from common.core import ports
 from common.format.protocol import RequestCode, Response, ResponseCode, encode_response
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -27,9 +27,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 def unused_port() -> int:
     """A port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()  # below the ephemeral range: no connection takes it meanwhile
 
 
 class ScriptedBroker:

@@ -23,6 +23,7 @@ from time_bounds import late_s, tier
 
 from common.broker.broker import Broker
 from common.client import Admin, Consumer, NoMasterError, Producer
+from common.core import ports
 from common.core.errors import (
     BrokerError,
     GetStatus,
@@ -214,9 +215,8 @@ class FakeStore:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Below the kernel's ephemeral range: an outgoing connection cannot take it meanwhile."""
+    return ports.free_port()
 
 
 def addr(broker: Broker) -> str:
