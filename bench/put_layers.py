@@ -16,7 +16,8 @@ each a server process of its own answering the real wire format, one request in 
 
 The client is a bare DEALER that sends what ``Producer`` sends (``encode_request``, one body or
 the packed bodies) and decodes the answer (``decode_response``); a last row is the broker with
-the real ``Producer``. Printed per row: wall rate, CPU microseconds per message of the client
+the real ``Producer``, as it comes (it spins for an answer expected within ``spin_us``, 300 us)
+and with ``spin_us=0`` (its CPU then is work, not waiting). Printed per row: wall rate, CPU microseconds per message of the client
 (this process) and of the server (``/proc``, every thread), and the rate against the echo's of
 the same round. The difference between two rows is what that layer costs; the ``store`` row is
 the most a reshaped request path around the same codec and store could reach.
@@ -42,7 +43,7 @@ from replication import Broker
 
 from common.client import Producer
 from common.client.results import pack_bodies
-from common.client.transport import CLIENT_LIMITS
+from common.client.transport import CLIENT_LIMITS, DEFAULT_SPIN_US
 from common.core.errors import SendStatus
 from common.core.message import Message
 from common.format.protocol import (
@@ -170,23 +171,29 @@ def broker_rows(bodies: int, count: int, root: Path) -> dict[str, dict[str, floa
         out["broker"] = _measure("broker", _raw_call(sock, bodies, False), broker.proc.pid,
                                  count, bodies)
         body = b"x" * SIZE
-        with Producer([broker.address], retries=0) as p:
-            if bodies == 1:
-                def send() -> None:
-                    if p.send("bench", body, queue_id=0).status != SendStatus.SEND_OK:
-                        raise RuntimeError("send failed")
-            else:
-                batch = [body] * bodies
-
-                def send() -> None:
-                    if p.send_batch("bench", batch, queue_id=0)[0].status != SendStatus.SEND_OK:
-                        raise RuntimeError("send_batch failed")
-            out["broker+Producer"] = _measure("broker + Producer", send, broker.proc.pid, count,
-                                              bodies)
+        for row, spin_us in (("broker+Producer", DEFAULT_SPIN_US), ("Producer spin 0", 0)):
+            with Producer([broker.address], retries=0, spin_us=spin_us) as p:
+                out[row] = _measure(f"broker + Producer, spin_us={spin_us}",
+                                    _producer_call(p, body, bodies), broker.proc.pid, count,
+                                    bodies)
+        return out
     finally:
         ctx.destroy(0)
         broker.stop()
-    return out
+
+
+def _producer_call(p: Producer, body: bytes, bodies: int) -> Callable[[], None]:
+    if bodies == 1:
+        def send() -> None:
+            if p.send("bench", body, queue_id=0).status != SendStatus.SEND_OK:
+                raise RuntimeError("send failed")
+        return send
+    batch = [body] * bodies
+
+    def send_batch() -> None:
+        if p.send_batch("bench", batch, queue_id=0)[0].status != SendStatus.SEND_OK:
+            raise RuntimeError("send_batch failed")
+    return send_batch
 
 
 def main() -> int:
@@ -197,7 +204,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", choices=list(CASES), default=list(CASES))
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="replog-layers-"))
-    rows = [*LAYERS, "broker", "broker+Producer"]
+    rows = [*LAYERS, "broker", "broker+Producer", "Producer spin 0"]
     try:
         print(f"put CPU by layer, {SIZE} B bodies, 1 request in flight, {os.cpu_count()} CPUs, "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
