@@ -25,10 +25,12 @@ from common.core.errors import BrokerError
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
+
 # A benchmark stopped with SIGTERM (`timeout`, a killed `make bench`) unwinds like Ctrl-C:
 # its finally blocks stop the brokers and ZooKeeper servers it started, not orphan them.
 if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
 
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
     """SIGTERM (a broker drains and flushes), then SIGKILL if it has not ended in time."""
@@ -40,11 +42,13 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
             proc.kill()
             proc.wait(10)
 
+
 def free_port(span: int = 1) -> int:
     """A port p with p..p+span-1 free right now, below the kernel's ephemeral range
     (``common.core.ports``: a benchmark beside a test run lost its HA port to an outgoing
     connection when it took one from port 0)."""
     return ports.free_port(span)
+
 
 def write_config(home: Path, **fields: Any) -> Path:
     """``home/broker.yaml`` from typed fields (validated like any broker config)."""
@@ -53,6 +57,7 @@ def write_config(home: Path, **fields: Any) -> Path:
     path = home / "broker.yaml"
     path.write_text(dump_yaml(load_config(None, (), env={}, **fields)))
     return path
+
 
 def launch(home: Path, address: str, timeout_s: float = 30.0,
            curve: dict[str, Any] | None = None) -> subprocess.Popen[bytes]:
@@ -74,12 +79,14 @@ def launch(home: Path, address: str, timeout_s: float = 30.0,
                     proc.kill()
                     raise RuntimeError((home / "broker.log").read_text()[-3000:]) from None
 
+
 def start_broker(home: Path, **fields: Any) -> tuple[subprocess.Popen[bytes], str]:
     """A broker on fresh ports (client and HA) with ``fields``; returns it and its address."""
     port = free_port(2)
     write_config(home, listenPort=port, haListenPort=port + 1, **fields)
     address = f"127.0.0.1:{port}"
     return launch(home, address), address
+
 
 def start_redis(home: Path, port: int, replica_of: int = 0) -> subprocess.Popen[bytes] | None:
     """Debian's ``redis-server`` on ``port``, persistence off (a replica of ``replica_of`` if
@@ -110,6 +117,7 @@ def start_redis(home: Path, port: int, replica_of: int = 0) -> subprocess.Popen[
                 time.sleep(0.02)
     finally:
         client.close()
+
 
 @dataclass
 class Figure:
@@ -143,6 +151,7 @@ class Figure:
             text += f"   {self.rate / ref.rate:>5.2f}x {ref.name}"
         return text
 
+
 def ratio_text(figure: Figure, ref: Figure | None, target: float | None) -> str:
     """``0.93x echo x1 (target >= 0.9x: met)``; ``target`` None: reported only."""
     if ref is None or ref.rate <= 0:
@@ -152,6 +161,7 @@ def ratio_text(figure: Figure, ref: Figure | None, target: float | None) -> str:
         return f"{ratio:.2f}x {ref.name} (reported)"
     verdict = "met" if ratio >= target else "MISSED"
     return f"{ratio:.2f}x {ref.name} (target >= {target}x: {verdict})"
+
 
 def acceptance_row(figure: Figure, bare: Figure | None, bare_target: float | None,
                    other: Figure | None, other_target: float | None) -> str:
