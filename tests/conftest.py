@@ -44,3 +44,47 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
     if _current is not None:
         _current.write_text(nodeid + "\n", encoding="utf-8")
+
+
+# ---- what a failed test leaves: its brokers' logs ------------------------------------------------
+FAILURE_DIR = "test-failures"
+LOG_TAIL_LINES = 400  # per log file
+MAX_LOGS = 12
+
+
+def _logs_of(item: pytest.Item) -> list[Path]:
+    """The broker (and ZooKeeper) logs a test made: under its ``tmp_path``, and those of any
+    broker fixture it used (module-scoped brokers live elsewhere)."""
+    found: list[Path] = []
+    funcargs = getattr(item, "funcargs", {})
+    tmp = funcargs.get("tmp_path")
+    if isinstance(tmp, Path) and tmp.is_dir():
+        found += sorted(tmp.rglob("*.log"))
+    for value in funcargs.values():
+        path = getattr(value, "log_path", None)
+        if isinstance(path, Path) and path.is_file() and path not in found:
+            found.append(path)
+    return found[:MAX_LOGS]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """A process test that fails keeps the tails of its brokers' logs in
+    ``build/test-failures/<test>.txt`` (pytest's temporary directories are pruned three runs
+    later, and a loaded run's rare failure is worth nothing without them); the report names
+    the file."""
+    report = yield
+    if report.failed and not hasattr(item.config, "workerinput"):
+        logs = _logs_of(item)
+        if logs:
+            out = item.config.rootpath / "build" / FAILURE_DIR
+            out.mkdir(parents=True, exist_ok=True)
+            name = "".join(c if c.isalnum() or c in "-_." else "_" for c in item.nodeid)[:200]
+            target = out / f"{name}.{report.when}.txt"
+            with open(target, "w", encoding="utf-8") as f:
+                for log in logs:
+                    lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+                    f.write(f"==== {log} (last {len(lines)} lines)\n")
+                    f.write("\n".join(lines) + "\n")
+            report.sections.append(("broker logs", f"tails of {len(logs)} logs in {target}"))
+    return report

@@ -733,14 +733,29 @@ class Controller:
 
     # -- the SyncStateSet (proposed by the master's HA service) --------------------------------
     def _carry_out_proposal(self) -> None:
+        """Compare-and-set the proposed SyncStateSet, and answer the HA service.
+
+        A ZooKeeper call that fails here (a time-out, an expired session) leaves the outcome
+        unknown: the proposal is kept and tried again at the next pass, after the group is read
+        again (``_run`` makes the next pass read it). Found committed by then (this master's
+        set, one epoch on, with the proposed members: only the master changes its set), it is
+        answered committed. So the HA service, which proposes one change at a time and counts
+        acks against both sets meanwhile, is always answered, and never told "not committed"
+        about a set that ZooKeeper holds."""
         proposal, self._proposal = self._proposal, None
         assert proposal is not None
         state = self.state
         ok = False
-        if (self._mastered is not None and state is not None and state.master == self.member_id
-                and state.sync_state_set_epoch == proposal.based_on_epoch):
-            new = state.with_sync_state_set(proposal.change.members)
-            ok = self._cas_state(new)
+        if self._mastered is not None and state is not None and state.master == self.member_id:
+            if state.sync_state_set_epoch == proposal.based_on_epoch:
+                try:
+                    ok = self._cas_state(state.with_sync_state_set(proposal.change.members))
+                except Exception:
+                    self._proposal = proposal  # outcome unknown: find out at the next pass
+                    raise
+            elif (state.sync_state_set_epoch == proposal.based_on_epoch + 1
+                  and state.sync_state_set == proposal.change.members):
+                ok = True  # an earlier try committed it; its answer was lost
         if ok:
             self.stats.sss_changes += 1
             log_event(log, "controller_sync_state_set", members=sorted(proposal.change.members),

@@ -355,7 +355,17 @@ class Transport:
         started = time.monotonic()
         deadline = started + timeout_ms / 1000.0
         frames = encode_request(code, opaque, fields, bodies)
-        send_frames(sock, frames)  # never Again: no HWM, and queued until connected
+        try:
+            send_frames(sock, frames)  # no HWM, and queued until connected...
+        except zmq.Again:
+            # ...unless libzmq already ended the connection's pipe: a failed handshake (a
+            # plain client at a CURVE broker, a key the broker's ZAP refused) ends the session
+            # for good, with no reconnect, and a DEALER without a pipe cannot queue. Nothing
+            # was sent. The monitor's event, written before the pipe ended, names the cause.
+            lost = self._connection_dropped(sock, address)
+            self._drop_direct_socket(address, sock)
+            raise lost if isinstance(lost, HandshakeError) else \
+                ConnectionLostError(address) from None
         sent = time.perf_counter()
         if self._spin_s > 0.0 and self._rtt_s < self._spin_s:
             if self._spin_skip > 0:

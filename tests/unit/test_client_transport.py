@@ -20,6 +20,7 @@ from time_bounds import late_s
 
 from common.client import ClientTimeoutError, ConnectionLostError, Transport
 from common.core import ports
+from common.core.errors import BrokerError
 from common.format.protocol import RequestCode, Response, ResponseCode, encode_response
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -300,6 +301,50 @@ def test_a_call_whose_connection_drops_ends_at_once(blocking: bool) -> None:
             again.close()
     finally:
         t.close()
+
+
+def test_a_handshake_that_failed_before_the_send_is_a_broker_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain client at a CURVE broker: when the handshake fails before the call's request is
+    queued, libzmq has already ended the connection's pipe for good (no reconnect after a
+    protocol error), and the send finds no pipe (zmq.Again). The call ends with a retriable
+    BrokerError, not a raw zmq.Again (a loaded run saw that). The order is forced here: the send
+    waits until the socket has lost its pipe (no POLLOUT)."""
+    from common.client import transport as transport_module
+
+    sctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = sctx.socket(zmq.ROUTER)
+    _, secret = zmq.curve_keypair()
+    router.curve_server = True
+    router.curve_secretkey = secret
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    real_send = transport_module.send_frames
+    waited: list[bool] = []
+
+    def send_after_the_handshake_failed(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
+        deadline = time.monotonic() + 10
+        while sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:  # a pipe (the connection's) is there
+            assert time.monotonic() < deadline, "the handshake did not fail"
+            time.sleep(0.005)
+        waited.append(True)
+        real_send(sock, frames)
+
+    monkeypatch.setattr(transport_module, "send_frames", send_after_the_handshake_failed)
+    t = Transport(spin_us=0)
+    try:
+        with pytest.raises(BrokerError) as e:
+            t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=5000)
+        assert waited and e.value.code == ResponseCode.SYSTEM_ERROR and e.value.retriable
+        monkeypatch.setattr(transport_module, "send_frames", real_send)
+        # the socket went with it: the next call makes a new connection (and fails the same way
+        # at this broker, within its deadline)
+        with pytest.raises(BrokerError):
+            t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=2000)
+    finally:
+        t.close()
+        router.close()
+        sctx.term()
 
 
 def test_forgetting_the_master_does_not_wait_for_a_discovery(
