@@ -225,23 +225,31 @@ def _measure(name: str, call: Callable[[], None], pids: dict[str, int], count: i
     return report(name, requests * bodies, meter)
 
 
-def layer_row(layer: str, bodies: int, size: int, count: int, root: Path) -> dict[str, float]:
-    port = _support.free_port()
-    ready = multiprocessing.Event()
-    proc = spawn(_server, layer, port, str(root / f"{layer}-{bodies}"), ready)
+def _drive(layer: str, procs: list[multiprocessing.Process], names: tuple[str, ...],
+           ready: multiprocessing.synchronize.Event,  # type: ignore[name-defined]
+           port: int, bodies: int, size: int, count: int) -> dict[str, float]:
+    """Measure one row against the server processes ``procs`` (``names``: how the report
+    calls each), then kill them."""
     ctx = zmq.Context()
     try:
         if not ready.wait(30):
             raise RuntimeError(f"the {layer} server did not start")
         sock = ctx.socket(zmq.DEALER)
         sock.connect(f"tcp://127.0.0.1:{port}")
-        assert proc.pid is not None
-        return _measure(layer, _raw_call(sock, bodies, size, layer), {"server": proc.pid},
-                        count, bodies)
+        pids = {name: proc.pid or 0 for name, proc in zip(names, procs, strict=True)}
+        return _measure(layer, _raw_call(sock, bodies, size, layer), pids, count, bodies)
     finally:
         ctx.destroy(0)
-        proc.kill()
-        end([proc])
+        for proc in procs:
+            proc.kill()
+        end(procs)
+
+
+def layer_row(layer: str, bodies: int, size: int, count: int, root: Path) -> dict[str, float]:
+    port = _support.free_port()
+    ready = multiprocessing.Event()
+    proc = spawn(_server, layer, port, str(root / f"{layer}-{bodies}"), ready)
+    return _drive(layer, [proc], ("server",), ready, port, bodies, size, count)
 
 
 def sync_layer_row(layer: str, bodies: int, size: int, count: int,
@@ -255,19 +263,7 @@ def sync_layer_row(layer: str, bodies: int, size: int, count: int,
     else:
         procs = [spawn(_sync_master, client_port, ha_port, where, ready),
                  spawn(_sync_slave, ha_port, where)]
-    ctx = zmq.Context()
-    try:
-        if not ready.wait(30):
-            raise RuntimeError(f"the {layer} master did not start")
-        sock = ctx.socket(zmq.DEALER)
-        sock.connect(f"tcp://127.0.0.1:{client_port}")
-        pids = {"master": procs[0].pid or 0, "slave": procs[1].pid or 0}
-        return _measure(layer, _raw_call(sock, bodies, size, layer), pids, count, bodies)
-    finally:
-        ctx.destroy(0)
-        for proc in procs:
-            proc.kill()
-        end(procs)
+    return _drive(layer, procs, ("master", "slave"), ready, client_port, bodies, size, count)
 
 
 def broker_rows(bodies: int, size: int, count: int, root: Path,
