@@ -71,8 +71,8 @@ def _logs_of(item: pytest.Item) -> list[Path]:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
     """A process test that fails keeps the tails of its brokers' logs in
     ``build/test-failures/<test>.txt`` (pytest's temporary directories are pruned three runs
-    later, and a loaded run's rare failure is worth nothing without them); the report names
-    the file."""
+    later, and a loaded run's rare failure is worth nothing without them), after the failure
+    itself (a CI log cut short may not hold it); the report names the file."""
     report = yield
     if report.failed and not hasattr(item.config, "workerinput"):
         logs = _logs_of(item)
@@ -82,6 +82,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             name = "".join(c if c.isalnum() or c in "-_." else "_" for c in item.nodeid)[:200]
             target = out / f"{name}.{report.when}.txt"
             with open(target, "w", encoding="utf-8") as f:
+                f.write(f"==== {item.nodeid} ({report.when})\n{report.longreprtext}\n")
                 for log in logs:
                     lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
                     f.write(f"==== {log} (last {len(lines)} lines)\n")

@@ -11,7 +11,11 @@ What the thread does, each pass (an event, or at least every ``TICK_S``):
 * keeps this broker's ephemeral member znode (``brokers/<id>``) with its offsets, about once a
   second. That write is also the **lease** renewal: a master's lease runs from the start of its
   last confirmed write (``controller_core.Lease``); SUSPENDED or LOST expires it at once, in the
-  listener, which only sets a flag;
+  listener, which only sets a flag. A master renews every third of its lease without waiting
+  for the answer (``_renew_lease``: the write is sent, its answer confirms the lease on kazoo's
+  callback thread), and before every ZooKeeper call the thread makes: a pass that spends a
+  while in reads (a loaded process, a cluster of many groups, another group's failover) does
+  not let the lease run out while ZooKeeper answers;
 * reads ``state`` (on a watch, and every ``controllerPollIntervalMs`` in case a watch was lost)
   and the live members, then reconciles: follow the master ``state`` names, stand by when there
   is none, resign a stale claim of its own (this process never won it), or run the election
@@ -45,7 +49,8 @@ from common.ha.controller_core import GroupState, GroupView, MemberRecord, Switc
 log = logging.getLogger("replog.controller")
 
 TICK_S = 0.1  # the longest the thread sleeps without looking at its timers
-MEMBER_REFRESH_S = 1.0  # member record (offsets) and lease renewal
+MEMBER_REFRESH_S = 1.0  # member record (offsets)
+RENEWALS_PER_LEASE = 3  # a master's member write (its lease renewal) every third of the lease
 ELECTION_SETTLE_S = 0.05  # after publishing fresh offsets, before ranking the candidates
 CALL_TIMEOUT_FRACTION = 3  # a ZooKeeper call waits at most a third of the session
 STOP_JOIN_S = 10.0
@@ -79,6 +84,7 @@ class ControllerStats:
     session_losses: int = 0
     suspensions: int = 0
     fenced_writes: int = 0
+    lease_lapses: int = 0  # a master's lease ran out while it was master, then was renewed
     switchovers: int = 0
     unclean_elections: int = 0
 
@@ -136,6 +142,7 @@ class Controller:
         self.cluster: dict[str, GroupView] = {}  # every group of brokerClusterName (routes)
         self._published_topics: tuple[dict[str, int], dict[str, int]] | None = None
         self._member_due = 0.0
+        self._renew_due = 0.0
         self._poll_due = 0.0
         self._registered = False
         self._last_error = ""
@@ -337,11 +344,14 @@ class Controller:
             self._ask_switchover(*payload)
         elif kind == "watch":
             self._poll_due = 0.0
+        elif kind == "member_gone":
+            self._registered = False  # a renewal found no member znode: register again
         elif kind == "cluster" and self.connected and self._registered:
             self._read_cluster()
             return
         if not self.connected:
             return
+        self._renew_lease()
         now = time.monotonic()
         if not self._registered or now >= self._member_due:
             self._publish_member()
@@ -393,8 +403,53 @@ class Controller:
 
     # -- ZooKeeper calls ----------------------------------------------------------------------
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        self._renew_lease()  # a due renewal goes first: a long pass must not starve it
         return getattr(self._zk, method + "_async")(*args, **kwargs).get(
             timeout=self.call_timeout_s)
+
+    def _renew_lease(self) -> None:
+        """A master whose renewal is due writes its member record and goes on: the answer
+        confirms the lease on kazoo's callback thread (``_renewed``). Due every third of the
+        lease, counted from when the last one was sent, so the lease lapses only if ZooKeeper
+        (or this process) takes two thirds of it to answer."""
+        mastered, session = self._mastered, self._session
+        if mastered is None or session is None or not self._registered or not self.connected:
+            return
+        if time.monotonic() < self._renew_due:
+            return
+        raw = self.broker.local_record(self.incarnation).to_bytes()
+        generation = self.lease.generation
+        sent_at = time.monotonic()
+        self._renew_due = sent_at + self.lease.duration_s / RENEWALS_PER_LEASE
+        self._member_due = sent_at + MEMBER_REFRESH_S
+        self._zk.set_async(self.member_path, raw).rawlink(
+            lambda result: self._renewed(result, session, mastered, generation, sent_at))
+
+    def _renewed(self, result: Any, session: tuple[int, bytes], mastered: tuple[int, int],
+                 generation: int, sent_at: float) -> None:
+        """kazoo's callback thread: a renewal's answer. Confirms the lease if this broker is
+        still the master it was, in the same session, with no suspension since it was sent;
+        posts an event (never a call) when the member znode is gone."""
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            result.get_nowait()
+        except NoNodeError:
+            self._events.put(("member_gone", None))
+            return
+        except Exception:  # noqa: BLE001 - a connection loss: the listener fences, not this
+            return
+        if self._mastered != mastered or self._zk.client_id != session or not self.connected:
+            return
+        now = time.monotonic()
+        age = self.lease.age_s(now)
+        if self.lease.confirm(sent_at, generation) and age is not None and \
+                age >= self.lease.duration_s:
+            self.stats.lease_lapses += 1
+            log_event(log, "controller_lease_lapsed", logging.WARNING,
+                      stale_ms=round((age - self.lease.duration_s) * 1000),
+                      write_ms=round((now - sent_at) * 1000),
+                      lease_ms=round(self.lease.duration_s * 1000))
 
     def _publish_member(self) -> None:
         """Create or refresh ``brokers/<id>``; a write that succeeds renews the lease."""
@@ -403,6 +458,7 @@ class Controller:
         record = self.broker.local_record(self.incarnation)
         raw = record.to_bytes()
         session = self._session
+        generation = self.lease.generation
         sent_at = time.monotonic()
         if not self._registered:
             try:
@@ -421,8 +477,9 @@ class Controller:
                 self._registered = False  # a new session: register again next pass
                 return
         if self._mastered is not None and session is not None and \
-                self._zk.client_id == session and self._mastered[0] == session[0]:
-            self.lease.confirm(sent_at)
+                self._zk.client_id == session and self._mastered[0] == session[0] and \
+                self.lease.confirm(sent_at, generation):
+            self._renew_due = sent_at + self.lease.duration_s / RENEWALS_PER_LEASE
         self._member_due = time.monotonic() + MEMBER_REFRESH_S
 
     def _claim_member_node(self, record: MemberRecord) -> None:

@@ -6,7 +6,8 @@ Gauges: ``replog_controller_connected``, ``replog_controller_is_master``,
 ``replog_sync_state_set_epoch`` and ``replog_controller_no_master`` (1 while no member may
 be elected: see ``noMasterReason`` in ``replog status``). Counters, ``_total``: elections won,
 unclean elections, resignations, demotions, follows (re-points to a new master), SyncStateSet
-changes and refused changes, session losses, suspensions, fenced writes and switchovers.
+changes and refused changes, session losses, suspensions, fenced writes, lease lapses and
+switchovers.
 All labelled with the broker name and its member id (``id``, as the other replog metrics).
 """
 
@@ -28,6 +29,7 @@ _COUNTERS = {
     "session_losses": "ZooKeeper sessions lost",
     "suspensions": "ZooKeeper connections suspended (writes fenced meanwhile)",
     "fenced_writes": "writes refused or unconfirmed for a stale lease or a lost election",
+    "lease_lapses": "times the master's lease ran out while it was master, then was renewed",
     "switchovers": "planned handovers this master carried out",
 }
 

@@ -461,6 +461,10 @@ class Producer(ClientBase):
                     if e.code == ResponseCode.TOPIC_NOT_EXIST:
                         self._routes.invalidate()
                 if not e.retriable or n == self.retries or self._closed.is_set():
+                    if mq is not None and not e.broker_name:
+                        e.broker_name = mq.broker_name  # where it went (an attribute: the
+                    if address is not None and e.address is None:  # message is the broker's)
+                        e.address = address
                     raise
                 self._closed.wait(min(MAX_BACKOFF_S, 0.05 * 2**n))
                 n += 1

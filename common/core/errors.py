@@ -111,7 +111,14 @@ RETRIABLE_CODES = frozenset(
 
 
 class BrokerError(Exception):
-    """A refused or failed operation, raised by the broker's answer or by the client itself."""
+    """A refused or failed operation, raised by the broker's answer or by the client itself.
+
+    A producer's send that fails names where it went: ``address`` (the broker that refused it,
+    or did not answer) and ``broker_name`` (its group), as RocketMQ's MQBrokerException names the
+    broker address; "" / None when the error came before any broker was chosen."""
+
+    address: str | None = None
+    broker_name: str = ""
 
     def __init__(self, code: ResponseCode | str, remark: str, retriable: bool | None = None):
         if isinstance(code, str):

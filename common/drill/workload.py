@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from common.client import Consumer, NoMasterError, Producer
-from common.core.errors import PullStatus
+from common.client import Consumer, Producer
+from common.core.errors import BrokerError, PullStatus
 from common.drill.history import (
     CLIENT_TIMEOUT_MS,
     QUEUES,
@@ -133,7 +133,7 @@ class ProducerWorker(Worker):
 
     def _group_of_error(self, e: BaseException) -> str:
         """The group a failed keyless put went to ("?" when the error does not say)."""
-        if isinstance(e, NoMasterError) and e.broker_name:
+        if isinstance(e, BrokerError) and e.broker_name:  # a send names its group
             return e.broker_name
         address = getattr(e, "address", None)
         return self.groups_of.get(address, "?") if isinstance(address, str) else "?"

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -460,20 +461,40 @@ class SyncStateSetKeeper:
 class Lease:
     """Writes are acknowledged only while ``fresh(now)``: within ``duration_ms`` of the start
     of the last ZooKeeper write that succeeded in the session the master was elected in.
-    Monotonic seconds in, never the wall clock."""
+    Monotonic seconds in, never the wall clock.
+
+    ``expire`` starts a new generation: a write sent before it (before a suspension, before
+    mastership was lost or won again) confirms nothing when its answer comes in after it.
+    Confirmations come from the controller thread and from kazoo's callback thread, so
+    ``confirm`` and ``expire`` take a lock; ``fresh`` (every write, on the I/O thread) reads
+    one float and takes none."""
 
     def __init__(self, duration_ms: int):
         if duration_ms <= 0:
             raise ValueError(f"lease of {duration_ms} ms")
         self.duration_s = duration_ms / 1000.0
         self._confirmed_at = float("-inf")
+        self._generation = 0
+        self._lock = threading.Lock()
 
-    def confirm(self, sent_at: float) -> None:
-        """A write sent at ``sent_at`` succeeded: the session was alive when it arrived."""
-        self._confirmed_at = max(self._confirmed_at, sent_at)
+    @property
+    def generation(self) -> int:
+        """Read before sending the write that is to confirm the lease."""
+        return self._generation
+
+    def confirm(self, sent_at: float, generation: int | None = None) -> bool:
+        """A write sent at ``sent_at`` succeeded: the session was alive when it arrived.
+        False (nothing changes) when the lease was expired since ``generation`` was read."""
+        with self._lock:
+            if generation is not None and generation != self._generation:
+                return False
+            self._confirmed_at = max(self._confirmed_at, sent_at)
+            return True
 
     def expire(self) -> None:
-        self._confirmed_at = float("-inf")
+        with self._lock:
+            self._generation += 1
+            self._confirmed_at = float("-inf")
 
     def fresh(self, now: float) -> bool:
         return now - self._confirmed_at < self.duration_s

@@ -212,6 +212,28 @@ def test_a_group_without_a_master_is_passed_over_by_keyless_sends(groups: TwoGro
         assert {f.result(15).broker_name for f in ok} == {"broker-a"}
 
 
+def test_a_refused_send_names_the_broker_and_group_that_refused_it(groups: TwoGroups) -> None:
+    """A send a master refuses (here its controller lease, as a loaded drill saw) raises with
+    ``address`` and ``broker_name`` set, as RocketMQ's MQBrokerException names the broker: a
+    keyless send's caller learns which group it reached, and a drill can count the failure
+    against that group."""
+    groups.b.role._write_gate = lambda: "this master's controller lease is not fresh"  # type: ignore[union-attr]
+    with Producer(groups.servers, timeout_ms=3000, retries=0) as p:
+        refused = []
+        for i in range(8):  # keyless: round robin over both groups' queues
+            try:
+                p.send("orders", b"m%d" % i)
+            except BrokerError as e:
+                refused.append(e)
+    assert refused and all(e.code == ResponseCode.SERVICE_NOT_AVAILABLE for e in refused)
+    assert {(e.broker_name, e.address) for e in refused} == {("broker-b", addr(groups.b))}
+    with Producer(groups.servers, timeout_ms=3000) as p, \
+            pytest.raises(BrokerError) as before:  # refused before any broker: names none
+        p.send("orders", b"x" * (p.max_message_size + 1))
+    assert before.value.code == ResponseCode.MESSAGE_ILLEGAL
+    assert before.value.broker_name == "" and before.value.address is None
+
+
 def test_a_group_consumer_of_three_members_reads_both_groups(
         groups: TwoGroups, caplog: pytest.LogCaptureFixture) -> None:
     """2 groups x 4 queues, 3 members: each (group, queue) is read by one member, the
