@@ -482,11 +482,12 @@ class Lease:
         """Read before sending the write that is to confirm the lease."""
         return self._generation
 
-    def confirm(self, sent_at: float, generation: int | None = None) -> bool:
-        """A write sent at ``sent_at`` succeeded: the session was alive when it arrived.
-        False (nothing changes) when the lease was expired since ``generation`` was read."""
+    def confirm(self, sent_at: float, generation: int) -> bool:
+        """A write sent at ``sent_at``, when the lease's generation was ``generation``,
+        succeeded: the session was alive when it arrived. False (nothing changes) when the lease
+        was expired since."""
         with self._lock:
-            if generation is not None and generation != self._generation:
+            if generation != self._generation:
                 return False
             self._confirmed_at = max(self._confirmed_at, sent_at)
             return True

@@ -183,11 +183,19 @@ def test_a_member_of_an_older_term_does_not_join_before_the_epoch_start() -> Non
 def test_the_lease_counts_from_the_start_of_the_last_confirmed_write() -> None:
     lease = cc.Lease(1500)
     assert not lease.fresh(100.0) and lease.age_s(100.0) is None
-    lease.confirm(100.0)
+    lease.confirm(100.0, lease.generation)
     assert lease.fresh(101.49) and not lease.fresh(101.5)
-    lease.confirm(99.0)  # an older write finishing late does not pull it back
+    lease.confirm(99.0, lease.generation)  # an older write finishing late does not pull it back
     assert lease.fresh(101.49)
     lease.expire()
     assert not lease.fresh(100.1)
     with pytest.raises(ValueError):
         cc.Lease(0)
+
+
+def test_a_write_sent_before_the_lease_expired_confirms_nothing_after() -> None:
+    lease = cc.Lease(1500)
+    sent_in = lease.generation
+    lease.expire()  # a suspension, or mastership lost, while that write was in flight
+    assert not lease.confirm(100.0, sent_in) and not lease.fresh(100.1)
+    assert lease.confirm(100.0, lease.generation) and lease.fresh(100.1)

@@ -107,7 +107,7 @@ def master(zk: SlowZooKeeper) -> Controller:
     c._zk, c._session, c._mastered = zk, SESSION, (SESSION[0], 1)
     c._registered, c.connected = True, True
     now = time.monotonic()
-    c.lease.confirm(now)
+    c.lease.confirm(now, c.lease.generation)
     c._renew_due = now + LEASE_S / 3
     return c
 
@@ -197,7 +197,7 @@ def test_a_lapse_ended_by_a_renewal_is_counted() -> None:
     zk = SlowZooKeeper(read_s=0.01, write_s=0.01)
     c = master(zk)
     c.lease.expire()
-    c.lease.confirm(time.monotonic() - 2 * LEASE_S)  # confirmed long ago: stale now
+    c.lease.confirm(time.monotonic() - 2 * LEASE_S, c.lease.generation)  # confirmed long ago: stale now
     assert not c.lease.fresh(time.monotonic())
     c._renew_due = 0.0
     c._renew_lease()
