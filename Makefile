@@ -6,8 +6,20 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast venv bench lint clean zookeeper
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py common/format/_record_writer.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@# The record writer's C extension needs gcc and the Python and zlib headers: as root they
+	@# are installed when missing; without them the install skips it (the Python writer runs).
+	@if ! { command -v gcc >/dev/null && [ -f "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] \
+	        && [ -f /usr/include/zlib.h ]; }; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing gcc and the Python and zlib headers (Debian's packages) for the C record writer"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc python3-dev zlib1g-dev >/dev/null \
+	    || echo "could not install them: the pure-Python record writer will run"; \
+	  else \
+	    echo "no gcc or Python/zlib headers: the pure-Python record writer will run"; \
+	  fi; \
+	fi
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,spark,drills]' --config-settings editable_mode=compat
 	sync  # the install leaves ~900 MB dirty: write it now, not during the first timed tests

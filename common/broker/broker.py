@@ -55,7 +55,7 @@ from common.core.config import BrokerConfig, split_addresses
 from common.core.errors import BrokerError, ConfigError, ResponseCode
 from common.core.logs import log_event
 from common.core.message import retry_topic
-from common.format import tables
+from common.format import record_writer, tables
 from common.format.protocol import LOG_CHECKSUM_MAX_BYTES, Request, RequestCode, Response
 from common.format.record import MAX_TOPIC_BYTES
 from common.ha import epochs, promotion, term
@@ -336,6 +336,7 @@ class Broker:
             role=self.role.name,
             address=self.cfg.client_address,
             pid=os.getpid(),
+            record_writer="c" if record_writer.NATIVE else "python",
         )
 
     def shutdown(self) -> None:

@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from common.core.errors import CorruptionError, PutStatus, ReplicationFencedError, StoreError
 from common.core.message import (
@@ -33,7 +33,7 @@ from common.core.message import (
     encode_properties,
     host_bytes,
 )
-from common.format import record
+from common.format import record, record_writer
 from common.store.allocate import PREFAULT_AHEAD, PREFAULT_STEP, AllocateService
 from common.store.mapped_file import MappedFile
 from common.store.mapped_file_queue import MappedFileQueue
@@ -269,6 +269,16 @@ class CommitLog:
                         self.max_message_size + record.RECORD_SLACK_BYTES - plain_fixed)
         if not self.writeable or not 0 <= queue_id <= 0x7FFFFFFF:
             plain_max = -1  # every body goes through _prepare, which refuses with the reason
+        if plain_max >= 0 and all(type(m) is bytes for m in msgs):
+            bodies = list(cast("Sequence[bytes]", msgs))
+            if max(map(len, bodies)) <= plain_max:  # no record needs _prepare's checks
+                total = plain_fixed * len(bodies) + sum(map(len, bodies))
+                if total + record.END_FILE_MIN_BLANK > self.file_size:
+                    return refused(PutStatus.MESSAGE_ILLEGAL, f"batch of {total} bytes cannot "
+                                   f"fit in a segment of {self.file_size}")
+                born = born_timestamp or time.time_ns() // 1_000_000
+                return self._write(topic, topic_part, queue_id, [], total, born, born_ip,
+                                   born_port, (bodies, plain_tail))
         crc32 = zlib.crc32
         items = []
         total = 0
@@ -295,27 +305,21 @@ class CommitLog:
         return self._write(topic, topic_part, queue_id, items, total, born, born_ip, born_port)
 
     def _write(self, topic: str, topic_part: bytes, queue_id: int, items: list[tuple],
-               total: int, born: int, born_ip: bytes, born_port: int) -> PutResult:
-        """Encode the records under the put lock and copy them into the last segment at once.
+               total: int, born: int, born_ip: bytes, born_port: int,
+               plain_bodies: tuple[list[bytes], bytes] | None = None) -> PutResult:
+        """Write the records into the last segment under the put lock.
 
-        Each record is a few pieces (header, body, topic and properties, then the whole-record
-        CRC, computed over the pieces in turn); the pieces of the whole write are joined once and
-        copied into the mapping with one slice assignment. When no record
-        carries user properties, the write also leaves a WriteDigest for reput.
+        ``items`` are ``_prepare``'s, or ``plain_bodies`` (bodies, their shared tail) records
+        without properties of their own. ``record_writer`` writes them straight into the
+        mapping (in C where built) and checks them all before the first byte, so a refusal
+        changes nothing. When no record carries user properties, the write also leaves a
+        WriteDigest for reput.
         """
         since = self._lock_since
         if since and time.monotonic() - since > self._busy_s:
             return refused(PutStatus.OS_PAGE_CACHE_BUSY, "put lock held too long (disk stalled?)")
         key = (topic, queue_id)
-        pack = record.HEADER.pack
-        magic = record.MAGIC_V1
-        store_ip, store_port = self.store_ip, self.store_port
         crc_len = self._crc_len
-        sealed = bool(crc_len)
-        crc32 = zlib.crc32
-        crc_prefix = record.PROP_CRC_PREFIX
-        plain_tail = len(topic_part) + 2 + crc_len  # the tail of a record without props
-        last_tail = front = b""
         with self.put_lock:
             self._lock_since = time.monotonic()
             try:
@@ -327,36 +331,32 @@ class CommitLog:
                 self._lock_since = 0.0
                 log.error("event=create_segment_failed error=%s", e)
                 return refused(PutStatus.CREATE_MAPPED_FILE_FAILED, str(e))
-            queue_offset = first_queue_offset = self.topic_queue_table.get(key, 0)
+            first_queue_offset = self.topic_queue_table.get(key, 0)
             base = mf.file_from_offset
-            pos = first_pos = mf.wrote_position
-            ts = now_ms()
-            parts: list[bytes] = []
-            add_parts = parts.extend
-            entries: list[tuple[int, int, int]] = []
-            plain = True
-            for size, crc, flag, body, tail, reconsume, sys_flag in items:
-                phy = base + pos
-                head = pack(size, magic, crc, queue_id, flag, queue_offset, phy, sys_flag, born,
-                            born_ip, born_port, ts, store_ip, store_port, reconsume, 0, len(body))
-                if sealed:  # the CRC runs over the pieces; the join below is the one copy
-                    if tail is not last_tail:  # a batch's plain records share one tail
-                        last_tail, front = tail, tail[:-crc_len]
-                    whole = crc32(front, crc32(body, crc32(head))) & 0x7FFFFFFF
-                    # record.crc_entry(whole), inline: 10 digits, least significant first
-                    add_parts((head, body, front, crc_prefix, (b"%010d" % whole)[::-1], b"\x02"))
-                else:
-                    add_parts((head, body, tail))
-                entries.append((phy, size, 0))
-                plain = plain and len(tail) == plain_tail
-                pos += size
-                queue_offset += 1
+            first_pos = mf.wrote_position
+            pos = first_pos + total
             if pos > mf.populated and not mf.fault_in(first_pos, pos):
                 self._lock_since = 0.0  # nothing is changed yet: the put is refused whole
                 log.error("event=put_refused reason=no_space segment=%s", mf.path.name)
                 return refused(PutStatus.SERVICE_NOT_AVAILABLE,
                                "no space on disk for the CommitLog's next pages")
-            mf.buffer[first_pos:pos] = b"".join(parts)
+            ts = now_ms()
+            try:
+                if plain_bodies is not None:
+                    entries = record_writer.write_bodies(
+                        mf.buffer, first_pos, plain_bodies[0], plain_bodies[1], base, queue_id,
+                        first_queue_offset, born, born_ip, born_port, ts, self.store_ip,
+                        self.store_port, crc_len)
+                    plain = True
+                else:
+                    entries, plain = record_writer.write_items(
+                        mf.buffer, first_pos, items, base, queue_id, first_queue_offset, born,
+                        born_ip, born_port, ts, self.store_ip, self.store_port, crc_len,
+                        len(topic_part) + 2 + crc_len)
+            except BaseException:
+                self._lock_since = 0.0  # a writer refuses before its first byte
+                raise
+            queue_offset = first_queue_offset + len(entries)
             mf.wrote_position = pos
             mf.store_timestamp = ts
             self.topic_queue_table[key] = queue_offset
@@ -371,12 +371,12 @@ class CommitLog:
         self._prefault(mf)
         for listener in self.append_listeners:
             listener(end)
-        count = len(items)
+        count = len(entries)
         offsets: tuple[int, ...] = ()
         if count > 1:
             offsets = tuple([entry[0] for entry in entries])
         return PutResult(PutStatus.PUT_OK, phy, end - phy, queue_id, first_queue_offset, ts,
-                         count, offsets, store_ip, store_port)
+                         count, offsets, self.store_ip, self.store_port)
 
     def take_digest(self, phy: int, end: int) -> WriteDigest | None:
         """The digest of the write that starts at ``phy`` and ends by ``end``, if one was kept;

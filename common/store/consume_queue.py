@@ -28,6 +28,7 @@ import shutil
 import struct
 import threading
 from collections.abc import Callable
+from itertools import chain
 from pathlib import Path
 
 from common.core.errors import StoreError
@@ -42,6 +43,17 @@ assert CQ_ENTRY.size == 20
 CQ_UNIT = CQ_ENTRY.size
 BLANK_SIZE = 0x7FFFFFFF  # size field of a pre-fill entry (Integer.MAX_VALUE)
 BLANK_ENTRY = CQ_ENTRY.pack(0, BLANK_SIZE, 0)
+_ENTRIES_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def _entries_struct(count: int) -> struct.Struct:
+    """``count`` entries in one pack (one call, not one per entry: a batch's 64 entries)."""
+    packer = _ENTRIES_STRUCTS.get(count)
+    if packer is None:
+        packer = struct.Struct(">" + "qiq" * count)
+        if count <= 1024:  # the usual batch sizes; a longer run is packed once and forgotten
+            _ENTRIES_STRUCTS[count] = packer
+    return packer
 
 Entry = tuple[int, int, int]  # (phy_offset, size, tags_code)
 
@@ -204,12 +216,8 @@ class ConsumeQueue:
             if (last is None or self._is_empty() or last.max_offset != expected
                     or last.remaining() < len(rest) * CQ_UNIT):
                 return all(self.put(queue_offset + i, *e) for i, e in enumerate(rest))
-            data = bytearray(len(rest) * CQ_UNIT)
-            pack = CQ_ENTRY.pack_into
-            for i, (phy, size, tags) in enumerate(rest):
-                pack(data, i * CQ_UNIT, phy, size, tags)
             try:
-                last.append(data)
+                last.append(_entries_struct(len(rest)).pack(*chain.from_iterable(rest)))
             except (StoreError, OSError) as e:
                 self.last_error = str(e)
                 return False

@@ -1,0 +1,311 @@
+/* The CommitLog's record writer in C: common/format/record_writer.py's write_items and
+ * write_bodies, byte for byte, without a Python-level step per record.
+ *
+ * A put's records are written straight into the segment's mapping: the 88-byte header (all
+ * integers big-endian), the body, the topic and properties, and, when the whole-record CRC is
+ * on, its 20-byte entry ("__CRC32#\x01", 10 digits least significant first, "\x02") over the
+ * record's other bytes. Everything is checked before the first byte is written, so a refusal
+ * (ValueError, TypeError, OverflowError) leaves the buffer as it was. The pure-Python writer
+ * in record_writer.py is the reference: tests/unit/test_record_writer.py compares the two.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+#define HEADER_BYTES 88
+#define MAGIC_V1 0xDAA320A7u
+#define CRC_ENTRY_BYTES 20
+static const char CRC_PREFIX[] = "__CRC32#\x01"; /* 9 bytes */
+
+static inline void put32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
+}
+
+static inline void put64(unsigned char *p, uint64_t v) {
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+}
+
+static uLong crc_of(uLong crc, const unsigned char *p, Py_ssize_t n) {
+    while (n > 0) { /* zlib takes a uInt length */
+        uInt step = n > (Py_ssize_t)0x40000000 ? 0x40000000u : (uInt)n;
+        crc = crc32(crc, p, step);
+        p += step;
+        n -= step;
+    }
+    return crc;
+}
+
+/* What every record of one write shares. */
+typedef struct {
+    long long base, queue_offset, born, ts;
+    int queue_id, born_port, store_port, crc_len;
+    unsigned char born_ip[4], store_ip[4];
+} Shared;
+
+/* One record at out; returns its size. Arguments were checked by the caller. */
+static Py_ssize_t write_one(unsigned char *out, long long phy, long long queue_offset,
+                            const Shared *s, int32_t size, int32_t body_crc, int32_t flag,
+                            int32_t reconsume, int32_t sys_flag, const char *body,
+                            Py_ssize_t body_len, const char *tail, Py_ssize_t tail_len) {
+    unsigned char *h = out;
+    put32(h, (uint32_t)size);
+    put32(h + 4, MAGIC_V1);
+    put32(h + 8, (uint32_t)body_crc);
+    put32(h + 12, (uint32_t)s->queue_id);
+    put32(h + 16, (uint32_t)flag);
+    put64(h + 20, (uint64_t)queue_offset);
+    put64(h + 28, (uint64_t)phy);
+    put32(h + 36, (uint32_t)sys_flag);
+    put64(h + 40, (uint64_t)s->born);
+    memcpy(h + 48, s->born_ip, 4);
+    put32(h + 52, (uint32_t)s->born_port);
+    put64(h + 56, (uint64_t)s->ts);
+    memcpy(h + 64, s->store_ip, 4);
+    put32(h + 68, (uint32_t)s->store_port);
+    put32(h + 72, (uint32_t)reconsume);
+    put64(h + 76, 0);
+    put32(h + 84, (uint32_t)body_len);
+    memcpy(out + HEADER_BYTES, body, (size_t)body_len);
+    unsigned char *t = out + HEADER_BYTES + body_len;
+    if (s->crc_len) {
+        Py_ssize_t front = tail_len - CRC_ENTRY_BYTES;
+        memcpy(t, tail, (size_t)front);
+        uLong whole = crc_of(0, out, HEADER_BYTES + body_len + front) & 0x7FFFFFFFu;
+        unsigned char *e = t + front;
+        memcpy(e, CRC_PREFIX, 9);
+        for (int i = 0; i < 10; i++) {
+            e[9 + i] = (unsigned char)('0' + whole % 10);
+            whole /= 10;
+        }
+        e[19] = 0x02;
+    } else {
+        memcpy(t, tail, (size_t)tail_len);
+    }
+    return HEADER_BYTES + body_len + tail_len;
+}
+
+/* An int field of the 32-bit signed kind (struct "i"): -1 and an exception when not. */
+static int as_i32(PyObject *v, int32_t *out, const char *name) {
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int", name);
+        return -1;
+    }
+    long x = PyLong_AsLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < INT32_MIN || x > INT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s %ld out of the 32-bit range", name, x);
+        return -1;
+    }
+    *out = (int32_t)x;
+    return 0;
+}
+
+static int parse_shared(PyObject *const *args, Shared *s) {
+    /* args: base, queue_id, queue_offset, born, born_ip, born_port, ts, store_ip,
+     * store_port, crc_len */
+    s->base = PyLong_AsLongLong(args[0]);
+    s->queue_id = (int)PyLong_AsLong(args[1]);
+    s->queue_offset = PyLong_AsLongLong(args[2]);
+    s->born = PyLong_AsLongLong(args[3]);
+    s->born_port = (int)PyLong_AsLong(args[5]);
+    s->ts = PyLong_AsLongLong(args[6]);
+    s->store_port = (int)PyLong_AsLong(args[8]);
+    s->crc_len = (int)PyLong_AsLong(args[9]);
+    if (PyErr_Occurred()) return -1;
+    if (s->crc_len != 0 && s->crc_len != CRC_ENTRY_BYTES) {
+        PyErr_Format(PyExc_ValueError, "crc_len must be 0 or %d", CRC_ENTRY_BYTES);
+        return -1;
+    }
+    PyObject *ips[2] = {args[4], args[7]};
+    unsigned char *dst[2] = {s->born_ip, s->store_ip};
+    for (int i = 0; i < 2; i++) {
+        if (!PyBytes_Check(ips[i]) || PyBytes_GET_SIZE(ips[i]) != 4) {
+            PyErr_SetString(PyExc_ValueError, "a host address must be 4 bytes (IPv4)");
+            return -1;
+        }
+        memcpy(dst[i], PyBytes_AS_STRING(ips[i]), 4);
+    }
+    return 0;
+}
+
+static PyObject *entry(long long phy, Py_ssize_t size) {
+    return Py_BuildValue("(Lni)", phy, size, 0);
+}
+
+/* write_items(buf, pos, items, base, queue_id, queue_offset, born, born_ip, born_port, ts,
+ *             store_ip, store_port, crc_len, plain_tail_len) -> (entries, plain) */
+static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "write_items takes 14 arguments");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t plain_tail_len = PyLong_AsSsize_t(args[13]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *items = args[2];
+    if (!PyList_Check(items)) {
+        PyErr_SetString(PyExc_TypeError, "items must be a list");
+        return NULL;
+    }
+    Shared s;
+    if (parse_shared(args + 3, &s) < 0) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    int32_t *meta = PyMem_Malloc(sizeof(int32_t) * 5 * (size_t)(n ? n : 1));
+    if (meta == NULL) return PyErr_NoMemory();
+    Py_buffer view;
+    PyObject *entries = NULL, *result = NULL;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
+        PyMem_Free(meta);
+        return NULL;
+    }
+    /* pass 1: check everything, so a refusal writes nothing */
+    Py_ssize_t total = 0;
+    int plain = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 7) {
+            PyErr_SetString(PyExc_TypeError, "an item is (size, crc, flag, body, tail, reconsume, sys_flag)");
+            goto done;
+        }
+        int32_t *m = meta + 5 * i;
+        if (as_i32(PyTuple_GET_ITEM(it, 0), &m[0], "size") < 0
+            || as_i32(PyTuple_GET_ITEM(it, 1), &m[1], "crc") < 0
+            || as_i32(PyTuple_GET_ITEM(it, 2), &m[2], "flag") < 0
+            || as_i32(PyTuple_GET_ITEM(it, 5), &m[3], "reconsume") < 0
+            || as_i32(PyTuple_GET_ITEM(it, 6), &m[4], "sys_flag") < 0)
+            goto done;
+        PyObject *body = PyTuple_GET_ITEM(it, 3), *tail = PyTuple_GET_ITEM(it, 4);
+        if (!PyBytes_Check(body) || !PyBytes_Check(tail)) {
+            PyErr_SetString(PyExc_TypeError, "an item's body and tail must be bytes");
+            goto done;
+        }
+        Py_ssize_t tail_len = PyBytes_GET_SIZE(tail);
+        if (tail_len < s.crc_len
+            || (Py_ssize_t)m[0] != HEADER_BYTES + PyBytes_GET_SIZE(body) + tail_len) {
+            PyErr_SetString(PyExc_ValueError, "an item's size does not match its pieces");
+            goto done;
+        }
+        plain = plain && tail_len == plain_tail_len;
+        total += m[0];
+    }
+    if (pos < 0 || pos > view.len || total > view.len - pos) {
+        PyErr_SetString(PyExc_ValueError, "the records do not fit in the buffer");
+        goto done;
+    }
+    entries = PyList_New(n);
+    if (entries == NULL) goto done;
+    unsigned char *out = (unsigned char *)view.buf + pos;
+    long long phy = s.base + pos, queue_offset = s.queue_offset;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyList_GET_ITEM(items, i);
+        PyObject *body = PyTuple_GET_ITEM(it, 3), *tail = PyTuple_GET_ITEM(it, 4);
+        const int32_t *m = meta + 5 * i;
+        PyObject *e = entry(phy, m[0]);
+        if (e == NULL) goto done; /* nothing written is visible: wrote_position is the caller's */
+        PyList_SET_ITEM(entries, i, e);
+        Py_ssize_t size = write_one(out, phy, queue_offset, &s, m[0], m[1], m[2], m[3], m[4],
+                                    PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body),
+                                    PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail));
+        out += size;
+        phy += size;
+        queue_offset++;
+    }
+    result = Py_BuildValue("(OO)", entries, plain ? Py_True : Py_False);
+done:
+    Py_XDECREF(entries);
+    PyBuffer_Release(&view);
+    PyMem_Free(meta);
+    return result;
+}
+
+/* write_bodies(buf, pos, bodies, tail, base, queue_id, queue_offset, born, born_ip,
+ *              born_port, ts, store_ip, store_port, crc_len) -> entries
+ * Records without flag, properties of their own or reconsume count: each body with the same
+ * tail (topic, properties length, the CRC placeholder when sealed). */
+static PyObject *write_bodies(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "write_bodies takes 14 arguments");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *bodies = args[2], *tail = args[3];
+    if (!PyList_Check(bodies) || !PyBytes_Check(tail)) {
+        PyErr_SetString(PyExc_TypeError, "bodies must be a list and tail bytes");
+        return NULL;
+    }
+    Shared s;
+    if (parse_shared(args + 4, &s) < 0) return NULL;
+    Py_ssize_t tail_len = PyBytes_GET_SIZE(tail);
+    if (tail_len < s.crc_len) {
+        PyErr_SetString(PyExc_ValueError, "the tail is shorter than the CRC entry");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(bodies), total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(bodies, i);
+        if (!PyBytes_Check(b)) {
+            PyErr_SetString(PyExc_TypeError, "a body must be bytes");
+            return NULL;
+        }
+        Py_ssize_t size = HEADER_BYTES + PyBytes_GET_SIZE(b) + tail_len;
+        if (size > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "a record over 2 GiB");
+            return NULL;
+        }
+        total += size;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    PyObject *entries = NULL;
+    if (pos < 0 || pos > view.len || total > view.len - pos) {
+        PyErr_SetString(PyExc_ValueError, "the records do not fit in the buffer");
+        goto done;
+    }
+    entries = PyList_New(n);
+    if (entries == NULL) goto done;
+    unsigned char *out = (unsigned char *)view.buf + pos;
+    long long phy = s.base + pos, queue_offset = s.queue_offset;
+    const char *tail_p = PyBytes_AS_STRING(tail);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(bodies, i);
+        const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(b);
+        Py_ssize_t body_len = PyBytes_GET_SIZE(b);
+        int32_t size = (int32_t)(HEADER_BYTES + body_len + tail_len);
+        int32_t body_crc = (int32_t)(crc_of(0, body, body_len) & 0x7FFFFFFFu);
+        PyObject *e = entry(phy, size);
+        if (e == NULL) {
+            Py_CLEAR(entries);
+            goto done;
+        }
+        PyList_SET_ITEM(entries, i, e);
+        write_one(out, phy, queue_offset, &s, size, body_crc, 0, 0, 0, (const char *)body,
+                  body_len, tail_p, tail_len);
+        out += size;
+        phy += size;
+        queue_offset++;
+    }
+done:
+    PyBuffer_Release(&view);
+    return entries;
+}
+
+static PyMethodDef methods[] = {
+    {"write_items", (PyCFunction)(void (*)(void))write_items, METH_FASTCALL,
+     "Write prepared records into a writable buffer: (entries, plain)."},
+    {"write_bodies", (PyCFunction)(void (*)(void))write_bodies, METH_FASTCALL,
+     "Write plain records, one per body, into a writable buffer: entries."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_record_writer",
+    "The CommitLog's record writer in C (see record_writer.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__record_writer(void) { return PyModule_Create(&module); }

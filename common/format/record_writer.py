@@ -1,0 +1,116 @@
+"""Writing a put's records into a segment's mapping: in C when the extension is built, else here.
+
+    write_items(buf, pos, items, *shared) -> (entries, plain)
+        items: (size, crc, flag, body, tail, reconsume, sys_flag) per record, as
+        ``CommitLog._prepare`` makes them; ``tail`` is the topic and properties part, ending
+        with the CRC placeholder when ``crc_len`` is 20. ``plain``: every tail is
+        ``plain_tail_len`` long (no record carries properties of its own).
+    write_bodies(buf, pos, bodies, tail, *shared) -> entries
+        one record per body, flag, reconsume count and system flag 0, all with ``tail``.
+
+    shared: base, queue_id, queue_offset, born, born_ip, born_port, ts, store_ip, store_port,
+            crc_len (then plain_tail_len, for write_items)
+
+Records go at ``buf[pos:]``, their queue offsets counting from ``queue_offset`` and their
+physical offsets from ``base + pos``; ``entries`` is (physical offset, size, 0) per record.
+Both check everything before the first byte is written.
+
+Why C: a record is a header pack, a body CRC, the whole-record CRC over three pieces and its
+ten digits, a few Python operations each. At 64 records a request they were the broker's
+largest per-message cost (2.4 us a record of 128 B here, against 0.3 us in C;
+docs/benchmarks.md, "the record writer in C"). ``_record_writer.c`` is built by ``pip install``
+where a C compiler, the Python headers and zlib's are found; without them the build skips it
+and this module's Python writer runs, the same bytes (tests/unit/test_record_writer.py holds
+the two to each other). ``REPLOG_PURE_PYTHON=1`` selects the Python writer anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Any
+
+from common.format.record import HEADER, MAGIC_V1, PROP_CRC_LEN, PROP_CRC_PREFIX
+
+Entries = list[tuple[int, int, int]]
+
+
+def py_write_items(buf: Any, pos: int, items: list[tuple], base: int, queue_id: int,
+                   queue_offset: int, born: int, born_ip: bytes, born_port: int, ts: int,
+                   store_ip: bytes, store_port: int, crc_len: int,
+                   plain_tail_len: int) -> tuple[Entries, bool]:
+    """The Python writer (the reference for the C one)."""
+    _check_shared(born_ip, store_ip, crc_len)
+    total = 0
+    plain = True
+    for size, _crc, _flag, body, tail, _reconsume, _sys_flag in items:
+        if type(body) is not bytes or type(tail) is not bytes:
+            raise TypeError("an item's body and tail must be bytes")
+        if len(tail) < crc_len or size != HEADER.size + len(body) + len(tail):
+            raise ValueError("an item's size does not match its pieces")
+        plain = plain and len(tail) == plain_tail_len
+        total += size
+    _check_room(buf, pos, total)
+    pack = HEADER.pack
+    crc32 = zlib.crc32
+    parts: list[bytes] = []
+    add_parts = parts.extend
+    entries: Entries = []
+    phy = base + pos
+    last_tail = front = b""
+    for size, crc, flag, body, tail, reconsume, sys_flag in items:
+        head = pack(size, MAGIC_V1, crc, queue_id, flag, queue_offset, phy, sys_flag, born,
+                    born_ip, born_port, ts, store_ip, store_port, reconsume, 0, len(body))
+        if crc_len:  # the CRC runs over the pieces; the join below is the one copy
+            if tail is not last_tail:  # a batch's plain records share one tail
+                last_tail, front = tail, tail[:-crc_len]
+            whole = crc32(front, crc32(body, crc32(head))) & 0x7FFFFFFF
+            # record.crc_entry(whole), inline: 10 digits, least significant first
+            add_parts((head, body, front, PROP_CRC_PREFIX, (b"%010d" % whole)[::-1], b"\x02"))
+        else:
+            add_parts((head, body, tail))
+        entries.append((phy, size, 0))
+        phy += size
+        queue_offset += 1
+    buf[pos : pos + total] = b"".join(parts)
+    return entries, plain
+
+
+def py_write_bodies(buf: Any, pos: int, bodies: list[bytes], tail: bytes, base: int,
+                    queue_id: int, queue_offset: int, born: int, born_ip: bytes, born_port: int,
+                    ts: int, store_ip: bytes, store_port: int, crc_len: int) -> Entries:
+    """The Python writer of plain records (the reference for the C one)."""
+    if type(tail) is not bytes or any(type(b) is not bytes for b in bodies):
+        raise TypeError("bodies and tail must be bytes")
+    if len(tail) < crc_len:
+        raise ValueError("the tail is shorter than the CRC entry")
+    crc32 = zlib.crc32
+    fixed = HEADER.size + len(tail)
+    items = [(fixed + len(b), crc32(b) & 0x7FFFFFFF, 0, b, tail, 0, 0) for b in bodies]
+    return py_write_items(buf, pos, items, base, queue_id, queue_offset, born, born_ip,
+                          born_port, ts, store_ip, store_port, crc_len, len(tail))[0]
+
+
+def _check_shared(born_ip: bytes, store_ip: bytes, crc_len: int) -> None:
+    if crc_len not in (0, PROP_CRC_LEN):
+        raise ValueError(f"crc_len must be 0 or {PROP_CRC_LEN}")
+    if type(born_ip) is not bytes or len(born_ip) != 4 or type(store_ip) is not bytes \
+            or len(store_ip) != 4:
+        raise ValueError("a host address must be 4 bytes (IPv4)")
+
+
+def _check_room(buf: Any, pos: int, total: int) -> None:
+    if not 0 <= pos <= len(buf) or total > len(buf) - pos:
+        raise ValueError("the records do not fit in the buffer")
+
+
+try:
+    if os.environ.get("REPLOG_PURE_PYTHON"):
+        raise ImportError("REPLOG_PURE_PYTHON is set")
+    from common.format._record_writer import write_bodies, write_items  # type: ignore[import-not-found]
+
+    NATIVE = True
+except ImportError:
+    write_items = py_write_items
+    write_bodies = py_write_bodies
+    NATIVE = False

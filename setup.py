@@ -1,0 +1,19 @@
+"""The one compiled module: the CommitLog's record writer (common/format/record_writer.py).
+
+``optional=True``: where no C compiler, Python headers or zlib headers are found, the build
+goes on without it and the pure-Python writer runs (the same bytes, slower).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "common.format._record_writer",
+            sources=["common/format/_record_writer.c"],
+            libraries=["z"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        )
+    ]
+)
