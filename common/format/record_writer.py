@@ -21,7 +21,7 @@ largest per-message cost (2.4 us a record of 128 B here, against 0.3 us in C;
 docs/benchmarks.md, "the record writer in C"). ``_record_writer.c`` is built by ``pip install``
 where a C compiler, the Python headers and zlib's are found; without them the build skips it
 and this module's Python writer runs, the same bytes (tests/unit/test_record_writer.py holds
-the two to each other). ``REPLOG_PURE_PYTHON=1`` selects the Python writer anyway.
+the two to each other). ``PURE_PYTHON_REPLOG=1`` selects the Python writer anyway.
 """
 
 from __future__ import annotations
@@ -39,26 +39,22 @@ def py_write_items(buf: Any, pos: int, items: list[tuple], base: int, queue_id: 
                    queue_offset: int, born: int, born_ip: bytes, born_port: int, ts: int,
                    store_ip: bytes, store_port: int, crc_len: int,
                    plain_tail_len: int) -> tuple[Entries, bool]:
-    """The Python writer (the reference for the C one)."""
+    """The Python writer (the reference for the C one). Nothing is written before the last
+    line: a refusal on the way leaves ``buf`` as it was."""
     _check_shared(born_ip, store_ip, crc_len)
-    total = 0
-    plain = True
-    for size, _crc, _flag, body, tail, _reconsume, _sys_flag in items:
-        if type(body) is not bytes or type(tail) is not bytes:
-            raise TypeError("an item's body and tail must be bytes")
-        if len(tail) < crc_len or size != HEADER.size + len(body) + len(tail):
-            raise ValueError("an item's size does not match its pieces")
-        plain = plain and len(tail) == plain_tail_len
-        total += size
-    _check_room(buf, pos, total)
     pack = HEADER.pack
     crc32 = zlib.crc32
     parts: list[bytes] = []
     add_parts = parts.extend
     entries: Entries = []
-    phy = base + pos
+    phy = first = base + pos
+    plain = True
     last_tail = front = b""
     for size, crc, flag, body, tail, reconsume, sys_flag in items:
+        if type(body) is not bytes or type(tail) is not bytes:
+            raise TypeError("an item's body and tail must be bytes")
+        if len(tail) < crc_len or size != HEADER.size + len(body) + len(tail):
+            raise ValueError("an item's size does not match its pieces")
         head = pack(size, MAGIC_V1, crc, queue_id, flag, queue_offset, phy, sys_flag, born,
                     born_ip, born_port, ts, store_ip, store_port, reconsume, 0, len(body))
         if crc_len:  # the CRC runs over the pieces; the join below is the one copy
@@ -70,9 +66,11 @@ def py_write_items(buf: Any, pos: int, items: list[tuple], base: int, queue_id: 
         else:
             add_parts((head, body, tail))
         entries.append((phy, size, 0))
+        plain = plain and len(tail) == plain_tail_len
         phy += size
         queue_offset += 1
-    buf[pos : pos + total] = b"".join(parts)
+    _check_room(buf, pos, phy - first)
+    buf[pos : pos + phy - first] = b"".join(parts)
     return entries, plain
 
 
@@ -80,15 +78,36 @@ def py_write_bodies(buf: Any, pos: int, bodies: list[bytes], tail: bytes, base: 
                     queue_id: int, queue_offset: int, born: int, born_ip: bytes, born_port: int,
                     ts: int, store_ip: bytes, store_port: int, crc_len: int) -> Entries:
     """The Python writer of plain records (the reference for the C one)."""
-    if type(tail) is not bytes or any(type(b) is not bytes for b in bodies):
+    _check_shared(born_ip, store_ip, crc_len)
+    if type(tail) is not bytes:
         raise TypeError("bodies and tail must be bytes")
     if len(tail) < crc_len:
         raise ValueError("the tail is shorter than the CRC entry")
+    pack = HEADER.pack
     crc32 = zlib.crc32
+    parts: list[bytes] = []
+    add_parts = parts.extend
+    entries: Entries = []
+    phy = first = base + pos
     fixed = HEADER.size + len(tail)
-    items = [(fixed + len(b), crc32(b) & 0x7FFFFFFF, 0, b, tail, 0, 0) for b in bodies]
-    return py_write_items(buf, pos, items, base, queue_id, queue_offset, born, born_ip,
-                          born_port, ts, store_ip, store_port, crc_len, len(tail))[0]
+    front = tail[:-crc_len] if crc_len else tail
+    for body in bodies:
+        if type(body) is not bytes:
+            raise TypeError("bodies and tail must be bytes")
+        size = fixed + len(body)
+        head = pack(size, MAGIC_V1, crc32(body) & 0x7FFFFFFF, queue_id, 0, queue_offset, phy, 0,
+                    born, born_ip, born_port, ts, store_ip, store_port, 0, 0, len(body))
+        if crc_len:
+            whole = crc32(front, crc32(body, crc32(head))) & 0x7FFFFFFF
+            add_parts((head, body, front, PROP_CRC_PREFIX, (b"%010d" % whole)[::-1], b"\x02"))
+        else:
+            add_parts((head, body, tail))
+        entries.append((phy, size, 0))
+        phy += size
+        queue_offset += 1
+    _check_room(buf, pos, phy - first)
+    buf[pos : pos + phy - first] = b"".join(parts)
+    return entries
 
 
 def _check_shared(born_ip: bytes, store_ip: bytes, crc_len: int) -> None:
@@ -105,8 +124,8 @@ def _check_room(buf: Any, pos: int, total: int) -> None:
 
 
 try:
-    if os.environ.get("REPLOG_PURE_PYTHON"):
-        raise ImportError("REPLOG_PURE_PYTHON is set")
+    if os.environ.get("PURE_PYTHON_REPLOG"):
+        raise ImportError("PURE_PYTHON_REPLOG is set")
     from common.format._record_writer import write_bodies, write_items  # type: ignore[import-not-found]
 
     NATIVE = True
