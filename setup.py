@@ -1,4 +1,5 @@
-"""The one compiled module: the CommitLog's record writer (common/format/record_writer.py).
+"""The compiled modules: the CommitLog's record writer (common/format/record_writer.py) and
+reput's record scan (common/store/reput.py); see common/core/accel.py.
 
 ``optional=True``: where no C compiler, Python headers or zlib headers are found, the build
 goes on without it and the pure-Python writer runs (the same bytes, slower).
@@ -14,6 +15,12 @@ setup(
             libraries=["z"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
-        )
+        ),
+        Extension(
+            "common.store._reput_scan",
+            sources=["common/store/_reput_scan.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
     ]
 )

@@ -21,15 +21,17 @@ largest per-message cost (2.4 us a record of 128 B here, against 0.3 us in C;
 docs/benchmarks.md, "the record writer in C"). ``_record_writer.c`` is built by ``pip install``
 where a C compiler, the Python headers and zlib's are found; without them the build skips it
 and this module's Python writer runs, the same bytes (tests/unit/test_record_writer.py holds
-the two to each other). ``PURE_PYTHON_REPLOG=1`` selects the Python writer anyway.
+the two to each other). ``PURE_PYTHON_REPLOG=1`` selects the Python writer anyway
+(``common/core/accel.py``).
 """
 
 from __future__ import annotations
 
-import os
 import zlib
+from collections.abc import Callable
 from typing import Any
 
+from common.core import accel
 from common.format.record import HEADER, MAGIC_V1, PROP_CRC_LEN, PROP_CRC_PREFIX
 
 Entries = list[tuple[int, int, int]]
@@ -123,13 +125,9 @@ def _check_room(buf: Any, pos: int, total: int) -> None:
         raise ValueError("the records do not fit in the buffer")
 
 
-try:
-    if os.environ.get("PURE_PYTHON_REPLOG"):
-        raise ImportError("PURE_PYTHON_REPLOG is set")
-    from common.format._record_writer import write_bodies, write_items  # type: ignore[import-not-found]
-
-    NATIVE = True
-except ImportError:
-    write_items = py_write_items
-    write_bodies = py_write_bodies
-    NATIVE = False
+_native = accel.load("common.format._record_writer")
+NATIVE = _native is not None
+write_items: Callable[..., tuple[Entries, bool]] = (
+    _native.write_items if _native is not None else py_write_items)
+write_bodies: Callable[..., Entries] = (
+    _native.write_bodies if _native is not None else py_write_bodies)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
+from common.core import accel
 from common.core.errors import CorruptionError, StoreError
 from common.core.message import (
     KEY_SEPARATOR,
@@ -104,6 +105,7 @@ def dispatch_request(view: memoryview, phy_offset: int, delay_levels_ms: list[in
 
 
 _HEAD = record.HEAD_PREFIX
+_scan = accel.load("common.store._reput_scan")  # the plain records' loop in C, where built
 MAX_PASS_RECORDS = 4096  # bounds how long a pass holds the reput lock and delays visibility
 RETRY_S = 1.0  # after a pass that could not finish (a bad record, a full disk)
 
@@ -245,6 +247,14 @@ class ReputService:
             pos = phy - base
             limit = min(mf.wrote_position, end - base)
             while pos + record.END_FILE_MIN_BLANK <= limit and count < MAX_PASS_RECORDS:
+                if _scan is not None:  # the plain records up to the next one Python must read
+                    found, pos, taken, ts = _scan.scan(buf, pos, limit, mf.file_size,
+                                                       MAX_PASS_RECORDS - count, base)
+                    if taken:
+                        count += taken
+                        last_store_ts = ts
+                        self._merge_runs(runs, touched, found)
+                        continue
                 total, magic = _HEAD.unpack_from(buf, pos)
                 if magic == record.BLANK_MAGIC:
                     pos = mf.file_size
@@ -297,6 +307,22 @@ class ReputService:
         if last_store_ts:
             store.note_dispatched_timestamp(last_store_ts)
         return count
+
+    def _merge_runs(self, runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]],
+                    touched: dict[tuple[str, int], int],
+                    found: list[tuple[bytes, int, int, list[tuple[int, int, int]]]]) -> None:
+        """Add the C scan's runs to the pass's, as the Python loop adds records one by one."""
+        for raw_topic, queue_id, first, entries in found:
+            topic = _topic_text(raw_topic)
+            key = (topic, queue_id)
+            run = runs.get(key)
+            if run is not None and run[0] + len(run[1]) == first:
+                run[1].extend(entries)
+            else:
+                if run is not None:
+                    self._store.dispatch_cq(topic, queue_id, run[0], run[1])
+                runs[key] = (first, entries)
+            touched[key] = first + len(entries)
 
     def _flush_runs(self, runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]],
                     touched: dict[tuple[str, int], int], phy: int) -> None:

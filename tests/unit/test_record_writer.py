@@ -27,9 +27,10 @@ pytestmark = pytest.mark.unit
 native = pytest.importorskip("common.format._record_writer",
                              reason="the C record writer is not built here")
 
-SHARED = dict(base=1 << 40, queue_id=3, queue_offset=77, born=1_700_000_000_123,
-              born_ip=b"\x0a\x00\x00\x07", born_port=40001, ts=1_700_000_000_456,
-              store_ip=b"\x7f\x00\x00\x01", store_port=10911)
+SHARED: dict[str, Any] = {"base": 1 << 40, "queue_id": 3, "queue_offset": 77,
+                          "born": 1_700_000_000_123, "born_ip": b"\x0a\x00\x00\x07",
+                          "born_port": 40001, "ts": 1_700_000_000_456,
+                          "store_ip": b"\x7f\x00\x00\x01", "store_port": 10911}
 
 
 def _tail(topic: bytes, props: bytes, crc_len: int) -> bytes:
@@ -112,7 +113,7 @@ def test_plain_bodies_are_written_as_the_python_writer_writes_them(bodies: list[
 @pytest.mark.parametrize("case", ["short buffer", "size mismatch", "not bytes", "bad crc_len",
                                   "bad host", "int out of range"])
 def test_a_refused_write_leaves_the_buffer_as_it_was(writer: str, case: str) -> None:
-    write = native.write_items if writer == "c" else record_writer.py_write_items
+    write: Any = native.write_items if writer == "c" else record_writer.py_write_items
     items = _items([b"a" * 10, b"b" * 20], [b"", b""], [0], record.PROP_CRC_LEN)
     shared = dict(SHARED)
     crc_len = record.PROP_CRC_LEN
@@ -138,11 +139,11 @@ def test_a_refused_write_leaves_the_buffer_as_it_was(writer: str, case: str) -> 
 
 def _fill(log: CommitLog) -> None:
     for i in range(40):
-        log.put(Message("orders", b"m%d" % i * (i + 1), tags="t%d" % (i % 3), keys="k%d" % i,
+        log.put(Message("orders", f"m{i}".encode() * (i + 1), tags=f"t{i % 3}", keys=f"k{i}",
                         flag=i), i % 4, born_port=5000 + i, born_timestamp=1_700_000_000_000 + i)
         log.put_batch("orders", i % 4, [b"x" * (i * 53 % 1500) for _ in range(i % 9 + 1)],
                       born_timestamp=1_700_000_000_500 + i)
-        log.put_batch("orders", 1, [Message("orders", b"y%d" % i, keys="kb%d" % i), b"z" * i],
+        log.put_batch("orders", 1, [Message("orders", f"y{i}".encode(), keys=f"kb{i}"), b"z" * i],
                       born_timestamp=1_700_000_000_900 + i)
 
 

@@ -1,0 +1,151 @@
+"""Reput's record scan in C against the Python loop: the same dispatches, in the same order.
+
+``ReputService._dispatch_pass`` hands the plain records to ``common.store._reput_scan`` when it
+is built and reads every other record itself. Each test here dispatches one CommitLog twice,
+with the C scan and without it (the pure-Python loop, as where the extension is not built),
+digests off so every record is parsed, and compares everything the store was told.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.core.errors import CorruptionError
+from common.core.message import Message
+from common.store import reput as reput_module
+from common.store.commit_log import CommitLog
+from common.store.reput import DispatchRequest, ReputService
+
+pytestmark = pytest.mark.unit
+
+native = pytest.importorskip("common.store._reput_scan",
+                             reason="the C reput scan is not built here")
+
+
+class Recorder:
+    """A DispatchTarget that writes down what it is told."""
+
+    def __init__(self, log: CommitLog):
+        self.commit_log = log
+        self.dispatched_phy_offset = 0
+        self.delay_levels_ms = [1000, 5000]
+        self.calls: list[tuple[Any, ...]] = []
+
+    def dispatch_cq(self, topic: str, queue_id: int, first: int,
+                    entries: list[tuple[int, int, int]]) -> None:
+        self.calls.append(("cq", topic, queue_id, first, list(entries)))
+
+    def dispatch_index(self, req: DispatchRequest) -> None:
+        self.calls.append(("index", req))
+
+    def note_dispatched_timestamp(self, ts: int) -> None:
+        self.calls.append(("ts", ts))
+
+    def on_dispatch_corruption(self, e: CorruptionError) -> None:
+        self.calls.append(("corrupt", e.phy_offset))
+
+
+def fill(log: CommitLog, seed: int) -> None:
+    """Two topics, three queues, interleaved; plain puts and batches, tagged, keyed and
+    delayed ones; over several 16 KiB segments (BLANK ends)."""
+    rnd = random.Random(seed)
+    for i in range(400):
+        topic = rnd.choice(["orders", "payments-eu"])
+        queue_id = rnd.randrange(3)
+        body = b"%d-" % i + b"x" * rnd.randrange(0, 600)
+        kind = rnd.random()
+        if kind < 0.35:
+            assert log.put(Message(topic, body), queue_id).ok
+        elif kind < 0.7:
+            assert log.put_batch(topic, queue_id, [body] * rnd.randrange(1, 12)).ok
+        elif kind < 0.8:
+            assert log.put(Message(topic, body, tags=f"T{i % 4}"), queue_id).ok
+        elif kind < 0.9:
+            assert log.put(Message(topic, body, keys=f"k{i} j{i}"), queue_id).ok
+        else:
+            assert log.put_batch(topic, queue_id, [Message(topic, body, keys=f"b{i}"), body]).ok
+
+
+def dispatch(log: CommitLog, scan: Any, monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    monkeypatch.setattr(reput_module, "_scan", scan)
+    target = Recorder(log)
+    service = ReputService(target)  # type: ignore[arg-type]
+    arrivals: list[tuple[str, int, int]] = []
+    service.arrival_listeners.append(lambda t, q, o: arrivals.append((t, q, o)))
+    try:
+        while service.do_reput():
+            pass
+    except CorruptionError as e:
+        target.calls.append(("raised", e.phy_offset))
+    target.calls.append(("arrivals", arrivals))
+    target.calls.append(("end", target.dispatched_phy_offset))
+    return target
+
+
+@pytest.fixture
+def log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    log = CommitLog(tmp_path / "commitlog", 16 * 1024, max_message_size=4096)
+    log.load()
+    monkeypatch.setattr(log, "take_digest_run", lambda phy, end, most: None)  # parse all
+    yield log
+    log.shutdown()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_c_scan_dispatches_what_the_python_loop_dispatches(
+        log: CommitLog, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    fill(log, seed)
+    assert log.max_offset > 10 * 16 * 1024
+    taken: list[int] = []
+
+    class Counting:
+        @staticmethod
+        def scan(*args: Any) -> Any:
+            result = native.scan(*args)
+            taken.append(result[2])
+            return result
+
+    with_c = dispatch(log, Counting, monkeypatch)
+    assert sum(taken) > 600, "the C scan took few records"
+    python = dispatch(log, None, monkeypatch)
+    assert with_c.calls == python.calls
+    assert with_c.dispatched_phy_offset == log.max_offset
+    kinds = {c[0] for c in python.calls}
+    assert {"cq", "index", "ts"} <= kinds
+
+
+def test_a_corrupt_record_stops_both_at_the_same_offset_after_the_same_dispatches(
+        log: CommitLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    fill(log, 4)
+    records = [phy for phy, _ in log.iter_records(0, log.max_offset)]
+    victim = records[len(records) // 2]
+    mf = log.queue.find(victim)
+    assert mf is not None
+    mf.buffer[victim - mf.file_from_offset + 4] ^= 0xFF  # the magic
+    with_c = dispatch(log, native, monkeypatch)
+    python = dispatch(log, None, monkeypatch)
+    assert ("raised", victim) in python.calls
+    assert with_c.calls == python.calls
+
+
+def test_the_scan_stops_at_a_record_not_whole_yet_and_at_one_with_properties(
+        log: CommitLog) -> None:
+    first = log.put_batch("orders", 0, [b"a" * 100] * 5)
+    tagged = log.put(Message("orders", b"t", tags="x"), 0)
+    mf = log.queue.find(0)
+    assert mf is not None
+    runs, pos, count, ts = native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 100, 0)
+    assert (pos, count) == (tagged.phy_offset, 5)  # the tagged record is Python's
+    size = 91 + 100 + len("orders") + 20  # fixed part, body, topic, the CRC entry
+    assert runs == [[b"orders", 0, 0, [(o, size, 0) for o in first.record_offsets]]]
+    assert ts == first.store_timestamp
+    # a limit inside the third record: two records, and the stop where the third begins
+    third = first.record_offsets[2]
+    runs, pos, count, _ = native.scan(mf.buffer, 0, third + 50, mf.file_size, 100, 0)
+    assert (pos, count) == (third, 2)
+    runs, pos, count, _ = native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 3, 7)
+    assert (pos, count, runs[0][3][0][0]) == (third + size, 3, 7)  # max_records; phy from base
