@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -236,6 +237,7 @@ def bench_throughput(seconds: float, rounds: int, window: int) -> dict[str, Any]
         for g in groups:
             _support.stop(g.proc)
         zk.stop()
+        shutil.rmtree(root, ignore_errors=True)  # the stores: ~800 MB a run
     a_alone = statistics.median(p["rates"]["broker-a"] for p in alone)
     a_beside = statistics.median(p["rates"]["broker-a"] for p in beside)
     b_beside = statistics.median(p["rates"]["broker-b"] for p in beside)
