@@ -243,6 +243,8 @@ def new_dealer(
     if not blocking_call:
         sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+    else:
+        sock.setsockopt(zmq.RCVTIMEO, LOST_CHECK_MS)  # call_sync waits in recv this long
     sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_LIMITS.max_frame_bytes)
     sock.connect(f"tcp://{address}")
     return sock
@@ -382,13 +384,23 @@ class Transport:
                 # back-off); races between threads on these counters are harmless.
                 self._spin_backoff = min(MAX_SPIN_BACKOFF, self._spin_backoff * 2 + 1)
                 self._spin_skip = self._spin_backoff
+        # Wait in recv itself, up to RCVTIMEO (LOST_CHECK_MS, set by new_dealer; shorter for
+        # the last wait before the deadline): libzmq sleeps on the socket's mailbox as a plain
+        # blocking recv does. A zmq_poll per wait (a Poller built, the socket's FD and events
+        # read, the poll) cost ~15-25 us more CPU a call here (docs/benchmarks.md).
+        wait_ms = LOST_CHECK_MS
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 # the request may still wait in the socket for a connection: it goes with it
                 self._drop_direct_socket(address, sock)
                 raise ClientTimeoutError(address, timeout_ms)
-            if not sock.poll(min(left_ms, LOST_CHECK_MS)):
+            if left_ms < wait_ms:
+                wait_ms = left_ms
+                sock.setsockopt(zmq.RCVTIMEO, wait_ms)
+            try:
+                frames = sock.recv_multipart()
+            except zmq.Again:
                 lost = self._connection_dropped(sock, address)
                 if not lost and self._is_down(sock) and time.monotonic() - started > DOWN_WAIT_S:
                     lost = True
@@ -398,10 +410,12 @@ class Transport:
                         ConnectionLostError(address)
                 continue
             try:
-                resp = decode_response(sock.recv_multipart(), CLIENT_LIMITS)
+                resp = decode_response(frames, CLIENT_LIMITS)
             except ProtocolError:
                 continue
             if resp.opaque == opaque:
+                if wait_ms != LOST_CHECK_MS:  # the socket's next call waits as usual
+                    sock.setsockopt(zmq.RCVTIMEO, LOST_CHECK_MS)
                 self._note_rtt(time.perf_counter() - sent)
                 return resp
 
