@@ -107,14 +107,19 @@ static int as_i32(PyObject *v, int32_t *out, const char *name) {
 static int parse_shared(PyObject *const *args, Shared *s) {
     /* args: base, queue_id, queue_offset, born, born_ip, born_port, ts, store_ip,
      * store_port, crc_len */
+    int32_t queue_id, born_port, store_port, crc_len;
+    if (as_i32(args[1], &queue_id, "queue_id") < 0 || as_i32(args[5], &born_port, "born_port") < 0
+        || as_i32(args[8], &store_port, "store_port") < 0
+        || as_i32(args[9], &crc_len, "crc_len") < 0)
+        return -1;
+    s->queue_id = queue_id;
+    s->born_port = born_port;
+    s->store_port = store_port;
+    s->crc_len = crc_len;
     s->base = PyLong_AsLongLong(args[0]);
-    s->queue_id = (int)PyLong_AsLong(args[1]);
     s->queue_offset = PyLong_AsLongLong(args[2]);
     s->born = PyLong_AsLongLong(args[3]);
-    s->born_port = (int)PyLong_AsLong(args[5]);
     s->ts = PyLong_AsLongLong(args[6]);
-    s->store_port = (int)PyLong_AsLong(args[8]);
-    s->crc_len = (int)PyLong_AsLong(args[9]);
     if (PyErr_Occurred()) return -1;
     if (s->crc_len != 0 && s->crc_len != CRC_ENTRY_BYTES) {
         PyErr_Format(PyExc_ValueError, "crc_len must be 0 or %d", CRC_ENTRY_BYTES);
@@ -146,27 +151,34 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
     Py_ssize_t plain_tail_len = PyLong_AsSsize_t(args[13]);
     if (PyErr_Occurred()) return NULL;
-    PyObject *items = args[2];
-    if (!PyList_Check(items)) {
+    if (!PyList_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "items must be a list");
         return NULL;
     }
     Shared s;
     if (parse_shared(args + 3, &s) < 0) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(items);
+    /* a snapshot: nothing that runs while entries are made (a collection, a finalizer) can
+     * change what the two passes read */
+    PyObject *items = PyList_AsTuple(args[2]);
+    if (items == NULL) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
     int32_t *meta = PyMem_Malloc(sizeof(int32_t) * 5 * (size_t)(n ? n : 1));
-    if (meta == NULL) return PyErr_NoMemory();
+    if (meta == NULL) {
+        Py_DECREF(items);
+        return PyErr_NoMemory();
+    }
     Py_buffer view;
     PyObject *entries = NULL, *result = NULL;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
         PyMem_Free(meta);
+        Py_DECREF(items);
         return NULL;
     }
     /* pass 1: check everything, so a refusal writes nothing */
     Py_ssize_t total = 0;
     int plain = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *it = PyList_GET_ITEM(items, i);
+        PyObject *it = PyTuple_GET_ITEM(items, i);
         if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 7) {
             PyErr_SetString(PyExc_TypeError, "an item is (size, crc, flag, body, tail, reconsume, sys_flag)");
             goto done;
@@ -201,7 +213,7 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
     unsigned char *out = (unsigned char *)view.buf + pos;
     long long phy = s.base + pos, queue_offset = s.queue_offset;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *it = PyList_GET_ITEM(items, i);
+        PyObject *it = PyTuple_GET_ITEM(items, i);
         PyObject *body = PyTuple_GET_ITEM(it, 3), *tail = PyTuple_GET_ITEM(it, 4);
         const int32_t *m = meta + 5 * i;
         PyObject *e = entry(phy, m[0]);
@@ -219,6 +231,7 @@ done:
     Py_XDECREF(entries);
     PyBuffer_Release(&view);
     PyMem_Free(meta);
+    Py_DECREF(items);
     return result;
 }
 
@@ -233,8 +246,8 @@ static PyObject *write_bodies(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
     if (PyErr_Occurred()) return NULL;
-    PyObject *bodies = args[2], *tail = args[3];
-    if (!PyList_Check(bodies) || !PyBytes_Check(tail)) {
+    PyObject *tail = args[3];
+    if (!PyList_Check(args[2]) || !PyBytes_Check(tail)) {
         PyErr_SetString(PyExc_TypeError, "bodies must be a list and tail bytes");
         return NULL;
     }
@@ -245,23 +258,30 @@ static PyObject *write_bodies(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_ValueError, "the tail is shorter than the CRC entry");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(bodies), total = 0;
+    PyObject *bodies = PyList_AsTuple(args[2]); /* a snapshot, as in write_items */
+    if (bodies == NULL) return NULL;
+    PyObject *entries = NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(bodies), total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *b = PyList_GET_ITEM(bodies, i);
+        PyObject *b = PyTuple_GET_ITEM(bodies, i);
         if (!PyBytes_Check(b)) {
             PyErr_SetString(PyExc_TypeError, "a body must be bytes");
+            Py_DECREF(bodies);
             return NULL;
         }
         Py_ssize_t size = HEADER_BYTES + PyBytes_GET_SIZE(b) + tail_len;
         if (size > INT32_MAX) {
             PyErr_SetString(PyExc_OverflowError, "a record over 2 GiB");
+            Py_DECREF(bodies);
             return NULL;
         }
         total += size;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
-    PyObject *entries = NULL;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(bodies);
+        return NULL;
+    }
     if (pos < 0 || pos > view.len || total > view.len - pos) {
         PyErr_SetString(PyExc_ValueError, "the records do not fit in the buffer");
         goto done;
@@ -272,7 +292,7 @@ static PyObject *write_bodies(PyObject *self, PyObject *const *args, Py_ssize_t 
     long long phy = s.base + pos, queue_offset = s.queue_offset;
     const char *tail_p = PyBytes_AS_STRING(tail);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *b = PyList_GET_ITEM(bodies, i);
+        PyObject *b = PyTuple_GET_ITEM(bodies, i);
         const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(b);
         Py_ssize_t body_len = PyBytes_GET_SIZE(b);
         int32_t size = (int32_t)(HEADER_BYTES + body_len + tail_len);
@@ -291,6 +311,7 @@ static PyObject *write_bodies(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
 done:
     PyBuffer_Release(&view);
+    Py_DECREF(bodies);
     return entries;
 }
 

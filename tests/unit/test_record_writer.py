@@ -172,3 +172,23 @@ def test_a_commit_log_writes_the_same_bytes_on_either_writer(
         assert len(segments) == 3
         images.append(b"".join(p.read_bytes() for p in segments))
     assert images[0] == images[1]
+
+
+@pytest.mark.parametrize("writer", ["c", "python"])
+@pytest.mark.parametrize("case", ["short buffer", "not bytes", "short tail"])
+def test_a_refused_plain_write_leaves_the_buffer_as_it_was(writer: str, case: str) -> None:
+    write: Any = native.write_bodies if writer == "c" else record_writer.py_write_bodies
+    crc_len = record.PROP_CRC_LEN
+    tail = _tail(b"t", b"", crc_len)
+    bodies: list[Any] = [b"a" * 10, b"b" * 20, b"c" * 30]
+    room = sum(record.HEADER.size + len(b) + len(tail) for b in bodies)
+    if case == "short buffer":
+        room -= 1
+    elif case == "not bytes":
+        bodies[2] = bytearray(b"c" * 30)
+    else:
+        tail = tail[:5]
+    buf = bytearray(b"\xee" * room)
+    with pytest.raises((ValueError, TypeError)):
+        write(buf, 0, bodies, tail, *SHARED.values(), crc_len)
+    assert buf == bytearray(b"\xee" * room)
