@@ -1,8 +1,8 @@
 """The CommitLog: every message of every topic, appended in RocketMQ's record layout.
 
-Writes happen under one put lock: records are encoded outside it, then the queue offset, the
-physical offset and the store timestamp are patched in and the bytes copied into the last
-segment. When a record plus 8 bytes no longer fits, a BLANK record pads the segment and the
+Writes happen under one put lock: each record's pieces (body CRC, topic and properties) are
+prepared outside it; under it ``record_writer`` (C where built) writes the records straight into
+the last segment with their queue offsets, physical offsets and store timestamp. When a record plus 8 bytes no longer fits, a BLANK record pads the segment and the
 record goes to the next one. ``put_batch`` appends many records to one queue in one copy.
 Pages the allocate thread has not faulted in ahead are faulted in by the put itself before the
 copy: a full file system then refuses the put (SERVICE_NOT_AVAILABLE) instead of killing the
