@@ -17,6 +17,7 @@
 #define HEADER_BYTES 88
 #define MAGIC_V1 0xDAA320A7u
 #define CRC_ENTRY_BYTES 20
+#define CQ_ENTRY_BYTES 20
 static const char CRC_PREFIX[] = "__CRC32#\x01"; /* 9 bytes */
 
 static inline void put32(unsigned char *p, uint32_t v) {
@@ -137,12 +138,19 @@ static int parse_shared(PyObject *const *args, Shared *s) {
     return 0;
 }
 
+/* The record's ConsumeQueue entry (phy offset q, size i, tagsCode q 0): 20 bytes at cq. */
+static inline void cq_entry(unsigned char *cq, long long phy, int32_t size) {
+    put64(cq, (uint64_t)phy);
+    put32(cq + 8, (uint32_t)size);
+    put64(cq + 12, 0);
+}
+
 static PyObject *entry(long long phy, Py_ssize_t size) {
     return Py_BuildValue("(Lni)", phy, size, 0);
 }
 
 /* write_items(buf, pos, items, base, queue_id, queue_offset, born, born_ip, born_port, ts,
- *             store_ip, store_port, crc_len, plain_tail_len) -> (entries, plain) */
+ *             store_ip, store_port, crc_len, plain_tail_len) -> (entries, plain, cq) */
 static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 14) {
         PyErr_SetString(PyExc_TypeError, "write_items takes 14 arguments");
@@ -168,7 +176,7 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
         return PyErr_NoMemory();
     }
     Py_buffer view;
-    PyObject *entries = NULL, *result = NULL;
+    PyObject *entries = NULL, *cq = NULL, *result = NULL;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
         PyMem_Free(meta);
         Py_DECREF(items);
@@ -210,6 +218,9 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     entries = PyList_New(n);
     if (entries == NULL) goto done;
+    cq = PyBytes_FromStringAndSize(NULL, n * CQ_ENTRY_BYTES);
+    if (cq == NULL) goto done;
+    unsigned char *cq_p = (unsigned char *)PyBytes_AS_STRING(cq);
     unsigned char *out = (unsigned char *)view.buf + pos;
     long long phy = s.base + pos, queue_offset = s.queue_offset;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -219,6 +230,7 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyObject *e = entry(phy, m[0]);
         if (e == NULL) goto done; /* nothing written is visible: wrote_position is the caller's */
         PyList_SET_ITEM(entries, i, e);
+        cq_entry(cq_p + i * CQ_ENTRY_BYTES, phy, m[0]);
         Py_ssize_t size = write_one(out, phy, queue_offset, &s, m[0], m[1], m[2], m[3], m[4],
                                     PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body),
                                     PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail));
@@ -226,9 +238,10 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
         phy += size;
         queue_offset++;
     }
-    result = Py_BuildValue("(OO)", entries, plain ? Py_True : Py_False);
+    result = Py_BuildValue("(OOO)", entries, plain ? Py_True : Py_False, cq);
 done:
     Py_XDECREF(entries);
+    Py_XDECREF(cq);
     PyBuffer_Release(&view);
     PyMem_Free(meta);
     Py_DECREF(items);
@@ -236,7 +249,7 @@ done:
 }
 
 /* write_bodies(buf, pos, bodies, tail, base, queue_id, queue_offset, born, born_ip,
- *              born_port, ts, store_ip, store_port, crc_len) -> entries
+ *              born_port, ts, store_ip, store_port, crc_len) -> (entries, cq)
  * Records without flag, properties of their own or reconsume count: each body with the same
  * tail (topic, properties length, the CRC placeholder when sealed). */
 static PyObject *write_bodies(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -260,7 +273,7 @@ static PyObject *write_bodies(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     PyObject *bodies = PyList_AsTuple(args[2]); /* a snapshot, as in write_items */
     if (bodies == NULL) return NULL;
-    PyObject *entries = NULL;
+    PyObject *entries = NULL, *cq = NULL, *result = NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(bodies), total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *b = PyTuple_GET_ITEM(bodies, i);
@@ -288,6 +301,9 @@ static PyObject *write_bodies(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     entries = PyList_New(n);
     if (entries == NULL) goto done;
+    cq = PyBytes_FromStringAndSize(NULL, n * CQ_ENTRY_BYTES);
+    if (cq == NULL) goto done;
+    unsigned char *cq_p = (unsigned char *)PyBytes_AS_STRING(cq);
     unsigned char *out = (unsigned char *)view.buf + pos;
     long long phy = s.base + pos, queue_offset = s.queue_offset;
     const char *tail_p = PyBytes_AS_STRING(tail);
@@ -298,28 +314,29 @@ static PyObject *write_bodies(PyObject *self, PyObject *const *args, Py_ssize_t 
         int32_t size = (int32_t)(HEADER_BYTES + body_len + tail_len);
         int32_t body_crc = (int32_t)(crc_of(0, body, body_len) & 0x7FFFFFFFu);
         PyObject *e = entry(phy, size);
-        if (e == NULL) {
-            Py_CLEAR(entries);
-            goto done;
-        }
+        if (e == NULL) goto done;
         PyList_SET_ITEM(entries, i, e);
+        cq_entry(cq_p + i * CQ_ENTRY_BYTES, phy, size);
         write_one(out, phy, queue_offset, &s, size, body_crc, 0, 0, 0, (const char *)body,
                   body_len, tail_p, tail_len);
         out += size;
         phy += size;
         queue_offset++;
     }
+    result = PyTuple_Pack(2, entries, cq);
 done:
+    Py_XDECREF(entries);
+    Py_XDECREF(cq);
     PyBuffer_Release(&view);
     Py_DECREF(bodies);
-    return entries;
+    return result;
 }
 
 static PyMethodDef methods[] = {
     {"write_items", (PyCFunction)(void (*)(void))write_items, METH_FASTCALL,
-     "Write prepared records into a writable buffer: (entries, plain)."},
+     "Write prepared records into a writable buffer: (entries, plain, cq)."},
     {"write_bodies", (PyCFunction)(void (*)(void))write_bodies, METH_FASTCALL,
-     "Write plain records, one per body, into a writable buffer: entries."},
+     "Write plain records, one per body, into a writable buffer: (entries, cq)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,18 +1,20 @@
 """Writing a put's records into a segment's mapping: in C when the extension is built, else here.
 
-    write_items(buf, pos, items, *shared) -> (entries, plain)
+    write_items(buf, pos, items, *shared) -> (entries, plain, cq)
         items: (size, crc, flag, body, tail, reconsume, sys_flag) per record, as
         ``CommitLog._prepare`` makes them; ``tail`` is the topic and properties part, ending
         with the CRC placeholder when ``crc_len`` is 20. ``plain``: every tail is
         ``plain_tail_len`` long (no record carries properties of its own).
-    write_bodies(buf, pos, bodies, tail, *shared) -> entries
+    write_bodies(buf, pos, bodies, tail, *shared) -> (entries, cq)
         one record per body, flag, reconsume count and system flag 0, all with ``tail``.
 
     shared: base, queue_id, queue_offset, born, born_ip, born_port, ts, store_ip, store_port,
             crc_len (then plain_tail_len, for write_items)
 
 Records go at ``buf[pos:]``, their queue offsets counting from ``queue_offset`` and their
-physical offsets from ``base + pos``; ``entries`` is (physical offset, size, 0) per record.
+physical offsets from ``base + pos``; ``entries`` is (physical offset, size, 0) per record and
+``cq`` the same as ConsumeQueue entries, 20 bytes each (``>qiq``), for reput to append as they
+are.
 Both check everything before the first byte is written.
 
 Why C: a record is a header pack, a body CRC, the whole-record CRC over three pieces and its
@@ -27,8 +29,10 @@ the two to each other). ``PURE_PYTHON_REPLOG=1`` selects the Python writer anywa
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 from common.core import accel
@@ -40,7 +44,7 @@ Entries = list[tuple[int, int, int]]
 def py_write_items(buf: Any, pos: int, items: list[tuple], base: int, queue_id: int,
                    queue_offset: int, born: int, born_ip: bytes, born_port: int, ts: int,
                    store_ip: bytes, store_port: int, crc_len: int,
-                   plain_tail_len: int) -> tuple[Entries, bool]:
+                   plain_tail_len: int) -> tuple[Entries, bool, bytes]:
     """The Python writer (the reference for the C one). Nothing is written before the last
     line: a refusal on the way leaves ``buf`` as it was."""
     _check_shared(born_ip, store_ip, crc_len)
@@ -73,12 +77,12 @@ def py_write_items(buf: Any, pos: int, items: list[tuple], base: int, queue_id: 
         queue_offset += 1
     _check_room(buf, pos, phy - first)
     buf[pos : pos + phy - first] = b"".join(parts)
-    return entries, plain
+    return entries, plain, _cq_entries(entries)
 
 
 def py_write_bodies(buf: Any, pos: int, bodies: list[bytes], tail: bytes, base: int,
                     queue_id: int, queue_offset: int, born: int, born_ip: bytes, born_port: int,
-                    ts: int, store_ip: bytes, store_port: int, crc_len: int) -> Entries:
+                    ts: int, store_ip: bytes, store_port: int, crc_len: int) -> tuple[Entries, bytes]:
     """The Python writer of plain records (the reference for the C one)."""
     _check_shared(born_ip, store_ip, crc_len)
     if type(tail) is not bytes:
@@ -109,7 +113,11 @@ def py_write_bodies(buf: Any, pos: int, bodies: list[bytes], tail: bytes, base: 
         queue_offset += 1
     _check_room(buf, pos, phy - first)
     buf[pos : pos + phy - first] = b"".join(parts)
-    return entries
+    return entries, _cq_entries(entries)
+
+
+def _cq_entries(entries: Entries) -> bytes:
+    return struct.pack(f">{'qiq' * len(entries)}", *chain.from_iterable(entries))
 
 
 def _check_shared(born_ip: bytes, store_ip: bytes, crc_len: int) -> None:
@@ -127,7 +135,7 @@ def _check_room(buf: Any, pos: int, total: int) -> None:
 
 _native = accel.load("common.format._record_writer")
 NATIVE = _native is not None
-write_items: Callable[..., tuple[Entries, bool]] = (
+write_items: Callable[..., tuple[Entries, bool, bytes]] = (
     _native.write_items if _native is not None else py_write_items)
-write_bodies: Callable[..., Entries] = (
+write_bodies: Callable[..., tuple[Entries, bytes]] = (
     _native.write_bodies if _native is not None else py_write_bodies)

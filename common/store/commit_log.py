@@ -115,6 +115,7 @@ class WriteDigest(NamedTuple):
     first_queue_offset: int
     entries: list[tuple[int, int, int]]
     store_timestamp: int
+    cq: bytes = b""  # the entries as ConsumeQueue bytes (20 each), as the writer made them
 
 
 DIGESTS_KEPT = 1024  # a reput further behind than this parses the records instead
@@ -343,13 +344,13 @@ class CommitLog:
             ts = now_ms()
             try:
                 if plain_bodies is not None:
-                    entries = record_writer.write_bodies(
+                    entries, cq = record_writer.write_bodies(
                         mf.buffer, first_pos, plain_bodies[0], plain_bodies[1], base, queue_id,
                         first_queue_offset, born, born_ip, born_port, ts, self.store_ip,
                         self.store_port, crc_len)
                     plain = True
                 else:
-                    entries, plain = record_writer.write_items(
+                    entries, plain, cq = record_writer.write_items(
                         mf.buffer, first_pos, items, base, queue_id, first_queue_offset, born,
                         born_ip, born_port, ts, self.store_ip, self.store_port, crc_len,
                         len(topic_part) + 2 + crc_len)
@@ -364,7 +365,7 @@ class CommitLog:
             if plain:
                 self.digests.append(
                     WriteDigest(base + first_pos, base + pos, topic, queue_id, first_queue_offset,
-                                entries, ts))
+                                entries, ts, cq))
             self._lock_since = 0.0
         phy = base + first_pos
         end = base + pos
@@ -400,6 +401,7 @@ class CommitLog:
             return None
         digests = self.digests
         entries: list[tuple[int, int, int]] | None = None
+        cqs: list[bytes] = []
         last_end = first.end
         count = len(first.entries)
         key = (first.topic, first.queue_id)
@@ -412,13 +414,17 @@ class CommitLog:
             digests.popleft()
             if entries is None:
                 entries = list(first.entries)
+                cqs.append(first.cq)
             entries.extend(nxt.entries)
+            cqs.append(nxt.cq)
             count += len(nxt.entries)
             last_end = nxt.end
             store_timestamp = nxt.store_timestamp
         if entries is None:
             return first
-        return first._replace(end=last_end, entries=entries, store_timestamp=store_timestamp)
+        cq = b"".join(cqs) if all(cqs) else b""  # all or none: put_many packs what has none
+        return first._replace(end=last_end, entries=entries, store_timestamp=store_timestamp,
+                              cq=cq)
 
     def forget_digests_before(self, phy: int) -> None:
         """Drop the digests of writes that reput dispatched by parsing them."""

@@ -196,8 +196,10 @@ class ConsumeQueue:
         self._max_phy = phy_offset + size
         return True
 
-    def put_many(self, first_queue_offset: int, entries: list[Entry]) -> bool:
-        """Append consecutive entries ``(phy_offset, size, tags_code)`` in one copy.
+    def put_many(self, first_queue_offset: int, entries: list[Entry],
+                 packed: bytes = b"") -> bool:
+        """Append consecutive entries ``(phy_offset, size, tags_code)`` in one copy;
+        ``packed``, when given, is the same entries already as bytes (the record writer's).
 
         The common case (reput of a batch, or of many puts to one queue): the entries continue
         the queue exactly and fit in the last segment. Anything else goes entry by entry
@@ -216,8 +218,12 @@ class ConsumeQueue:
             if (last is None or self._is_empty() or last.max_offset != expected
                     or last.remaining() < len(rest) * CQ_UNIT):
                 return all(self.put(queue_offset + i, *e) for i, e in enumerate(rest))
+            if len(packed) == len(entries) * CQ_UNIT:
+                data = packed[skip * CQ_UNIT:] if skip else packed
+            else:
+                data = _entries_struct(len(rest)).pack(*chain.from_iterable(rest))
             try:
-                last.append(_entries_struct(len(rest)).pack(*chain.from_iterable(rest)))
+                last.append(data)
             except (StoreError, OSError) as e:
                 self.last_error = str(e)
                 return False

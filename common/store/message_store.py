@@ -392,9 +392,9 @@ class MessageStore:
 
     # ---- dispatch (called by reput) -----------------------------------------------------------
     def dispatch_cq(self, topic: str, queue_id: int, first_queue_offset: int,
-                    entries: list[tuple[int, int, int]]) -> None:
+                    entries: list[tuple[int, int, int]], packed: bytes = b"") -> None:
         cq = self.cq_store.find_or_create(topic, queue_id)
-        if not cq.put_many(first_queue_offset, entries):
+        if not cq.put_many(first_queue_offset, entries, packed):
             raise StoreError(f"cannot append to consume queue {topic}/{queue_id}: "
                              f"{cq.last_error}")
 

@@ -219,7 +219,8 @@ class ReputService:
         as they are (the same ones parsing the records would give)."""
         store = self._store
         entries = digest.entries
-        store.dispatch_cq(digest.topic, digest.queue_id, digest.first_queue_offset, entries)
+        store.dispatch_cq(digest.topic, digest.queue_id, digest.first_queue_offset, entries,
+                          digest.cq)
         store.dispatched_phy_offset = max(store.dispatched_phy_offset, digest.end)
         for listener in self.arrival_listeners:
             listener(digest.topic, digest.queue_id, digest.first_queue_offset + len(entries))
@@ -377,7 +378,7 @@ class DispatchTarget(Protocol):
     commit_log: CommitLog
 
     def dispatch_cq(self, topic: str, queue_id: int, first_queue_offset: int,
-                    entries: list[tuple[int, int, int]]) -> None: ...
+                    entries: list[tuple[int, int, int]], packed: bytes = b"") -> None: ...
 
     def dispatch_index(self, req: DispatchRequest) -> None: ...
 

@@ -21,6 +21,7 @@ from common.core.message import Message
 from common.format import record, record_writer
 from common.store import commit_log as commit_log_module
 from common.store.commit_log import CommitLog
+from common.store.consume_queue import CQ_ENTRY
 
 pytestmark = pytest.mark.unit
 
@@ -75,10 +76,11 @@ def test_items_are_written_byte_for_byte_as_the_python_writer_writes_them(
     items = _items(bodies, props, flags, crc_len)
     plain_tail_len = len(_tail(b"orders", b"", crc_len))
     total = sum(i[0] for i in items)
-    buf, (entries, plain) = _both(native.write_items, record_writer.py_write_items,
+    buf, (entries, plain, cq) = _both(native.write_items, record_writer.py_write_items,
                                   pos + total + 16, pos, items, *SHARED.values(), crc_len,
                                   plain_tail_len)
     assert plain == all(not p for p in props)
+    assert cq == b"".join(CQ_ENTRY.pack(*e) for e in entries)  # what reput appends as is
     assert buf[:pos] == b"\xee" * pos and buf[pos + total:] == b"\xee" * 16
     at = pos
     for i, (phy, size, zero) in enumerate(entries):
@@ -97,8 +99,9 @@ def test_plain_bodies_are_written_as_the_python_writer_writes_them(bodies: list[
                                                                    crc_len: int) -> None:
     tail = _tail(b"t", b"", crc_len)
     total = sum(record.HEADER.size + len(b) + len(tail) for b in bodies)
-    buf, entries = _both(native.write_bodies, record_writer.py_write_bodies, total, 0, bodies,
-                         tail, *SHARED.values(), crc_len)
+    buf, (entries, cq) = _both(native.write_bodies, record_writer.py_write_bodies, total, 0,
+                               bodies, tail, *SHARED.values(), crc_len)
+    assert cq == b"".join(CQ_ENTRY.pack(*e) for e in entries)
     assert [size for _, size, _ in entries] == [record.HEADER.size + len(b) + len(tail)
                                                 for b in bodies]
     at = 0

@@ -36,7 +36,7 @@ class Recorder:
         self.calls: list[tuple[Any, ...]] = []
 
     def dispatch_cq(self, topic: str, queue_id: int, first: int,
-                    entries: list[tuple[int, int, int]]) -> None:
+                    entries: list[tuple[int, int, int]], packed: bytes = b"") -> None:
         self.calls.append(("cq", topic, queue_id, first, list(entries)))
 
     def dispatch_index(self, req: DispatchRequest) -> None:
