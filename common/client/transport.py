@@ -387,7 +387,7 @@ class Transport:
         # Wait in recv itself, up to RCVTIMEO (LOST_CHECK_MS, set by new_dealer; shorter for
         # the last wait before the deadline): libzmq sleeps on the socket's mailbox as a plain
         # blocking recv does. A zmq_poll per wait (a Poller built, the socket's FD and events
-        # read, the poll) cost ~15-25 us more CPU a call here (docs/benchmarks.md).
+        # read, the poll) cost ~10-25 us more client CPU a call here (bench/zmq_send_cost.py).
         wait_ms = LOST_CHECK_MS
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
