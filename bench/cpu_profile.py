@@ -1,6 +1,6 @@
 """Where the CPU of a put goes, by process, thread and layer: perf's view beside the transport's.
 
-    .venv/bin/python bench/cpu_profile.py [--seconds 6] [--only sync batch sync-single sync-batch]
+    .venv/bin/python bench/cpu_profile.py [--seconds 6] [--rounds 1] [--only sync batch ...]
 
 Issue 24 asks, where a target is missed, for a profile that says where the remaining time is:
 in libzmq, the kernel, the interpreter or our code. ``bench/cpu_per_message.py`` gives each
@@ -24,12 +24,14 @@ hit:
 | other     | anything else (zlib's CRC, the vdso...)                                              |
 
 Printed: microseconds of CPU per message in each cell, for replog and its reference, and the
-difference. The bytecode and runtime layers of a Python thread are the interpreter running
+difference; with ``--rounds N``, each cell's median over the rounds. The replog client runs with
+``spin_us=0``, so that its CPU is work and not a wait spent spinning. The bytecode and runtime layers of a Python thread are the interpreter running
 that process's Python code: in the references, pyzmq's sugar and the loop of a few lines; in
 replog, our request path. ``py-spy`` splits them further by function (docs/benchmarks.md).
 
 Needs ``perf`` (Debian's ``linux-perf``) and root or ``kernel.perf_event_paranoid`` <= -1;
-without it the script says so and exits 2. The samples are wall-clock driven (``cpu-clock``):
+without them the script says so and skips (status 0, as the Redis references are skipped
+without ``redis-server``). The samples are wall-clock driven (``cpu-clock``):
 they count CPU time, not cycles, so a cache-cold interpreter shows as more time, as it costs.
 """
 
@@ -41,6 +43,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -227,68 +230,100 @@ def producer_step(p: Producer, size: int, bodies: int) -> Callable[[], None]:
     return single if bodies == 1 else many
 
 
-def alone(home: Path, cases: list[str], seconds: float) -> None:
+Cells = dict[tuple[str, str, str], float]
+# case -> (title, replog cells, reference cells, (replog role, reference role) pairs)
+Found = dict[str, tuple[str, Cells, Cells, list[tuple[str, str]]]]
+
+
+def alone(home: Path, cases: list[str], seconds: float) -> Found:
+    out: Found = {}
     broker = Broker(home / "alone", brokerRole="ASYNC_MASTER", flushDiskType="ASYNC_FLUSH").start()
     try:
         assert broker.proc is not None
         roles = {os.getpid(): "client", broker.proc.pid: "broker"}
         pairs = [("client", "client"), ("broker", "server")]
-        with Producer([broker.address], retries=0) as p:
+        # spin_us=0: the client's CPU is its work, not a wait spent spinning
+        with Producer([broker.address], retries=0, spin_us=0) as p:
             if "sync" in cases:
                 mine = run_window(home, "sync 128 B", producer_step(p, 128, 1), 1, roles, seconds)
                 ref = echo_case(home, "  echo x1 128 B", 128, 1, seconds)
-                table("sync send, 128 B (reference: the echo)", mine, ref, pairs)
+                out["sync"] = ("sync send, 128 B (reference: the echo)", mine, ref, pairs)
             if "batch" in cases:
                 mine = run_window(home, "send_batch x64 128 B", producer_step(p, 128, 64), 64,
                                   roles, seconds)
                 ref = echo_case(home, "  echo 64 packed 128 B", 128, 64, seconds)
-                table("send_batch x64, 128 B (reference: the packed echo)", mine, ref, pairs)
+                out["batch"] = ("send_batch x64, 128 B (reference: the packed echo)", mine, ref,
+                                pairs)
     finally:
         broker.stop()
+    return out
 
 
-def replicated(home: Path, cases: list[str], seconds: float) -> None:
+def replicated(home: Path, cases: list[str], seconds: float) -> Found:
+    out: Found = {}
+    if "sync-single" not in cases and "sync-batch" not in cases:
+        return out
     master, slave = group(home / "sync", "SYNC_MASTER")
     try:
         assert master.proc is not None and slave.proc is not None
         roles = {os.getpid(): "client", master.proc.pid: "master", slave.proc.pid: "slave"}
         pairs = [("client", "client"), ("master", "master"), ("slave", "slave")]
-        with Producer([master.address], retries=0) as p:
+        with Producer([master.address], retries=0, spin_us=0) as p:
             if "sync-single" in cases:
                 mine = run_window(home, "SYNC single 1 KiB", producer_step(p, 1024, 1), 1,
                                   roles, seconds)
                 ref = relay_case(home, "  relay 1 KiB", 1024, 1, seconds)
-                table("SYNC single, 1 KiB (reference: the 4-hop relay)", mine, ref, pairs)
+                out["sync-single"] = ("SYNC single, 1 KiB (reference: the 4-hop relay)", mine,
+                                      ref, pairs)
             if "sync-batch" in cases:
                 mine = run_window(home, "SYNC send_batch x64 1 KiB",
                                   producer_step(p, 1024, 64), 64, roles, seconds)
                 ref = relay_case(home, "  relay 64 KiB frames", 1024, 64, seconds)
-                table("SYNC send_batch x64, 1 KiB (reference: the relay of 64-body frames)",
-                      mine, ref, pairs)
+                title = "SYNC send_batch x64, 1 KiB (reference: the relay of 64-body frames)"
+                out["sync-batch"] = (title, mine, ref, pairs)
     finally:
         slave.stop()
         master.stop()
+    return out
+
+
+def median_cells(rounds: list[Cells]) -> Cells:
+    """Each cell's median over the rounds (a round without samples in a cell counts 0)."""
+    cells = {cell for r in rounds for cell in r}
+    return {cell: statistics.median(r.get(cell, 0.0) for r in rounds) for cell in cells}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=6.0, help="each window perf records")
     ap.add_argument("--only", nargs="*", choices=CASES, default=list(CASES))
+    ap.add_argument("--rounds", type=int, default=1, help="each cell: the median of the rounds")
     args = ap.parse_args()
     if shutil.which("perf") is None:
-        print("cpu_profile: perf is not installed (as root: apt-get install -y linux-perf)")
-        return 2
+        print("cpu_profile: skipped, perf is not installed (as root: apt-get install -y linux-perf)")
+        return 0
     probe = subprocess.run(["perf", "record", "-e", "cpu-clock", "-a", "-o", "/dev/null",
                             "--", "true"], check=False, capture_output=True, text=True)
     if probe.returncode != 0:
-        print(f"cpu_profile: perf cannot sample every CPU here: {probe.stderr.strip()[-300:]}")
-        return 2
+        print(f"cpu_profile: skipped, perf cannot sample every CPU here: "
+              f"{probe.stderr.strip()[-300:]}")
+        return 0
     home = Path(tempfile.mkdtemp(prefix="replog-cpu-profile-"))
     try:
         print(f"CPU per message by layer (perf, {HZ} Hz), {os.cpu_count()} CPUs, load "
               f"{os.getloadavg()[0]:.2f}", flush=True)
-        alone(home, args.only, args.seconds)
-        replicated(home, args.only, args.seconds)
+        rounds: list[Found] = []
+        for r in range(args.rounds):
+            print(f"round {r + 1}", flush=True)
+            found = alone(home / f"r{r}", args.only, args.seconds)
+            found.update(replicated(home / f"r{r}", args.only, args.seconds))
+            rounds.append(found)
+        for case in args.only:
+            title, _, _, pairs = rounds[0][case]
+            if args.rounds > 1:
+                title += f", medians of {args.rounds} rounds"
+            table(title, median_cells([r[case][1] for r in rounds]),
+                  median_cells([r[case][2] for r in rounds]), pairs)
         return 0
     finally:
         shutil.rmtree(home, ignore_errors=True)
