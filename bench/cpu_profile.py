@@ -55,6 +55,7 @@ from pathlib import Path
 import _support
 import zmq
 from broker_put import _echo_server
+from cpu_per_message import end, spawn
 from replication import Broker, _relay_master, _relay_slave, group
 
 from common.client import Producer
@@ -152,20 +153,6 @@ def table(title: str, mine: dict[tuple[str, str, str], float],
                   f" ({sum(a) - sum(b):+.1f})")
 
 
-def spawn(target: Callable[..., None], *args: object) -> multiprocessing.Process:
-    proc = multiprocessing.Process(target=target, args=args, daemon=True)
-    proc.start()
-    return proc
-
-
-def stop_all(procs: list[multiprocessing.Process]) -> None:
-    for proc in procs:
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-
-
 def echo_case(home: Path, name: str, size: int, bodies: int,
               seconds: float) -> dict[tuple[str, str, str], float]:
     port = _support.free_port()
@@ -212,7 +199,7 @@ def relay_case(home: Path, name: str, size: int, bodies: int,
         return figures
     finally:
         ctx.destroy(0)
-        stop_all(procs)
+        end(procs)
 
 
 def producer_step(p: Producer, size: int, bodies: int) -> Callable[[], None]:
