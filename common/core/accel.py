@@ -1,8 +1,9 @@
 """The C extensions, where built: ``load(name)`` is the module or None.
 
-Two hot loops have a C version beside their Python one: the CommitLog's record writer
-(``common.format._record_writer``, see ``common/format/record_writer.py``) and reput's record
-scan (``common.store._reput_scan``, see ``common/store/reput.py``). ``pip install`` builds them
+Three hot loops have a C version beside their Python one: the CommitLog's record writer
+(``common.format._record_writer``, see ``common/format/record_writer.py``), reput's record
+scan and its merge of write digests (``common.store._reput_scan``, see ``common/store/reput.py``
+and ``CommitLog.take_digest_run``). ``pip install`` builds them
 where gcc and the Python and zlib headers are found (``setup.py``: optional extensions); where
 not, or with ``PURE_PYTHON_REPLOG=1`` in the environment, the Python versions run. Each pair
 is held to the same results by tests that run both.

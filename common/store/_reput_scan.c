@@ -11,6 +11,16 @@
  * BLANK, a bad header, a record past the segment or not whole yet, one with properties (tags,
  * keys, a delay). The Python loop handles that record as it always has, so every rare case
  * keeps one implementation. Reads only; the caller keeps the mapping mapped.
+ *
+ * merge_run(digests, first, end, max_records)
+ *     -> None, or (entries, cq, last_end, count, store_timestamp)
+ *
+ * The loop of CommitLog.take_digest_run (common/store/commit_log.py): takes from the left of
+ * ``digests`` (a deque of WriteDigest) the writes that continue ``first`` (the digest already
+ * taken) in the log and in its queue, all ending by ``end``, until about ``max_records``
+ * entries; returns their entries and ConsumeQueue bytes joined with ``first``'s (``cq`` is b""
+ * unless every digest had its bytes), or None when the next digest does not continue it. The
+ * GIL is held throughout, so the putting thread's appends at the other end wait for it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -115,9 +125,123 @@ done:
     return result;
 }
 
+/* WriteDigest fields, by position (commit_log.py) */
+enum { D_START, D_END, D_TOPIC, D_QUEUE, D_FIRST, D_ENTRIES, D_TS, D_CQ, D_FIELDS };
+
+static int digest_ok(PyObject *d) {
+    if (!PyTuple_Check(d) || PyTuple_GET_SIZE(d) != D_FIELDS
+        || !PyList_Check(PyTuple_GET_ITEM(d, D_ENTRIES))
+        || !PyBytes_Check(PyTuple_GET_ITEM(d, D_CQ))) {
+        PyErr_SetString(PyExc_TypeError, "merge_run: a digest is not a WriteDigest");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *popleft_name; /* "popleft", interned at import */
+
+static PyObject *merge_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "merge_run takes 4 arguments");
+        return NULL;
+    }
+    PyObject *digests = args[0], *first = args[1];
+    long long end = PyLong_AsLongLong(args[2]);
+    Py_ssize_t max_records = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred() || !digest_ok(first)) return NULL;
+    long long last_end = PyLong_AsLongLong(PyTuple_GET_ITEM(first, D_END));
+    long long first_offset = PyLong_AsLongLong(PyTuple_GET_ITEM(first, D_FIRST));
+    if (PyErr_Occurred()) return NULL;
+    PyObject *topic = PyTuple_GET_ITEM(first, D_TOPIC);
+    PyObject *queue = PyTuple_GET_ITEM(first, D_QUEUE);
+    PyObject *first_entries = PyTuple_GET_ITEM(first, D_ENTRIES);
+    Py_ssize_t count = PyList_GET_SIZE(first_entries);
+    PyObject *entries = NULL, *cqs = NULL, *result = NULL, *ts = PyTuple_GET_ITEM(first, D_TS);
+    Py_INCREF(ts);
+    int all_cq = PyBytes_GET_SIZE(PyTuple_GET_ITEM(first, D_CQ)) > 0;
+    while (count < max_records) {
+        Py_ssize_t left = PySequence_Size(digests);
+        if (left < 0) goto done;
+        if (left == 0) break;
+        PyObject *nxt = PySequence_GetItem(digests, 0); /* the putting thread appends at the right */
+        if (nxt == NULL) goto done;
+        if (!digest_ok(nxt)) {
+            Py_DECREF(nxt);
+            goto done;
+        }
+        long long start = PyLong_AsLongLong(PyTuple_GET_ITEM(nxt, D_START));
+        long long nxt_end = PyLong_AsLongLong(PyTuple_GET_ITEM(nxt, D_END));
+        long long nxt_first = PyLong_AsLongLong(PyTuple_GET_ITEM(nxt, D_FIRST));
+        if (PyErr_Occurred()) {
+            Py_DECREF(nxt);
+            goto done;
+        }
+        int same = start == last_end && nxt_end <= end && nxt_first == first_offset + count;
+        if (same) {
+            same = PyObject_RichCompareBool(PyTuple_GET_ITEM(nxt, D_TOPIC), topic, Py_EQ);
+            if (same > 0)
+                same = PyObject_RichCompareBool(PyTuple_GET_ITEM(nxt, D_QUEUE), queue, Py_EQ);
+        }
+        if (same <= 0) {
+            Py_DECREF(nxt);
+            if (same < 0) goto done;
+            break;
+        }
+        PyObject *taken = PyObject_CallMethodNoArgs(digests, popleft_name);
+        if (taken == NULL) {
+            Py_DECREF(nxt);
+            goto done;
+        }
+        Py_DECREF(taken); /* nxt itself: the GIL was held since it was read */
+        if (entries == NULL) {
+            entries = PyList_GetSlice(first_entries, 0, count);
+            cqs = PyList_New(0);
+            if (entries == NULL || cqs == NULL || PyList_Append(cqs, PyTuple_GET_ITEM(first, D_CQ)) < 0) {
+                Py_DECREF(nxt);
+                goto done;
+            }
+        }
+        PyObject *more = PyTuple_GET_ITEM(nxt, D_ENTRIES);
+        Py_ssize_t have = PyList_GET_SIZE(entries), added = PyList_GET_SIZE(more);
+        PyObject *cq = PyTuple_GET_ITEM(nxt, D_CQ);
+        if (PyList_SetSlice(entries, have, have, more) < 0 || PyList_Append(cqs, cq) < 0) {
+            Py_DECREF(nxt);
+            goto done;
+        }
+        all_cq = all_cq && PyBytes_GET_SIZE(cq) > 0;
+        count += added;
+        last_end = nxt_end;
+        Py_DECREF(ts);
+        ts = Py_NewRef(PyTuple_GET_ITEM(nxt, D_TS));
+        Py_DECREF(nxt);
+    }
+    if (entries == NULL) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *cq = NULL;
+    if (all_cq) {
+        PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
+        if (empty == NULL) goto done;
+        cq = PyObject_CallMethod(empty, "join", "O", cqs);
+        Py_DECREF(empty);
+    } else {
+        cq = PyBytes_FromStringAndSize(NULL, 0);
+    }
+    if (cq == NULL) goto done;
+    result = Py_BuildValue("(NNLnO)", Py_NewRef(entries), cq, last_end, count, ts);
+done:
+    Py_XDECREF(entries);
+    Py_XDECREF(cqs);
+    Py_XDECREF(ts);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "Plain records from pos: (runs, pos, count, last_store_timestamp)."},
+    {"merge_run", (PyCFunction)(void (*)(void))merge_run, METH_FASTCALL,
+     "The digests that continue first: None or (entries, cq, last_end, count, store_timestamp)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -126,4 +250,8 @@ static struct PyModuleDef module = {
     methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__reput_scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__reput_scan(void) {
+    popleft_name = PyUnicode_InternFromString("popleft");
+    if (popleft_name == NULL) return NULL;
+    return PyModule_Create(&module);
+}

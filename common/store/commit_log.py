@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, cast
 
+from common.core import accel
 from common.core.errors import CorruptionError, PutStatus, ReplicationFencedError, StoreError
 from common.core.message import (
     Message,
@@ -119,6 +120,45 @@ class WriteDigest(NamedTuple):
 
 
 DIGESTS_KEPT = 1024  # a reput further behind than this parses the records instead
+
+MergedRun = tuple[list[tuple[int, int, int]], bytes, int, int, int]
+
+
+def merge_run_py(digests: collections.deque[WriteDigest], first: WriteDigest, end: int,
+                 max_records: int) -> MergedRun | None:
+    """Take from the left of ``digests`` the writes that continue ``first`` (the digest just
+    taken) in the log and in its queue, all ending by ``end``, until about ``max_records``
+    entries: None when the next one does not continue it, else (entries, ConsumeQueue bytes,
+    end, entry count, store timestamp) of the whole run; the bytes are b"" unless every digest
+    had its own. The Python version of ``merge_run`` in ``common/store/_reput_scan.c``."""
+    entries: list[tuple[int, int, int]] | None = None
+    cqs: list[bytes] = []
+    last_end = first.end
+    count = len(first.entries)
+    key = (first.topic, first.queue_id)
+    store_timestamp = first.store_timestamp
+    while digests and count < max_records:
+        nxt = digests[0]  # the putting thread only appends at the other end
+        if (nxt.start != last_end or nxt.end > end or (nxt.topic, nxt.queue_id) != key
+                or nxt.first_queue_offset != first.first_queue_offset + count):
+            break
+        digests.popleft()
+        if entries is None:
+            entries = list(first.entries)
+            cqs.append(first.cq)
+        entries.extend(nxt.entries)
+        cqs.append(nxt.cq)
+        count += len(nxt.entries)
+        last_end = nxt.end
+        store_timestamp = nxt.store_timestamp
+    if entries is None:
+        return None
+    cq = b"".join(cqs) if all(cqs) else b""  # all or none: put_many packs what has none
+    return entries, cq, last_end, count, store_timestamp
+
+
+# the same loop in C where built (common.core.accel): ~0.05 against ~0.34 us a digest here
+_merge_run = getattr(accel.load("common.store._reput_scan"), "merge_run", None) or merge_run_py
 
 
 class CommitLog:
@@ -399,30 +439,10 @@ class CommitLog:
         first = self.take_digest(phy, end)
         if first is None:
             return None
-        digests = self.digests
-        entries: list[tuple[int, int, int]] | None = None
-        cqs: list[bytes] = []
-        last_end = first.end
-        count = len(first.entries)
-        key = (first.topic, first.queue_id)
-        store_timestamp = first.store_timestamp
-        while digests and count < max_records:
-            nxt = digests[0]  # the putting thread only appends at the other end
-            if (nxt.start != last_end or nxt.end > end or (nxt.topic, nxt.queue_id) != key
-                    or nxt.first_queue_offset != first.first_queue_offset + count):
-                break
-            digests.popleft()
-            if entries is None:
-                entries = list(first.entries)
-                cqs.append(first.cq)
-            entries.extend(nxt.entries)
-            cqs.append(nxt.cq)
-            count += len(nxt.entries)
-            last_end = nxt.end
-            store_timestamp = nxt.store_timestamp
-        if entries is None:
+        merged = _merge_run(self.digests, first, end, max_records)
+        if merged is None:
             return first
-        cq = b"".join(cqs) if all(cqs) else b""  # all or none: put_many packs what has none
+        entries, cq, last_end, _count, store_timestamp = merged
         return first._replace(end=last_end, entries=entries, store_timestamp=store_timestamp,
                               cq=cq)
 
