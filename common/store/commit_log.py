@@ -157,7 +157,8 @@ def merge_run_py(digests: collections.deque[WriteDigest], first: WriteDigest, en
     return entries, cq, last_end, count, store_timestamp
 
 
-# the same loop in C where built (common.core.accel): ~0.05 against ~0.34 us a digest here
+# the same loop in C where built (common.core.accel): take_digest_run ~0.10 us a digest with
+# it, ~0.34 with merge_run_py (timeit, runs of 64 single puts)
 _merge_run = getattr(accel.load("common.store._reput_scan"), "merge_run", None) or merge_run_py
 
 
