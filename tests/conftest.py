@@ -50,6 +50,16 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
 FAILURE_DIR = "test-failures"
 LOG_TAIL_LINES = 400  # per log file
 MAX_LOGS = 12
+# In the report itself (a CI record may hold only the terminal's output, not build/): each log's
+# warnings, errors and changes of role or replica set, the last few, cut short.
+NOTABLE_LEVELS = ("level=WARNING", "level=ERROR", "level=CRITICAL")
+NOTABLE_EVENTS = ("event=controller_elected", "event=controller_follows",
+                  "event=controller_sync_state_set", "event=ha_sync_state_set_change",
+                  "event=broker_elected_master", "event=broker_follows",
+                  "event=controller_took_over",
+                  "fsync-ing the write ahead log", "Expiring session")  # ZooKeeper's
+NOTABLE_PER_LOG = 25
+NOTABLE_CHARS = 300
 
 
 def _logs_of(item: pytest.Item) -> list[Path]:
@@ -88,4 +98,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                     f.write(f"==== {log} (last {len(lines)} lines)\n")
                     f.write("\n".join(lines) + "\n")
             report.sections.append(("broker logs", f"tails of {len(logs)} logs in {target}"))
+            report.sections.append(("broker log events", _notable(logs)))
     return report
+
+
+def _notable(logs: list[Path]) -> str:
+    """The last ``NOTABLE_PER_LOG`` notable lines of each log (``NOTABLE_LEVELS``,
+    ``NOTABLE_EVENTS``), each cut to ``NOTABLE_CHARS``."""
+    out: list[str] = []
+    for log in logs:
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if any(m in line for m in NOTABLE_LEVELS + NOTABLE_EVENTS)]
+        out.append(f"== {log.parent.name}/{log.name}: {len(lines)} notable lines"
+                   + (f", the last {NOTABLE_PER_LOG}" if len(lines) > NOTABLE_PER_LOG else ""))
+        out += [line[:NOTABLE_CHARS] for line in lines[-NOTABLE_PER_LOG:]]
+    return "\n".join(out)

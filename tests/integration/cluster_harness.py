@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -29,11 +30,14 @@ class Groups:
     controller mode on ``controller`` (hosts/chroot) under one ``brokerClusterName``."""
 
     def __init__(self, tmp: Path, controller: str, groups: int = 2, size: int = 2,
-                 role: str = "SYNC_MASTER", **fields: Any):
+                 role: str = "SYNC_MASTER",
+                 group_fields: Mapping[str, Mapping[str, Any]] | None = None, **fields: Any):
+        """``fields``: every broker's config; ``group_fields``: a group's own, over them."""
         self.tmp = tmp
         self.controller = controller
         self.role = role
         self.fields = fields
+        self.group_fields = {name: dict(f) for name, f in (group_fields or {}).items()}
         self.size = size
         self.groups: dict[str, list[BrokerProcess]] = {}
         for g in range(groups):
@@ -44,7 +48,8 @@ class Groups:
         procs = [BrokerProcess(self.tmp / f"{name}-{i + 1}", brokerName=name,
                                brokerClusterName=CLUSTER,
                                **controller_fields(self.controller, i + 1, self.role,
-                                                   **self.fields))
+                                                   **{**self.fields,
+                                                      **self.group_fields.get(name, {})}))
                  for i in range(self.size)]
         self.groups[name] = procs
         if start:
