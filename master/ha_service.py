@@ -226,6 +226,13 @@ class HaService:
             raise
         sock = self._sock
         assert sock is not None
+        if self._sync_state is not None:
+            # the set the controller committed, before anything is served: a switchover keeps
+            # the old members, whose acks then bound what consumers see from the first put
+            committed = self._sync_state.committed_sync_state_set()
+            if committed is not None:
+                self._committed, self._committed_epoch = committed
+            self._set_required()
         self._store.add_append_listener(self._on_append)
         if self._host is None:
             self._host = ParticipantThread("replog-ha-service")
@@ -593,8 +600,10 @@ class HaService:
                 )
                 if self._sync_state is not None:
                     self._sync_state.stale_master_seen(action.epoch)
-        if acks_advanced and self.group_transfer is not None:
-            self.group_transfer.report_quorum(self._quorum_offset())
+        if acks_advanced:
+            if self.group_transfer is not None:
+                self.group_transfer.report_quorum(self._quorum_offset())
+            self._update_confirm(dispatch=True)
         self._after_actions(sock)
 
     def _after_actions(self, sock: zmq.Socket[Any]) -> None:
@@ -729,9 +738,11 @@ class HaService:
             # once it holds this log's end as of now (so every put acknowledged without it),
             # the change is proposed
             member = min(change.added)
+            # consumers see nothing past this mark until the candidate holds it too
+            mark = max(master_max, self._bound_confirm())
             self._pending = members | {member, self._me}
             self._set_required()
-            self._joining = (member, master_max, now_ms, change)
+            self._joining = (member, mark, now_ms, change)
             return
         self._propose(change, epoch)
 
@@ -782,6 +793,45 @@ class HaService:
         self._required = frozenset(members - {self._me})
         if self.group_transfer is not None:
             self.group_transfer.report_quorum(self._quorum_offset())
+        self._update_confirm(dispatch=self._attached)
+
+    # ---- controller mode: the confirmed offset (RocketMQ 5's confirmOffset) --------------------
+    def _bound_confirm(self) -> int:
+        """Consumers see no more than the log holds now (until acks say more); returns that
+        end. Under the put lock: no record appended meanwhile is visible without the acks."""
+        store = self._store
+        with store.commit_log.put_lock:
+            end = int(store.max_phy_offset)
+            if store.confirm_phy_offset is None:
+                store.set_confirm_offset(end)
+        return end
+
+    def _update_confirm(self, dispatch: bool) -> None:
+        """Controller mode: the store serves consumers only what every member of the
+        SyncStateSet holds (counting a member joining or leaving until ZooKeeper has it), so
+        a failover to any of them loses nothing a consumer was given; with no member but this
+        master, everything. The slaves hear it in their frames (``MasterCore``)."""
+        if self._sync_state is None:
+            return
+        store = self._store
+        before = store.confirm_phy_offset
+        if not self._required:
+            if before is not None:
+                store.set_confirm_offset(None)
+        else:
+            if before is None:
+                self._bound_confirm()
+            with self._lock:
+                acked = self._core.acked_offset_all(self._required) \
+                    if self._core is not None else mc.NO_OFFSET
+            if acked > (store.confirm_phy_offset or 0):
+                store.set_confirm_offset(acked)
+        after = store.confirm_phy_offset
+        with self._lock:
+            if self._core is not None:
+                self._core.set_confirm_offset(mc.NO_OFFSET if after is None else after)
+        if dispatch and after != before:
+            store.dispatch_inline()  # the host's thread: what the acks uncovered, now
 
 
 # ---- factories (called from the composition root, common/cli/main.py) -----------------------------

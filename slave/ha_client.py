@@ -142,6 +142,7 @@ class HaClient:
         self._pending_ack: tuple[bytes | memoryview, ...] | None = None
         self._unacked_bytes = 0
         self._undispatched = False  # appended since the last dispatch_inline
+        self._confirm_applied: int | None = None  # the master's confirmed offset, as applied
         self._min_master_epoch = 0  # the controller's: an older master is refused
         self._generation: int | None = None  # the store's replication fence generation
         self._health = ParticipantHealth()
@@ -325,6 +326,7 @@ class HaClient:
                 self._receive(sock)
             self._tick()
             self._flush_ack()
+            self._apply_confirm()
             if self._undispatched:
                 self._dispatch_appended()
 
@@ -464,6 +466,17 @@ class HaClient:
             self._unacked_bytes = 0
             self.stats.acks_sent += 1
             self._send(frames)
+
+    def _apply_confirm(self) -> None:
+        """Serve consumers up to what the master says its SyncStateSet holds (controller
+        mode; NO_OFFSET: a master that holds nothing back), never a record a failover to
+        another member could drop. After the ack: the master waits for that, not for this."""
+        confirm = self._core.master_confirm if self._core is not None else None
+        if confirm is None or confirm == self._confirm_applied:
+            return
+        self._confirm_applied = confirm
+        self._store.set_confirm_offset(None if confirm < 0 else confirm)
+        self._undispatched = True
 
     def _dispatch_appended(self) -> None:
         """After the ack went out: index this burst's appends here (reput was not woken)."""

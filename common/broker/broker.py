@@ -112,6 +112,7 @@ class BrokerStatus:
     pid: int
     uptimeS: float
     dispatchedPhyOffset: int
+    confirmPhyOffset: int  # consumers are served up to here (controller mode: the SyncStateSet's)
     flushLagBytes: int
     reputLagBytes: int
     topics: int
@@ -171,6 +172,7 @@ class Broker:
         self.role: Role | None = None
         self.security = Security.from_config(cfg)  # ConfigError before anything started
         self.server = RequestServer(cfg, self, security=self.security)
+        store.delivery_gate = self.write_refusal  # no delayed delivery from a fenced master
         self._started = time.monotonic()
         self._admin = concurrent.futures.ThreadPoolExecutor(1, "replog-admin")
         # LOG_CHECKSUM reads and hashes here (its thread starts with the first request); not
@@ -574,6 +576,7 @@ class Broker:
             pid=os.getpid(),
             uptimeS=round(time.monotonic() - self._started, 3),
             dispatchedPhyOffset=dispatched,
+            confirmPhyOffset=int(store.reput_end()),
             flushLagBytes=max(0, max_phy - flushed),
             reputLagBytes=max(0, max_phy - dispatched),
             topics=len(self.topics.topics()),
@@ -700,7 +703,7 @@ class Broker:
         try:
             self.cfg.store_root.mkdir(parents=True, exist_ok=True)
             history_before = epochs.load(self.cfg.store_root)
-            self.store.become_master()
+            self._become_master_store()
             max_phy = int(self.store.max_phy_offset)
             history = epochs.truncate_beyond(history_before, max_phy)
             # numbered after every epoch this store has seen, also one learned from a master's
@@ -843,7 +846,7 @@ class Broker:
             if current is not None and not getattr(current, "replication_stopped", True):
                 log_event(log, "promotion_with_stuck_replication", logging.ERROR,
                           action="fenced: its late writes are refused")
-            self.store.become_master()
+            self._become_master_store()
             max_phy = int(self.store.max_phy_offset)
             history = epochs.truncate_beyond(epochs.load(self.cfg.store_root), max_phy)
             history = epochs.append_epoch(history, state.master_epoch, max_phy)
@@ -884,6 +887,14 @@ class Broker:
             self._standby_reason = ""
             log_event(log, "broker_follows", master=state.master_address, ha=ha_address,
                       epoch=state.master_epoch, demoted=was_master)
+
+    def _become_master_store(self) -> None:
+        """The store takes writes again (queue offsets continued past everything it holds)
+        and every queue it holds is a topic this master routes: a topic created within the
+        last config-sync interval before the old master died exists only in the replicated
+        log, and must be neither missing nor shorter here."""
+        self.store.become_master()
+        self.topics.merge_seen(self.store.topic_queues())
 
     def stand_by(self, reason: str) -> None:
         """No master can be elected now: writes are refused (a master role stays, fenced, so

@@ -643,7 +643,12 @@ class Controller:
 
     def _cas_state(self, new: GroupState) -> bool:
         """Compare-and-set ``state`` from the version read last; True if it is now ``new``.
-        On ConnectionLoss the outcome is unknown: read again and compare."""
+
+        Whatever the answer (done, a version conflict, a lost connection), ``state`` is read
+        again and compared: a conflict may be this very write, applied by an earlier try
+        whose call timed out on this side (the version it was based on is then gone), and a
+        lost connection leaves the outcome unknown. ``new`` names this broker's own epoch or
+        set epoch, so a state equal to it is this controller's write."""
         from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError
 
         raw = new.to_bytes()
@@ -652,12 +657,8 @@ class Controller:
                 self._call("create", self.state_path, raw, makepath=True)
             else:
                 self._call("set", self.state_path, raw, version=self._state_version)
-        except (BadVersionError, NodeExistsError):
-            self._read_group()
-            return False
-        except ConnectionLoss:
-            self._read_group()
-            return self.state == new
+        except (BadVersionError, NodeExistsError, ConnectionLoss):
+            pass
         self._read_group()
         return self.state == new
 

@@ -80,7 +80,13 @@ from common.broker.security import CLIENT_DOMAIN, HandshakeMonitor, Security, us
 from common.broker.server_stats import ServerStats
 from common.core.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
 from common.core.logs import log_event
-from common.core.message import decode_msg_id, tags_code
+from common.core.message import (
+    PROPERTY_REAL_TOPIC,
+    decode_msg_id,
+    is_system_topic,
+    subscribed_tags,
+    tags_code,
+)
 from common.format.acl import SUB, Account, Denial, rule_for
 from common.format.protocol import (
     LOG_CHECKSUM_MAX_BYTES,
@@ -495,6 +501,14 @@ class RequestServer:
                 self._refuse(sock, identity, req.opaque, user, head, denial)
                 return
             self._caller = (account, user, head)
+        if req.code in _NAMES_TOPIC and is_system_topic(req.fields["topic"]):
+            self.stats.bad_requests += 1
+            self._answer(sock, identity, reply(
+                req, ResponseCode.NO_PERMISSION,
+                f"topic {req.fields['topic']} is a system topic: only the broker writes or "
+                "reads it (its messages belong to other topics, each with its own ACL)"),
+                started)
+            return
         if self._draining.is_set():
             self._answer(
                 sock,
@@ -798,6 +812,9 @@ class RequestServer:
             account, user, head = caller
             for msg in found:
                 denial = account.may_topic(msg.topic, SUB)
+                real = msg.properties.get(PROPERTY_REAL_TOPIC)
+                if denial is None and real and is_system_topic(msg.topic):
+                    denial = account.may_topic(real, SUB)  # a delayed message is real's
                 if denial is not None:
                     self.stats.refused_permission += 1
                     remark = self.security.refused("client", user, head, denial)
@@ -880,15 +897,16 @@ class RequestServer:
 
     def _read_queue(self, req: Request) -> Response:
         f = req.fields
-        tags_codes = _tags_codes(f.get("tags"))
+        tags = subscribed_tags(f.get("tags"))
         result = self.services.store.get_message(
             f.get("group") or "",
             f["topic"],
             f["queueId"],
             f["queueOffset"],
             f["maxNums"],
-            tags_codes,
+            None if tags is None else {tags_code(t) for t in tags},
             max_bytes=PULL_MAX_BYTES,
+            tags=tags,
         )
         if result.status is GetStatus.CORRUPT_RECORD and result.corrupt is not None:
             q_off, phy, why = result.corrupt
@@ -961,6 +979,12 @@ class RequestServer:
 
 # store GetStatus -> (client PullStatus, response code), as RocketMQ's PullMessageProcessor maps them
 _ALWAYS_SERVED = frozenset({RequestCode.STATUS, RequestCode.CLUSTER_INFO})  # past the cap too
+# requests whose ``topic`` a client names, refused for a system topic (``is_system_topic``)
+_NAMES_TOPIC = frozenset({
+    RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC, RequestCode.PULL,
+    RequestCode.QUERY_BY_KEY, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+    RequestCode.GET_MAX_OFFSET, RequestCode.GET_MIN_OFFSET, RequestCode.FETCH_OFFSET,
+    RequestCode.COMMIT_OFFSET})
 _PULL_STATUS: dict[GetStatus, tuple[PullStatus, ResponseCode]] = {
     GetStatus.FOUND: (PullStatus.FOUND, ResponseCode.SUCCESS),
     GetStatus.NO_MATCHED_MESSAGE: (PullStatus.NO_MATCHED_MSG, ResponseCode.PULL_RETRY_IMMEDIATELY),
@@ -977,11 +1001,6 @@ _PULL_STATUS: dict[GetStatus, tuple[PullStatus, ResponseCode]] = {
 }
 
 
-def _tags_codes(expression: str | None) -> set[int] | None:
-    """RocketMQ's tag subscription ``"A || B"`` -> tag hash codes; ``*`` or empty -> no filter."""
-    if not expression or expression.strip() in ("", "*"):
-        return None
-    return {tags_code(t.strip()) for t in expression.split("||") if t.strip()}
 
 
 def _messages_reply(req: Request, found: list[Any], store: Any) -> Response:

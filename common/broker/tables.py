@@ -38,10 +38,18 @@ class TopicTable:
         self.on_change: Callable[[], None] | None = None  # after a topic is made or grown
 
     def merge_seen(self, seen: dict[str, int]) -> None:
-        """Topics found in the ConsumeQueues (e.g. replicated to a slave) but not configured."""
+        """Topics found in the store (e.g. replicated to a slave) but not configured, or
+        configured with fewer queues: kept, written, and published like a created topic."""
         with self._lock:
-            for name, nums in seen.items():
-                self._queues[name] = max(nums, self._queues.get(name, 0))
+            grown = {name: nums for name, nums in seen.items()
+                     if nums > self._queues.get(name, 0)}
+            if not grown:
+                return
+            self._queues.update(grown)
+            self._counter += 1
+            atomic_write_json(self.path, self._to_json())
+        if self.on_change is not None:
+            self.on_change()
 
     def queue_nums(self, topic: str) -> int:
         return self._queues.get(topic, 0)

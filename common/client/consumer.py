@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,7 @@ from common.core.message import (
     DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_ORIGIN_MESSAGE_ID,
     MessageExt,
+    subscribed_tags,
 )
 from common.format.protocol import RequestCode
 
@@ -162,7 +164,13 @@ class Consumer(ClientBase):
             )
             return pull_result(resp, name)
 
-        return self._read(attempt, cluster)  # type: ignore[no-any-return]
+        result: PullResult = self._read(attempt, cluster)
+        wanted = subscribed_tags(tags)
+        if wanted is not None and any(m.tags not in wanted for m in result.messages):
+            # a broker that filtered by hash code only (another tag with the same hash)
+            result = dataclasses.replace(
+                result, messages=[m for m in result.messages if m.tags in wanted])
+        return result
 
     def _read(self, attempt: Any, cluster: Cluster | None = None) -> Any:
         return self._with_retries(attempt, read_from=self.read_from, read=True,

@@ -32,6 +32,12 @@ SCHEDULE_SOURCE = "__SCHED_SRC"  # property naming the schedule record a deliver
 KEY_SEPARATOR = " "
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+# Topics only the broker writes (RocketMQ's TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET and its
+# rmq_sys_ prefix): their records belong to other topics (REAL_TOPIC), so a client that could
+# send to one, or pull one, would pass by those topics' ACL.
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+SYSTEM_TOPICS = frozenset({SCHEDULE_TOPIC, "RMQ_SYS_TRANS_HALF_TOPIC",
+                           "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC"})
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ's consumer default: retries before the DLQ
@@ -259,3 +265,17 @@ def body_str(body: bytes) -> str | None:
         return body.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def is_system_topic(topic: str) -> bool:
+    """A topic only the broker writes (``SYSTEM_TOPICS``, or one under ``rmq_sys_``)."""
+    return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
+
+
+def subscribed_tags(expression: str | None) -> frozenset[str] | None:
+    """RocketMQ's tag subscription ``"A || B"`` -> its tags; ``*`` or empty -> None (every
+    message). The broker filters by their hash codes, then by the tag itself (two tags can
+    share a hash); the client checks the tag again, as RocketMQ's clients do."""
+    if not expression or expression.strip() in ("", "*"):
+        return None
+    return frozenset(t.strip() for t in expression.split("||") if t.strip())

@@ -268,6 +268,21 @@ def parse(buf: bytes | bytearray | memoryview, pos: int = 0) -> Parsed:
     return Parsed(header, body, topic, props)
 
 
+_TAGS_PREFIX = b"TAGS\x01"
+
+
+def record_tags(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | None:
+    """The TAGS property of a whole record (None without one), read from its properties
+    without decoding the rest."""
+    props = bytes(parse(buf, pos).props)
+    start = 0 if props.startswith(_TAGS_PREFIX) else props.find(b"\x02" + _TAGS_PREFIX) + 1
+    if start == 0 and not props.startswith(_TAGS_PREFIX):
+        return None
+    start += len(_TAGS_PREFIX)
+    end = props.find(b"\x02", start)
+    return props[start : end if end >= 0 else len(props)].decode("utf-8", "replace")
+
+
 class Check(NamedTuple):
     """Result of checking the bytes at a position: size > 0 record, 0 blank, -1 invalid."""
 

@@ -67,6 +67,7 @@ from common.ha.protocol import (
 
 PeerId: TypeAlias = bytes
 DEFAULT_MAX_PEERS = 16
+CONFIRM_NOTICE_MS = 20  # a caught-up peer hears of a new confirmed offset at most this late
 FLOW_BURST_BATCHES = 2  # haFlowControlEnable: the bucket holds this many haTransferBatchSize
 
 
@@ -87,12 +88,13 @@ class ReadAndSend:
     epoch_start_phy_offset: int
     phy_offset: int
     length: int
+    confirm_offset: int = NO_OFFSET
 
     def frames(self, data: bytes | memoryview) -> list[bytes | memoryview]:
         if len(data) != self.length:
             raise ValueError(f"read {len(data)} bytes at {self.phy_offset}, need {self.length}")
         return encode_data(self.session, self.epoch, self.epoch_start_phy_offset,
-                           self.phy_offset, data)
+                           self.phy_offset, data, self.confirm_offset)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,6 +153,7 @@ class _Peer:
     refused_acks: int = 0
     flow_tokens: float = -1.0  # bytes the peer may be sent now (-1: a full bucket, first use)
     flow_at_ms: int = 0  # when the bucket was last refilled
+    told_confirm: int = NO_OFFSET  # the confirmed offset the peer was last sent
 
 
 def _error(peer_id: PeerId, session: int, code: ResponseCode, reason: str,
@@ -178,6 +181,9 @@ class MasterCore:
         self._now_ms = now_ms
         self._max_peers = max_peers
         self._peers: dict[PeerId, _Peer] = {}
+        # the confirmed offset sent to the slaves (NO_OFFSET: none, a master without the
+        # controller); set by the driver, never decided here
+        self._confirm = NO_OFFSET
 
     # ---- read-only state ---------------------------------------------------------------------
     @property
@@ -195,6 +201,16 @@ class MasterCore:
     @property
     def min_phy_offset(self) -> int:
         return self._min
+
+    @property
+    def confirm_offset(self) -> int:
+        return self._confirm
+
+    def set_confirm_offset(self, confirm_offset: int) -> None:
+        """What every SyncStateSet member holds (the driver computes it): carried in every
+        DATA frame, and in a HEARTBEAT to a peer no DATA goes to (``tick``, within
+        CONFIRM_NOTICE_MS), so a slave serves consumers exactly what survives a failover."""
+        self._confirm = confirm_offset
 
     @property
     def peer_count(self) -> int:
@@ -239,8 +255,7 @@ class MasterCore:
     def next_deadline_ms(self) -> int | None:
         """When ``tick`` next has something to do (None: no peers): a heartbeat, a silent
         peer, or the next flow-control slice of a peer held back by it."""
-        times = [min(p.last_sent_ms + self._cfg.haSendHeartbeatInterval,
-                     p.last_heard_ms + self._cfg.haHousekeepingInterval + 1)
+        times = [min(self._beat_due_ms(p), p.last_heard_ms + self._cfg.haHousekeepingInterval + 1)
                  for p in self._peers.values()]
         for p in self._peers.values():
             short = self._flow_shortfall(p)
@@ -347,10 +362,12 @@ class MasterCore:
             silent_ms = self._now_ms - peer.last_heard_ms
             if silent_ms > self._cfg.haHousekeepingInterval:
                 actions.extend(self._forget(peer.peer_id, f"silent for {silent_ms} ms"))
-            elif self._now_ms - peer.last_sent_ms >= self._cfg.haSendHeartbeatInterval:
-                beat = Heartbeat(peer.session, self.epoch, self._max, peer.next_phy_offset)
+            elif self._now_ms >= self._beat_due_ms(peer):
+                beat = Heartbeat(peer.session, self.epoch, self._max, peer.next_phy_offset,
+                                 self._confirm)
                 actions.append(Send(peer.peer_id, (encode_header(beat),)))
                 peer.last_sent_ms = self._now_ms
+                peer.told_confirm = self._confirm
             if peer.peer_id in self._peers and self._cfg.haFlowControlEnable:
                 actions.extend(self._fill(peer))  # a new slice may allow more
         return actions
@@ -360,6 +377,14 @@ class MasterCore:
         return self._forget(peer_id, reason)
 
     # ---- internals ---------------------------------------------------------------------------
+    def _beat_due_ms(self, peer: _Peer) -> int:
+        """When ``peer`` gets its next HEARTBEAT: an idle interval after the last frame, or
+        CONFIRM_NOTICE_MS after it when the confirmed offset moved past what it was told."""
+        idle = self._cfg.haSendHeartbeatInterval
+        if peer.told_confirm < self._confirm:
+            idle = min(idle, CONFIRM_NOTICE_MS)
+        return peer.last_sent_ms + idle
+
     def _clock(self, now_ms: int) -> None:
         self._now_ms = max(self._now_ms, now_ms)
 
@@ -452,7 +477,9 @@ class MasterCore:
         while (length := self._next_length(peer)) > 0:
             entry = self._history[ep.entry_index_at(self._history, peer.next_phy_offset)]
             actions.append(ReadAndSend(peer.peer_id, peer.session, entry.epoch,
-                                       entry.start_phy_offset, peer.next_phy_offset, length))
+                                       entry.start_phy_offset, peer.next_phy_offset, length,
+                                       self._confirm))
+            peer.told_confirm = self._confirm
             peer.next_phy_offset += length
             if self._cfg.haFlowControlEnable:
                 peer.flow_tokens -= length

@@ -17,10 +17,12 @@ recognised and ignored (ZeroMQ reconnects silently; a stale reply must never tru
 |      |             |                | start_phy_offset, epochs [[epoch, start_phy_offset], ...],|     |
 |      |             |                | master_address (its client host:port; optional)           |     |
 |  3   | DATA        | master->slave  | session, epoch, epoch_start_phy_offset, phy_offset,       | yes |
-|      |             |                | length (== len(raw), 1..haTransferBatchSize)              |     |
+|      |             |                | length (== len(raw), 1..haTransferBatchSize),             |     |
+|      |             |                | confirm_offset (optional; -1: none)                       |     |
 |  4   | ACK         | slave->master  | session, ack_offset (the slave's max offset; heartbeat),  | no  |
 |      |             |                | epoch (the newest the slave knows; optional, 0: unknown)  |     |
-|  5   | HEARTBEAT   | master->slave  | session, epoch, max_phy_offset, sent_phy_offset           | no  |
+|  5   | HEARTBEAT   | master->slave  | session, epoch, max_phy_offset, sent_phy_offset,          | no  |
+|      |             |                | confirm_offset (optional; -1: none)                       |     |
 |  6   | ERROR       | either         | session, code (ResponseCode), phy_offset (-1: none),      | no  |
 |      |             |                | reason (UTF-8)                                            |     |
 
@@ -34,6 +36,11 @@ was added) decodes with ``""``.
 (``docs/operations.md``, automatic failover): a master of an older epoch that reads it knows it
 has been replaced and stops acknowledging writes. An ACK of two fields (before the field was
 added) decodes with 0.
+``confirm_offset`` in DATA and HEARTBEAT is the master's confirmed offset (RocketMQ 5's
+``confirmOffset``): in controller mode, what every member of the SyncStateSet holds. A slave
+serves consumers nothing past it (``MessageStore.set_confirm_offset``), so a read from a slave
+never returns a record that a failover to another member could drop. -1 (a master without
+the controller, or a frame without the field): nothing is held back.
 ``sent_phy_offset`` in HEARTBEAT is how far the master has streamed in this session: a slave
 holding less knows bytes were lost and asks again. ERROR with OFFSET_OUT_OF_RANGE carries in
 ``phy_offset`` the master's min offset (slave too far behind) or the truncate point.
@@ -129,6 +136,7 @@ class Data:
     epoch_start_phy_offset: int
     phy_offset: int
     data: bytes | memoryview
+    confirm_offset: int = NO_OFFSET
 
     @property
     def end_phy_offset(self) -> int:
@@ -148,6 +156,7 @@ class Heartbeat:
     epoch: int
     max_phy_offset: int
     sent_phy_offset: int
+    confirm_offset: int = NO_OFFSET
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,7 +183,8 @@ def encode(frame: Frame) -> list[bytes | memoryview]:
     """The multipart frames for one message (DATA: header plus the untouched raw bytes)."""
     if isinstance(frame, Data):
         return encode_data(
-            frame.session, frame.epoch, frame.epoch_start_phy_offset, frame.phy_offset, frame.data
+            frame.session, frame.epoch, frame.epoch_start_phy_offset, frame.phy_offset, frame.data,
+            frame.confirm_offset,
         )
     return [encode_header(frame)]
 
@@ -193,17 +203,18 @@ def encode_header(frame: Hello | HelloReply | Ack | Heartbeat | Error) -> bytes:
         return _pack([FrameType.ACK, frame.session, frame.ack_offset, frame.epoch])
     if isinstance(frame, Heartbeat):
         return _pack([FrameType.HEARTBEAT, frame.session, frame.epoch, frame.max_phy_offset,
-                      frame.sent_phy_offset])
+                      frame.sent_phy_offset, frame.confirm_offset])
     reason = frame.reason.encode("utf-8")[:MAX_REASON_BYTES].decode("utf-8", "ignore")
     return _pack([FrameType.ERROR, frame.session, int(frame.code), frame.phy_offset, reason])
 
 
 def encode_data(
     session: int, epoch: int, epoch_start_phy_offset: int, phy_offset: int,
-    data: bytes | memoryview,
+    data: bytes | memoryview, confirm_offset: int = NO_OFFSET,
 ) -> list[bytes | memoryview]:
     """DATA header plus ``data`` itself as the second frame (zero copies here)."""
-    header = _pack([FrameType.DATA, session, epoch, epoch_start_phy_offset, phy_offset, len(data)])
+    header = _pack([FrameType.DATA, session, epoch, epoch_start_phy_offset, phy_offset, len(data),
+                    confirm_offset])
     return [header, data]
 
 
@@ -337,7 +348,12 @@ def _decode_hello_reply(fields: list[Any], limits: Limits) -> HelloReply:
 
 def _decode_data(fields: list[Any], raw: bytes | memoryview, limits: Limits) -> Data:
     k = FrameType.DATA
-    f = _fields(k, fields, ("session", "epoch", "epoch_start_phy_offset", "phy_offset", "length"))
+    names: tuple[str, ...] = ("session", "epoch", "epoch_start_phy_offset", "phy_offset", "length")
+    if len(fields) == len(names) + 1:  # with the master's confirmed offset
+        names += ("confirm_offset",)
+    elif len(fields) != len(names):
+        raise HAProtocolError(f"{k.name}: expected 5 or 6 fields, got {len(fields)}")
+    f = _fields(k, fields, names)
     length = _int(k, "length", f["length"], 1, limits.max_data_bytes)
     if len(raw) != length:
         raise HAProtocolError(f"DATA: header says {length} bytes, raw frame has {len(raw)}")
@@ -347,6 +363,7 @@ def _decode_data(fields: list[Any], raw: bytes | memoryview, limits: Limits) -> 
         epoch_start_phy_offset=_int(k, "epoch_start_phy_offset", f["epoch_start_phy_offset"]),
         phy_offset=_int(k, "phy_offset", f["phy_offset"], 0, MAX_OFFSET - length),
         data=raw,
+        confirm_offset=_int(k, "confirm_offset", f.get("confirm_offset", NO_OFFSET), NO_OFFSET),
     )
     if data.epoch_start_phy_offset > data.phy_offset:
         raise HAProtocolError(f"DATA: epoch {data.epoch} starts at {data.epoch_start_phy_offset}"
@@ -369,12 +386,18 @@ def _decode_ack(fields: list[Any], limits: Limits) -> Ack:
 
 def _decode_heartbeat(fields: list[Any], limits: Limits) -> Heartbeat:
     k = FrameType.HEARTBEAT
-    f = _fields(k, fields, ("session", "epoch", "max_phy_offset", "sent_phy_offset"))
+    names: tuple[str, ...] = ("session", "epoch", "max_phy_offset", "sent_phy_offset")
+    if len(fields) == len(names) + 1:  # with the master's confirmed offset
+        names += ("confirm_offset",)
+    elif len(fields) != len(names):
+        raise HAProtocolError(f"{k.name}: expected 4 or 5 fields, got {len(fields)}")
+    f = _fields(k, fields, names)
     beat = Heartbeat(
         session=_int(k, "session", f["session"], 0, MAX_SESSION),
         epoch=_int(k, "epoch", f["epoch"], 1, _MAX_EPOCH),
         max_phy_offset=_int(k, "max_phy_offset", f["max_phy_offset"]),
         sent_phy_offset=_int(k, "sent_phy_offset", f["sent_phy_offset"]),
+        confirm_offset=_int(k, "confirm_offset", f.get("confirm_offset", NO_OFFSET), NO_OFFSET),
     )
     if beat.sent_phy_offset > beat.max_phy_offset:
         raise HAProtocolError("HEARTBEAT: sent_phy_offset beyond max_phy_offset")

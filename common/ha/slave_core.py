@@ -146,6 +146,9 @@ class SlaveCore:
         self._ignored_frames = 0
         self._master_address = ""  # kept across reconnects: the last master that answered
         self._min_master_epoch = 0  # the controller's newest epoch: an older master is refused
+        # the master's confirmed offset as its last frame of this session said (None: not told
+        # in this session yet; NO_OFFSET: it holds nothing back)
+        self._master_confirm: int | None = None
 
     # ---- read-only state ---------------------------------------------------------------------
     @property
@@ -169,6 +172,13 @@ class SlaveCore:
         """The newest epoch this slave knows of (its log's, its master's, the controller's);
         every ACK carries it, so a master of an older term learns it was replaced."""
         return max(ep.last_epoch(self._history), self._master_epoch, self._min_master_epoch)
+
+    @property
+    def master_confirm(self) -> int | None:
+        """What the master of this session last said every SyncStateSet member holds (None:
+        nothing said yet in this session; NO_OFFSET: the master holds nothing back). The
+        driver serves consumers nothing past it (``MessageStore.set_confirm_offset``)."""
+        return self._master_confirm
 
     def require_epoch(self, epoch: int) -> None:
         """Refuse any master older than ``epoch`` from now on (the controller named a master
@@ -230,6 +240,7 @@ class SlaveCore:
             return actions
         actions.extend(self._adopt_master_epochs(reply.epochs, reply.max_phy_offset))
         self._state = SlaveState.TRANSFER
+        self._master_confirm = None  # a new master may confirm less than the last one
         self._master_epoch = reply.epoch
         self._master_history = reply.epochs
         self._master_max = reply.max_phy_offset
@@ -248,6 +259,7 @@ class SlaveCore:
                               f"master of epoch {self._master_epoch} was replaced by the "
                               f"controller (epoch {self._min_master_epoch})", now_ms)
         self._last_heard_ms = now_ms
+        self._master_confirm = data.confirm_offset
         if data.end_phy_offset <= self._max:
             self._ignored_frames += 1  # a duplicate of bytes we hold
             return []
@@ -273,6 +285,7 @@ class SlaveCore:
             return []
         self._last_heard_ms = now_ms
         self._master_max = beat.max_phy_offset
+        self._master_confirm = beat.confirm_offset
         if beat.sent_phy_offset > self._max:
             return self._resync(f"master sent up to {beat.sent_phy_offset} but we hold "
                                 f"{self._max}: frames were lost", now_ms, reconnect=False)

@@ -9,8 +9,9 @@ start offset falls in, so consecutive batches partition the log exactly, and rep
 from a checkpoint reads exactly the same records (no loss, no repeats).
 
 ``latestOffset`` never passes the group's *safe end*: what the master has flushed and dispatched
-to its ConsumeQueues and, when it has in-sync slaves, what at least one of them has
-acknowledged; records below it survive a failover and are visible to pulls. Each batch has one
+to its ConsumeQueues, no further than its confirmed offset (``confirmPhyOffset``: in controller
+mode what every SyncStateSet member holds) and, when it has in-sync slaves, what at least one of
+them has acknowledged; records below it survive a failover and are visible to pulls. Each batch has one
 input partition per (group, topic, queue); a partition finds its first queue offset at or
 after ``start`` by binary search over pulls and pulls until it passes ``end``, through
 ``common.client.Consumer``, which follows the group's master across a failover.
@@ -153,6 +154,8 @@ def _status_or_none(admin: Any, address: str) -> dict[str, Any] | None:
 def safe_end(status: dict[str, Any]) -> int:
     """The highest CommitLog offset a stream may read up to (see the module docstring)."""
     end = min(int(status["flushedPhyOffset"]), int(status["dispatchedPhyOffset"]))
+    if "confirmPhyOffset" in status:  # controller mode: what every SyncStateSet member holds
+        end = min(end, int(status["confirmPhyOffset"]))
     acks = [int(s["ackOffset"]) for s in status.get("slaves") or [] if s.get("inSync")]
     if acks:
         end = min(end, max(acks))

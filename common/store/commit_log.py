@@ -428,9 +428,11 @@ class CommitLog:
             digest = digests[0]
             if digest.start > phy:
                 return None
-            digests.popleft()
             if digest.start == phy:
-                return digest if digest.end <= end else None
+                if digest.end > end:
+                    return None  # not confirmed whole yet: kept for the pass that reaches it
+                return digests.popleft()
+            digests.popleft()
         return None
 
     def take_digest_run(self, phy: int, end: int, max_records: int) -> WriteDigest | None:
@@ -671,7 +673,7 @@ class CommitLog:
             log.error("event=corruption_below_flushed offset=%d flushed=%d reason=%r "
                       "action=cut_and_fetch_again_from_the_master", phy, flushed_checkpoint,
                       report.cut_reason or "missing data")
-        self._cut(phy, report)
+        self._cut(phy, report, flushed_checkpoint if abnormal else phy)
         return report
 
     def _refuse_below_flushed(self, phy: int, flushed: int, reason: str) -> None:
@@ -696,7 +698,11 @@ class CommitLog:
         since = self.require_prop_crc_from
         return since is not None and phy_offset >= since
 
-    def _cut(self, end: int, report: RecoveryReport) -> None:
+    def _cut(self, end: int, report: RecoveryReport, durable: int) -> None:
+        """Cut the log at ``end``. Only ``durable`` (the checkpoint's flushed offset after a
+        crash) is known to be on disk: the positions say so, so the next flush msyncs the
+        rest before anyone records it as flushed (a power loss after a kill -9 must find
+        whole records up to what the checkpoint claims, not a torn tail below it)."""
         files = self.queue.files
         first = files[0]
         report.segments_removed = [
@@ -709,7 +715,12 @@ class CommitLog:
             holder.set_positions(pos)
             report.cut_bytes += holder.zero_tail_if_dirty(pos)
         self.queue.truncate_dirty(end)
-        self.queue.flushed_where = end
+        durable = min(durable, end)
+        for mf in self.queue.files:
+            if mf.end_offset > durable:
+                mf.flushed_position = min(mf.flushed_position,
+                                          max(0, durable - mf.file_from_offset))
+        self.queue.flushed_where = durable
         if report.cut_reason or report.cut_bytes:
             log.warning(
                 "event=recovery_cut offset=%d reason=%r zeroed_bytes=%d segments_removed=%s",

@@ -43,7 +43,13 @@ from common.store.commit_log import CommitLog, PutResult, RecoveryReport, to_mes
 from common.store.consume_queue import ConsumeQueueStore
 from common.store.flush import FlushWatcher, GroupCommitService, PeriodicFlushService, done_future
 from common.store.index import IndexService
-from common.store.reput import ArrivalListener, DispatchRequest, ReputService
+from common.store.reput import (
+    ArrivalListener,
+    DispatchRequest,
+    ReputService,
+    tail_queue_offsets,
+    tail_records,
+)
 from common.store.schedule import ScheduleService, to_schedule_message
 
 log = logging.getLogger("replog.store")
@@ -108,6 +114,7 @@ class StoreStats:
     max_phy_offset: int
     flushed_phy_offset: int
     dispatched_phy_offset: int
+    confirm_phy_offset: int  # what consumers may be served up to (the max without a bound)
     flush_lag_bytes: int
     reput_lag_bytes: int
     segments: int
@@ -161,6 +168,12 @@ class MessageStore:
         self.checkpoint: StoreCheckpoint | None = None
         self.reput = ReputService(self)
         self.dispatched_phy_offset = 0
+        # RocketMQ 5's confirmOffset: consumers are served nothing past it (reput dispatches
+        # only up to it, so no ConsumeQueue entry, index key or delayed delivery exists
+        # beyond it). None: every appended byte counts (no controller). In controller mode a
+        # master sets it to what every SyncStateSet member holds, a slave to what its master
+        # says; a record past it may not survive a failover, so no consumer may see it.
+        self.confirm_phy_offset: int | None = None
         self.recovery: RecoveryReport | None = None
         self.running = False
         self.puts = 0
@@ -171,6 +184,9 @@ class MessageStore:
         self._flusher: PeriodicFlushService | None = None
         self._cq_flusher: PeriodicFlushService | None = None
         self._services: list[object] = []
+        # "" while this broker may write, else why not (the broker's write_refusal): delayed
+        # deliveries are writes, and a fenced or stand-by master makes none
+        self.delivery_gate: Callable[[], str] | None = None
         self.schedule = ScheduleService(self, self.delay_levels_ms)
         self.cleaner = CleanService(self)
         self._schedule_running = False
@@ -213,9 +229,15 @@ class MessageStore:
         if self.index is not None:
             self.index.truncate(log_end)
         self.dispatched_phy_offset = self._dispatch_start(abnormal)
+        if self.cfg.enableControllerMode:
+            # what was visible before (dispatched, hence confirmed then) and no more: the
+            # rest waits until the controller's master confirms it, or this broker is elected
+            self.confirm_phy_offset = max(self.dispatched_phy_offset, min(
+                self.checkpoint.confirm_phy_offset, self.commit_log.max_offset))
         self.reput.catch_up()
         self._rebuild_queue_table()
-        self.checkpoint.physic_flushed_offset = self.commit_log.flushed_offset
+        # what recovery kept of an unflushed tail is written out before it is claimed
+        self.checkpoint.physic_flushed_offset = self.commit_log.flush(0)
         self.checkpoint.flush()
 
     # ---- the whole-record CRC: from where every record carries it ---------------------------
@@ -271,7 +293,43 @@ class MessageStore:
         return max(start, log_min)
 
     def _rebuild_queue_table(self) -> None:
-        self.commit_log.topic_queue_table = dict(self.cq_store.topic_queue_table())
+        """The next queue offset of every queue: what the ConsumeQueues hold, and past that
+        what the records not dispatched yet (beyond the confirmed offset) took already."""
+        table = dict(self.cq_store.topic_queue_table())
+        for key, next_offset in tail_queue_offsets(self.undispatched_records()).items():
+            table[key] = max(table.get(key, 0), next_offset)
+        self.commit_log.topic_queue_table = table
+
+    def undispatched_records(self) -> list[DispatchRequest]:
+        """The whole records past what reput dispatched (past the confirmed offset, or not
+        reached yet), as reput would dispatch them."""
+        if self.dispatched_phy_offset >= self.commit_log.max_offset:
+            return []
+        return tail_records(self.commit_log, self.dispatched_phy_offset, self.delay_levels_ms)
+
+    # ---- the confirmed offset (RocketMQ 5's confirmOffset) ----------------------------------
+    def reput_end(self) -> int:
+        """Where reput stops: the log's end, or the confirmed offset when that is lower."""
+        end = self.commit_log.max_offset
+        confirm = self.confirm_phy_offset
+        return end if confirm is None or confirm >= end else confirm
+
+    def set_confirm_offset(self, confirm_phy_offset: int | None) -> None:
+        """Consumers may now be served up to ``confirm_phy_offset`` (None: everything). It
+        never goes back below what is dispatched already (served once, a record stays served);
+        the caller dispatches what it uncovers (``dispatch_inline``) or reput's thread does."""
+        if confirm_phy_offset is not None:
+            confirm_phy_offset = max(confirm_phy_offset, self.dispatched_phy_offset)
+        before = self.confirm_phy_offset
+        self.confirm_phy_offset = confirm_phy_offset
+        if before is not None and (confirm_phy_offset is None or confirm_phy_offset > before):
+            self.reput.wake()
+
+    def confirmed(self, phy_offset: int) -> bool:
+        """Whether the record at ``phy_offset`` may be shown to a client (look-ups by
+        offset, msgId or key read the CommitLog itself, past the ConsumeQueues)."""
+        confirm = self.confirm_phy_offset
+        return confirm is None or phy_offset < self.dispatched_phy_offset
 
     def _start_services(self) -> None:
         cfg = self.cfg
@@ -297,7 +355,7 @@ class MessageStore:
     def set_schedule_enabled(self, enabled: bool) -> None:
         """Delay-level delivery runs on a master only (a promoted slave turns it on)."""
         if enabled and not self._schedule_running:
-            self.schedule = ScheduleService(self, self.delay_levels_ms)
+            self.schedule = ScheduleService(self, self.delay_levels_ms, self.delivery_gate)
             self.schedule.start()
             self._schedule_running = True
         elif not enabled and self._schedule_running:
@@ -311,6 +369,10 @@ class MessageStore:
         this a promoted slave would hand out queue offsets that its ConsumeQueues already hold.
         Call after replication into this store has stopped.
         """
+        if not self.cfg.enableControllerMode:
+            self.confirm_phy_offset = None
+        # in controller mode the confirmed offset stays until the master's HA service knows
+        # the SyncStateSet (master/ha_service.py): the other members may lack the tail
         self.reput.catch_up()
         with self.commit_log.put_lock:
             self._rebuild_queue_table()
@@ -330,8 +392,11 @@ class MessageStore:
         log.error("event=store_not_writeable offset=%d reason=%s", e.phy_offset, e.reason)
 
     def become_slave(self) -> None:
-        """Stop what only a master does (delay delivery); writes are refused by the role."""
+        """Stop what only a master does (delay delivery); writes are refused by the role. In
+        controller mode what is visible stays as it is until the master says more."""
         self.set_schedule_enabled(False)
+        if self.cfg.enableControllerMode:
+            self.confirm_phy_offset = self.dispatched_phy_offset
 
     def clean_now(self) -> int:
         """Delete expired segments now, whatever the hour (operators, tests)."""
@@ -356,7 +421,7 @@ class MessageStore:
         self.allocate.shutdown()
         self._flush_commit_log(0)
         self._flush_indexes(0)
-        clean = self.dispatched_phy_offset >= self.commit_log.max_offset
+        clean = self.dispatched_phy_offset >= self.reput_end()
         self.commit_log.shutdown()
         self.cq_store.shutdown()
         if self.index is not None:
@@ -382,6 +447,8 @@ class MessageStore:
         self.cq_store.flush_all(least_pages)
         if self.checkpoint is not None:
             self.checkpoint.logics_msg_timestamp = self._last_dispatch_ts
+            # everything dispatched was confirmed: a restart in controller mode shows that
+            self.checkpoint.confirm_phy_offset = self.dispatched_phy_offset
             if self.index is not None:
                 self.index.flush()
                 self.checkpoint.index_msg_timestamp = self.index.flushed_end_timestamp
@@ -484,7 +551,11 @@ class MessageStore:
 
     # ---- reads ----------------------------------------------------------------------------------
     def get_message(self, group: str, topic: str, queue_id: int, queue_offset: int, max_nums: int,
-                    tags_codes: set[int] | None = None, max_bytes: int = MAX_GET_BYTES) -> GetResult:
+                    tags_codes: set[int] | None = None, max_bytes: int = MAX_GET_BYTES,
+                    tags: frozenset[str] | None = None) -> GetResult:
+        """Up to ``max_nums`` records from ``queue_offset``. ``tags_codes``: only entries
+        whose tag hash is one of these; ``tags``: and whose TAGS property is one of these
+        (two tags can share a hash: the record itself says which it has)."""
         del group  # consumer groups matter for offsets, not for reading
         cq = self.cq_store.get(topic, queue_id)
         if cq is None:
@@ -499,11 +570,11 @@ class MessageStore:
         if queue_offset > max_q:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, max_q, min_q, max_q)
         return self._read_entries(cq, queue_offset, max(1, min(max_nums, 1024)), tags_codes,
-                                  max_bytes, min_q, max_q)
+                                  max_bytes, min_q, max_q, tags)
 
     def _read_entries(self, cq: object, queue_offset: int, max_nums: int,
                       tags_codes: set[int] | None, max_bytes: int, min_q: int,
-                      max_q: int) -> GetResult:
+                      max_q: int, tags: frozenset[str] | None = None) -> GetResult:
         records: list[bytes] = []
         next_offset = queue_offset
         total = 0
@@ -531,6 +602,8 @@ class MessageStore:
                     break
                 return GetResult(GetStatus.CORRUPT_RECORD, q_off, min_q, max_q,
                                  corrupt=(q_off, phy, why))
+            if tags is not None and record.record_tags(raw) not in tags:
+                continue  # another tag with the same hash code
             records.append(raw)
             total += size
         if records:
@@ -572,10 +645,17 @@ class MessageStore:
         return self.commit_log.store_timestamp_at(entry[0]) if entry is not None else None
 
     def topic_queues(self) -> dict[str, int]:
-        return self.cq_store.topics()
+        """Queue count per topic over what this store holds: its ConsumeQueues, and the
+        queues records past the confirmed offset were put to (not dispatched yet)."""
+        out = self.cq_store.topics()
+        for topic, queue_id in list(self.commit_log.topic_queue_table):
+            out[topic] = max(out.get(topic, 0), queue_id + 1)
+        return out
 
     def message_by_offset(self, phy_offset: int) -> MessageExt | None:
         if not self.commit_log.min_offset <= phy_offset < self.commit_log.max_offset:
+            return None
+        if not self.confirmed(phy_offset):
             return None
         try:
             return self.commit_log.message_at(phy_offset)
@@ -597,11 +677,16 @@ class MessageStore:
                               f"{e.reason}") from None
         if found is None:
             raise LookupError(f"no message starts at commitLogOffset {phy_offset}")
+        if not self.confirmed(phy_offset):
+            raise LookupError(f"the message at commitLogOffset {phy_offset} is not confirmed "
+                              "by the SyncStateSet yet")
         return found
 
     def record_at(self, phy_offset: int) -> bytes | None:
         """The stored bytes of the whole record at ``phy_offset`` (query answers)."""
         if not self.commit_log.min_offset <= phy_offset < self.commit_log.max_offset:
+            return None
+        if not self.confirmed(phy_offset):
             return None
         return self.commit_log.read_record(phy_offset)
 
@@ -716,10 +801,14 @@ class MessageStore:
             if self.index is not None:
                 self.index.truncate(phy_offset)
             self.dispatched_phy_offset = min(self.dispatched_phy_offset, phy_offset)
+            if self.confirm_phy_offset is not None:
+                self.confirm_phy_offset = min(self.confirm_phy_offset, phy_offset)
             self._rebuild_queue_table()
             if self.checkpoint is not None:
                 self.checkpoint.physic_flushed_offset = min(
                     self.checkpoint.physic_flushed_offset, phy_offset)
+                self.checkpoint.confirm_phy_offset = min(
+                    self.checkpoint.confirm_phy_offset, phy_offset)
                 self.checkpoint.flush()
         log.warning("event=store_truncated offset=%d", phy_offset)
 
@@ -736,9 +825,12 @@ class MessageStore:
             if self.index is not None:
                 self.index.truncate(0)
             self.dispatched_phy_offset = phy_offset
+            if self.confirm_phy_offset is not None:
+                self.confirm_phy_offset = phy_offset
             self._rebuild_queue_table()
             if self.checkpoint is not None:
                 self.checkpoint.physic_flushed_offset = phy_offset
+                self.checkpoint.confirm_phy_offset = phy_offset
                 self.checkpoint.flush()
 
     # ---- figures --------------------------------------------------------------------------------
@@ -750,6 +842,7 @@ class MessageStore:
             max_phy_offset=cl.max_offset,
             flushed_phy_offset=cl.flushed_offset,
             dispatched_phy_offset=self.dispatched_phy_offset,
+            confirm_phy_offset=self.reput_end(),
             flush_lag_bytes=max(0, cl.max_offset - cl.flushed_offset),
             reput_lag_bytes=max(0, cl.max_offset - self.dispatched_phy_offset),
             segments=len(cl.queue.files),

@@ -110,6 +110,48 @@ MAX_PASS_RECORDS = 4096  # bounds how long a pass holds the reput lock and delay
 RETRY_S = 1.0  # after a pass that could not finish (a bad record, a full disk)
 
 
+def tail_records(log_: CommitLog, start: int, delay_levels_ms: list[int]) -> list[DispatchRequest]:
+    """What every whole record in ``[start, log end)`` would dispatch: the records not
+    dispatched yet (past the confirmed offset), which a new master must still count (their
+    queue offsets are taken, their delayed deliveries made). Stops at a record that is not
+    whole (a slave's partial tail); a bad header raises CorruptionError."""
+    found: list[DispatchRequest] = []
+    end = log_.max_offset
+    phy = start
+    while phy < end:
+        mf = log_.queue.find(phy)
+        if mf is None:
+            break
+        base, buf = mf.file_from_offset, mf.buffer
+        pos, limit = phy - base, min(mf.wrote_position, end - base)
+        while pos + record.END_FILE_MIN_BLANK <= limit:
+            total, magic = _HEAD.unpack_from(buf, pos)
+            if magic == record.BLANK_MAGIC:
+                pos = mf.file_size
+                break
+            if magic != record.MAGIC_V1 or total < record.FIXED_BYTES \
+                    or pos + total > mf.file_size:
+                raise CorruptionError(base + pos, f"bad record header (magic 0x{magic:08X}, "
+                                                  f"size {total})")
+            if pos + total > limit:
+                return found
+            found.append(dispatch_request(buf[pos : pos + total], base + pos, delay_levels_ms))
+            pos += total
+        if base + pos == phy:
+            break
+        phy = base + pos
+    return found
+
+
+def tail_queue_offsets(tail: list[DispatchRequest]) -> dict[tuple[str, int], int]:
+    """(topic, queue id) -> the queue offset after the last of ``tail``'s records there."""
+    found: dict[tuple[str, int], int] = {}
+    for req in tail:
+        key = (req.topic, req.queue_id)
+        found[key] = max(found.get(key, 0), req.queue_offset + 1)
+    return found
+
+
 class ReputService:
     """Dispatches records to the indexes, in a thread woken by appends."""
 
@@ -198,7 +240,7 @@ class ReputService:
         """
         store = self._store
         log_ = store.commit_log
-        end = log_.max_offset
+        end = store.reput_end()
         count = 0
         while store.dispatched_phy_offset < end:
             digest = log_.take_digest_run(store.dispatched_phy_offset, end, MAX_PASS_RECORDS)
@@ -352,7 +394,7 @@ class ReputService:
     def catch_up(self, deadline_s: float = 600.0) -> None:
         """Dispatch until the log's current end (start-up, before accepting writes)."""
         limit = time.monotonic() + deadline_s
-        while self._store.dispatched_phy_offset < self._store.commit_log.max_offset:
+        while self._store.dispatched_phy_offset < self._store.reput_end():
             if self.do_reput() == 0 and not self._advanced():
                 break
             if time.monotonic() > limit:
@@ -360,7 +402,7 @@ class ReputService:
 
     def _advanced(self) -> bool:
         before = self._store.dispatched_phy_offset
-        self._skip_blank(self._store.commit_log.max_offset)
+        self._skip_blank(self._store.reput_end())
         return self._store.dispatched_phy_offset > before
 
     def shutdown(self) -> None:
@@ -376,6 +418,8 @@ class DispatchTarget(Protocol):
     dispatched_phy_offset: int
     delay_levels_ms: list[int]
     commit_log: CommitLog
+
+    def reput_end(self) -> int: ...  # the log's end, or the confirmed offset below it
 
     def dispatch_cq(self, topic: str, queue_id: int, first_queue_offset: int,
                     entries: list[tuple[int, int, int]], packed: bytes = b"") -> None: ...

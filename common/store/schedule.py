@@ -5,11 +5,23 @@ A message sent with delay level L (1-based, ``messageDelayLevel``) is stored in 
 ConsumeQueue tagsCode is the delivery time. A thread on the master walks each level's queue
 and, when an entry is due, re-puts the message into its real topic and queue.
 
-Delivery progress (next schedule queue offset per level) is persisted in
-``config/delayOffset.json`` after every pass. To deliver exactly once even when the process
-dies between a re-put and that write, each delivered message carries ``__SCHED_SRC`` (the
-schedule record's CommitLog offset), which reput indexes; after a start the service asks the
-index whether an entry was delivered already before delivering it again.
+Exactly once, by the log: each delivered message carries ``__SCHED_SRC`` (the schedule record's
+CommitLog offset), which reput indexes on every broker, master or slave. A level's entries are
+delivered in queue order, so what one log holds delivered is a prefix of the level's queue;
+when the service starts (a start, a promotion, an election) it finds each level's first entry
+that its own log holds no delivery of (the index, and the records past the confirmed offset
+that reput has not indexed yet), by binary search, and goes on from there. Progress written in
+``config/delayOffset.json`` (after every pass, and copied to slaves) is only where the search
+looks first: a file ahead of the log (a slave elected with a log behind its copy) or behind it
+(a crash between a delivery and the write) costs look-ups, never a skipped or second delivery.
+Without ``messageIndexEnable`` the file is all there is: deliveries after its last write may
+be made again after a crash.
+
+Only a master whose writes are open delivers: ``gate`` (the broker's ``write_refusal``) says
+why not otherwise (a controller lease that is not fresh, a lost election, a stand-by), and then
+nothing is delivered. Deliveries reach consumers only once confirmed (``MessageStore``'s
+confirmed offset), like any write; one lost with its master in a failover is delivered again
+by the next master, whose log holds no delivery of it.
 """
 
 from __future__ import annotations
@@ -18,8 +30,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from common.core.errors import PutStatus
 from common.core.files import write_atomically
@@ -75,15 +88,17 @@ def born_host_of(msg: MessageExt) -> tuple[str, int]:
 
 
 class ScheduleService:
-    def __init__(self, store: MessageStore, levels_ms: list[int]):
+    def __init__(self, store: MessageStore, levels_ms: list[int],
+                 gate: Callable[[], str] | None = None):
         self._store = store
         self.levels_ms = levels_ms
         self.path = Path(store.root) / "config" / "delayOffset.json"
-        self.offsets: dict[int, int] = self._load()
-        self._verify_after_start = True
+        self.offsets: dict[int, int] = self._load()  # where the start-up search looks first
+        self.gate = gate  # "" while this broker may write; else why not (nothing delivered)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.delivered = 0
+        self.gated = 0  # passes that delivered nothing because the gate was shut
 
     def _load(self) -> dict[int, int]:
         """The file's progress; a file of the wrong shape is a ValueError naming it (the
@@ -95,8 +110,54 @@ class ScheduleService:
         write_atomically(self.path, data.encode())
 
     def start(self) -> None:
+        self.offsets = self.resume_offsets()
         self._thread = threading.Thread(target=self._run, name="replog-schedule", daemon=True)
         self._thread.start()
+
+    # ---- where each level stands, by this store's own log -----------------------------------
+    def resume_offsets(self) -> dict[int, int]:
+        """Level -> its first entry this store's log holds no delivery of."""
+        store = self._store
+        pending = {int(key[len(SCHEDULE_SOURCE):]) for req in store.undispatched_records()
+                   for key in req.keys if key.startswith(SCHEDULE_SOURCE)}
+        out: dict[int, int] = {}
+        for level in range(1, len(self.levels_ms) + 1):
+            cq = store.cq_store.get(SCHEDULE_TOPIC, level - 1)
+            if cq is not None:
+                out[level] = self._first_undelivered(cq, self.offsets.get(level, 0), pending)
+        return out
+
+    def _first_undelivered(self, cq: Any, hint: int, pending: set[int]) -> int:
+        lo, hi = cq.min_queue_offset, cq.max_queue_offset
+        hint = min(max(hint, lo), hi)
+        if self._store.index is None:
+            return hint  # no index: the file's word
+
+        def delivered(queue_offset: int) -> bool:
+            entry = cq.get(queue_offset)
+            if entry is None:
+                return True  # gone (retention): nothing to deliver
+            phy = entry[0]
+            return phy in pending or self._was_delivered(phy)
+
+        if (hint == lo or delivered(hint - 1)) and (hint == hi or not delivered(hint)):
+            return hint
+        while lo < hi:  # deliveries are a prefix of the queue: the first one missing
+            mid = (lo + hi) // 2
+            if delivered(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo != hint:
+            log.warning("event=schedule_resumed_elsewhere queue=%d file_offset=%d "
+                        "log_offset=%d", cq.queue_id, hint, lo)
+        return lo
+
+    def _was_delivered(self, phy: int) -> bool:
+        held = self._store.message_by_offset(phy)
+        if held is None or PROPERTY_REAL_TOPIC not in held.properties:
+            return True  # unreadable: skipped when met, as if delivered
+        return self._delivered_before(held.properties[PROPERTY_REAL_TOPIC], phy)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -126,6 +187,9 @@ class ScheduleService:
         for q_off, phy, _size, deliver_at in cq.entries(offset, MAX_PER_PASS):
             if deliver_at > now_ms:
                 break
+            if self.gate is not None and self.gate():
+                self.gated += 1  # not a writable master now: nothing is delivered
+                break
             if not self._deliver(phy):
                 break
             offset = q_off + 1
@@ -139,10 +203,6 @@ class ScheduleService:
             log.error("event=schedule_skip offset=%d reason=unreadable_or_not_delayed", phy)
             return True
         msg, queue_id = to_real_message(held)
-        if self._verify_after_start:
-            if self._delivered_before(msg.topic, phy):
-                return True
-            self._verify_after_start = False
         # delivered as RocketMQ's messageTimeup does: born time, born host and reconsume count
         # are the original's, the store time is now
         result = store.put(msg, queue_id, born_host_of(held), held.born_timestamp)

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
+from broker_harness import BrokerProcess
 
 from common.cli import zookeeper
 from common.cli.zookeeper import Ensemble
+from common.client import Admin
+from common.core.errors import BrokerError
 
 # the group waits live in common.drill.group (the drills' package code); tests import them here
 from common.drill.group import master_of, wait_master, wait_sync_state_set  # noqa: F401
@@ -66,3 +70,47 @@ def controller_fields(controller_addr: str, member_id: int, role: str = "SYNC_MA
 
 def chroot() -> str:
     return "/t-" + uuid.uuid4().hex[:12]
+
+
+class Group:
+    """Brokers in controller mode, stopped by pid on the way out."""
+
+    def __init__(self, tmp: Path, controller: str | list[str], size: int = 3,
+                 role: str = "SYNC_MASTER", **fields: Any):
+        addrs = controller if isinstance(controller, list) else [controller] * size
+        self.procs = [
+            BrokerProcess(tmp / f"b{i + 1}", **controller_fields(addrs[i], i + 1, role, **fields))
+            for i in range(size)
+        ]
+
+    def __enter__(self) -> Self:
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            if p.proc is not None and p.proc.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+            p.close()
+
+    def statuses(self) -> list[dict[str, Any] | None]:
+        out: list[dict[str, Any] | None] = []
+        for p in self.procs:
+            if p.proc is None or p.proc.poll() is not None:
+                out.append(None)
+                continue
+            try:
+                with Admin([p.address], timeout_ms=1000, retries=0) as a:
+                    out.append(a.status(p.address))
+            except BrokerError:
+                out.append(None)
+        return out
+
+    def master(self, timeout_s: float = 30.0) -> BrokerProcess:
+        index, _ = wait_master(self.statuses, timeout_s)
+        return self.procs[index]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [p.address for p in self.procs]

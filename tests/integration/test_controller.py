@@ -9,12 +9,13 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import pytest
 from broker_harness import BrokerProcess, free_port, run_cli
 from controller_harness import (
     SESSION_MS,
+    Group,
     chroot,
     controller_fields,
     master_of,
@@ -28,50 +29,6 @@ from common.client import Admin, Consumer, Producer
 from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
 
 pytestmark = pytest.mark.integration
-
-
-class Group:
-    """Brokers in controller mode, stopped by pid on the way out."""
-
-    def __init__(self, tmp: Path, controller: str | list[str], size: int = 3,
-                 role: str = "SYNC_MASTER", **fields: Any):
-        addrs = controller if isinstance(controller, list) else [controller] * size
-        self.procs = [
-            BrokerProcess(tmp / f"b{i + 1}", **controller_fields(addrs[i], i + 1, role, **fields))
-            for i in range(size)
-        ]
-
-    def __enter__(self) -> Self:
-        for p in self.procs:
-            p.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            if p.proc is not None and p.proc.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-            p.close()
-
-    def statuses(self) -> list[dict[str, Any] | None]:
-        out: list[dict[str, Any] | None] = []
-        for p in self.procs:
-            if p.proc is None or p.proc.poll() is not None:
-                out.append(None)
-                continue
-            try:
-                with Admin([p.address], timeout_ms=1000, retries=0) as a:
-                    out.append(a.status(p.address))
-            except BrokerError:
-                out.append(None)
-        return out
-
-    def master(self, timeout_s: float = 30.0) -> BrokerProcess:
-        index, _ = wait_master(self.statuses, timeout_s)
-        return self.procs[index]
-
-    @property
-    def addresses(self) -> list[str]:
-        return [p.address for p in self.procs]
 
 
 def _send(addresses: list[str], n: int, tag: str, **kw: Any) -> list[Any]:

@@ -253,6 +253,43 @@ def test_a_look_up_by_offset_needs_sub_on_the_topic_found(broker: BrokerProcess,
             app.query_by_msg_id(hidden.msg_id)
 
 
+def test_the_delay_topic_is_no_way_around_the_acl(broker: BrokerProcess, realm: Realm) -> None:
+    """A send to the schedule topic naming a denied REAL_TOPIC once landed in that topic a
+    second later; pulls of the schedule topic read delayed messages of denied topics, and so
+    did a look-up by offset of one. System topics are the broker's own now."""
+    with Producer([broker.address], **realm.curve("admin")) as p:
+        held = p.send("secret", b"held back", delay_level=1)  # stored in SCHEDULE_TOPIC_XXXX
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        sock = realm.dealer(ctx, "app", broker.port)
+        sock.send_multipart(encode_request(RequestCode.SEND, 2, {
+            "topic": "SCHEDULE_TOPIC_XXXX", "queueId": 0, "delayLevel": 1,
+            "properties": {"REAL_TOPIC": "secret", "REAL_QID": "0", "DELAY": "1"}},
+            [b"smuggled"]))
+        assert sock.poll(10_000)
+        answer = decode_response(sock.recv_multipart(), LIMITS)
+        assert answer.code == ResponseCode.NO_PERMISSION, answer
+        assert "SCHEDULE_TOPIC_XXXX is a system topic" in answer.remark
+        pulled = raw_call(sock, RequestCode.PULL, {"topic": "SCHEDULE_TOPIC_XXXX",
+                                                   "queueId": 0, "queueOffset": 0,
+                                                   "maxNums": 32, "group": "g"})
+        assert pulled is not None and pulled.code == ResponseCode.NO_PERMISSION
+    finally:
+        ctx.destroy(linger=0)
+    with Admin([broker.address], **realm.curve("app")) as app, \
+            pytest.raises(BrokerError, match="SUB Topic:secret"):
+        app.query_by_offset(held.commit_log_offset)
+    with Producer([broker.address], **realm.curve("admin")) as p:
+        p.send("secret", b"marker", delay_level=1)  # due after anything smuggled before it
+
+    def delivered() -> list[bytes] | None:
+        with Consumer([broker.address], group="g", **realm.curve("admin")) as c:
+            bodies = [m.body for q in range(2) for m in c.pull("secret", q, 0, 64).messages]
+        return bodies if b"marker" in bodies else None
+
+    assert b"smuggled" not in wait_until(delivered, 15, "the marker's delivery")
+
+
 # ---- revocation and reloads --------------------------------------------------------------------
 
 

@@ -29,6 +29,9 @@ class RecordingStore:
         self.events: list[tuple[str, int]] = []
         self.client: HaClient | None = None
 
+    def set_confirm_offset(self, confirm_phy_offset: int | None) -> None:
+        pass  # its master holds nothing back (no controller)
+
     def open_replication(self) -> int:
         return 7
 

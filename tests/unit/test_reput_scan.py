@@ -35,6 +35,9 @@ class Recorder:
         self.delay_levels_ms = [1000, 5000]
         self.calls: list[tuple[Any, ...]] = []
 
+    def reput_end(self) -> int:
+        return self.commit_log.max_offset
+
     def dispatch_cq(self, topic: str, queue_id: int, first: int,
                     entries: list[tuple[int, int, int]], packed: bytes = b"") -> None:
         self.calls.append(("cq", topic, queue_id, first, list(entries)))

@@ -64,6 +64,9 @@ class FakeStore:
     def max_phy_offset(self) -> int:
         return self.phy
 
+    def reput_end(self) -> int:
+        return self.phy  # no controller here: nothing is held back
+
     def start(self) -> None:
         self.started = True
 
@@ -165,6 +168,7 @@ class FakeStore:
         max_nums: int,
         tags_codes: set[int] | None = None,
         max_bytes: int = 0,
+        tags: frozenset[str] | None = None,  # not checked: a store that trusts the hash
     ) -> Any:
         entries = self.queues.get((topic, queue_id))
         if entries is None:

@@ -213,6 +213,9 @@ class FlakyStore:
         self.max_phy_offset = 0
         self.appends = 0
 
+    def set_confirm_offset(self, confirm_phy_offset: int | None) -> None:
+        pass  # its master holds nothing back (no controller)
+
     def open_replication(self) -> int:
         return 1
 
