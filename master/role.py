@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from common.broker.replies import Reply, reply
-from common.broker.tables import TopicTable
+from common.broker.tables import TopicTable, TopicTableFull
 from common.core.errors import PutStatus, ResponseCode
 from common.core.logs import log_event
 from common.core.message import PROPERTY_DELAY, Message, encode_msg_id
@@ -177,7 +177,10 @@ class MasterRole:
                          f"topic {topic} has {have} queues: a topic cannot shrink to {nums} "
                          "(the messages in the queues cut off would be unreachable)")
         if nums != have:
-            self.topics.create(topic, nums)
+            try:
+                self.topics.create(topic, nums)
+            except TopicTableFull as e:
+                return reply(req, ResponseCode.BAD_REQUEST, str(e))
             log_event(log, "topic_created" if have == 0 else "topic_grown", topic=topic,
                       queues=nums, before=have)
         return reply(req, fields={"queueNums": nums, "before": have})
@@ -196,7 +199,10 @@ class MasterRole:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"send-back refused: {e}")
         topic = back.message.topic
         if self.topics.queue_nums(topic) == 0:  # RocketMQ creates both on first use, one queue
-            self.topics.create(topic, 1)
+            try:
+                self.topics.create(topic, 1)
+            except TopicTableFull as e:
+                return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"send-back refused: {e}")
         log_event(log, "dead_letter" if back.dead else "send_back", group=f["group"],
                   offset=offset, topic=topic, reconsume=back.message.reconsume_times,
                   delay=back.message.delay_level)
@@ -214,7 +220,10 @@ class MasterRole:
                     f"topic {topic} does not exist and autoCreateTopicEnable is off",
                 )
             nums = self.cfg.defaultTopicQueueNums
-            self.topics.create(topic, nums)
+            try:
+                self.topics.create(topic, nums)
+            except TopicTableFull as e:
+                return reply(req, ResponseCode.TOPIC_NOT_EXIST, str(e))
         queue_id = req.fields["queueId"]
         if queue_id >= nums:
             return reply(

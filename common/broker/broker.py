@@ -50,7 +50,7 @@ from common.broker.port_hold import HA_BIND_HOST, PortHold
 from common.broker.replies import Reply, reply
 from common.broker.security import Security
 from common.broker.server import RequestServer
-from common.broker.tables import ConsumerOffsetTable, TopicTable
+from common.broker.tables import ConsumerOffsetTable, TopicTable, TopicTableFull
 from common.core.config import BrokerConfig, split_addresses
 from common.core.errors import BrokerError, ConfigError, ResponseCode
 from common.core.logs import log_event
@@ -59,6 +59,7 @@ from common.format import record_writer, tables
 from common.format.protocol import LOG_CHECKSUM_MAX_BYTES, Request, RequestCode, Response
 from common.format.record import MAX_TOPIC_BYTES
 from common.ha import epochs, promotion, term
+from common.ha.controller_core import topics_room
 
 log = logging.getLogger("replog.broker")
 
@@ -203,6 +204,7 @@ class Broker:
             # only come back through an election this master did not win
             self.server.reply_hold_s = cfg.controllerSessionTimeoutMs / 1000.0
             self.topics.on_change = self.controller.topics_changed
+            self.topics.admit = topics_room  # routes are published in one znode
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _follow_newer_master(self) -> None:
@@ -622,7 +624,11 @@ class Broker:
         if (role is None or role.name == "SLAVE" or self.topics.queue_nums(topic)
                 or len(topic.encode()) > min(self.cfg.maxTopicLength, MAX_TOPIC_BYTES)):
             return
-        self.topics.create(topic, 1)
+        try:
+            self.topics.create(topic, 1)
+        except TopicTableFull as e:
+            log_event(log, "retry_topic_not_created", logging.WARNING, group=group,
+                      reason=str(e))
 
     def commit_offset(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None:
         self.offsets.commit(group, topic, queue_id, queue_offset)

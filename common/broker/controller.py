@@ -87,6 +87,7 @@ class ControllerStats:
     lease_lapses: int = 0  # a master's lease ran out while it was master, then was renewed
     switchovers: int = 0
     unclean_elections: int = 0
+    pass_failures: int = 0  # parts of a pass that raised (each tried again at the next one)
 
 
 @dataclasses.dataclass
@@ -146,6 +147,7 @@ class Controller:
         self._poll_due = 0.0
         self._registered = False
         self._last_error = ""
+        self._part_errors: dict[str, str] = {}  # part of the pass -> its last error
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -357,17 +359,44 @@ class Controller:
             self._publish_member()
         if not self._registered:
             return  # not a member (its id is taken, or a new session): decide nothing
+        # Each part on its own: one that fails (a ZooKeeper call timing out, a record that
+        # cannot be written) is logged and tried again next pass, and never keeps the others
+        # from running (a SyncStateSet change must go through whatever the routes do).
+        failed = False
         if now >= self._poll_due or kind in ("connection", "watch"):
-            self._read_group()
             self._poll_due = time.monotonic() + self.poll_s
-            self._reconcile()
+            failed |= not self._part("group", self._read_and_reconcile)
             if self._mastered is not None:
-                self._publish_topics()
-            self._read_cluster()
+                failed |= not self._part("topics", self._publish_topics)
+            failed |= not self._part("cluster", self._read_cluster)
         if self._proposal is not None:
-            self._carry_out_proposal()
+            failed |= not self._part("proposal", self._carry_out_proposal)
         if self._mastered is not None:
-            self._maybe_switch_over()
+            failed |= not self._part("switchover", self._maybe_switch_over)
+        if failed:
+            self._poll_due = 0.0  # read everything again at the next pass
+            self._stop.wait(0.2)
+
+    def _read_and_reconcile(self) -> None:
+        self._read_group()
+        self._reconcile()
+
+    def _part(self, name: str, run: Callable[[], None]) -> bool:
+        """Run one part of a pass; False (logged when its error changes) if it raised."""
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001 - a ZooKeeper or role error: next pass
+            error = repr(e)
+            self._last_error = f"{name}: {error}"
+            if self._part_errors.get(name) != error:
+                log_event(log, "controller_pass_failed", logging.WARNING, part=name,
+                          error=error)
+            self._part_errors[name] = error
+            self.stats.pass_failures += 1
+            return False
+        if self._part_errors.pop(name, None) is not None:
+            log_event(log, "controller_part_recovered", part=name)
+        return True
 
     def _on_connection_change(self, state: str) -> None:
         zk = self._zk

@@ -26,6 +26,10 @@ from common.format.tables import (
 )
 
 
+class TopicTableFull(ValueError):
+    """A topic would not fit in the table (``TopicTable.admit`` says why)."""
+
+
 class TopicTable:
     """Topic -> queue count, persisted in ``config/topics.json``; thread-safe."""
 
@@ -36,6 +40,9 @@ class TopicTable:
         self._queues, self._counter = parse_topics(doc, str(self.path))
         self._perms = parse_topic_perms(doc, str(self.path))  # kept as read; new topics 6
         self.on_change: Callable[[], None] | None = None  # after a topic is made or grown
+        # (queues, perms) the table would hold -> "" if that may be, else why not: in
+        # controller mode the table must fit in the znode its routes are published in
+        self.admit: Callable[[dict[str, int], dict[str, int]], str] | None = None
 
     def merge_seen(self, seen: dict[str, int]) -> None:
         """Topics found in the store (e.g. replicated to a slave) but not configured, or
@@ -58,6 +65,10 @@ class TopicTable:
         with self._lock:
             if self._queues.get(topic) == queue_nums:
                 return
+            if self.admit is not None:
+                why = self.admit({**self._queues, topic: queue_nums}, self._perms)
+                if why:
+                    raise TopicTableFull(f"topic {topic} not created: {why}")
             self._queues[topic] = queue_nums
             self._counter += 1
             atomic_write_json(self.path, self._to_json())

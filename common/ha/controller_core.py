@@ -53,7 +53,7 @@ MAX_MEMBER_ID = ep.MAX_BROKER_ID
 MAX_ADDRESS_CHARS = 255
 MAX_OFFSET = (1 << 63) - 1
 NO_PRIORITY = 2**31 - 1
-MAX_TOPICS_BYTES = 1024 * 1024  # ZooKeeper's default znode limit (jute.maxbuffer)
+MAX_TOPICS_BYTES = 1000 * 1024  # within ZooKeeper's default znode limit (jute.maxbuffer, 1 MiB)
 MAX_TOPIC_CHARS = 255
 MAX_QUEUES = 1024
 ROLES = ("MASTER", "SLAVE", "STARTING")
@@ -235,6 +235,20 @@ def encode_topics(topics: dict[str, int], perms: Mapping[str, int] | None = None
     if len(raw) > MAX_TOPICS_BYTES:
         raise RecordError(f"topics: {len(raw)} bytes, more than {MAX_TOPICS_BYTES}")
     return raw
+
+
+def topics_room(topics: dict[str, int], perms: Mapping[str, int] | None = None) -> str:
+    """"" if a group's ``topics`` record of these topics fits in its znode (a master refuses
+    to create a topic past it, so no producer's auto-created topics can make the record
+    unpublishable); else why not."""
+    try:
+        encode_topics(topics, perms)
+    except RecordError as e:
+        return (f"the group's route record would be {e}: at most {MAX_TOPICS_BYTES} bytes "
+                f"fit in the ZooKeeper node that publishes them (ZooKeeper's jute.maxbuffer), "
+                f"about {len(topics) - 1} topics of these names; delete topics, or create "
+                f"fewer or shorter ones")
+    return ""
 
 
 def decode_topics(raw: bytes) -> dict[str, int]:
