@@ -727,8 +727,10 @@ class HaService:
         slaves = [cc.SlaveProgress(m, a) for m, a in progress.items()]
         # a slave that held, at this check, what the master had at the last one is a
         # candidate; it joins in two steps (below)
+        confirmed = self._store.confirm_phy_offset
         change = self._keeper.observe(members, slaves, master_max, self._previous_max,
-                                      epoch_start, now_ms)
+                                      epoch_start, now_ms,
+                                      confirmed=0 if confirmed is None else int(confirmed))
         self._previous_max = master_max
         if change is None:
             return

@@ -379,6 +379,15 @@ class HaClient:
                 log_event(
                     log, "ha_master_disconnected", logging.WARNING, master=self._cfg.haMasterAddress
                 )
+                # not transferring from here: the handshake starts again once libzmq
+                # reconnects, and meanwhile a broker without a controller looks for a newly
+                # promoted master at once (Broker._follow_promoted_master), not after the
+                # haHousekeepingInterval of silence (20 s by default)
+                with self._lock:
+                    assert self._core is not None
+                    actions = self._core.resync("the master's connection closed",
+                                                self._now_ms())
+                self._execute(actions)
             elif int(event["event"]) in _HANDSHAKE_FAILURES:
                 self.stats.handshake_failures += 1
                 if not self._handshake_failing:

@@ -784,8 +784,10 @@ class Broker:
         return MemberRecord(
             member_id=self.cfg.brokerId, address=self.cfg.client_address,
             ha_address=f"{self.cfg.brokerIP1}:{self.cfg.ha_port}", role=name,
-            last_epoch=max(0, self.epoch()), max_offset=max_phy, confirm_offset=max_phy,
-            priority=self.cfg.brokerElectionPriority, incarnation=incarnation)
+            last_epoch=max(0, self.epoch()), max_offset=max_phy,
+            confirm_offset=min(max_phy, int(self.store.reput_end())),
+            priority=self.cfg.brokerElectionPriority, incarnation=incarnation,
+            store_id=self.store.store_id)
 
     def topic_table(self) -> dict[str, int]:
         return self.topics.topics()
@@ -919,6 +921,14 @@ class Broker:
                 self._ha_port_hold = PortHold(HA_BIND_HOST, self.cfg.ha_port)
             except OSError as e:
                 log_event(log, "ha_port_hold_failed", logging.WARNING, error=str(e))
+
+    def clear_election_fault(self) -> str:
+        """CLEAR_ELECTION_FAULT: this broker failed to take over as master (its store could
+        not become one) and stood in no election since; an operator who mended the store
+        lets it stand again. Returns the fault it had ("" if none)."""
+        if self.controller is None:
+            raise ValueError("no controller: a broker without one stands in no election")
+        return str(self.controller.clear_fault())
 
     def _switchover(self, req: Request) -> Response:
         """PROMOTE in controller mode: a planned handover to this broker, carried out by the

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from common.core.config import BrokerConfig, parse_controller_addr
+from common.core.files import write_atomically
 from common.core.logs import log_event
 from common.ha import controller_core as cc
 from common.ha.controller_core import GroupState, GroupView, MemberRecord, Switchover
@@ -54,6 +55,7 @@ RENEWALS_PER_LEASE = 3  # a master's member write (its lease renewal) every thir
 ELECTION_SETTLE_S = 0.05  # after publishing fresh offsets, before ranking the candidates
 CALL_TIMEOUT_FRACTION = 3  # a ZooKeeper call waits at most a third of the session
 STOP_JOIN_S = 10.0
+FAULT_FILE = "electionFault"  # under <store>/config: why this member may not lead
 
 
 class ControlledBroker(Protocol):
@@ -148,6 +150,43 @@ class Controller:
         self._registered = False
         self._last_error = ""
         self._part_errors: dict[str, str] = {}  # part of the pass -> its last error
+        # why this broker may not lead (it failed to take over), kept over restarts until an
+        # operator clears it (``clear_fault``): published in its member record
+        self._fault_path = cfg.store_root / "config" / FAULT_FILE
+        self.fault = self._load_fault()
+
+    # ---- the fault that keeps this member from standing -------------------------------------
+    def _load_fault(self) -> str:
+        try:
+            return self._fault_path.read_text(encoding="utf-8", errors="replace")[:cc.MAX_FAULT_CHARS]
+        except FileNotFoundError:
+            return ""
+
+    def _set_fault(self, reason: str) -> None:
+        """This broker failed to take over: it stands in no election until ``clear_fault``
+        (its record says so, so the others elect among themselves instead of waiting)."""
+        self.fault = reason[:cc.MAX_FAULT_CHARS] or "failed to take over"
+        try:
+            self._fault_path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self._fault_path, self.fault.encode())
+        except OSError as e:
+            log_event(log, "controller_fault_not_saved", logging.ERROR, error=str(e))
+        log_event(log, "controller_fault_set", logging.ERROR, reason=self.fault,
+                  clear="replog controller clear-fault, once the store is mended")
+        self._member_due = 0.0  # published at once
+
+    def clear_fault(self) -> str:
+        """An operator says this broker may lead again; returns the fault it had."""
+        had, self.fault = self.fault, ""
+        self._fault_path.unlink(missing_ok=True)
+        if had:
+            log_event(log, "controller_fault_cleared", had=had)
+        self._events.put(("watch", None))
+        return had
+
+    def _record(self) -> MemberRecord:
+        record = self.broker.local_record(self.incarnation)
+        return dataclasses.replace(record, fault=self.fault) if self.fault else record
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -289,6 +328,7 @@ class Controller:
             "noMasterReason": self._no_master_reason,
             "members": members,
             "lastError": self._last_error,
+            "fault": self.fault,  # why this broker may not lead ("": it may)
             "stats": dataclasses.asdict(self.stats),
         }
 
@@ -347,7 +387,7 @@ class Controller:
         elif kind == "watch":
             self._poll_due = 0.0
         elif kind == "member_gone":
-            self._registered = False  # a renewal found no member znode: register again
+            self._member_node_gone()
         elif kind == "cluster" and self.connected and self._registered:
             self._read_cluster()
             return
@@ -379,7 +419,19 @@ class Controller:
 
     def _read_and_reconcile(self) -> None:
         self._read_group()
+        if self.member_id not in self.members:
+            self._member_node_gone()
+            return
         self._reconcile()
+
+    def _member_node_gone(self) -> None:
+        """``brokers/<id>`` is gone while this session lives (deleted by someone else): the
+        others see no such member, and may elect another master. A master stops at once;
+        then it registers again, as a member like any other."""
+        if self._mastered is not None:
+            self._lose_mastership("its member znode was deleted")
+            self.broker.stand_by("its member znode was deleted: registering again")
+        self._registered = False
 
     def _part(self, name: str, run: Callable[[], None]) -> bool:
         """Run one part of a pass; False (logged when its error changes) if it raised."""
@@ -446,7 +498,7 @@ class Controller:
             return
         if time.monotonic() < self._renew_due:
             return
-        raw = self.broker.local_record(self.incarnation).to_bytes()
+        raw = self._record().to_bytes()
         generation = self.lease.generation
         sent_at = time.monotonic()
         self._renew_due = sent_at + self.lease.duration_s / RENEWALS_PER_LEASE
@@ -484,7 +536,7 @@ class Controller:
         """Create or refresh ``brokers/<id>``; a write that succeeds renews the lease."""
         from kazoo.exceptions import NodeExistsError, NoNodeError
 
-        record = self.broker.local_record(self.incarnation)
+        record = self._record()
         raw = record.to_bytes()
         session = self._session
         generation = self.lease.generation
@@ -503,7 +555,7 @@ class Controller:
             try:
                 self._call("set", self.member_path, raw)
             except NoNodeError:
-                self._registered = False  # a new session: register again next pass
+                self._member_node_gone()
                 return
         if self._mastered is not None and session is not None and \
                 self._zk.client_id == session and self._mastered[0] == session[0] and \
@@ -529,7 +581,11 @@ class Controller:
         if session is not None and stat.ephemeralOwner == session[0]:
             self._registered = True  # ours already (a create retried after ConnectionLoss)
             return
-        if other is not None and other.address == record.address and \
+        # Our own node from an earlier process of this very store (the store's lock lets
+        # only one process hold it, so that process is dead): deleted now rather than a
+        # session timeout later. Another store at the same address (a DNS alias, a recreated
+        # pod) may be live: its node stays until its session ends.
+        if other is not None and other.store_id and other.store_id == record.store_id and \
                 other.incarnation != self.incarnation:
             log_event(log, "controller_stale_member_removed", member=self.member_id,
                       owner=hex(stat.ephemeralOwner))
@@ -539,7 +595,9 @@ class Controller:
                 pass
             return
         self._last_error = (f"member id {self.member_id} is registered by another broker "
-                            f"({other.address if other else 'unreadable record'})")
+                            f"({other.address if other else 'unreadable record'}, store "
+                            f"{other.store_id if other else '?'}): waiting for its session "
+                            "to end")
         log_event(log, "controller_member_id_taken", logging.ERROR, member=self.member_id,
                   other=other.address if other else "?")
         self._member_due = time.monotonic() + MEMBER_REFRESH_S
@@ -755,6 +813,7 @@ class Controller:
         if not isinstance(decision, cc.Elect):
             return
         session = self._session
+        before = state
         if session is None or not self._cas_state(decision.state):
             return
         self._mastered = (session[0], decision.state.master_epoch)
@@ -769,16 +828,26 @@ class Controller:
                       lost_bytes=decision.lost_to - decision.lost_from)
         log_event(log, "controller_elected", epoch=decision.state.master_epoch,
                   member=self.member_id, unclean=decision.unclean)
-        self._serve_as_master(decision.state)
+        self._serve_as_master(decision.state, before)
 
-    def _serve_as_master(self, state: GroupState) -> None:
+    def _serve_as_master(self, state: GroupState, before: GroupState | None = None) -> None:
+        """Take the group as the master ``state`` names; on failure stand aside for good
+        (``_set_fault``) and give the group back: no master, and the set it had before this
+        term as well (nothing was acknowledged in a term that never began, so every member of
+        the old set still holds everything: a healthy one can be elected)."""
         try:
             self.broker.act_as_master(state)
         except Exception as e:  # noqa: BLE001 - could not serve: let another member lead
             log_event(log, "controller_promotion_failed", logging.ERROR, error=repr(e))
             self._mastered = None
             self.lease.expire()
-            if self._cas_state(state.without_master()):
+            self._set_fault(f"failed to take over as master: {e!r}")
+            self._publish_member()  # the others see it before they look for a new master
+            resigned = state.without_master()
+            if before is not None and not before.sync_state_set <= state.sync_state_set:
+                resigned = resigned.with_sync_state_set(
+                    state.sync_state_set | before.sync_state_set, before.stores)
+            if self._cas_state(resigned):
                 self.stats.resignations += 1
             return
         self._following = None
@@ -835,8 +904,11 @@ class Controller:
         ok = False
         if self._mastered is not None and state is not None and state.master == self.member_id:
             if state.sync_state_set_epoch == proposal.based_on_epoch:
+                joining = {m: self.members[m].store_id for m in proposal.change.added
+                           if m in self.members}
                 try:
-                    ok = self._cas_state(state.with_sync_state_set(proposal.change.members))
+                    ok = self._cas_state(state.with_sync_state_set(proposal.change.members,
+                                                                   joining))
                 except Exception:
                     self._proposal = proposal  # outcome unknown: find out at the next pass
                     raise
@@ -898,6 +970,8 @@ class Controller:
                        f"{sorted(state.sync_state_set)}")
         elif ask.target == self.member_id:
             problem = "it is the master already"
+        elif target.fault:
+            problem = f"member {ask.target} failed to take over before ({target.fault})"
         if problem:
             log_event(log, "controller_switchover_refused", logging.WARNING, target=ask.target,
                       reason=problem)

@@ -148,6 +148,8 @@ class Services(Protocol):
 
     def promote(self, req: Request) -> Reply: ...
 
+    def clear_election_fault(self) -> str: ...  # controller mode: the fault it had ("" none)
+
     def log_checksum(self, req: Request) -> Reply: ...  # LOG_CHECKSUM, off the I/O thread
 
 
@@ -730,6 +732,13 @@ class RequestServer:
     def _promote(self, req: Request) -> Reply:
         return self.services.promote(req)
 
+    def _clear_election_fault(self, req: Request) -> Response:
+        try:
+            had = self.services.clear_election_fault()
+        except ValueError as e:
+            return reply(req, ResponseCode.BAD_REQUEST, str(e))
+        return reply(req, fields={"cleared": had})
+
     def _cluster_info(self, req: Request) -> Response:
         # a JSON body frame: groups -> members -> records nest deeper than a header may
         doc = json.dumps(self.services.cluster_info(), separators=(",", ":")).encode()
@@ -855,6 +864,7 @@ class RequestServer:
         RequestCode.STATUS: _status,
         RequestCode.CLUSTER_INFO: _cluster_info,
         RequestCode.PROMOTE: _promote,
+        RequestCode.CLEAR_ELECTION_FAULT: _clear_election_fault,
         RequestCode.TOPIC_ROUTE: _topic_route,
         RequestCode.COMMIT_OFFSET: _commit_offset,
         RequestCode.FETCH_OFFSET: _fetch_offset,

@@ -333,8 +333,10 @@ def cmd_controller(args: argparse.Namespace) -> int:
     reports itself), with a short wait: a member's advertised address may not be reachable
     from here (a container's name, seen from the host) and its row comes from the others'
     answers anyway."""
+    if args.action == "clear-fault":
+        return _clear_fault(args)
     statuses: dict[str, dict[str, Any]] = {}
-    with Admin(args.servers, timeout_ms=args.timeout_ms, retries=0) as admin, \
+    with Admin(args.servers, timeout_ms=args.timeout_ms, retries=0, **curve_args(args)) as admin, \
             concurrent.futures.ThreadPoolExecutor(8, "controller-status") as pool:
         asked = list(admin.servers)
         wave, timeout_ms = list(asked), args.timeout_ms
@@ -369,4 +371,19 @@ def cmd_controller(args: argparse.Namespace) -> int:
         table.add_row(f"{g['cluster']}/{g['group']}", master, str(g["epoch"]),
                       ",".join(map(str, g["syncStateSet"])), members)
     out.print(table)
+    return EXIT_OK
+
+
+def _clear_fault(args: argparse.Namespace) -> int:
+    """``replog controller clear-fault -s ADDR``: one broker, named alone."""
+    if len(args.servers) != 1:
+        raise UsageError("controller clear-fault: name exactly one broker with -s")
+    address = args.servers[0]
+    with Admin([address], timeout_ms=args.timeout_ms, retries=0, **curve_args(args)) as admin:
+        had = admin.clear_election_fault(address)
+    if args.json:
+        emit_json({"address": address, "cleared": had})
+    else:
+        out.print(f"{address}: " + (f"cleared the fault ({had}); it stands in elections again"
+                                if had else "had no fault"))
     return EXIT_OK

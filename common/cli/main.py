@@ -176,8 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _client(sub, "promote", "turn the slave at -s into the master "
                 "(controller mode: a planned switchover to it)")
     p.add_argument("--role", choices=["SYNC_MASTER", "ASYNC_MASTER"], default="SYNC_MASTER")
-    p = _client(sub, "controller", "the controller's view: master, epoch, SyncStateSet")
-    p.add_argument("action", choices=["status"])
+    p = _client(sub, "controller", "the controller's view: master, epoch, SyncStateSet; "
+                "clear-fault: let the broker at -s stand in elections again")
+    p.add_argument("action", choices=["status", "clear-fault"],
+                   help="status: every group's master, epoch and set (default); clear-fault: "
+                   "the broker at -s failed to take over as master and stands in no "
+                   "election until this")
     drill.add_parser(sub)
     return parser
 

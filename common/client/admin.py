@@ -227,6 +227,14 @@ class Admin(ClientBase):
             raise error
         return None
 
+    def clear_election_fault(self, address: str) -> str:
+        """Controller mode: let the broker at ``address``, which failed to take over as
+        master, stand in elections again; returns the fault it had ("" if none)."""
+        resp = self._cluster.request(address, RequestCode.CLEAR_ELECTION_FAULT, {})
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        return str(resp.fields.get("cleared", ""))
+
     def log_checksum(self, address: str, from_offset: int, to_offset: int) -> str:
         """The checksum of the CommitLog bytes ``[from_offset, to_offset)`` as the broker at
         ``address`` holds them, computed by that broker (no file is read here): the sha256 hex

@@ -513,6 +513,7 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.CLUSTER_INFO: _anyone,
     RequestCode.CREATE_TOPIC: _admin(RequestCode.CREATE_TOPIC),
     RequestCode.PROMOTE: _admin(RequestCode.PROMOTE),
+    RequestCode.CLEAR_ELECTION_FAULT: _admin(RequestCode.CLEAR_ELECTION_FAULT),
     # the bytes of the log, whatever topic they hold: an operator's or a drill's check
     RequestCode.LOG_CHECKSUM: _admin(RequestCode.LOG_CHECKSUM),
     RequestCode.GET_BROKER_CLUSTER_ACL_INFO: _admin(RequestCode.GET_BROKER_CLUSTER_ACL_INFO),

@@ -101,6 +101,7 @@ class RequestCode(enum.IntEnum):
     PROMOTE = 1001  # replog: turn a slave into its group's master
     CONSUMER_HEARTBEAT = 1002  # replog: a group consumer is alive (or leaves); -> members
     LOG_CHECKSUM = 1003  # replog: sha256 of a CommitLog range (replicas compared remotely)
+    CLEAR_ELECTION_FAULT = 1004  # replog: a member that failed to take over may stand again
 
 
 WRITE_CODES = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC,
@@ -286,6 +287,7 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "maxReconsumeTimes": Field("int", lo=0, hi=10_000, default=16),
     },
     RequestCode.PROMOTE: {"role": Field("role", default="SYNC_MASTER")},
+    RequestCode.CLEAR_ELECTION_FAULT: {},
     RequestCode.LOG_CHECKSUM: {
         "fromOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
         "toOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),

@@ -57,6 +57,7 @@ MAX_TOPICS_BYTES = 1000 * 1024  # within ZooKeeper's default znode limit (jute.m
 MAX_TOPIC_CHARS = 255
 MAX_QUEUES = 1024
 ROLES = ("MASTER", "SLAVE", "STARTING")
+MAX_FAULT_CHARS = 512
 
 
 class RecordError(ValueError):
@@ -74,9 +75,24 @@ class GroupState:
     master_ha_address: str
     sync_state_set: frozenset[int]
     sync_state_set_epoch: int
+    # member -> the storeId it had when it entered the set (a wiped or replaced disk comes
+    # back with another one: not the replica that holds what was acknowledged). A member
+    # without one (a state written before store ids) is taken on its word.
+    stores: Mapping[int, str] = dataclasses.field(default_factory=dict, compare=False)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, GroupState) and self._key() == other._key()
+                and dict(self.stores) == dict(other.stores))
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.master, self.master_epoch, self.master_address, self.master_ha_address,
+                self.sync_state_set, self.sync_state_set_epoch)
 
     def to_bytes(self) -> bytes:
-        doc = {
+        doc: dict[str, Any] = {
             "masterId": self.master,
             "masterEpoch": self.master_epoch,
             "masterAddress": self.master_address,
@@ -84,12 +100,15 @@ class GroupState:
             "syncStateSet": sorted(self.sync_state_set),
             "syncStateSetEpoch": self.sync_state_set_epoch,
         }
+        if self.stores:
+            doc["syncStateSetStores"] = {str(m): self.stores[m] for m in sorted(self.stores)}
         return _dump(doc)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> GroupState:
         doc = _load(raw, "state", {"masterId", "masterEpoch", "masterAddress", "masterHaAddress",
-                                   "syncStateSet", "syncStateSetEpoch"})
+                                   "syncStateSet", "syncStateSetEpoch"},
+                    optional={"syncStateSetStores"})
         master = doc["masterId"]
         if master is not None:
             master = _int(master, "state.masterId", 1, MAX_MEMBER_ID)
@@ -109,11 +128,25 @@ class GroupState:
             sync_state_set=sss,
             sync_state_set_epoch=_int(doc["syncStateSetEpoch"], "state.syncStateSetEpoch", 0,
                                       MAX_OFFSET),
+            stores=_stores(doc.get("syncStateSetStores", {}), sss),
         )
 
-    def with_sync_state_set(self, members: Iterable[int]) -> GroupState:
-        return dataclasses.replace(self, sync_state_set=frozenset(members),
-                                   sync_state_set_epoch=self.sync_state_set_epoch + 1)
+    def with_sync_state_set(self, members: Iterable[int],
+                            stores: Mapping[int, str] | None = None) -> GroupState:
+        """The set ``members`` one set epoch on; each member keeps the storeId recorded for
+        it, or takes the one ``stores`` gives (a member joining: its record's)."""
+        members = frozenset(members)
+        kept = {m: sid for m, sid in {**dict(self.stores), **dict(stores or {})}.items()
+                if m in members and sid}
+        return dataclasses.replace(self, sync_state_set=members,
+                                   sync_state_set_epoch=self.sync_state_set_epoch + 1,
+                                   stores=kept)
+
+    def same_store(self, record: MemberRecord) -> bool:
+        """Whether ``record`` is the replica that entered the set (its storeId, where one
+        was recorded for it and it says one)."""
+        recorded = self.stores.get(record.member_id)
+        return not recorded or not record.store_id or recorded == record.store_id
 
     def without_master(self) -> GroupState:
         """The master resigns (or lost its session before a restart): no one serves writes
@@ -134,13 +167,15 @@ class MemberRecord:
     confirm_offset: int  # a master: the offset acknowledged to clients; a slave: its max
     priority: int = NO_PRIORITY  # brokerElectionPriority: lower wins among equals
     incarnation: str = ""  # one per process start: tells this process's record from an old one
+    store_id: str = ""  # its store's identity (config/storeId): a new disk, a new one
+    fault: str = ""  # why it may not lead (it failed to take over): "" while it may
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.member_id, "address": self.address, "haAddress": self.ha_address,
             "role": self.role, "lastEpoch": self.last_epoch, "maxOffset": self.max_offset,
             "confirmOffset": self.confirm_offset, "priority": self.priority,
-            "incarnation": self.incarnation,
+            "incarnation": self.incarnation, "storeId": self.store_id, "fault": self.fault,
         }
 
     def to_bytes(self) -> bytes:
@@ -149,13 +184,20 @@ class MemberRecord:
     @classmethod
     def from_bytes(cls, raw: bytes) -> MemberRecord:
         doc = _load(raw, "member", {"id", "address", "haAddress", "role", "lastEpoch",
-                                    "maxOffset", "confirmOffset", "priority", "incarnation"})
+                                    "maxOffset", "confirmOffset", "priority", "incarnation"},
+                    optional={"storeId", "fault"})
         role = doc["role"]
         if role not in ROLES:
             raise RecordError(f"member.role: {role!r} is not one of {', '.join(ROLES)}")
         incarnation = doc["incarnation"]
         if not isinstance(incarnation, str) or len(incarnation) > 64:
             raise RecordError("member.incarnation: not a short string")
+        store_id = doc.get("storeId", "")
+        if not isinstance(store_id, str) or len(store_id) > 64:
+            raise RecordError("member.storeId: not a short string")
+        fault = doc.get("fault", "")
+        if not isinstance(fault, str) or len(fault) > MAX_FAULT_CHARS:
+            raise RecordError(f"member.fault: not a string of at most {MAX_FAULT_CHARS}")
         return cls(
             member_id=_int(doc["id"], "member.id", 1, MAX_MEMBER_ID),
             address=_address(doc["address"], "member.address"),
@@ -166,6 +208,8 @@ class MemberRecord:
             confirm_offset=_int(doc["confirmOffset"], "member.confirmOffset", 0, MAX_OFFSET),
             priority=_int(doc["priority"], "member.priority", -(2**31), 2**31 - 1),
             incarnation=incarnation,
+            store_id=store_id,
+            fault=fault,
         )
 
 
@@ -192,7 +236,22 @@ def _dump(doc: dict[str, Any]) -> bytes:
     return raw
 
 
-def _load(raw: bytes, what: str, keys: set[str]) -> dict[str, Any]:
+def _stores(value: Any, members: frozenset[int]) -> dict[int, str]:
+    if not isinstance(value, dict):
+        raise RecordError("state.syncStateSetStores: not an object")
+    out = {}
+    for key, store_id in value.items():
+        member = _int(int(key) if isinstance(key, str) and key.isdigit() else key,
+                      "state.syncStateSetStores", 1, MAX_MEMBER_ID)
+        if member not in members or not isinstance(store_id, str) or len(store_id) > 64:
+            raise RecordError(f"state.syncStateSetStores: member {key} is not in the set, or "
+                              "its storeId is not a short string")
+        out[member] = store_id
+    return out
+
+
+def _load(raw: bytes, what: str, keys: set[str],
+          optional: set[str] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
     if not isinstance(raw, bytes | bytearray) or len(raw) > MAX_RECORD_BYTES:
         raise RecordError(f"{what}: not a record of at most {MAX_RECORD_BYTES} bytes")
     try:
@@ -201,7 +260,7 @@ def _load(raw: bytes, what: str, keys: set[str]) -> dict[str, Any]:
         raise RecordError(f"{what}: not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise RecordError(f"{what}: not a JSON object")
-    missing, extra = keys - doc.keys(), doc.keys() - keys
+    missing, extra = keys - doc.keys(), doc.keys() - keys - optional
     if missing or extra:
         raise RecordError(f"{what}: missing {sorted(missing)}, unknown {sorted(extra)}")
     return doc
@@ -370,20 +429,37 @@ def decide_election(state: GroupState | None, live: Mapping[int, MemberRecord], 
     if me not in live:
         return NoMaster(f"member {me} is not registered")
     unclean = False
+    # a member that failed to take over stands no more (until an operator clears it): the
+    # others elect among themselves instead of deferring to it for ever
+    standing = {i: m for i, m in live.items() if not m.fault}
+    barred = sorted(i for i, m in live.items() if m.fault)
     if state is None:
-        eligible = list(live.values())
+        eligible = list(standing.values())
     else:
-        eligible = [m for m in live.values() if m.member_id in state.sync_state_set]
+        # a member whose store is not the one that entered the set (a wiped or replaced
+        # disk) does not hold what was acknowledged: it is no candidate
+        replaced = sorted(i for i, m in standing.items()
+                          if i in state.sync_state_set and not state.same_store(m))
+        eligible = [m for m in standing.values()
+                    if m.member_id in state.sync_state_set and state.same_store(m)]
         if not eligible:
             if not unclean_enabled:
                 held = ", ".join(map(str, sorted(state.sync_state_set))) or "none"
+                why = ""
+                if replaced:
+                    why += f"; members {replaced} came back with another store"
+                if barred:
+                    why += f"; members {barred} failed to take over (a fault to clear)"
                 return NoMaster(
                     f"no live member of the SyncStateSet [{held}] to elect (live: "
-                    f"{', '.join(map(str, sorted(live))) or 'none'}); electing another could "
-                    "lose acknowledged messages: bring a member back, or set "
+                    f"{', '.join(map(str, sorted(live))) or 'none'}{why}); electing another "
+                    "could lose acknowledged messages: bring a member back, or set "
                     "enableElectUncleanMaster")
-            eligible = list(live.values())
+            eligible = list(standing.values())
             unclean = True
+    if not eligible:
+        return NoMaster(f"every live member failed to take over: {barred} (clear the fault "
+                        "with replog controller clear-fault once the store is mended)")
     best = min(eligible, key=rank_key)
     if best.member_id != me:
         return Defer(best.member_id)
@@ -392,11 +468,15 @@ def decide_election(state: GroupState | None, live: Mapping[int, MemberRecord], 
                  + ([state.master_epoch] if state is not None else []))
     epoch = ep.next_epoch(newest, me)
     sss_epoch = state.sync_state_set_epoch + 1 if state is not None else 1
+    own = {me: mine.store_id} if mine.store_id else {}
     if unclean:
-        new = GroupState(me, epoch, mine.address, mine.ha_address, frozenset({me}), sss_epoch)
+        new = GroupState(me, epoch, mine.address, mine.ha_address, frozenset({me}), sss_epoch,
+                         own)
         return Elect(new, True, mine.max_offset, max(mine.max_offset, known_max_offset))
-    kept = frozenset(m for m in state.sync_state_set if m in live) if state else frozenset()
-    return Elect(GroupState(me, epoch, mine.address, mine.ha_address, kept | {me}, sss_epoch))
+    kept = frozenset(m.member_id for m in eligible)
+    stores = {m: sid for m, sid in (state.stores if state else {}).items() if m in kept}
+    return Elect(GroupState(me, epoch, mine.address, mine.ha_address, kept | {me}, sss_epoch,
+                            {**stores, **own}))
 
 
 # ---- SyncStateSet upkeep ---------------------------------------------------------------------
@@ -437,11 +517,17 @@ class SyncStateSetKeeper:
 
     def observe(self, committed: frozenset[int], slaves: Sequence[SlaveProgress],
                 master_max: int, confirm_offset: int, epoch_start: int,
-                now_ms: int) -> SetChange | None:
+                now_ms: int, confirmed: int = 0) -> SetChange | None:
+        """``confirmed``: what every member of the set held when last counted (the master's
+        confirmed offset): a member first seen holding less lost data (a wiped or replaced
+        disk) and leaves at once; any other member counts as caught up on first sight."""
         acks = {s.member_id: s.ack_offset for s in slaves if s.member_id != self.me}
+        lost = {}
         for member, ack in acks.items():
             first_seen = member not in self._caught_up_ms
-            if first_seen or ack >= min(self._previous_max, master_max):
+            if first_seen and member in committed and ack < confirmed:
+                lost[member] = ack
+            elif first_seen or ack >= min(self._previous_max, master_max):
                 self._caught_up_ms[member] = now_ms
         for gone in [m for m in self._caught_up_ms if m not in acks]:
             del self._caught_up_ms[gone]
@@ -449,7 +535,11 @@ class SyncStateSetKeeper:
         removed = set()
         reasons = []
         for member in sorted(committed - {self.me}):
-            if member not in acks:
+            if member in lost:
+                removed.add(member)
+                reasons.append(f"member {member} came back holding {lost[member]}, less than "
+                               f"the {confirmed} every member held: its log lost data")
+            elif member not in acks:
                 if now_ms < self.connect_grace_until_ms:
                     continue  # re-pointing to this new master: its puts wait meanwhile
                 removed.add(member)

@@ -18,10 +18,12 @@ import logging
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 from common.core.config import BrokerConfig, parse_delay_levels
@@ -53,6 +55,24 @@ from common.store.reput import (
 from common.store.schedule import ScheduleService, to_schedule_message
 
 log = logging.getLogger("replog.store")
+
+
+def store_identity(path: Path) -> str:
+    """The store's id, from ``config/storeId``; a new random one when the file is missing
+    (a new store, or one whose disk was wiped or replaced)."""
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        text = ""
+    except (OSError, UnicodeDecodeError) as e:
+        raise StoreError(f"{path} is unreadable ({e}): it holds this store's id") from None
+    if text:
+        if len(text) > 64 or not text.isalnum():
+            raise StoreError(f"{path} holds {text[:80]!r}, not a store id")
+        return text
+    made = uuid.uuid4().hex
+    write_atomically(path, made.encode())
+    return made
 
 AppendListener = Callable[[int], None]
 
@@ -174,6 +194,9 @@ class MessageStore:
         # master sets it to what every SyncStateSet member holds, a slave to what its master
         # says; a record past it may not survive a failover, so no consumer may see it.
         self.confirm_phy_offset: int | None = None
+        # this store's identity, made when its directory is (a wiped or replaced disk gets a
+        # new one): the controller tells a SyncStateSet member from a stranger with its id
+        self.store_id = ""
         self.recovery: RecoveryReport | None = None
         self.running = False
         self.puts = 0
@@ -209,6 +232,7 @@ class MessageStore:
     def _load_and_recover(self) -> None:
         abnormal = self._abort.exists()
         (self.root / "config").mkdir(exist_ok=True)
+        self.store_id = store_identity(self.root / "config" / "storeId")
         self.checkpoint = StoreCheckpoint(self.root / "checkpoint")
         self.commit_log.load()
         # the CommitLog first: a log damaged below its flushed offset stops the start before

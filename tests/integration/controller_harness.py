@@ -76,12 +76,18 @@ class Group:
     """Brokers in controller mode, stopped by pid on the way out."""
 
     def __init__(self, tmp: Path, controller: str | list[str], size: int = 3,
-                 role: str = "SYNC_MASTER", **fields: Any):
+                 role: str = "SYNC_MASTER", defaults: bool = False, **fields: Any):
+        """``defaults``: every timing at its default (else the short failure detection of
+        CONTROLLER_FIELDS, which keeps failovers, and tests, short)."""
         addrs = controller if isinstance(controller, list) else [controller] * size
-        self.procs = [
-            BrokerProcess(tmp / f"b{i + 1}", **controller_fields(addrs[i], i + 1, role, **fields))
-            for i in range(size)
-        ]
+
+        def config(i: int) -> dict[str, Any]:
+            if defaults:
+                return {"enableControllerMode": True, "controllerAddr": addrs[i],
+                        "brokerId": i + 1, "brokerRole": role, **fields}
+            return controller_fields(addrs[i], i + 1, role, **fields)
+
+        self.procs = [BrokerProcess(tmp / f"b{i + 1}", **config(i)) for i in range(size)]
 
     def __enter__(self) -> Self:
         for p in self.procs:

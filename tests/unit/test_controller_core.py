@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -199,3 +200,54 @@ def test_a_write_sent_before_the_lease_expired_confirms_nothing_after() -> None:
     lease.expire()  # a suspension, or mastership lost, while that write was in flight
     assert not lease.confirm(100.0, sent_in) and not lease.fresh(100.1)
     assert lease.confirm(100.0, lease.generation) and lease.fresh(100.1)
+
+
+# ---- members that must not lead (issue 36, items 6 and 9) ------------------------------------
+def test_a_member_that_failed_to_take_over_stands_no_more_and_the_others_elect() -> None:
+    """It ranks best (the longest log), won, could not serve, resigned: the others deferred
+    to it for ever. Its record's fault takes it out of the running."""
+    broken = dataclasses.replace(member(1, 513, 9000), fault="failed to take over: corrupt")
+    live = {1: broken, 2: member(2, 513, 8000), 3: member(3, 513, 7000)}
+    s = state(None, 513, {1, 2, 3}).without_master()
+    decision = cc.decide_election(s, live, 2, False)
+    assert isinstance(decision, cc.Elect) and decision.state.master == 2
+    assert 1 not in decision.state.sync_state_set  # it may join again once caught up
+    assert isinstance(cc.decide_election(s, live, 3, False), cc.Defer)  # to 2, not to 1
+    alone = cc.decide_election(s, {1: broken}, 1, False)
+    assert isinstance(alone, cc.NoMaster) and "failed to take over" in alone.reason
+
+
+def test_a_member_back_with_another_store_is_no_candidate() -> None:
+    """A wiped or replaced disk: the member id is the same, the replica is not. Elected, it
+    would have made the others truncate everything that was acknowledged."""
+    s = dataclasses.replace(state(None, 513, {1, 2}), stores={1: "disk-a", 2: "disk-b"})
+    wiped = dataclasses.replace(member(2, 0, 0), store_id="disk-new")
+    decision = cc.decide_election(s, {2: wiped}, 2, False)
+    assert isinstance(decision, cc.NoMaster) and "another store" in decision.reason
+    same = dataclasses.replace(member(2, 513, 100), store_id="disk-b")
+    won = cc.decide_election(s, {2: same}, 2, False)
+    assert isinstance(won, cc.Elect) and won.state.stores == {2: "disk-b"}
+    assert GroupState.from_bytes(won.state.to_bytes()) == won.state
+
+
+def test_the_set_records_each_members_store_as_it_joins() -> None:
+    s = dataclasses.replace(state(1, 513, {1}), stores={1: "disk-a"})
+    joined = s.with_sync_state_set({1, 2}, {2: "disk-b"})
+    assert joined.stores == {1: "disk-a", 2: "disk-b"}
+    assert joined.with_sync_state_set({1}).stores == {1: "disk-a"}
+    old_state = json.loads(state(1, 513, {1, 2}).to_bytes())  # written before store ids
+    assert GroupState.from_bytes(json.dumps(old_state).encode()).stores == {}
+    old_member = member(2).to_json()
+    del old_member["storeId"], old_member["fault"]
+    assert MemberRecord.from_bytes(json.dumps(old_member).encode()).store_id == ""
+
+
+def test_a_member_first_seen_behind_the_confirmed_offset_leaves_at_once() -> None:
+    """A reconnecting member counted as caught up on first sight: one whose disk was wiped
+    stayed in the set (electable) for haMaxTimeSlaveNotCatchup while it held nothing."""
+    keeper = cc.SyncStateSetKeeper(1, 15_000)
+    change = keeper.observe(frozenset({1, 2, 3}),
+                            [cc.SlaveProgress(2, 0), cc.SlaveProgress(3, 5000)],
+                            5000, 4000, 0, now_ms=1000, confirmed=4000)
+    assert change is not None and change.removed == {2} and change.members == {1, 3}
+    assert "lost data" in change.reason

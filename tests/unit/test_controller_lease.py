@@ -93,9 +93,15 @@ class SlowZooKeeper:
 
 
 class Broker:
+    def __init__(self) -> None:
+        self.stood_by: list[str] = []
+
     def local_record(self, incarnation: str) -> MemberRecord:
         return MemberRecord(1, "127.0.0.1:10911", "127.0.0.1:10912", "MASTER", 1, 100, 100,
                             incarnation=incarnation)
+
+    def stand_by(self, reason: str) -> None:
+        self.stood_by.append(reason)
 
 
 def master(zk: SlowZooKeeper) -> Controller:
@@ -207,7 +213,7 @@ def test_a_lapse_ended_by_a_renewal_is_counted() -> None:
     assert c.lease.fresh(time.monotonic()) and c.stats.lease_lapses == 1
 
 
-def test_a_renewal_that_finds_no_member_znode_registers_again(
+def test_a_master_whose_member_znode_is_gone_steps_down_and_registers_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     zk = SlowZooKeeper(read_s=0.01, write_s=0.01)
     zk.write_error = NoNodeError()
@@ -225,3 +231,7 @@ def test_a_renewal_that_finds_no_member_znode_registers_again(
     monkeypatch.setattr(c, "_read_cluster", lambda: None)
     c._handle("member_gone", None)
     assert published == [False]  # the pass creates the member znode again
+    # someone deleted it while the session lives: the others may elect another master now,
+    # so this one writes nothing more until an election names it again
+    assert c._mastered is None and not c.lease.fresh(time.monotonic())
+    assert c.broker.stood_by == ["its member znode was deleted: registering again"]  # type: ignore[attr-defined]

@@ -59,6 +59,7 @@ class FakeStore:
         self.min_phy_offset = 0
         self.flushed_phy_offset = 0
         self.dispatched_phy_offset = 0
+        self.store_id = "fake-store"
 
     @property
     def max_phy_offset(self) -> int:
