@@ -90,7 +90,6 @@ from typing import Any, Protocol
 import zmq
 
 from common.broker.loop import LoopHost, ParticipantThread
-from common.broker.port_hold import HA_BIND_HOST
 from common.broker.security import HA_DOMAIN, HandshakeMonitor, Security, user_id
 from common.core.config import BrokerConfig
 from common.core.logs import log_event
@@ -99,7 +98,7 @@ from common.format.zmq_frames import NOBLOCK, POLLIN, readable, send_frames
 from common.ha import controller_core as cc
 from common.ha import master_core as mc
 from common.ha import term
-from common.ha.protocol import HAProtocolError, Limits, decode
+from common.ha.protocol import HAProtocolError, Hello, Limits, decode
 from master.group_transfer import GroupTransfer
 
 log = logging.getLogger("replog.ha_service")
@@ -149,7 +148,7 @@ class HaService:
         store: Any,
         role_name: str = "SYNC_MASTER",
         clock: Callable[[], float] = time.monotonic,
-        bind_host: str = HA_BIND_HOST,
+        bind_host: str | None = None,
         host: LoopHost | None = None,
         sync_state: SyncStateHost | None = None,
         security: Security | None = None,
@@ -163,7 +162,7 @@ class HaService:
         self._acl_seen = 0
         self._store = store
         self._clock = clock
-        self._bind = f"tcp://{bind_host}:{cfg.ha_port}"
+        self._bind = f"tcp://{bind_host or cfg.ha_bind_host}:{cfg.ha_port}"
         self._limits = Limits.from_config(cfg)
         self._host = host
         self._lock = threading.Lock()
@@ -508,10 +507,34 @@ class HaService:
                     assert self._core is not None
                     actions.extend(self._core.on_bad_frame(peer, str(e)))
                 continue
+            if secure and isinstance(frame, Hello) and not self._may_be_member(peer, frame):
+                continue
             with self._lock:
                 assert self._core is not None
                 actions.extend(self._core.on_frame(peer, frame, now_ms))
         return actions
+
+    def _may_be_member(self, peer: bytes, hello: Hello) -> bool:
+        """Security on: the key says HELLO as member ``hello.broker_id`` only if its account
+        names that member (``brokerIds``), and never while another key is connected as that
+        member: no replica key can displace member N and ack for it."""
+        user, _, head = self._peers[peer]
+        found = self._security.account_of(user, head)
+        denial = found if isinstance(found, Denial) else found.may_be_member(hello.broker_id)
+        if denial is None:
+            with self._lock:
+                assert self._core is not None
+                holder = self._core.member_peer(hello.broker_id)
+            other = self._peers.get(holder) if holder not in (None, peer) else None
+            if other is not None and other[0] != user:
+                denial = Denial(found.access_key if not isinstance(found, Denial) else "",
+                                "REPLICATE", f"Member:{hello.broker_id}",
+                                f"member {hello.broker_id} is connected with another key",
+                                "member_taken")
+        if denial is None:
+            return True
+        self._refuse(peer, user, head, denial)
+        return False
 
     # ---- security (on) -----------------------------------------------------------------------
     def _admitted(self, peer: bytes, head: zmq.Frame) -> bool:

@@ -46,7 +46,7 @@ from common.broker.metrics import (
     StatusCollector,
     dead_letters,
 )
-from common.broker.port_hold import HA_BIND_HOST, PortHold
+from common.broker.port_hold import PortHold
 from common.broker.replies import Reply, reply
 from common.broker.security import Security
 from common.broker.server import RequestServer
@@ -317,7 +317,7 @@ class Broker:
                 self._follow_newer_master()
             role_name = self.cfg.brokerRole
         if role_name == "SLAVE":
-            self._ha_port_hold = PortHold(HA_BIND_HOST, self.cfg.ha_port)
+            self._ha_port_hold = PortHold(self.cfg.ha_bind_host, self.cfg.ha_port)
             self.store.become_slave()
         else:
             self.store.become_master()  # delay delivery on, queue offsets continued
@@ -392,7 +392,7 @@ class Broker:
             log_event(log, "promotion_record_not_removed", logging.ERROR, error=repr(e))
         if self._ha_port_hold is None:
             try:
-                self._ha_port_hold = PortHold(HA_BIND_HOST, self.cfg.ha_port)
+                self._ha_port_hold = PortHold(self.cfg.ha_bind_host, self.cfg.ha_port)
             except OSError as e:
                 log_event(log, "ha_port_hold_failed", logging.WARNING, error=str(e))
         role = self.role_factory("SLAVE", self)
@@ -537,10 +537,11 @@ class Broker:
         if self.security.enabled:
             registry.register(SecurityCollector(self.security))
         server, _thread = prometheus_client.start_http_server(
-            self.cfg.metricsPort, addr="0.0.0.0", registry=registry
+            self.cfg.metricsPort, addr=self.cfg.metrics_bind_host, registry=registry
         )
         self._metrics_server = server
-        log_event(log, "metrics_listening", port=self.cfg.metricsPort)
+        log_event(log, "metrics_listening", port=self.cfg.metricsPort,
+                  bind=self.cfg.metrics_bind_host)
 
     # -- what the server asks ------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -918,7 +919,7 @@ class Broker:
     def _hold_ha_port(self) -> None:
         if self._ha_port_hold is None:
             try:
-                self._ha_port_hold = PortHold(HA_BIND_HOST, self.cfg.ha_port)
+                self._ha_port_hold = PortHold(self.cfg.ha_bind_host, self.cfg.ha_port)
             except OSError as e:
                 log_event(log, "ha_port_hold_failed", logging.WARNING, error=str(e))
 

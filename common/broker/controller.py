@@ -211,6 +211,10 @@ class Controller:
             logger=_kazoo_logger(self._on_negotiated),
             **auth,
         )
+        if self._digest is None:
+            log_event(log, "controller_without_auth", logging.WARNING,
+                      risk="anyone who reaches ZooKeeper can change this group's state or "
+                           "delete its members' znodes", fix="set controllerAuthFile")
         self._zk.add_listener(self._on_connection)
         self._thread = threading.Thread(target=self._run, name="replog-controller", daemon=True)
         self._thread.start()

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import socket
 
-HA_BIND_HOST = "0.0.0.0"  # where a master's HA service listens (and a slave holds the port)
-
 
 class PortHold:
     def __init__(self, host: str, port: int):

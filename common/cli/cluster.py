@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -139,6 +140,18 @@ class LocalCluster:
             f'    curvePublicKey: "{broker}"\n'
             "    replica: true\n")
 
+    def _zookeeper_auth(self) -> Path:
+        """The brokers' ZooKeeper credentials (digest scheme, mode 0600), made once per
+        directory: every znode of the group carries an ACL for them alone, so nobody else who
+        reaches this ZooKeeper can change the group's state or delete a member's znode."""
+        path = self.directory / "zookeeper-auth"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(f"replog:{secrets.token_urlsafe(24)}\n")
+        return path
+
     def client_curve(self) -> dict[str, Any]:
         """The CLI's ``key``/``server_key`` for this cluster ({} when it is plain)."""
         if not self.secure:
@@ -165,7 +178,8 @@ class LocalCluster:
             fields.update(brokerId=index + 1, brokerRole=master_role, enableControllerMode=True,
                           controllerAddr=self.controller_addr,
                           controllerSessionTimeoutMs=self.session_ms,
-                          controllerPollIntervalMs=1000)
+                          controllerPollIntervalMs=1000,
+                          controllerAuthFile=str(self._zookeeper_auth()))
         else:
             role = master_role if index == 0 else "SLAVE"
             fields.update(

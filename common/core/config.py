@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 import socket
 from collections.abc import Iterable, Mapping
@@ -49,6 +50,11 @@ class BrokerConfig:
     # starts while one of them is the master of a newer epoch joins that one as a slave.
     groupServers: str = ""
     metricsPort: int = 0  # 0: no Prometheus endpoint
+    # replog: the interfaces the HA and metrics ports listen on. "": the HA port on every one
+    # (with aclEnable CURVE admits replica accounts only), the metrics port on every one, or
+    # on 127.0.0.1 only with aclEnable (nothing authenticates a scrape)
+    haBindAddress: str = ""
+    metricsBindAddress: str = ""
     # store layout
     storePathRootDir: str = "~/store"
     mappedFileSizeCommitLog: int = 1024 * 1024 * 1024
@@ -131,6 +137,16 @@ class BrokerConfig:
         return self.haListenPort or self.listenPort + 1
 
     @property
+    def ha_bind_host(self) -> str:
+        return self.haBindAddress or "0.0.0.0"
+
+    @property
+    def metrics_bind_host(self) -> str:
+        if self.metricsBindAddress:
+            return self.metricsBindAddress
+        return "127.0.0.1" if self.aclEnable else "0.0.0.0"
+
+    @property
     def store_root(self) -> Path:
         return Path(os.path.expanduser(self.storePathRootDir))
 
@@ -181,6 +197,9 @@ class BrokerConfig:
         _require(self.maxHashSlotNum > 0 and self.maxIndexNum > 1, "maxIndexNum", "must be > 1")
         for key in ("listenPort", "haListenPort", "metricsPort"):
             _require(0 <= getattr(self, key) <= 65535, key, "must be a port number")
+        for key in ("haBindAddress", "metricsBindAddress"):
+            _require(_is_ipv4_or_empty(getattr(self, key)), key,
+                     "must be an IPv4 address of this host (0.0.0.0: every interface), or empty")
         _require(0 < self.haTransferBatchSize <= HA_MAX_TRANSFER_BATCH, "haTransferBatchSize",
                  f"must be in 1..{HA_MAX_TRANSFER_BATCH} (every slave accepts DATA frames up "
                  "to that, whatever its own setting)")
@@ -266,6 +285,15 @@ def resolve_ipv4(host: str, key: str) -> str:
                           "msgId: give an IPv4 address or a name that resolves to one "
                           "here") from None
     return str(found[0][4][0])
+
+
+def _is_ipv4_or_empty(text: str) -> bool:
+    if not text:
+        return True
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
+    except ValueError:
+        return False
 
 
 def _require(ok: bool, key: str, why: str) -> None:

@@ -9,6 +9,7 @@ where RocketMQ has a ``secretKey``, and two keys of ours, ``replica`` and ``enab
         whiteRemoteAddress: 10.0.1.*        # optional: ALSO required, never a bypass
         admin: false                        # topic/group changes, promote, config, the ACL
         replica: false                      # may connect to the HA port as a slave
+        brokerIds: [1, 2]                   # replica: the member ids it may replicate as
         enabled: true                       # false: refused at the handshake and per request
         defaultTopicPerm: DENY              # DENY | PUB | SUB | PUB|SUB (default DENY)
         defaultGroupPerm: SUB               # (default DENY)
@@ -60,7 +61,8 @@ MAX_NAME_LENGTH = 255
 MAX_ADDRESS_ENTRIES = 256
 
 ACCOUNT_KEYS = ("accessKey", "curvePublicKey", "whiteRemoteAddress", "admin", "replica",
-                "enabled", "defaultTopicPerm", "defaultGroupPerm", "topicPerms", "groupPerms")
+                "brokerIds", "enabled", "defaultTopicPerm", "defaultGroupPerm", "topicPerms",
+                "groupPerms")
 _PERM_KEYS = ("defaultTopicPerm", "defaultGroupPerm", "topicPerms", "groupPerms")
 _ACCESS_KEY = re.compile(r"^[A-Za-z0-9._@-]{1,255}$")
 _REFUSED_KEYS = {
@@ -211,6 +213,7 @@ class Account:
     groups: Mapping[str, int] = dataclasses.field(default_factory=dict)
     addresses: AddressRule | None = None
     unrestricted: bool = False  # an admin account that sets no perm key at all
+    broker_ids: frozenset[int] | None = None  # replica: the member ids it may be (None: any)
 
     # -- resource checks: None when allowed --------------------------------------------------
     def may_topic(self, topic: str, need: int) -> Denial | None:
@@ -268,6 +271,14 @@ class Account:
             return None
         return Denial(self.access_key, "REPLICATE", "Cluster",
                       "the HA port admits replica accounts only", "not_replica")
+
+    def may_be_member(self, broker_id: int) -> Denial | None:
+        """A replica account replicating as member ``broker_id`` (its HELLO's brokerId)."""
+        if self.broker_ids is None or broker_id in self.broker_ids:
+            return None
+        return Denial(self.access_key, "REPLICATE", f"Member:{broker_id}",
+                      f"brokerIds {sorted(self.broker_ids)} does not name member {broker_id}",
+                      "not_this_member")
 
     def may_connect(self, address: str) -> Denial | None:
         """Enabled, and from an allowed address (every handshake and request)."""
@@ -396,7 +407,17 @@ def _account(raw: Any, where: str, budget: list[int]) -> Account:
         addresses=parse_addresses(raw.get("whiteRemoteAddress"),
                                   f"{where}: whiteRemoteAddress"),
         unrestricted=flags["admin"] and not any(k in raw for k in _PERM_KEYS),
+        broker_ids=_broker_ids(raw.get("brokerIds"), f"{where}: brokerIds"),
     )
+
+
+def _broker_ids(value: Any, where: str) -> frozenset[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or len(value) > 255 or any(
+            not isinstance(i, int) or isinstance(i, bool) or not 1 <= i <= 255 for i in value):
+        raise AclError(f"{where}: must be a list of member ids 1..255 (got {value!r})")
+    return frozenset(value)
 
 
 def _flag(raw: dict[str, Any], key: str, default: bool, where: str) -> bool:

@@ -242,6 +242,13 @@ class MasterCore:
             return NO_OFFSET
         return min(acks.values())
 
+    def member_peer(self, broker_id: int) -> PeerId | None:
+        """The connection serving member ``broker_id`` now (None: none)."""
+        for p in self._peers.values():
+            if p.broker_id == broker_id:
+                return p.peer_id
+        return None
+
     def progress(self) -> dict[int, int]:
         """broker id -> the offset it has acked, for every connected slave."""
         out: dict[int, int] = {}

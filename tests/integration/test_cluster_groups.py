@@ -316,6 +316,11 @@ def test_cluster_up_runs_several_groups_on_one_zookeeper(tmp_path: Path) -> None
         assert sorted(g["brokerName"] for g in info["groups"]) == ["broker-a", "broker-b"]
         rc, made = run_cli("topics", "-s", f"127.0.0.1:{base}", "--create", "t", "--queues", "3")
         assert rc == 0 and made["groups"] == {"broker-a": 0, "broker-b": 0}
+        # the brokers authenticate with ZooKeeper: nobody else may touch their znodes
+        auth = tmp_path / "c" / "zookeeper-auth"
+        assert auth.stat().st_mode & 0o077 == 0
+        configs = [(tmp_path / "c" / name / "broker.yaml").read_text() for name in brokers]
+        assert all(f"controllerAuthFile: {auth}" in text for text in configs)
     finally:
         proc.send_signal(signal.SIGTERM)  # cluster up stops its children, ZooKeeper last
         try:

@@ -392,6 +392,8 @@ def test_zookeeper_digest_auth_keeps_others_out_of_the_groups_znodes(tmp_path: P
                     stranger.get(state)
                 with pytest.raises(NoAuthError):
                     stranger.set(state, b"{}")
+                with pytest.raises(NoAuthError):  # nor delete a member's znode (issue 36)
+                    stranger.delete("/replog/DefaultCluster/broker-a/brokers/1")
             finally:
                 stranger.stop()
                 stranger.close()

@@ -208,3 +208,64 @@ def test_a_failover_drill_with_security(tmp_path: Path, realm: Realm) -> None:
         end = wait_converged(slave, master)
         assert_identical(slave, master, 0, end)
 
+
+
+def test_no_replica_key_can_displace_a_member_or_claim_one_it_is_not(tmp_path: Path,
+                                                                     realm: Realm) -> None:
+    """Member 1 replicates with key "broker". Another replica key saying HELLO as member 1
+    took its place and acked for it; a key whose account names its members (brokerIds) may
+    be those only."""
+    realm.write_acl([realm.account("admin", admin=True),
+                     realm.account("broker", replica=True, brokerIds=[1]),
+                     realm.account("replica2", replica=True),
+                     realm.account("app", defaultTopicPerm="PUB|SUB", defaultGroupPerm="SUB")])
+    master, slave = pair(tmp_path, realm)
+    with brokers(master, slave):
+        wait_until(lambda: [s["brokerId"] for s in master.status()["slaves"]] == [1], 20,
+                   "member 1 replicating")
+        ctx: zmq.Context[Any] = zmq.Context()
+        try:
+            hello = ha.Hello(session=2**40, broker_name="broker-a", broker_id=1,
+                             max_phy_offset=0, slave_address="127.0.0.1:1", epochs=())
+            usurper = realm.dealer(ctx, "replica2", master.port + 1)
+            usurper.send_multipart(ha.encode(hello))
+            assert received_bytes(usurper, QUIET_S) == 0
+            # brokerIds [1]: "broker" may not be member 9
+            stray = ha_dealer(ctx, realm, "broker", master.port + 1)
+            assert received_bytes(stray, QUIET_S) == 0
+        finally:
+            ctx.destroy(linger=0)
+        slaves = master.status()["slaves"]
+        assert [(s["brokerId"], s["address"]) for s in slaves] == [(1, slave.address)]
+        send([master.address], realm, 5, "still")  # SYNC: member 1 acks them
+        log = master.log_path.read_text()
+        assert "reasonKind=member_taken" in log and "reasonKind=not_this_member" in log
+
+
+def test_with_the_acl_the_metrics_port_listens_on_loopback_unless_told(
+        tmp_path: Path, realm: Realm) -> None:
+    """aclEnable authenticates the client and HA ports; nothing authenticates a scrape, so the
+    metrics port binds 127.0.0.1 unless metricsBindAddress says otherwise."""
+    import socket
+
+    port = free_port(4)
+    master = BrokerProcess(tmp_path / "m", client_curve=realm.curve("admin"), listenPort=port,
+                           metricsPort=port + 2, **realm.broker_fields())
+    with brokers(master):
+        log = master.log_path.read_text()
+        assert "event=metrics_listening" in log and "bind=127.0.0.1" in log
+        outside = next((ip for ip in _local_ipv4s() if not ip.startswith("127.")), None)
+        if outside is not None:
+            with socket.socket() as s:
+                s.settimeout(2)
+                assert s.connect_ex((outside, port + 2)) != 0
+
+
+def _local_ipv4s() -> list[str]:
+    import socket
+
+    try:
+        return sorted({info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None,
+                                                                  socket.AF_INET)})
+    except OSError:
+        return []
