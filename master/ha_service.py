@@ -293,6 +293,10 @@ class HaService:
         if self._stopping or self._ctx is None:
             raise RuntimeError("the HA service is stopping")
         self._open()
+        # the slaves reconnect to the new socket: the set's members get the term's grace
+        # again before one counts as "not connected" (they were, a moment ago)
+        self._keeper.connect_grace_until_ms = self._now_ms() + min(
+            SSS_CONNECT_GRACE_MS, self._cfg.haMaxTimeSlaveNotCatchup)
         log_event(log, "ha_service_reopened", bind=self._bind, maxPhyOffset=self._store.max_phy_offset)
 
     def stop(self) -> None:

@@ -19,8 +19,9 @@ import selectors
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from broker_harness import BrokerProcess, free_port
 
@@ -212,3 +213,34 @@ class Relay:
             except (KeyError, ValueError):
                 pass
             x.close()
+
+
+class StallWatch:
+    """Notices this machine stalling: a thread asks to sleep 10 ms again and again and keeps
+    every wake-up that came more than ``threshold_s`` late (a paused VM, a starved or paging
+    process). A failed timing assertion says with it whether the machine stalled meanwhile."""
+
+    def __init__(self, threshold_s: float = 0.5):
+        self.threshold_s = threshold_s
+        self.stalls: list[tuple[float, float]] = []  # (monotonic start, length in s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stall-watch", daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(0.01):
+            now = time.monotonic()
+            if now - last - 0.01 > self.threshold_s:
+                self.stalls.append((last, now - last))
+            last = now
+
+    def since(self, t0: float) -> list[tuple[float, float]]:
+        return [(round(t - t0, 3), round(length, 3)) for t, length in self.stalls if t >= t0 - 5]

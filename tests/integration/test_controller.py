@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ from controller_harness import (
     Group,
     chroot,
     controller_fields,
-    master_of,
     running_zookeeper,
     wait_master,
     wait_sync_state_set,
@@ -27,8 +27,15 @@ from replication_harness import Relay, stop_process, wait_for
 
 from common.client import Admin, Consumer, Producer
 from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
+from common.core.message import decode_msg_id, encode_msg_id, host_bytes
+from common.format.protocol import RequestCode
 
 pytestmark = pytest.mark.integration
+
+
+def _store_host(broker: BrokerProcess) -> str:
+    """The store host a broker's msgIds carry (its brokerIP1:listenPort)."""
+    return broker.address
 
 
 def _send(addresses: list[str], n: int, tag: str, **kw: Any) -> list[Any]:
@@ -105,55 +112,90 @@ def test_a_stopped_slave_leaves_the_set_and_sync_writes_resume(tmp_path: Path) -
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("role", ["SYNC_MASTER", "ASYNC_MASTER"])
 def test_a_master_cut_off_from_zookeeper_stops_writing_before_another_is_elected(
-        tmp_path: Path) -> None:
+        tmp_path: Path, role: str) -> None:
     """The master reaches its slaves but not ZooKeeper (a relay in front of ZooKeeper drops
     every byte): its lease runs out and it refuses writes before ZooKeeper expires its
-    session, so there are never two writable masters; nothing acknowledged is lost."""
+    session, so there are never two writable masters; nothing acknowledged is lost. Checked
+    from the writers' histories, not by sampling: an ASYNC master waits for no slave, so its
+    lease is all that stops it."""
     with running_zookeeper(tmp_path / "zk") as zk:
         root = chroot()
         port = int(zk.hosts.rsplit(":", 1)[1])
         relays = [Relay(port) for _ in range(3)]
         try:
-            with Group(tmp_path, [f"127.0.0.1:{r.port}{root}" for r in relays]) as g:
+            with Group(tmp_path, [f"127.0.0.1:{r.port}{root}" for r in relays],
+                       role=role) as g:
                 master = g.master()
                 wait_sync_state_set(master.status, {1, 2, 3})
                 index = g.procs.index(master)
                 acked = _send(g.addresses, 20, "before")
                 assert all(r.status == SendStatus.SEND_OK for r in acked)
+                top = master.status()["maxPhyOffset"]
+                wait_for(lambda: all(s and s["maxPhyOffset"] == top for s in g.statuses()), 10,
+                         "every member to hold the 20")
                 relays[index].blackhole()
                 cut = time.monotonic()
-                # pinned to the cut-off master: refused once its lease is stale
-                refused_at = None
-                writable: list[tuple[float, str]] = []
-                with Producer([master.address], timeout_ms=2000, retries=0) as p:
-                    p._cluster._master = master.address
-                    while time.monotonic() - cut < SESSION_MS / 1000 + 8:
-                        statuses = g.statuses()
-                        serving = [s["address"] for s in statuses if s is not None
-                                   and s["role"] in ("SYNC_MASTER", "ASYNC_MASTER")
-                                   and s["controller"]["isMaster"]
-                                   and s["controller"]["leaseFresh"]]
-                        if len(serving) > 1:
-                            writable.append((time.monotonic() - cut, ",".join(serving)))
-                        if refused_at is None:
+                # Two writers: one pinned to the cut-off master, one following the group's
+                # master; every SEND_OK is kept with when it was sent and answered, and which
+                # broker stored it. No sampling: the check reads the histories.
+                stop = threading.Event()
+                history: list[tuple[float, float, str]] = []  # (sent, answered, storeHost)
+                refused: list[float] = []
+
+                def write(pinned: bool) -> None:
+                    """Pinned: SEND requests to the cut-off master's address and no other
+                    (a producer would follow the new master); else a producer of the group."""
+                    with Producer(g.addresses, timeout_ms=2000, retries=0) as p:
+                        while not stop.is_set():
+                            sent = time.monotonic()
                             try:
-                                r = p.send("t", b"probe", queue_id=0)
-                                assert r.status != SendStatus.SEND_OK or \
-                                    time.monotonic() - cut < SESSION_MS / 1000
+                                if pinned:
+                                    resp = p._cluster.request(
+                                        master.address, RequestCode.SEND,
+                                        {"topic": "t", "queueId": 0}, [b"probe"])
+                                    if resp.code != ResponseCode.SUCCESS:
+                                        raise BrokerError(resp.code, resp.remark)
+                                    msg_id = encode_msg_id(
+                                        host_bytes(master.address.split(":")[0]), master.port,
+                                        resp.fields["commitLogOffset"])
+                                else:
+                                    msg_id = p.send("t", b"probe", queue_id=0).msg_id
                             except BrokerError as e:
-                                if e.code == ResponseCode.SERVICE_NOT_AVAILABLE:
-                                    refused_at = time.monotonic() - cut
-                        others = [s for i, s in enumerate(statuses) if i != index]
-                        if refused_at is not None and master_of(others) is not None:
-                            break
-                        time.sleep(0.05)
-                assert refused_at is not None and refused_at < SESSION_MS / 1000, refused_at
-                assert not writable, writable
+                                if pinned and e.code == ResponseCode.SERVICE_NOT_AVAILABLE:
+                                    refused.append(sent - cut)
+                                stop.wait(0.01)
+                                continue
+                            ip, port, _ = decode_msg_id(msg_id)
+                            history.append((sent, time.monotonic(), f"{ip}:{port}"))
+
+                writers = [threading.Thread(target=write, args=(pinned,)) for pinned in
+                           (True, False)]
+                for w in writers:
+                    w.start()
+                try:
+                    index2, _ = wait_master(lambda: [
+                        s if i != index else None for i, s in enumerate(g.statuses())], 30)
+                    new = g.procs[index2]
+                    wait_for(lambda: any(h[2] != _store_host(master) for h in history), 30,
+                             "a SEND_OK from the new master")
+                finally:
+                    stop.set()
+                    for w in writers:
+                        w.join(10)
+                old_host = _store_host(master)
+                first_new = min(a for _, a, h in history if h != old_host)
+                # no SEND_OK of the old master for a send made after the new one acknowledged
+                late = [(sent - cut, h) for sent, _, h in history
+                        if h == old_host and sent > first_new]
+                assert not late, late
+                # it acknowledged nothing sent after its session could have expired (no
+                # election before that), and refuses writes from then on
+                last_old = max(sent - cut for sent, _, h in history if h == old_host)
+                assert last_old < SESSION_MS / 1000, last_old
+                assert refused
                 others = [p for p in g.procs if p is not master]
-                index2, _ = wait_master(lambda: [
-                    s if i != index else None for i, s in enumerate(g.statuses())], 30)
-                new = g.procs[index2]
                 assert new is not master
                 relays[index].heal()
                 assert g.master(30) is new  # the old one follows once it hears ZooKeeper

@@ -157,24 +157,25 @@ def test_a_pass_spent_in_slow_reads_keeps_the_lease(zk: SlowZooKeeper) -> None:
     assert spent > 2 * LEASE_S  # the pass outlasted the lease twice over
     assert watch.stale == []
     gaps = [b - a for a, b in zip([started, *zk.writes], zk.writes, strict=False)]
-    assert gaps and max(gaps) < LEASE_S  # every third of it, plus a read: well within it
+    # every third of it, plus a read (0.75 s): measured 0.50-0.52 s, quiet or beside four
+    # busy loops on 2 cores (docs/drills.md), so the bound keeps half a second of room
+    assert gaps and max(gaps) < LEASE_S * 2 / 3
     assert c.stats.lease_lapses == 0
 
 
 @pytest.mark.timeout(30)
 def test_renewals_go_out_without_waiting_for_a_slow_answer() -> None:
-    zk = SlowZooKeeper(read_s=0.05, write_s=0.6)  # each write answers 0.6 s after it was sent
+    zk = SlowZooKeeper(read_s=0.05, write_s=0.8)  # each write answers 0.8 s after it was sent
     c = master(zk)
     with Watch(c) as watch:
         deadline = time.monotonic() + 3 * LEASE_S
         while time.monotonic() < deadline:  # the controller thread's timer checks
             c._renew_lease()
             time.sleep(0.05)
-    # waiting 0.6 s for each answer before the next write (then a third of the lease) would
-    # leave 1.1 s between confirmed sends, and the answer 0.6 s after that: the lease would
-    # lapse for about 0.2 s each time; sent without waiting, each answer has 1 s to come
+    # waiting 0.8 s for each answer before the next write would leave 1.3 s between confirmed
+    # sends, and the answer 0.8 s after that: the lease would lapse for about 0.6 s each time
     assert watch.stale == [] and c.stats.lease_lapses == 0
-    assert len(zk.writes) >= 6  # one every 0.5 s for 4.5 s (9), loaded or not
+    assert len(zk.writes) >= 8  # one every 0.5 s for 4.5 s
 
 
 def test_a_renewal_sent_before_a_suspension_confirms_nothing() -> None:
