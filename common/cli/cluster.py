@@ -16,16 +16,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import secrets
+import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from rich.table import Table
 
@@ -33,6 +36,7 @@ from common.cli import zookeeper
 from common.cli.output import EXIT_OK, UsageError, emit_json, err, out
 from common.cli.zookeeper import Ensemble
 from common.client import Admin
+from common.core import ports
 from common.core.config import KNOWN_KEYS, dump_yaml, load_config
 from common.core.errors import BrokerError
 from common.core.keys import load_public, new_key_pair
@@ -116,6 +120,7 @@ class LocalCluster:
             self._make_keys_and_acl()
         self.children = [self._child(i, mode, g) for g in range(groups)
                          for i in range(slaves + 1)]
+        self.force_stop: Callable[[], bool] = lambda: False  # a second Ctrl-C: SIGKILL now
 
     @property
     def controller_addr(self) -> str:
@@ -207,22 +212,75 @@ class LocalCluster:
                 "curveSecretKeyFile": str(self.keys_dir / "broker.key_secret"),
                 "haMasterPublicKeyFile": str(self.keys_dir / "broker.key")}
 
-    def start(self) -> None:
+    # ---- the directory is this process's while it runs ------------------------------------
+    @property
+    def pid_file(self) -> Path:
+        return self.directory / "cluster.pids.json"
+
+    def _claim_directory(self) -> None:
+        """Refuse a directory another live ``cluster up`` runs on; kill what a dead one left
+        running (its brokers and ZooKeeper run in sessions of their own and outlive it when it
+        is killed with SIGKILL); then record this process and, as they start, its children."""
+        try:
+            doc = json.loads(self.pid_file.read_text())
+        except (FileNotFoundError, ValueError):
+            doc = {}
+        owner = doc.get("pid")
+        if isinstance(owner, int) and owner != os.getpid() and _runs(owner, "cluster"):
+            raise UsageError(f"a replog cluster up (pid {owner}) runs on {self.directory}: stop "
+                             f"it first (Ctrl-C in its terminal, or kill {owner})")
+        leftovers = [pid for pid in doc.get("children", []) if isinstance(pid, int)
+                     and _runs(pid, str(self.directory))]
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if leftovers:
+            err.print(f"killed {len(leftovers)} processes left by a cluster up that died "
+                      f"({', '.join(map(str, leftovers))})")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._write_pids()
+
+    def _write_pids(self) -> None:
+        children = [c.process.pid for c in self.children if c.process is not None]
         if self.zookeeper is not None:
-            self.zookeeper.start()
+            children += [n.process.pid for n in self.zookeeper.nodes if n.process is not None]
+        self.pid_file.write_text(json.dumps({"pid": os.getpid(), "children": children}))
+
+    def _require_free_ports(self) -> None:
+        wanted = [(c.name, int(c.address.rsplit(":", 1)[1]) + off)
+                  for c in self.children for off in (0, 1, 2)]
+        if self.zookeeper is not None:
+            wanted += [("ZooKeeper", n.client_port) for n in self.zookeeper.nodes]
+        taken = [f"{name}'s port {port}" for name, port in wanted if not ports.is_free(port)]
+        if taken:
+            raise UsageError(f"in use: {', '.join(taken)}; another cluster (or program) "
+                             "listens there: stop it, or give --base-port")
+
+    def start(self) -> None:
+        self._claim_directory()
+        self._require_free_ports()
+        if self.zookeeper is not None:
+            for node in self.zookeeper.nodes:
+                node.start(prefix=die_with_parent())
+            self._write_pids()
+            self.zookeeper.start_waiting()
         for child in self.children:
             self.start_child(child)
+        self._write_pids()
         self.wait_ready(READY_TIMEOUT_S)
+        if self.zookeeper is not None:
+            self.wait_routes(READY_TIMEOUT_S)
 
     def start_child(self, child: ChildBroker) -> None:
         """Start (or restart) one broker from its YAML."""
         child.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(child.log_path, "ab") as log_file:
             child.process = subprocess.Popen(
-                [sys.executable, "-m", "common.cli", "broker", "-c", str(child.config_path)],
+                [*die_with_parent(), sys.executable, "-m", "common.cli", "broker", "-c",
+                 str(child.config_path)],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=True,  # Ctrl-C reaches cluster up, which stops them in order
                 env=broker_env(),
             )
 
@@ -238,13 +296,44 @@ class LocalCluster:
                             f"see {child.log_path}"
                         )
                     try:
-                        admin.status(child.address)
-                        break
+                        answered = admin.status(child.address)
                     except BrokerError:
-                        if time.monotonic() > deadline:
+                        answered = None
+                    if answered is not None:
+                        if child.process is not None and answered.get("pid") != child.process.pid:
                             raise RuntimeError(
-                                f"{child.name} not answering at {child.address}"
-                            ) from None
+                                f"{child.address} is answered by pid {answered.get('pid')}, not "
+                                f"by {child.name} (pid {child.process.pid}): another broker "
+                                f"listens there; see {child.log_path}")
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{child.name} not answering at {child.address}; "
+                                           f"see {child.log_path}")
+
+    def wait_routes(self, timeout_s: float) -> None:
+        """Until every group has a master that the routes (CLUSTER_INFO, what clients and a
+        cluster-wide topic creation read) name: only then is the cluster ready."""
+        wanted = sorted({c.group for c in self.children})
+        deadline = time.monotonic() + timeout_s
+        missing: list[str] = wanted
+        with Admin([c.address for c in self.children], timeout_ms=1000, retries=0,
+                   **self.client_curve()) as admin:
+            while time.monotonic() < deadline:
+                for child in self.children:
+                    if child.process is not None and child.process.poll() is not None:
+                        raise RuntimeError(f"{child.name} exited with "
+                                           f"{child.process.returncode}; see {child.log_path}")
+                try:
+                    info = admin.cluster_info(self.children[0].address)
+                except BrokerError:
+                    info = {}
+                routed = {g.get("brokerName") for g in info.get("groups", []) if g.get("master")}
+                missing = [g for g in wanted if g not in routed]
+                if not missing:
+                    return
+                time.sleep(0.1)
+        raise RuntimeError(f"groups {missing} have no master in the routes after "
+                           f"{timeout_s:.0f} s; see their logs under {self.directory}")
 
     def status_line(self, admin: Admin) -> str:
         parts = []
@@ -260,21 +349,26 @@ class LocalCluster:
         return " | ".join(parts)
 
     def stop(self) -> None:
-        """SIGTERM every child, wait (bounded), SIGKILL what is left."""
+        """SIGTERM every child, wait (bounded; ``force_stop`` cuts it short), SIGKILL what
+        is left."""
         for child in self.children:
             if child.process is not None and child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for child in self.children:
-            if child.process is None:
+            proc = child.process
+            if proc is None:
                 continue
-            try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.process.kill()
-                child.process.wait(5)
+            while proc.poll() is None and time.monotonic() < deadline and \
+                    not self.force_stop():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(0.1)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
         if self.zookeeper is not None:
             self.zookeeper.stop()
+        self.pid_file.unlink(missing_ok=True)
 
     def group_children(self, group: str) -> list[ChildBroker]:
         return [c for c in self.children if c.group == group]
@@ -301,6 +395,23 @@ class LocalCluster:
                     not ctl.get("enabled") or (ctl.get("isMaster") and ctl.get("leaseFresh"))):
                 return child
         return None
+
+
+def die_with_parent() -> list[str]:
+    """The command prefix that ends a child when ``cluster up`` dies, kill -9 included (a child
+    in a session of its own outlived it): util-linux's setpriv sets Linux's PR_SET_PDEATHSIG,
+    then runs the child's command. Without setpriv the next ``cluster up`` on the directory
+    kills what is left (``_claim_directory``)."""
+    return ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+
+
+def _runs(pid: int, marker: str) -> bool:
+    """Whether ``pid`` is a live process whose command line holds ``marker``."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return marker.encode() in cmdline
 
 
 def broker_env() -> dict[str, str]:
@@ -336,15 +447,11 @@ def cmd_cluster(args: argparse.Namespace) -> int:
                            controller=not args.no_controller, zk_port=args.zk_port,
                            session_ms=args.session_ms, groups=groups,
                            secure=args.secure)
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with StopSignals() as stop:
+        cluster.force_stop = stop.forced
         with running_cluster(cluster):
             _announce(args, cluster)
             _watch(args, cluster, stop)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if not args.json:
         out.print("cluster stopped")
     return EXIT_OK
@@ -382,18 +489,64 @@ def _announce(args: argparse.Namespace, cluster: LocalCluster) -> None:
         out.print(f"controller: ZooKeeper at {cluster.controller_addr} (session "
                   f"{cluster.session_ms} ms): `replog controller status -s "
                   f"{cluster.children[0].address}`")
+    first = cluster.children[0].address
     if cluster.groups > 1:
         out.print(f"{cluster.groups} broker groups share the cluster: `replog status --cluster "
-                  f"-s {cluster.children[0].address}`, `replog topics --create T --queues 4`")
+                  f"-s {first}`, `replog topics -s {first} --create T --queues 4`",
+                  soft_wrap=True)
     if cluster.secure:
         curve = cluster.client_curve()
         out.print(f"CURVE and ACL on ({cluster.acl_path}); the CLI needs its key:")
         out.print(f"  export REPLOG_KEY={curve['key']} REPLOG_SERVER_KEY={curve['server_key']}",
                   soft_wrap=True)
-    out.print(f"try: replog status -s {cluster.children[0].address}   (Ctrl-C stops the cluster)")
+    out.print(f"ready: every group has a master. try: replog send -s {first} -t orders -b hello; "
+              f"replog status -s {first}   (Ctrl-C stops the cluster)", soft_wrap=True)
 
 
-def _watch(args: argparse.Namespace, cluster: LocalCluster, stop: threading.Event) -> None:
+class StopSignals:
+    """SIGINT and SIGTERM, counted, with no lock in the handler: it only adds one, and the
+    main loop wakes on ``signal.set_wakeup_fd``'s socket. (A handler that called Event.set
+    could run inside the main thread's own Event.set and deadlock on its lock: Ctrl-C twice
+    froze cluster up until kill -9.) A second signal forces the stop (SIGKILL)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+        self._previous: dict[int, Any] = {}
+        self._old_fd = -1
+
+    def __enter__(self) -> Self:
+        self._old_fd = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
+        self._previous = {s: signal.signal(s, self._count) for s in (signal.SIGINT,
+                                                                     signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._old_fd)
+        self._r.close()
+        self._w.close()
+
+    def _count(self, _signum: int, _frame: object) -> None:
+        self.count += 1
+
+    def forced(self) -> bool:
+        return self.count >= 2
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep up to ``timeout_s`` or until a signal; True once one came."""
+        if self.count == 0:
+            select.select([self._r], [], [], timeout_s)
+            with contextlib.suppress(BlockingIOError):
+                while self._r.recv(64):
+                    pass
+        return self.count > 0
+
+
+def _watch(args: argparse.Namespace, cluster: LocalCluster, stop: StopSignals) -> None:
     deadline = time.monotonic() + args.duration if args.duration else float("inf")
     with Admin([c.address for c in cluster.children], timeout_ms=1000, retries=0,
                **cluster.client_curve()) as admin:

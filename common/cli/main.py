@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -53,25 +54,37 @@ from common.cli.output import (
 )
 from common.client import parse_servers
 from common.core.config import ConfigError
-from common.core.errors import BrokerError
+from common.core.errors import BrokerError, ResponseCode
 from common.core.message import DEFAULT_COMPRESS_OVER_BYTES
 
 DEFAULT_SERVERS = "127.0.0.1:10911"
+LISTEN_PROBE_S = 1.0  # a TCP connect to the -s brokers before a client command
+
+
+class HELP_FORMAT(argparse.HelpFormatter):
+    """``--help`` shows each option's default, where it has one (not None or off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if ("%(default)" not in text and action.option_strings
+                and action.default not in (None, False, [], argparse.SUPPRESS)):
+            text += " (default: %(default)s)"
+        return text
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replog", description="replicated commit-log broker")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("broker", help="run one broker")
+    p = sub.add_parser("broker", formatter_class=HELP_FORMAT, help="run one broker")
     p.add_argument("-c", "--config", required=True)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
 
-    p = sub.add_parser("pipeline", help="run a Spark job: audit, stats or reindex",
+    p = sub.add_parser("pipeline", formatter_class=HELP_FORMAT, help="run a Spark job: audit, stats or reindex",
                        add_help=False)
     p.add_argument("job_args", nargs=argparse.REMAINDER)
 
-    p = sub.add_parser("cluster", help="run local broker groups on one ZooKeeper")
+    p = sub.add_parser("cluster", formatter_class=HELP_FORMAT, help="run local broker groups on one ZooKeeper")
     p.add_argument("action", choices=["up"])
     p.add_argument("--dir", default="run/cluster")
     p.add_argument("--groups", type=int, default=1,
@@ -89,36 +102,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CURVE and an ACL: keys and acl.yml made under --dir")
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("keys", help="make a CURVE key pair")
+    p = sub.add_parser("keys", formatter_class=HELP_FORMAT, help="make a CURVE key pair")
     p.add_argument("action", choices=["new"])
     p.add_argument("name")
     p.add_argument("-d", "--dir", default=".", help="where NAME.key and NAME.key_secret go")
     p.add_argument("--json", action="store_true")
 
     p = _client(sub, "send", "produce messages")
-    p.add_argument("-t", "--topic", required=True)
-    p.add_argument("-b", "--body")
-    p.add_argument("--file")
-    p.add_argument("--count", type=int)
-    p.add_argument("--size", type=int)
-    p.add_argument("--tags")
-    p.add_argument("--keys")
-    p.add_argument("--queue", type=int)
+    p.add_argument("-t", "--topic", required=True, help="the topic (made on first use)")
+    p.add_argument("-b", "--body", help="one message with this body")
+    p.add_argument("--file", help="one message with this file's bytes as its body")
+    p.add_argument("--count", type=int, help="N messages (pipelined), of --size bytes")
+    p.add_argument("--size", type=int, help="with --count: each body's length in bytes")
+    p.add_argument("--tags", help="the message's tag (TAGS, consumers filter on it)")
+    p.add_argument("--keys", help="space-separated keys (KEYS, replog query --key finds it)")
+    p.add_argument("--queue", type=int, help="this queue id (default: round robin)")
     p.add_argument("--shard-key", help="every message of a key to one queue, in order")
     p.add_argument("--broker-name", help="the broker group to send to (with --queue: the "
                    "queue's group, needed when several groups hold the topic)")
-    p.add_argument("--delay-level", type=int, default=0)
+    p.add_argument("--delay-level", type=int, default=0,
+                   help="deliver after messageDelayLevel's level L (1: 1s ... 18: 2h)")
     p.add_argument("--compress-over", type=int, default=DEFAULT_COMPRESS_OVER_BYTES,
                    metavar="BYTES",
                    help="deflate bodies of at least BYTES (default %(default)s, 0: never)")
 
     p = _client(sub, "pull", "read from a consume queue")
-    p.add_argument("-t", "--topic", required=True)
-    p.add_argument("-q", "--queue", type=int, default=0)
-    p.add_argument("-o", "--offset", type=int)
-    p.add_argument("-n", "--max", type=int, default=32)
-    p.add_argument("--group", default="replog-cli")
-    p.add_argument("--suspend-ms", type=int, default=0)
+    p.add_argument("-t", "--topic", required=True, help="the topic")
+    p.add_argument("-q", "--queue", type=int, default=0, help="the queue id")
+    p.add_argument("-o", "--offset", type=int,
+                   help="the queue offset to read from (default: --group's committed one)")
+    p.add_argument("-n", "--max", type=int, default=32, help="messages at most")
+    p.add_argument("--group", default="replog-cli", help="the consumer group")
+    p.add_argument("--suspend-ms", type=int, default=0,
+                   help="at the end of the queue, wait this long for a message (long poll)")
     p.add_argument("--broker-name", help="the queue's broker group (needed when several "
                    "groups hold the topic)")
 
@@ -187,10 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _client(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
-    p.add_argument("-s", "--servers", default=DEFAULT_SERVERS, type=_servers_arg)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--timeout-ms", type=int, default=10_000)
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text,
+                                                formatter_class=HELP_FORMAT)
+    p.add_argument("-s", "--servers", default=DEFAULT_SERVERS, type=_servers_arg,
+                   metavar="HOST:PORT[,...]", help="brokers to ask: any of the cluster's")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--timeout-ms", type=int, default=10_000, help="per request")
     # ``replog query --key K`` is a message key: there the CURVE key is --key-file only
     names = ("--key-file",) if name == "query" else ("--key", "--key-file")
     p.add_argument(*names, dest="curve_key", default=os.environ.get("REPLOG_KEY"),
@@ -230,6 +248,26 @@ def _servers_arg(text: str) -> str:
     return text
 
 
+def _require_listener(servers: str) -> None:
+    """Fail at once, saying what to do, when nothing listens at any of ``servers``: a client
+    would otherwise wait out its whole timeout for a broker that is not running."""
+    addresses = parse_servers(servers)
+    refused = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), LISTEN_PROBE_S):
+                return
+        except OSError as e:
+            if not isinstance(e, ConnectionRefusedError):
+                return  # unreachable or slow, not refused: the client's own timeout decides
+            refused.append(address)
+    raise BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                      f"nothing listens at {', '.join(refused)} (connection refused): start a "
+                      "broker group with `replog cluster up`, or name a running broker with "
+                      "-s HOST:PORT", False)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["pipeline"]:  # the Spark jobs parse their own arguments
@@ -241,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "broker":
             return run_broker(args.config, args.set)
-
+        if isinstance(getattr(args, "servers", None), str) and not getattr(args, "check", None):
+            _require_listener(args.servers)  # (acl --check reads a file, no broker)
         return COMMANDS[args.command](args)
     except UsageError as e:
         parser.error(str(e))  # exits 2

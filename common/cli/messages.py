@@ -18,7 +18,7 @@ from common.cli.output import (
     print_messages,
 )
 from common.client import Admin, Consumer, Producer, SendResult
-from common.core.errors import SendStatus
+from common.core.errors import BrokerError, ResponseCode, SendStatus
 
 
 def cmd_send(args: argparse.Namespace) -> int:
@@ -126,6 +126,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
             offset = max(0, committed)
         result = consumer.pull(args.topic, args.queue, offset, args.max,
                                suspend_ms=args.suspend_ms, broker_name=args.broker_name)
+        if not result.messages:
+            _require_queue(consumer, args.topic, args.queue, args.broker_name)
     if args.json:
         emit_json(result.to_json())
     else:
@@ -136,6 +138,21 @@ def cmd_pull(args: argparse.Namespace) -> int:
         print_messages(result.messages)
     return EXIT_OK
 
+
+
+def _require_queue(consumer: Consumer, topic: str, queue: int, broker_name: str | None) -> None:
+    """An empty answer from a queue that does not exist is an error, not "0 messages"."""
+    try:
+        nums = consumer.queue_nums(topic, broker_name=broker_name)
+    except BrokerError as e:
+        if e.code != ResponseCode.TOPIC_NOT_EXIST:
+            raise
+        raise BrokerError(ResponseCode.TOPIC_NOT_EXIST, f"there is no topic {topic} (nothing "
+                          "was ever sent to it, nor was it created)", False) from None
+    if not 0 <= queue < nums:
+        raise BrokerError(ResponseCode.BAD_REQUEST,
+                          f"topic {topic} has {nums} queue{'s' if nums != 1 else ''} "
+                          f"(0..{nums - 1}): there is no queue {queue}", False)
 
 
 def cmd_query(args: argparse.Namespace) -> int:

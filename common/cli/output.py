@@ -16,8 +16,10 @@ from common.core.keys import KeyFileError, parse_server_keys
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# Piped to a file or another program, tables keep their whole lines (addresses, log paths):
+# rich would cut them at 80 columns
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 4096)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 4096)
 
 
 class UsageError(Exception):

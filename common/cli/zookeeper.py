@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from common.core import ports
@@ -113,7 +114,9 @@ class ZooKeeperNode:
         cfg.write_text("\n".join(lines) + "\n")
         return cfg
 
-    def start(self) -> ZooKeeperNode:
+    def start(self, prefix: Sequence[str] = ()) -> ZooKeeperNode:
+        """``prefix``: what runs the JVM (``setpriv --pdeathsig TERM --``: it ends with its
+        parent)."""
         problem = missing()
         if problem:
             raise RuntimeError(problem)
@@ -122,7 +125,7 @@ class ZooKeeperNode:
                 else "org.apache.zookeeper.server.ZooKeeperServerMain")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                ["java", "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC",
+                [*prefix, "java", "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC",
                  f"-Dzookeeper.cnxTimeout={1000}", "-cp", classpath(), main, str(cfg)],
                 cwd=self.directory, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -138,6 +141,10 @@ class ZooKeeperNode:
                                    f"{self.log_path}")
             mode = mode_of(self.client_port, 0.5)
             if mode:
+                if self.process is not None and self.process.poll() is not None:
+                    raise RuntimeError(f"ZooKeeper exited with {self.process.returncode} while "
+                                       f"another server answers on {self.address}; see "
+                                       f"{self.log_path}")
                 return mode
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ZooKeeper on {self.address} not serving after "
@@ -187,6 +194,10 @@ class Ensemble:
     def start(self, timeout_s: float = 60.0) -> Ensemble:
         for node in self.nodes:
             node.start()
+        return self.start_waiting(timeout_s)
+
+    def start_waiting(self, timeout_s: float = 60.0) -> Ensemble:
+        """Wait (bounded) until every started node serves."""
         for node in self.nodes:
             node.wait_ready(timeout_s)
         return self

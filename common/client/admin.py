@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import time
 from typing import Any
 
 from common.client.cluster import ClientBase, Cluster
@@ -102,8 +104,10 @@ class Admin(ClientBase):
         """``create_topic``, returning group -> the queue count it had before. Each master
         publishes its topics to ZooKeeper at once, so the cluster's route names the topic
         right after (clients take it at their next route refresh)."""
+        groups = self._groups(broker_names)
+        self._wait_masters([name for name, _ in groups])
         before: dict[str, int] = {}
-        for name, cluster in self._groups(broker_names):
+        for name, cluster in groups:
 
             def attempt(address: str, cluster: Cluster = cluster, name: str = name) -> int:
                 resp = cluster.request(
@@ -116,6 +120,25 @@ class Admin(ClientBase):
             before[name] = self._with_retries(attempt, cluster=cluster)
         self._routes.invalidate()
         return before
+
+    def _wait_masters(self, names: list[str]) -> None:
+        """Wait (up to the client's timeout) until every group named has a master in the
+        routes: a topic made while one has none would exist on fewer groups than asked, and
+        a send keyed to the missing group's queues would find none."""
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        while True:
+            table = self._routes.table()
+            missing = [n for n in names if n not in table.groups or not table.groups[n].master]
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                  f"groups {missing} have no master now: the topic would exist "
+                                  "on fewer groups than asked; nothing was created (try again "
+                                  "once they elect one)", False)
+            self._closed.wait(0.2)
+            with contextlib.suppress(BrokerError):  # no route answer: looked at again
+                self._routes.refresh()
 
     def acl_info(self, address: str | None = None) -> dict[str, Any]:
         """The ACL a broker has in force (GET_BROKER_CLUSTER_ACL_INFO, admin accounts only):

@@ -243,3 +243,26 @@ def test_docker_drill_sigkills_partitions_and_pauses_the_master(
     checks = report["checksums"]
     assert checks["identical"] and len(checks["by_node"]) == 3
     assert checks["range"][1] > checks["range"][0]
+
+
+@pytest.mark.timeout(300)
+def test_an_image_build_before_the_wheels_says_what_to_run(tmp_path: Any) -> None:
+    """``docker compose up --build`` before ``compose/build-wheels.sh`` failed with "failed to
+    walk .../build": the build stops at once and names the script."""
+    from compose_harness import docker_problem, missing_or_fail
+
+    problem = docker_problem()
+    if problem:
+        missing_or_fail(problem)
+    import shutil
+
+    context = tmp_path / "context"  # the repository's context, without build/wheels/
+    shutil.copytree(REPO / "compose", context / "compose")
+    shutil.copy(REPO / ".dockerignore", context / ".dockerignore")
+    done = subprocess.run(["docker", "build", "-f", "compose/Dockerfile", "-t",
+                           "replog-no-wheels-check", "."], cwd=context, capture_output=True,
+                          text=True, timeout=240, check=False)
+    subprocess.run(["docker", "rmi", "-f", "replog-no-wheels-check"], capture_output=True,
+                   check=False)
+    assert done.returncode != 0
+    assert "run compose/build-wheels.sh first" in done.stdout + done.stderr, done.stdout[-2000:]
