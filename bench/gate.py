@@ -1,0 +1,171 @@
+"""The regression gate: the put path's key ratios against the ones kept in ``bench/ratios.json``.
+
+Each row is a ratio measured within one run, against a reference that runs beside it on the
+same machine (the bare transport, Redis), so the machine's speed of the day cancels out:
+
+| row                    | replog                              | reference                         |
+|------------------------|-------------------------------------|-----------------------------------|
+| sync_vs_echo           | ``send``, 1 in flight, 128 B        | DEALER/ROUTER echo, 1 in flight   |
+| sync_vs_redis          | the same                            | Redis ``XADD``, one at a time     |
+| async64_vs_echo        | ``send_async``, 64 in flight        | echo, 64 in flight                |
+| async64_vs_redis       | the same                            | ``XADD`` pipelined 64             |
+| batch64_vs_redis       | ``send_batch`` x64                  | ``XADD`` pipelined 64             |
+| sync_master_vs_relay   | SYNC_MASTER ``send``, 1 in flight,  | the bare four-hop relay           |
+|                        | 1 KiB, master + 1 slave             | (``bench/replication.py``)        |
+| sync_master_batch_vs_relay | SYNC_MASTER ``send_batch`` x64  | the relay of 64-body frames       |
+
+Every row is measured ``--rounds`` times (default 9), in short legs, the replog figure and its reference back
+to back in each round, and the median of the rounds' ratios is compared with the kept one: a
+median more than ``--tolerance`` (15%) below it fails the gate (exit 1), unless the rounds'
+upper quartile still reaches the kept ratio (this VM's spread: the medians of five runs of one
+commit spanned 0.29-0.46 for a single send against the echo; a fall the quartile confirms is
+a fall, a low median inside the spread is not). ``--update`` writes
+this run's medians as the kept ratios, with the commit, the date and the machine. ``make
+bench`` runs it; the note of every change to the put path reports its table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import _support
+import broker_put as bp
+import replication as rp
+
+from common.client import Producer
+
+KEPT = Path(__file__).resolve().parent / "ratios.json"
+SYNC_COUNT, ASYNC_COUNT, BATCH_COUNT = 2500, 20_000, 60_000  # per leg of a round
+
+
+def put_rows(rounds: int) -> dict[str, list[float]]:
+    """The single-broker rows (ASYNC_MASTER), each round replog then its references."""
+    home = Path(tempfile.mkdtemp(prefix="replog-gate-"))
+    stops: list[Callable[[], None]] = []
+    rows: dict[str, list[float]] = {k: [] for k in (
+        "sync_vs_echo", "sync_vs_redis", "async64_vs_echo", "async64_vs_redis",
+        "batch64_vs_redis")}
+    try:
+        broker, address = bp.start_broker(home)
+        stops.append(lambda: _support.stop(broker))
+        echo_port = _support.free_port()
+        ready = multiprocessing.Event()
+        echo = multiprocessing.Process(target=bp._echo_server, args=(echo_port, ready),
+                                       daemon=True)
+        echo.start()
+        stops.append(lambda: (echo.kill(), echo.join(5)))
+        ready.wait(10)
+        redis_proc, redis_port = bp.start_redis(home)
+        if redis_proc is not None:
+            stops.append(lambda: _support.stop(redis_proc))
+        echo_addr = f"127.0.0.1:{echo_port}"
+        with Producer([address]) as p:
+            bp.replog_sync(p, 128, 500)  # warm-up
+            for _ in range(rounds):  # short legs, interleaved: a slow spell hits both sides
+                sync = bp.replog_sync(p, 128, SYNC_COUNT)
+                rows["sync_vs_echo"].append(sync.rate / bp.echo_run(
+                    echo_addr, 128, SYNC_COUNT, 1, 1, "echo x1").rate)
+                if redis_port:
+                    rows["sync_vs_redis"].append(
+                        sync.rate / bp.redis_run(redis_port, 128, SYNC_COUNT, 1).rate)
+                asy = bp.replog_async(p, 128, ASYNC_COUNT)
+                rows["async64_vs_echo"].append(asy.rate / bp.echo_run(
+                    echo_addr, 128, ASYNC_COUNT, bp.WINDOW, 1, "echo 64").rate)
+                batch = bp.replog_batch(p, 128, BATCH_COUNT)
+                if redis_port:
+                    r64 = bp.redis_run(redis_port, 128, ASYNC_COUNT, bp.BATCH).rate
+                    rows["async64_vs_redis"].append(asy.rate / r64)
+                    rows["batch64_vs_redis"].append(batch.rate / r64)
+        return {k: v for k, v in rows.items() if v}
+    finally:
+        for stop in reversed(stops):
+            stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def sync_master_rows(rounds: int) -> dict[str, list[float]]:
+    """SYNC_MASTER with one slave, 1 KiB bodies, against the bare relay of the same hops."""
+    home = Path(tempfile.mkdtemp(prefix="replog-gate-repl-"))
+    rows: dict[str, list[float]] = {"sync_master_vs_relay": [],
+                                    "sync_master_batch_vs_relay": []}
+    master, slave = rp.group(home / "sync", "SYNC_MASTER")
+    try:
+        with Producer([master.address], retries=0) as p:
+            rp.in_flight(p, 1000, 16, "warm-up")
+            for _ in range(rounds):
+                single = rp.sends(p, 1000, "SYNC 1 in flight")
+                rows["sync_master_vs_relay"].append(
+                    single.rate / rp.relay(1000, rp.BODY, 1, "relay").rate)
+                batch = rp.batches(p, 10_000, "SYNC send_batch x64")
+                rows["sync_master_batch_vs_relay"].append(
+                    batch.rate / rp.relay(160, rp.BODY, 64, "relay x64").rate)
+        return rows
+    finally:
+        slave.stop()
+        master.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def upper_quartile(values: list[float]) -> float:
+    return statistics.quantiles(values, n=4)[2] if len(values) > 1 else values[0]
+
+
+def commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_support.REPO,
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "?"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--tolerance", type=float, default=0.15,
+                    help="how far below a kept ratio a median may fall")
+    ap.add_argument("--update", action="store_true", help="keep this run's medians")
+    args = ap.parse_args()
+    rows = {**put_rows(args.rounds), **sync_master_rows(args.rounds)}
+    medians = {k: round(statistics.median(v), 3) for k, v in rows.items()}
+    kept = json.loads(KEPT.read_text()) if KEPT.exists() else {"ratios": {}}
+    print(f"regression gate ({args.rounds} rounds each, {os.cpu_count()} CPUs, commit "
+          f"{commit()}, load {os.getloadavg()[0]:.1f}); kept: {kept.get('commit', '-')} "
+          f"{kept.get('date', '')}")
+    failed = []
+    for name, median in medians.items():
+        ref = kept["ratios"].get(name)
+        rounds = ", ".join(f"{r:.3f}" for r in rows[name])
+        if ref is None:
+            verdict = "new"
+        elif median < ref * (1 - args.tolerance) and upper_quartile(rows[name]) < ref:
+            verdict = f"FAILED: more than {args.tolerance:.0%} below"
+            failed.append(name)
+        elif median < ref * (1 - args.tolerance):
+            verdict = "low median, upper quartile still at the kept ratio: noise"
+        else:
+            verdict = "ok"
+        print(f"  {name:<28} {median:>7.3f}  kept {ref if ref is not None else '-':>7}  "
+              f"[{rounds}]  {verdict}")
+    if args.update:
+        KEPT.write_text(json.dumps({
+            "commit": commit(), "date": datetime.datetime.now(datetime.UTC).strftime(
+                "%Y-%m-%d %H:%M UTC"), "rounds": args.rounds,
+            "machine": f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+            "ratios": medians}, indent=2) + "\n")
+        print(f"kept in {KEPT}")
+        return 0
+    print(f"{len(medians) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
