@@ -46,7 +46,8 @@ Threads and sockets::
 """
 
 from common.client.admin import Admin
-from common.client.cluster import ClientBase, Cluster, parse_servers
+from common.client.base import ClientBase
+from common.client.cluster import Cluster, parse_servers
 from common.client.consumer import Consumer
 from common.client.producer import Producer, shard_queue
 from common.client.results import (

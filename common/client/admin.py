@@ -7,7 +7,8 @@ import hashlib
 import time
 from typing import Any
 
-from common.client.cluster import ClientBase, Cluster
+from common.client.base import ClientBase
+from common.client.cluster import Cluster
 from common.client.routes import parse_cluster_info, unknown_group
 from common.client.routing import RouteTable
 from common.core.errors import BrokerError, ResponseCode

@@ -8,7 +8,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from common.client.cluster import ClientBase, Cluster
+from common.client.base import ClientBase
+from common.client.cluster import Cluster
 from common.client.results import (
     NoMasterError,
     PullResult,

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
+from common.client.base import ClientBase
 from common.client.cluster import (
     MAX_BACKOFF_S,
     NO_MASTER_PAUSE_S,
     REDISCOVER_CODES,
     ROUTE_TTL_MS,
-    ClientBase,
     Cluster,
 )
 from common.client.results import (
