@@ -119,52 +119,64 @@ class MasterRole:
         acks = getattr(self.ha_service, "slave_acks", None)
         return acks() if callable(acks) else {}
 
-    # -- writes (the server's I/O thread) ------------------------------------------------------
-    def handle_write(self, req: Request) -> Reply:
+    # -- writes (the server's I/O thread; common/broker/processors/produce.py) ------------------
+    def refusal(self, req: Request) -> Response | None:
+        """Why this master refuses a write now (controller mode: a lease that is not fresh, a
+        lost election, a switchover under way), or None: it takes it."""
         gate = self._write_gate
         if gate is not None:
             fenced = gate()
             if fenced:
                 self.fenced_writes += 1
                 return reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, fenced)
-        if req.code == RequestCode.CREATE_TOPIC:
-            return self._create_topic(req)
-        if req.code == RequestCode.CONSUMER_SEND_MSG_BACK:
-            return self._send_back(req)
+        return None
+
+    def send(self, req: Request) -> Reply:
         refusal = self._check_queue(req)
         if refusal is not None:
             return refusal
         f = req.fields
-        born = f.get("bornTimestamp") or int(time.time() * 1000)
-        if req.code == RequestCode.SEND:
-            props = dict(f.get("properties") or {})
-            delay = f["delayLevel"] or _delay_property(props)
-            if delay is None:
-                return reply(req, ResponseCode.MESSAGE_ILLEGAL,
-                             f"property {PROPERTY_DELAY}={props[PROPERTY_DELAY]!r} is not a "
-                             "delay level (an integer 0-64)")
-            msg = Message(
-                f["topic"],
-                req.bodies[0],
-                f.get("tags"),
-                f.get("keys"),
-                props,
-                f["flag"],
-                delay,
-                sys_flag=f["sysFlag"],
-            )
-            pending = self.store.put_nowait(msg, f["queueId"], born_host=req.born_host,
-                                            born_timestamp=born)
-        else:
-            meta = f.get("meta")
-            if meta is not None and any(m[2] and PROPERTY_DELAY in m[2] for m in meta):
-                return reply(req, ResponseCode.MESSAGE_ILLEGAL,
-                             "a batch cannot hold delayed messages (RocketMQ refuses them too)")
-            msgs = _batch_messages(f["topic"], req.bodies, meta)
-            pending = self.store.put_batch_nowait(
-                f["topic"], f["queueId"], msgs, born_host=req.born_host, born_timestamp=born
-            )
+        props = dict(f.get("properties") or {})
+        delay = f["delayLevel"] or _delay_property(props)
+        if delay is None:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"property {PROPERTY_DELAY}={props[PROPERTY_DELAY]!r} is not a "
+                         "delay level (an integer 0-64)")
+        msg = Message(
+            f["topic"],
+            req.bodies[0],
+            f.get("tags"),
+            f.get("keys"),
+            props,
+            f["flag"],
+            delay,
+            sys_flag=f["sysFlag"],
+        )
+        pending = self.store.put_nowait(msg, f["queueId"], born_host=req.born_host,
+                                        born_timestamp=f.get("bornTimestamp")
+                                        or int(time.time() * 1000))
         return self._after_append(req, pending)
+
+    def send_batch(self, req: Request) -> Reply:
+        refusal = self._check_queue(req)
+        if refusal is not None:
+            return refusal
+        f = req.fields
+        meta = f.get("meta")
+        if meta is not None and any(m[2] and PROPERTY_DELAY in m[2] for m in meta):
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         "a batch cannot hold delayed messages (RocketMQ refuses them too)")
+        msgs = _batch_messages(f["topic"], req.bodies, meta)
+        pending = self.store.put_batch_nowait(
+            f["topic"], f["queueId"], msgs, born_host=req.born_host,
+            born_timestamp=f.get("bornTimestamp") or int(time.time() * 1000))
+        return self._after_append(req, pending)
+
+    def create_topic(self, req: Request) -> Response:
+        return self._create_topic(req)
+
+    def send_back(self, req: Request) -> Reply:
+        return self._send_back(req)
 
     def _create_topic(self, req: Request) -> Response:
         """CREATE_TOPIC (RocketMQ's updateTopic): make a topic, or give one more queues. Fewer

@@ -76,7 +76,9 @@ class SlaveRole:
         getter = getattr(self.ha_client, "health", None)
         return {"haClient": getter()} if callable(getter) else {}
 
-    def handle_write(self, req: Request) -> Response:
+    def refusal(self, req: Request) -> Response:
+        """Every write: refused before anything reaches the store (a slave's CommitLog grows
+        by replication only)."""
         self.refused += 1
         master = self.master_address()
         where = f"at {master}" if master else "(not heard from yet)"

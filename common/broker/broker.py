@@ -35,7 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import prometheus_client
 
@@ -47,6 +47,7 @@ from common.broker.metrics import (
     dead_letters,
 )
 from common.broker.port_hold import PortHold
+from common.broker.processors.context import Writer
 from common.broker.replies import Reply, reply
 from common.broker.security import Security
 from common.broker.server import RequestServer
@@ -84,7 +85,7 @@ class Role(Protocol):
 
     def stop(self) -> None: ...
 
-    def handle_write(self, req: Request) -> Reply: ...  # SEND, SEND_BATCH, CREATE_TOPIC
+    def refusal(self, req: Request) -> Response | None: ...  # a write refused now, or None
 
     def status_fields(self) -> dict[str, Any]: ...  # masterAddress, slaves
 
@@ -658,11 +659,19 @@ class Broker:
             return tables.replace_delay_offsets(self.store.schedule.path, raw, source)
         raise ValueError(f"{code!r} carries no table")
 
-    def handle_write(self, req: Request) -> Reply:
+    def writer(self, req: Request) -> Writer | Response:
+        """The master role that takes the write ``req`` (its processor calls it), or the
+        refusal: a broker still starting, a slave, a fenced master."""
         role = self.role
         if role is None:
             return reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, "broker is starting")
-        return role.handle_write(req)
+        refusal = role.refusal(req)
+        if refusal is not None:
+            return refusal
+        return cast(Writer, role)  # only a master takes writes
+
+    def acl_info(self) -> dict[str, Any]:
+        return self.security.acl_info()
 
     def log_checksum(self, req: Request) -> Reply:
         """LOG_CHECKSUM: sha256 of a CommitLog range (checked by the server), hashed off the

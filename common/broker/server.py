@@ -1,4 +1,11 @@
-"""The broker's request server: one ZeroMQ ROUTER, one I/O thread, the processors every role serves.
+"""The broker's ZeroMQ front end: one ROUTER, one I/O thread; the request processors it calls
+are ``common/broker/processors/`` (one per request code), which no front end owns.
+
+Per request, in order: decode (``common.format.protocol``), the caller's account and the code's
+permission (security on), the code's row in ``SPECS`` (a system topic refused, the in-flight
+cap, BORNHOST for writes), then its processor with a ``Context``; what the processor hands back
+is answered here (at once, when a Future completes, when a Deferred's owner settles it, or when
+a parked long poll is released), the SUCCESS of an acked write through the lease gate last.
 
 Threads::
 
@@ -39,9 +46,9 @@ Threads::
   without bound (STATUS and CLUSTER_INFO are always served: clients need them to find the
   master and the routes, and health checks to see the overload). Oversized single frames are cut by ZeroMQ itself (``ZMQ_MAXMSGSIZE``, which
   disconnects the peer); everything else malformed gets a typed error (``common.format.protocol``).
-* Long polling: a pull at the end of a queue with ``suspendMs`` > 0 is parked until reput reports
-  a new message for that queue (``store.add_arrival_listener``) or the wait ends; the parked pull
-  is re-run and answered.
+* Long polling (``common/broker/long_polling.py``): a processor parks a request by a key (a
+  pull at the end of a queue with ``suspendMs`` > 0: the queue); reput's arrival listener
+  (``on_arrival``) and the clock release it, and its answer (the read done again) is sent.
 * ``drain`` (first SIGTERM): new requests are refused with SERVICE_NOT_AVAILABLE, parked polls
   answered, and the loop ends once nothing is in flight or the drain deadline passes.
 * A loop participant that raises is logged, closed and restarted or dropped by ``Participants``
@@ -53,7 +60,8 @@ Threads::
   whose Context runs the ZAP authenticator, started on this thread before the bind. Each
   request's first frame is read with ``copy=False`` for its ZAP User-Id (the client's public
   key), which is mapped to its account in the ACL in force and checked against the request
-  code's rule (``common.format.acl.REQUEST_RULES``) before anything else looks at it; a refusal
+  code's permission (its row in ``SPECS``, checked by ``common.format.acl``) before anything
+  else looks at it; a refusal
   is answered NO_PERMISSION, audited and counted. ROUTER_HANDOVER is off then: a peer claiming
   another connection's routing id would otherwise take over its answers.
 """
@@ -62,35 +70,29 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import heapq
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 import zmq
 
-from common.broker.consumer_groups import ConsumerGroups
+from common.broker.long_polling import LongPoll, LongPolls
 from common.broker.loop import LoopParticipant, Participants
 from common.broker.mailbox import Mailbox
-from common.broker.replies import Answers, Deferred, LoopWaits, Reply, reply
+from common.broker.processors import PROCESSORS
+from common.broker.processors.context import Caller, Context, Services
+from common.broker.replies import Answers, Deferred, LoopWaits, reply
 from common.broker.security import CLIENT_DOMAIN, HandshakeMonitor, Security, user_id
 from common.broker.server_stats import ServerStats
-from common.core.errors import BrokerError, CorruptMessageError, GetStatus, PullStatus, ResponseCode
+from common.core.errors import BrokerError, ResponseCode
 from common.core.logs import log_event
-from common.core.message import (
-    PROPERTY_REAL_TOPIC,
-    decode_msg_id,
-    is_system_topic,
-    subscribed_tags,
-    tags_code,
-)
-from common.format.acl import SUB, Account, Denial, rule_for
+from common.core.message import is_system_topic
+from common.format.acl import Account, Denial, rule_for
 from common.format.protocol import (
-    LOG_CHECKSUM_MAX_BYTES,
-    WRITE_CODES,
+    SPECS,
+    WRITE,
     Limits,
     ProtocolError,
     Request,
@@ -108,62 +110,20 @@ CLOSE_LINGER_MS = 2000  # answers sent while draining get this long to leave on 
 DRAIN_GRACE_S = 0.3  # drained: connections stay open this long after the last answer
 LEASE_RECHECK_MS = 10  # answers held for the controller lease are looked at again this often
 PEER_CACHE = 4096  # connections whose address is remembered (oldest forgotten first)
-PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 RCVMORE = int(zmq.RCVMORE)
 
 
 log = logging.getLogger("replog.server")
-# writes whose SUCCESS promises a stored message (a controller-mode master checks its lease last)
-_ACKED_WRITES = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH,
-                           RequestCode.CONSUMER_SEND_MSG_BACK})
+# from the request table (common.format.protocol.SPECS): writes whose SUCCESS promises a stored
+# message (a controller-mode master checks its lease last), requests served past the in-flight
+# cap, requests whose ``topic`` a client names (a system topic is refused), writes
+_ACKED_WRITES = frozenset(c for c, s in SPECS.items() if s.acked)
+_ALWAYS_SERVED = frozenset(c for c, s in SPECS.items() if s.always_served)
+_NAMES_TOPIC = frozenset(c for c, s in SPECS.items() if s.names_topic)
+_WRITES = frozenset(c for c, s in SPECS.items() if s.kind == WRITE)
 
 
-# ---- what the server needs from the broker --------------------------------------------------
-
-
-class Services(Protocol):
-    """The broker as the processors see it (implemented by ``common.broker.broker.Broker``)."""
-
-    store: Any
-
-    def status(self) -> dict[str, Any]: ...
-
-    def cluster_info(self) -> dict[str, Any]: ...  # CLUSTER_INFO: groups, brokers, topics
-
-    def topic_queue_nums(self, topic: str) -> tuple[int, bool]: ...  # (nums or 0, auto-create)
-
-    def topic_layout(self, topic: str) -> dict[str, int]: ...  # group -> queues, the cluster's
-
-    def commit_offset(self, group: str, topic: str, queue_id: int, queue_offset: int) -> None: ...
-
-    def fetch_offset(self, group: str, topic: str, queue_id: int) -> int: ...
-
-    def config_document(self, code: RequestCode) -> bytes: ...  # GET_ALL_*: the JSON file
-
-    consumer_groups: ConsumerGroups  # CONSUMER_HEARTBEAT
-
-    def ensure_retry_topic(self, group: str) -> None: ...  # a master: %RETRY%<group> exists
-
-    def handle_write(self, req: Request) -> Reply: ...
-
-    def promote(self, req: Request) -> Reply: ...
-
-    def clear_election_fault(self) -> str: ...  # controller mode: the fault it had ("" none)
-
-    def log_checksum(self, req: Request) -> Reply: ...  # LOG_CHECKSUM, off the I/O thread
-
-
-# ---- long polls and completions held by the loop ----------------------------------------------
-
-
-@dataclasses.dataclass(eq=False)
-class _Parked:
-    """A long poll waiting for a message."""
-
-    identity: bytes
-    req: Request
-    deadline: float
-    started: float
+# ---- completions held by the loop -------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,16 +166,13 @@ class RequestServer:
         self.cfg = cfg
         self.services = services
         self.security = security if security is not None else Security()
-        self._caller: tuple[Account, str, zmq.Frame] | None = None  # the request being served
         self._handshakes: HandshakeMonitor | None = None  # security on: counts handshakes
         self.limits = Limits.from_config(cfg)
         self.bind = bind or f"tcp://0.0.0.0:{cfg.listenPort}"
         self.stats = ServerStats()
         self.max_inflight = cfg.maxInflightRequests
         self._mailbox = Mailbox(capacity=self.max_inflight * 2 + 64)
-        self._parked: dict[tuple[str, int], list[_Parked]] = {}
-        self._parked_keys: frozenset[tuple[str, int]] = frozenset()
-        self._deadlines: list[tuple[float, int, tuple[str, int]]] = []
+        self._polls = LongPolls()  # parked long polls (common/broker/long_polling.py)
         self._waits: set[LoopWaits] = set()  # owners holding Deferreds
         self._waits_due = float("inf")  # monotonic time of the owners' earliest deadline
         self._due_owners: list[LoopWaits] = []  # woken on the I/O thread: poll this pass
@@ -230,7 +187,6 @@ class RequestServer:
         self._stopped = threading.Event()
         self._bound = threading.Event()
         self._bind_error: BaseException | None = None
-        self._seq = 0
         # controller mode: the last look at a SEND_OK before it leaves (Broker._reply_gate):
         # gate(resp, final) -> the answer to send, or None (not final only) to hold it and ask
         # again, for at most reply_hold_s
@@ -252,7 +208,7 @@ class RequestServer:
 
     def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
         """Store arrival listener (reput thread): wake parked long polls of this queue."""
-        if (topic, queue_id) in self._parked_keys:
+        if (topic, queue_id) in self._polls.keys:
             self._mailbox.arrival(topic, queue_id, max_offset)
 
     def drain(self, timeout_s: float) -> bool:
@@ -374,7 +330,8 @@ class RequestServer:
             now = time.monotonic()
             if participants.active or participants.restarting:
                 participants.on_timers(now)
-            self._expire_polls(sock, now)
+            for poll in self._polls.expire(now):
+                self._finish_poll(sock, poll)
             self._poll_due(sock)
             if self._lease_held:
                 self._release_lease_held(sock, now)
@@ -414,9 +371,9 @@ class RequestServer:
         now = time.monotonic()
         if self._closing_at < now + MAX_POLL_MS / 1000:
             timeout = max(0, int((self._closing_at - now) * 1000) + 1)
-        if self._deadlines:
-            wait = (self._deadlines[0][0] - now) * 1000
-            timeout = max(0, min(timeout, int(wait) + 1))
+        poll_due = self._polls.next_deadline()
+        if poll_due is not None:
+            timeout = max(0, min(timeout, int((poll_due - now) * 1000) + 1))
         if self._lease_held:
             timeout = min(timeout, LEASE_RECHECK_MS)
         self._waits_due = float("inf")
@@ -497,12 +454,13 @@ class RequestServer:
             self.stats.bad_requests += 1
             self._send(sock, identity, error_response(e))
             return
+        caller = None
         if secure and account is not None and head is not None:
             denial = rule_for(req.code)(account, req.fields)
             if denial is not None:
                 self._refuse(sock, identity, req.opaque, user, head, denial)
                 return
-            self._caller = (account, user, head)
+            caller = Caller(account, user, head)
         if req.code in _NAMES_TOPIC and is_system_topic(req.fields["topic"]):
             self.stats.bad_requests += 1
             self._answer(sock, identity, reply(
@@ -528,12 +486,9 @@ class RequestServer:
                 started,
             )
             return
-        if req.code in WRITE_CODES and head is not None:
+        if req.code in _WRITES and head is not None:
             req = req._replace(born_host=self._born_host(identity, head))
-        try:
-            self._dispatch(sock, identity, req, started)
-        finally:
-            self._caller = None
+        self._dispatch(sock, identity, req, started, caller)
 
     def _refuse(self, sock: zmq.Socket[bytes], identity: bytes, opaque: int, user: str,
                 head: zmq.Frame, denial: Denial) -> None:
@@ -543,11 +498,12 @@ class RequestServer:
         self._send(sock, identity, encode_response(ResponseCode.NO_PERMISSION, opaque, remark,
                                                    {"account": denial.account}))
 
-    def _dispatch(
-        self, sock: zmq.Socket[bytes], identity: bytes, req: Request, started: float
-    ) -> None:
+    def _dispatch(self, sock: zmq.Socket[bytes], identity: bytes, req: Request, started: float,
+                  caller: Caller | None = None) -> None:
+        ctx = Context(self.services, caller, identity, started, self._park,
+                      self._audited(caller), self._draining.is_set())
         try:
-            outcome = self._process(identity, req, started)
+            outcome = PROCESSORS[req.code](ctx, req)
         except ProtocolError as e:
             e.opaque = req.opaque
             self.stats.bad_requests += 1
@@ -710,316 +666,45 @@ class RequestServer:
             elif self._participants.handle(item):
                 pass
             elif item[0] == "drain":
-                self._answer_all_parked(sock)
+                for poll in self._polls.take_all():
+                    self._finish_poll(sock, poll)
         for key, max_offset in arrivals.items():
-            self._wake_parked(sock, key, max_offset)
+            for poll in self._polls.wake(key, max_offset):
+                self._finish_poll(sock, poll)
 
-    # -- processors (the I/O thread) -----------------------------------------------------------
-    def _process(self, identity: bytes, req: Request, started: float) -> Reply | None:
-        code = req.code
-        if code in WRITE_CODES:
-            return self.services.handle_write(req)
-        if code == RequestCode.PULL:
-            return self._pull(identity, req, started)
-        handler = self._READS.get(code)
-        if handler is None:
-            return reply(req, ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"{code.name} not served")
-        return handler(self, req)
-
-    def _status(self, req: Request) -> Response:
-        return reply(req, fields=self.services.status())
-
-    def _promote(self, req: Request) -> Reply:
-        return self.services.promote(req)
-
-    def _clear_election_fault(self, req: Request) -> Response:
-        try:
-            had = self.services.clear_election_fault()
-        except ValueError as e:
-            return reply(req, ResponseCode.BAD_REQUEST, str(e))
-        return reply(req, fields={"cleared": had})
-
-    def _cluster_info(self, req: Request) -> Response:
-        # a JSON body frame: groups -> members -> records nest deeper than a header may
-        doc = json.dumps(self.services.cluster_info(), separators=(",", ":")).encode()
-        return reply(req, fields={"format": "json"}, bodies=[doc])
-
-    def _topic_route(self, req: Request) -> Response:
-        topic = req.fields["topic"]
-        nums, auto = self.services.topic_queue_nums(topic)
-        if nums > 0:
-            return reply(req, fields={"queueNums": nums})
-        if auto:
-            return reply(
-                req,
-                ResponseCode.TOPIC_NOT_EXIST,
-                f"topic {topic} will be auto-created",
-                {"queueNums": self.cfg.defaultTopicQueueNums},
-            )
-        return reply(req, ResponseCode.TOPIC_NOT_EXIST, f"no topic {topic}", {"queueNums": 0})
-
-    def _commit_offset(self, req: Request) -> Response:
-        f = req.fields
-        client = f.get("clientId")
-        if client:  # a group member: only the queue's owner in the group's view commits
-            layout = self.services.topic_layout(f["topic"])
-            if not self.services.consumer_groups.owns(
-                    f["group"], client, f["topic"], f["queueId"], layout,
-                    self.cfg.brokerName):
-                return reply(req, ResponseCode.CONSUMER_NOT_ONLINE,
-                             f"{client} does not own {f['topic']}/{f['queueId']} in group "
-                             f"{f['group']} now (its session ran out or the queue moved): "
-                             "offset not committed")
-        self.services.commit_offset(f["group"], f["topic"], f["queueId"], f["queueOffset"])
-        return reply(req)
-
-    def _fetch_offset(self, req: Request) -> Response:
-        f = req.fields
-        offset = self.services.fetch_offset(f["group"], f["topic"], f["queueId"])
-        return reply(req, fields={"queueOffset": offset})
-
-    def _query_by_key(self, req: Request) -> Response:
-        f = req.fields
-        found = self.services.store.query_by_key(
-            f["topic"], f["key"], max_nums=f["maxNums"], begin_ms=f["beginMs"], end_ms=f["endMs"]
-        )
-        return _messages_reply(req, found, self.services.store)
-
-    def _query_by_msg_id(self, req: Request) -> Response:
-        msg_id = req.fields["msgId"]
-        try:
-            ip, port, phy_offset = decode_msg_id(msg_id)
-        except ValueError as e:
-            raise ProtocolError("msgId", str(e)) from None
-        found = self.services.store.message_by_msg_id(msg_id)
-        if found is None:  # not here: the msgId may name another broker's record
-            return reply(req, ResponseCode.QUERY_NOT_FOUND,
-                         f"no message {msg_id} here: it names the broker at {ip}:{port} "
-                         f"(CommitLog offset {phy_offset}), and no record stored by "
-                         f"{ip}:{port} starts at that offset on this broker")
-        return self._found_reply(req, [found])
-
-    def _log_checksum(self, req: Request) -> Reply:
-        f = req.fields
-        if f["toOffset"] < f["fromOffset"]:
-            raise ProtocolError("toOffset", f"{f['toOffset']} is below fromOffset "
-                                f"{f['fromOffset']}")
-        if f["toOffset"] - f["fromOffset"] > LOG_CHECKSUM_MAX_BYTES:
-            raise ProtocolError("toOffset", f"at most {LOG_CHECKSUM_MAX_BYTES} bytes per "
-                                "request (ask longer ranges in pieces)")
-        return self.services.log_checksum(req)
-
-    def _query_by_offset(self, req: Request) -> Response:
-        found = self.services.store.message_by_offset(req.fields["phyOffset"])
-        return self._found_reply(req, [found] if found is not None else [])
-
-    def _found_reply(self, req: Request, found: list[Any]) -> Response:
-        """A look-up by msgId or offset may name any topic: with security on, the caller
-        needs SUB on the topic of what was found (``common.format.acl``)."""
-        caller = self._caller
-        if caller is not None:
-            account, user, head = caller
-            for msg in found:
-                denial = account.may_topic(msg.topic, SUB)
-                real = msg.properties.get(PROPERTY_REAL_TOPIC)
-                if denial is None and real and is_system_topic(msg.topic):
-                    denial = account.may_topic(real, SUB)  # a delayed message is real's
-                if denial is not None:
-                    self.stats.refused_permission += 1
-                    remark = self.security.refused("client", user, head, denial)
-                    return reply(req, ResponseCode.NO_PERMISSION, remark,
-                                 {"account": denial.account})
-        return _messages_reply(req, found, self.services.store)
-
-    def _acl_info(self, req: Request) -> Response:
-        return reply(req, fields=self.security.acl_info())
-
-    def _consumer_heartbeat(self, req: Request) -> Response:
-        f = req.fields
-        members = self.services.consumer_groups.heartbeat(
-            f["group"], f["clientId"], f["sessionTimeoutMs"], leave=bool(f["leave"]))
-        if not f["leave"]:
-            self.services.ensure_retry_topic(f["group"])
-        return reply(req, fields={"members": members})
-
-    def _config_document(self, req: Request) -> Response:
-        return reply(req, bodies=[self.services.config_document(req.code)])
-
-    def _search_offset(self, req: Request) -> Response:
-        f = req.fields
-        offset = self.services.store.offset_by_time(f["topic"], f["queueId"], f["timestamp"])
-        return reply(req, fields={"offset": offset})
-
-    def _max_offset(self, req: Request) -> Response:
-        f = req.fields
-        return reply(req, fields={"offset": self.services.store.max_queue_offset(f["topic"],
-                                                                                 f["queueId"])})
-
-    def _min_offset(self, req: Request) -> Response:
-        f = req.fields
-        return reply(req, fields={"offset": self.services.store.min_queue_offset(f["topic"],
-                                                                                 f["queueId"])})
-
-    _READS: ClassVar[dict[RequestCode, Callable[[RequestServer, Request], Reply]]] = {
-        RequestCode.STATUS: _status,
-        RequestCode.CLUSTER_INFO: _cluster_info,
-        RequestCode.PROMOTE: _promote,
-        RequestCode.CLEAR_ELECTION_FAULT: _clear_election_fault,
-        RequestCode.TOPIC_ROUTE: _topic_route,
-        RequestCode.COMMIT_OFFSET: _commit_offset,
-        RequestCode.FETCH_OFFSET: _fetch_offset,
-        RequestCode.QUERY_BY_KEY: _query_by_key,
-        RequestCode.QUERY_BY_MSG_ID: _query_by_msg_id,
-        RequestCode.QUERY_BY_OFFSET: _query_by_offset,
-        RequestCode.LOG_CHECKSUM: _log_checksum,
-        RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: _search_offset,
-        RequestCode.GET_MAX_OFFSET: _max_offset,
-        RequestCode.GET_MIN_OFFSET: _min_offset,
-        RequestCode.CONSUMER_HEARTBEAT: _consumer_heartbeat,
-        RequestCode.GET_ALL_TOPIC_CONFIG: _config_document,
-        RequestCode.GET_ALL_CONSUMER_OFFSET: _config_document,
-        RequestCode.GET_ALL_DELAY_OFFSET: _config_document,
-        RequestCode.GET_BROKER_CLUSTER_ACL_INFO: _acl_info,
-    }
-
-    # -- pull and long polling -------------------------------------------------------------------
-    def _pull(self, identity: bytes, req: Request, started: float) -> Response | None:
-        resp = self._read_queue(req)
-        suspend_ms = min(req.fields["suspendMs"], self.cfg.longPollingMaxMs)
-        if resp.code != ResponseCode.PULL_NOT_FOUND or suspend_ms <= 0 or self._draining.is_set():
-            return resp
-        f = req.fields
-        key = (f["topic"], f["queueId"])
-        parked = _Parked(identity, req, started + suspend_ms / 1000.0, started)
-        self._parked.setdefault(key, []).append(parked)
-        self._parked_keys = frozenset(self._parked)
-        self._seq += 1
-        heapq.heappush(self._deadlines, (parked.deadline, self._seq, key))
+    # -- what processors hand back to the front end (the I/O thread) ---------------------------
+    def _park(self, poll: LongPoll) -> None:
+        """A processor parks a long poll: answered when its key's arrival lets it, or at its
+        deadline (``common/broker/long_polling.py``)."""
         self.stats.inflight += 1
         self.stats.long_polls += 1
-        # A message that arrived between the read and the registration sent no notice: look again.
-        if self._queue_max(key) > f["queueOffset"]:
-            self._mailbox.arrival(key[0], key[1], self._queue_max(key))
-        return None
+        if self._polls.park(poll):  # a message beat the parking: its arrival told nobody
+            key = poll.key
+            assert isinstance(key, tuple)
+            self._mailbox.arrival(key[0], key[1], poll.current())
 
-    def _queue_max(self, key: tuple[str, int]) -> int:
-        return int(self.services.store.max_queue_offset(key[0], key[1]))
-
-    def _read_queue(self, req: Request) -> Response:
-        f = req.fields
-        tags = subscribed_tags(f.get("tags"))
-        result = self.services.store.get_message(
-            f.get("group") or "",
-            f["topic"],
-            f["queueId"],
-            f["queueOffset"],
-            f["maxNums"],
-            None if tags is None else {tags_code(t) for t in tags},
-            max_bytes=PULL_MAX_BYTES,
-            tags=tags,
-        )
-        if result.status is GetStatus.CORRUPT_RECORD and result.corrupt is not None:
-            q_off, phy, why = result.corrupt
-            err = CorruptMessageError(q_off, phy, why)
-            return reply(req, err.code, err.remark,
-                         {"corruptQueueOffset": q_off, "corruptCommitLogOffset": phy,
-                          "minOffset": result.min_offset, "maxOffset": result.max_offset})
-        status, code = _PULL_STATUS[result.status]
-        fields = {
-            "status": status.value,
-            "nextBeginOffset": result.next_begin_offset,
-            "minOffset": result.min_offset,
-            "maxOffset": result.max_offset,
-        }
-        return reply(
-            req,
-            code,
-            "" if code == ResponseCode.SUCCESS else result.status.value,
-            fields,
-            [bytes(r) for r in result.records],
-        )
-
-    def _wake_parked(self, sock: zmq.Socket[bytes], key: tuple[str, int], max_offset: int) -> None:
-        waiting = self._parked.get(key)
-        if not waiting:
-            return
-        still = []
-        for parked in waiting:
-            if parked.req.fields["queueOffset"] < max_offset:
-                self._finish_parked(sock, parked)
-            else:
-                still.append(parked)
-        self._set_parked(key, still)
-
-    def _expire_polls(self, sock: zmq.Socket[bytes], now: float) -> None:
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, key = heapq.heappop(self._deadlines)
-            waiting = self._parked.get(key, [])
-            due = [p for p in waiting if p.deadline <= now]
-            for parked in due:
-                self._finish_parked(sock, parked)
-            self._set_parked(key, [p for p in waiting if p.deadline > now])
-
-    def _answer_all_parked(self, sock: zmq.Socket[bytes]) -> None:
-        for key, waiting in list(self._parked.items()):
-            for parked in waiting:
-                self._finish_parked(sock, parked)
-            self._set_parked(key, [])
-        self._deadlines.clear()
-
-    def _finish_parked(self, sock: zmq.Socket[bytes], parked: _Parked) -> None:
+    def _finish_poll(self, sock: zmq.Socket[bytes], poll: LongPoll) -> None:
         self.stats.inflight -= 1
         try:
-            resp = self._read_queue(parked.req)
+            resp = poll.answer()
         except Exception as e:  # noqa: BLE001 - answered as SYSTEM_ERROR, loop keeps serving
             log_event(log, "pull_failed", logging.ERROR, error=repr(e))
-            resp = reply(parked.req, ResponseCode.SYSTEM_ERROR, f"internal error: {e!r}")
-        self._account(RequestCode.PULL, resp, parked.started)
-        self._send(sock, parked.identity, _encode(resp))
+            resp = reply(poll.req, ResponseCode.SYSTEM_ERROR, f"internal error: {e!r}")
+        self._account(RequestCode.PULL, resp, poll.started)
+        self._send(sock, poll.identity, _encode(resp))
 
-    def _set_parked(self, key: tuple[str, int], waiting: list[_Parked]) -> None:
-        if waiting:
-            self._parked[key] = waiting
-        else:
-            self._parked.pop(key, None)
-            self._parked_keys = frozenset(self._parked)
+    def _audited(self, caller: Caller | None) -> Callable[[Denial], str]:
+        """A refusal a processor finds (a look-up's message in a topic the caller may not
+        read): counted and audited; the remark the caller gets."""
+        def refused(denial: Denial) -> str:
+            self.stats.refused_permission += 1
+            if caller is None:
+                return denial.remark("")
+            return self.security.refused("client", caller.user, caller.handle, denial)
+        return refused
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-
-# store GetStatus -> (client PullStatus, response code), as RocketMQ's PullMessageProcessor maps them
-_ALWAYS_SERVED = frozenset({RequestCode.STATUS, RequestCode.CLUSTER_INFO})  # past the cap too
-# requests whose ``topic`` a client names, refused for a system topic (``is_system_topic``)
-_NAMES_TOPIC = frozenset({
-    RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC, RequestCode.PULL,
-    RequestCode.QUERY_BY_KEY, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
-    RequestCode.GET_MAX_OFFSET, RequestCode.GET_MIN_OFFSET, RequestCode.FETCH_OFFSET,
-    RequestCode.COMMIT_OFFSET})
-_PULL_STATUS: dict[GetStatus, tuple[PullStatus, ResponseCode]] = {
-    GetStatus.FOUND: (PullStatus.FOUND, ResponseCode.SUCCESS),
-    GetStatus.NO_MATCHED_MESSAGE: (PullStatus.NO_MATCHED_MSG, ResponseCode.PULL_RETRY_IMMEDIATELY),
-    GetStatus.MESSAGE_WAS_REMOVING: (
-        PullStatus.NO_MATCHED_MSG,
-        ResponseCode.PULL_RETRY_IMMEDIATELY,
-    ),
-    GetStatus.NO_MATCHED_LOGIC_QUEUE: (PullStatus.NO_NEW_MSG, ResponseCode.PULL_NOT_FOUND),
-    GetStatus.NO_MESSAGE_IN_QUEUE: (PullStatus.NO_NEW_MSG, ResponseCode.PULL_NOT_FOUND),
-    GetStatus.OFFSET_FOUND_NULL: (PullStatus.NO_NEW_MSG, ResponseCode.PULL_NOT_FOUND),
-    GetStatus.OFFSET_OVERFLOW_ONE: (PullStatus.NO_NEW_MSG, ResponseCode.PULL_NOT_FOUND),
-    GetStatus.OFFSET_OVERFLOW_BADLY: (PullStatus.OFFSET_ILLEGAL, ResponseCode.PULL_OFFSET_MOVED),
-    GetStatus.OFFSET_TOO_SMALL: (PullStatus.OFFSET_ILLEGAL, ResponseCode.PULL_OFFSET_MOVED),
-}
-
-
-
-
-def _messages_reply(req: Request, found: list[Any], store: Any) -> Response:
-    """Found messages travel as their stored record bytes (the client checks and decodes)."""
-    records = [r for r in (store.record_at(m.commit_log_offset) for m in found) if r is not None]
-    if not records:
-        return reply(req, ResponseCode.QUERY_NOT_FOUND, "no message found")
-    return reply(req, bodies=records)
-
 
 def _opaque_of(frames: list[bytes], limits: Limits) -> int:
     """The opaque of a request refused before it was looked at (UNKNOWN_OPAQUE if none)."""

@@ -32,8 +32,8 @@ Semantics (RocketMQ's ``Permission.checkPermission``, made strict):
 
 ``parse_acl`` refuses anything else with an ``AclError`` naming the file, the account and the
 field; limits on size and counts are checked before the work they bound. ``REQUEST_RULES`` maps
-every ``RequestCode`` to its check, explicitly (``tests/unit/test_acl.py`` holds it to that);
-``rule_for`` gives the admin check for a code missing from it.
+every ``RequestCode`` to the check of its ``Permission`` (its row in
+``common.format.protocol.SPECS``); ``rule_for`` gives the admin check for a code missing from it.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import yaml
 
 from common.core.keys import KeyFileError, check_public_key, fingerprint
 from common.core.message import RETRY_PREFIX
-from common.format.protocol import TOPIC_PATTERN, RequestCode
+from common.format.protocol import SPECS, TOPIC_PATTERN, Permission, RequestCode
 
 DENY, PUB, SUB = 1, 2, 4  # RocketMQ's Permission bits
 ANY = PUB | SUB
@@ -466,82 +466,37 @@ def _rules(value: Any, where: str, budget: list[int]) -> dict[str, int]:
 Rule = Callable[[Account, Mapping[str, Any]], "Denial | None"]
 
 
-def _send(a: Account, f: Mapping[str, Any]) -> Denial | None:
-    return a.may_topic(f["topic"], PUB)
+def _rule(code: RequestCode, need: Permission) -> Rule:
+    """The check of a request's ``Permission`` (its row in ``common.format.protocol.SPECS``)."""
+    if need.anyone or need.found:
+        # anyone: STATUS and the routes, what every client needs to find the master; found:
+        # a look-up by msgId or offset, checked on the topic of the message found (server)
+        return lambda a, f: None
+    if need.admin:
+        return lambda a, f: a.may_admin(code.name)
+    if need.config:
+        return lambda a, f: a.may_read_config(code.name)
+
+    def check(a: Account, f: Mapping[str, Any]) -> Denial | None:
+        if need.topic == "PUB|SUB":
+            denial = a.may_topic_either(f["topic"])
+        elif need.topic:
+            denial = a.may_topic(f["topic"], PUB if need.topic == "PUB" else SUB)
+        else:
+            denial = None
+        if denial is None and need.group:
+            # a request that names no group is judged by defaultGroupPerm (no bypass by
+            # leaving it out)
+            denial = a.may_group(f.get("group"), SUB)
+        if denial is None and need.origin_topic:
+            denial = a.may_topic(f["originTopic"], SUB)
+        return denial
+
+    return check
 
 
-def _pull(a: Account, f: Mapping[str, Any]) -> Denial | None:
-    # a pull that names no group is judged by defaultGroupPerm (no bypass by leaving it out)
-    return a.may_topic(f["topic"], SUB) or a.may_group(f.get("group"), SUB)
-
-
-def _topic_sub(a: Account, f: Mapping[str, Any]) -> Denial | None:
-    return a.may_topic(f["topic"], SUB)
-
-
-def _topic_and_group(a: Account, f: Mapping[str, Any]) -> Denial | None:
-    return a.may_topic(f["topic"], SUB) or a.may_group(f["group"], SUB)
-
-
-def _route(a: Account, f: Mapping[str, Any]) -> Denial | None:
-    return a.may_topic_either(f["topic"])
-
-
-def _heartbeat(a: Account, f: Mapping[str, Any]) -> Denial | None:
-    return a.may_group(f["group"], SUB)
-
-
-def _send_back(a: Account, f: Mapping[str, Any]) -> Denial | None:
-    # RocketMQ checks SUB on the group's retry topic only; the origin topic too, or an account
-    # could copy any record (by offset) into its own retry topic and read it there
-    return a.may_group(f["group"], SUB) or a.may_topic(f["originTopic"], SUB)
-
-
-def _found(a: Account, f: Mapping[str, Any]) -> Denial | None:
-    return None  # a look-up by msgId or offset: SUB on the found message's topic (server)
-
-
-def _anyone(a: Account, f: Mapping[str, Any]) -> Denial | None:
-    return None  # STATUS: every enabled account finds the master with it
-
-
-def _admin(code: RequestCode) -> Rule:
-    return lambda a, f: a.may_admin(code.name)
-
-
-def _config(code: RequestCode) -> Rule:
-    return lambda a, f: a.may_read_config(code.name)
-
-
-REQUEST_RULES: dict[RequestCode, Rule] = {
-    RequestCode.SEND: _send,
-    RequestCode.SEND_BATCH: _send,
-    RequestCode.PULL: _pull,
-    RequestCode.QUERY_BY_KEY: _topic_sub,
-    RequestCode.QUERY_BY_MSG_ID: _found,
-    RequestCode.QUERY_BY_OFFSET: _found,
-    RequestCode.FETCH_OFFSET: _topic_and_group,
-    RequestCode.COMMIT_OFFSET: _topic_and_group,
-    RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: _topic_sub,
-    RequestCode.GET_MAX_OFFSET: _topic_sub,
-    RequestCode.GET_MIN_OFFSET: _topic_sub,
-    RequestCode.TOPIC_ROUTE: _route,
-    RequestCode.CONSUMER_HEARTBEAT: _heartbeat,
-    RequestCode.CONSUMER_SEND_MSG_BACK: _send_back,
-    RequestCode.STATUS: _anyone,
-    # routes over the cluster (brokers, groups, topics' queue counts): what every client
-    # needs to send at all, like STATUS; what it may then do is checked per request
-    RequestCode.CLUSTER_INFO: _anyone,
-    RequestCode.CREATE_TOPIC: _admin(RequestCode.CREATE_TOPIC),
-    RequestCode.PROMOTE: _admin(RequestCode.PROMOTE),
-    RequestCode.CLEAR_ELECTION_FAULT: _admin(RequestCode.CLEAR_ELECTION_FAULT),
-    # the bytes of the log, whatever topic they hold: an operator's or a drill's check
-    RequestCode.LOG_CHECKSUM: _admin(RequestCode.LOG_CHECKSUM),
-    RequestCode.GET_BROKER_CLUSTER_ACL_INFO: _admin(RequestCode.GET_BROKER_CLUSTER_ACL_INFO),
-    RequestCode.GET_ALL_TOPIC_CONFIG: _config(RequestCode.GET_ALL_TOPIC_CONFIG),
-    RequestCode.GET_ALL_CONSUMER_OFFSET: _config(RequestCode.GET_ALL_CONSUMER_OFFSET),
-    RequestCode.GET_ALL_DELAY_OFFSET: _config(RequestCode.GET_ALL_DELAY_OFFSET),
-}
+REQUEST_RULES: dict[RequestCode, Rule] = {code: _rule(code, spec.permission)
+                                         for code, spec in SPECS.items()}
 
 
 def rule_for(code: int) -> Rule:

@@ -104,8 +104,6 @@ class RequestCode(enum.IntEnum):
     CLEAR_ELECTION_FAULT = 1004  # replog: a member that failed to take over may stand again
 
 
-WRITE_CODES = frozenset({RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC,
-                         RequestCode.CONSUMER_SEND_MSG_BACK})
 
 
 class ProtocolError(Exception):
@@ -207,8 +205,56 @@ _KEYS = Field("str", hi=MAX_KEYS_LENGTH)
 _GROUP = Field("group")
 _BORN = Field("int", lo=0, hi=MAX_OFFSET, default=0)
 
-SCHEMAS: dict[RequestCode, dict[str, Field]] = {
-    RequestCode.SEND: {
+# ---- the request table: one row per code ------------------------------------------------------
+
+READ, WRITE = "read", "write"
+
+
+@dataclasses.dataclass(frozen=True)
+class Permission:
+    """What an account needs for a request, as data (``common/format/acl.py`` checks it).
+
+    ``topic``: PUB, SUB or PUB|SUB (either: a route, asked by producers and consumers alike) on
+    the field ``topic``; ``group``: SUB on the field ``group`` (none named: the account's
+    defaultGroupPerm decides); ``origin_topic``: SUB on ``originTopic``; ``admin``: an admin
+    account; ``config``: admin or replica (the tables a slave copies); ``found``: SUB on the
+    topic of what a look-up finds (the server checks it once found); ``anyone``: any enabled
+    account."""
+
+    topic: str = ""
+    group: bool = False
+    origin_topic: bool = False
+    admin: bool = False
+    config: bool = False
+    found: bool = False
+    anyone: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSpec:
+    """Everything the broker knows of a request code but its processor
+    (``common/broker/processors/``): its fields, who may send it, whether it writes (a master
+    only; a slave refuses it), whether its SUCCESS promises a stored message (a controller-mode
+    master checks its lease once more before that answer leaves), whether its ``topic`` names a
+    client topic (a system topic is refused), whether it is served past the in-flight cap, and
+    how many body frames it carries."""
+
+    fields: Mapping[str, Field]
+    permission: Permission
+    kind: str = READ
+    acked: bool = False
+    names_topic: bool = False
+    always_served: bool = False
+    bodies: tuple[int, int | None] = (0, 0)
+
+
+_PUB, _SUB, _EITHER = Permission(topic="PUB"), Permission(topic="SUB"), Permission(topic="PUB|SUB")
+_ADMIN, _CONFIG, _ANYONE = Permission(admin=True), Permission(config=True), Permission(anyone=True)
+_TOPIC_AND_GROUP = Permission(topic="SUB", group=True)
+_TOPIC_QUEUE = {"topic": _TOPIC, "queueId": _QUEUE}
+
+SPECS: dict[RequestCode, RequestSpec] = {
+    RequestCode.SEND: RequestSpec({
         "topic": _TOPIC,
         "queueId": _QUEUE,
         "tags": _TAGS,
@@ -218,15 +264,15 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "delayLevel": Field("int", lo=0, hi=64, default=0),
         "bornTimestamp": _BORN,
         "sysFlag": Field("sysflag", default=0),  # SYSFLAG bits a producer may set: COMPRESSED
-    },
-    RequestCode.SEND_BATCH: {
+    }, _PUB, kind=WRITE, acked=True, names_topic=True, bodies=(1, 1)),
+    RequestCode.SEND_BATCH: RequestSpec({
         "topic": _TOPIC,
         "queueId": _QUEUE,
         "meta": Field("meta"),
         "sizes": Field("sizes"),  # bodies packed in one frame: each one's length, in order
         "bornTimestamp": _BORN,
-    },
-    RequestCode.PULL: {
+    }, _PUB, kind=WRITE, acked=True, names_topic=True, bodies=(1, None)),
+    RequestCode.PULL: RequestSpec({
         "topic": _TOPIC,
         "queueId": _QUEUE,
         "queueOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
@@ -234,50 +280,49 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         "group": _GROUP,
         "tags": Field("str", hi=MAX_KEYS_LENGTH),
         "suspendMs": Field("int", lo=0, hi=MAX_INT32, default=0),
-    },
-    RequestCode.QUERY_BY_KEY: {
+    }, _TOPIC_AND_GROUP, names_topic=True),
+    RequestCode.QUERY_BY_KEY: RequestSpec({
         "topic": _TOPIC,
         "key": Field("str", required=True, lo=1, hi=MAX_KEYS_LENGTH),
         "maxNums": Field("int", lo=1, hi=MAX_PULL_NUMS, default=32),
         "beginMs": Field("int", lo=0, hi=MAX_OFFSET, default=0),
         "endMs": Field("int", lo=0, hi=MAX_OFFSET, default=MAX_OFFSET),
-    },
-    RequestCode.QUERY_BY_MSG_ID: {"msgId": Field("str", required=True, lo=32, hi=32)},
-    RequestCode.QUERY_BY_OFFSET: {
-        "phyOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
-    },
-    RequestCode.STATUS: {},
-    RequestCode.CLUSTER_INFO: {},
-    RequestCode.GET_ALL_TOPIC_CONFIG: {},
-    RequestCode.GET_ALL_CONSUMER_OFFSET: {},
-    RequestCode.GET_ALL_DELAY_OFFSET: {},
-    RequestCode.GET_BROKER_CLUSTER_ACL_INFO: {},
-    RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: {
-        "topic": _TOPIC,
-        "queueId": _QUEUE,
-        "timestamp": Field("int", required=True, lo=0, hi=MAX_OFFSET),
-    },
-    RequestCode.GET_MAX_OFFSET: {"topic": _TOPIC, "queueId": _QUEUE},
-    RequestCode.GET_MIN_OFFSET: {"topic": _TOPIC, "queueId": _QUEUE},
-    RequestCode.TOPIC_ROUTE: {"topic": _TOPIC},
-    RequestCode.COMMIT_OFFSET: {
+    }, _SUB, names_topic=True),
+    RequestCode.QUERY_BY_MSG_ID: RequestSpec(
+        {"msgId": Field("str", required=True, lo=32, hi=32)}, Permission(found=True)),
+    RequestCode.QUERY_BY_OFFSET: RequestSpec(
+        {"phyOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET)}, Permission(found=True)),
+    RequestCode.STATUS: RequestSpec({}, _ANYONE, always_served=True),
+    # routes over the cluster (brokers, groups, topics' queue counts): what every client needs
+    # to send at all, like STATUS; what it may then do is checked per request
+    RequestCode.CLUSTER_INFO: RequestSpec({}, _ANYONE, always_served=True),
+    RequestCode.GET_ALL_TOPIC_CONFIG: RequestSpec({}, _CONFIG),
+    RequestCode.GET_ALL_CONSUMER_OFFSET: RequestSpec({}, _CONFIG),
+    RequestCode.GET_ALL_DELAY_OFFSET: RequestSpec({}, _CONFIG),
+    RequestCode.GET_BROKER_CLUSTER_ACL_INFO: RequestSpec({}, _ADMIN),
+    RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: RequestSpec({
+        **_TOPIC_QUEUE, "timestamp": Field("int", required=True, lo=0, hi=MAX_OFFSET),
+    }, _SUB, names_topic=True),
+    RequestCode.GET_MAX_OFFSET: RequestSpec(_TOPIC_QUEUE, _SUB, names_topic=True),
+    RequestCode.GET_MIN_OFFSET: RequestSpec(_TOPIC_QUEUE, _SUB, names_topic=True),
+    RequestCode.TOPIC_ROUTE: RequestSpec({"topic": _TOPIC}, _EITHER),
+    RequestCode.COMMIT_OFFSET: RequestSpec({
         "group": Field("group", required=True),
-        "topic": _TOPIC,
-        "queueId": _QUEUE,
+        **_TOPIC_QUEUE,
         "queueOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
         # a GroupConsumer's id: the commit is refused unless it owns the queue (fencing)
         "clientId": Field("str", hi=255),
-    },
-    RequestCode.FETCH_OFFSET: {
-        "group": Field("group", required=True),
-        "topic": _TOPIC,
-        "queueId": _QUEUE,
-    },
-    RequestCode.CREATE_TOPIC: {
+    }, _TOPIC_AND_GROUP, names_topic=True),
+    RequestCode.FETCH_OFFSET: RequestSpec({"group": Field("group", required=True), **_TOPIC_QUEUE},
+                                          _TOPIC_AND_GROUP, names_topic=True),
+    RequestCode.CREATE_TOPIC: RequestSpec({
         "topic": _TOPIC,
         "queueNums": Field("int", required=True, lo=1, hi=MAX_QUEUE_NUMS),
-    },
-    RequestCode.CONSUMER_SEND_MSG_BACK: {
+    }, _ADMIN, kind=WRITE, names_topic=True),
+    # a consumer failed a message: store it again for a retry or the DLQ. RocketMQ checks SUB
+    # on the group's retry topic only; the origin topic too, or an account could copy any
+    # record (by offset) into its own retry topic and read it there
+    RequestCode.CONSUMER_SEND_MSG_BACK: RequestSpec({
         "group": Field("group", required=True),
         "offset": Field("int", required=True, lo=0, hi=MAX_OFFSET),  # the record's CommitLog offset
         "originTopic": _TOPIC,  # the topic the consumer read it as (RocketMQ's originTopic)
@@ -285,26 +330,27 @@ SCHEMAS: dict[RequestCode, dict[str, Field]] = {
         # 0: the broker's choice (3 + reconsume times); -1: straight to the DLQ
         "delayLevel": Field("int", lo=-1, hi=64, default=0),
         "maxReconsumeTimes": Field("int", lo=0, hi=10_000, default=16),
-    },
-    RequestCode.PROMOTE: {"role": Field("role", default="SYNC_MASTER")},
-    RequestCode.CLEAR_ELECTION_FAULT: {},
-    RequestCode.LOG_CHECKSUM: {
+    }, Permission(group=True, origin_topic=True), kind=WRITE, acked=True),
+    RequestCode.PROMOTE: RequestSpec({"role": Field("role", default="SYNC_MASTER")}, _ADMIN),
+    RequestCode.CLEAR_ELECTION_FAULT: RequestSpec({}, _ADMIN),
+    # the bytes of the log, whatever topic they hold: an operator's or a drill's check
+    RequestCode.LOG_CHECKSUM: RequestSpec({
         "fromOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
         "toOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
-    },
-    RequestCode.CONSUMER_HEARTBEAT: {
+    }, _ADMIN),
+    RequestCode.CONSUMER_HEARTBEAT: RequestSpec({
         "group": Field("group", required=True),
         "clientId": Field("str", required=True, lo=1, hi=255),
         "sessionTimeoutMs": Field("int", lo=100, hi=3_600_000, default=10_000),
         "leave": Field("int", lo=0, hi=1, default=0),
-    },
+    }, Permission(group=True)),
 }
+assert set(SPECS) == set(RequestCode), "every request code has its row in SPECS"
 
-# How many body frames each request carries: (min, max); None = the batch limit.
-BODY_COUNTS: dict[RequestCode, tuple[int, int | None]] = {
-    RequestCode.SEND: (1, 1),
-    RequestCode.SEND_BATCH: (1, None),
-}
+# derived from SPECS (the codec, the server and the ACL read these)
+SCHEMAS: dict[RequestCode, Mapping[str, Field]] = {c: s.fields for c, s in SPECS.items()}
+BODY_COUNTS: dict[RequestCode, tuple[int, int | None]] = {c: s.bodies for c, s in SPECS.items()}
+WRITE_CODES = frozenset(c for c, s in SPECS.items() if s.kind == WRITE)
 
 # One SEND_BATCH meta entry, in order; the last, sysFlag, may be left out (then 0).
 META_ITEMS = ("tags", "keys", "properties", "flag", "sysFlag")

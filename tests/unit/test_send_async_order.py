@@ -32,18 +32,18 @@ REFUSAL_DELAY_S = 0.2  # the refused batch is answered this late: later ones cou
 
 
 class Injector:
-    """Wraps ``broker.handle_write``: the batches whose first body is in ``refuse`` are
-    answered SYSTEM_BUSY (retriable, nothing stored) after REFUSAL_DELAY_S, once each."""
+    """Wraps the master role's ``send_batch``: the batches whose first body is in ``refuse``
+    are answered SYSTEM_BUSY (retriable, nothing stored) after REFUSAL_DELAY_S, once each."""
 
     def __init__(self, broker: Broker, refuse: set[bytes]) -> None:
         self.refuse = set(refuse)
         self.batches: list[list[bytes]] = []  # every SEND_BATCH seen, in arrival order
-        self._handle = broker.handle_write
-        broker.handle_write = self.handle  # type: ignore[method-assign]
+        role: Any = broker.role
+        self._handle = role.send_batch
+        role.send_batch = self.handle
 
     def handle(self, req: Request) -> Any:
-        if req.code != RequestCode.SEND_BATCH:
-            return self._handle(req)
+        assert req.code == RequestCode.SEND_BATCH
         bodies = [bytes(b) for b in req.bodies]
         self.batches.append(bodies)
         first = bodies[0] if bodies else b""

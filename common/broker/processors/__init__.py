@@ -1,0 +1,32 @@
+"""The broker's request processors, one per request code, grouped by family.
+
+A request code's wire contract and its rules (fields, permission, read or write, acked, names a
+client topic, served past the in-flight cap) are its row in ``common.format.protocol.SPECS``;
+what the broker does with it is its processor here: ``handle(ctx, req) -> Reply | None``
+(``context.py``). Adding a request code is its ``RequestCode`` member and its row in ``SPECS``,
+and one processor in the family's ``HANDLERS``. ``PROCESSORS`` is every family's, and every
+code of ``SPECS`` has one (checked at import).
+
+| module       | codes                                                                  |
+|--------------|------------------------------------------------------------------------|
+| produce.py   | SEND, SEND_BATCH, CONSUMER_SEND_MSG_BACK, CREATE_TOPIC (to the master)  |
+| consume.py   | PULL (long polling), offsets, TOPIC_ROUTE, CONSUMER_HEARTBEAT          |
+| query.py     | QUERY_BY_KEY, QUERY_BY_MSG_ID, QUERY_BY_OFFSET                         |
+| admin.py     | STATUS, CLUSTER_INFO, PROMOTE, CLEAR_ELECTION_FAULT, LOG_CHECKSUM,     |
+|              | GET_ALL_*, GET_BROKER_CLUSTER_ACL_INFO                                 |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from common.broker.processors import admin, consume, produce, query
+from common.broker.processors.context import Context
+from common.broker.replies import Reply
+from common.format.protocol import SPECS, Request, RequestCode
+
+Processor = Callable[[Context, Request], "Reply | None"]
+
+PROCESSORS: dict[RequestCode, Processor] = {
+    **produce.HANDLERS, **consume.HANDLERS, **query.HANDLERS, **admin.HANDLERS}
+assert set(PROCESSORS) == set(SPECS), "every request code of SPECS has one processor"

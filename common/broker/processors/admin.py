@@ -1,0 +1,71 @@
+"""The broker's own state and operations: STATUS, CLUSTER_INFO, PROMOTE, CLEAR_ELECTION_FAULT,
+LOG_CHECKSUM, the tables a slave copies (GET_ALL_*), the ACL in force."""
+
+from __future__ import annotations
+
+import json
+
+from common.broker.processors.context import Context
+from common.broker.replies import Reply, reply
+from common.core.errors import ResponseCode
+from common.format.protocol import (
+    LOG_CHECKSUM_MAX_BYTES,
+    ProtocolError,
+    Request,
+    RequestCode,
+    Response,
+)
+
+
+def status(ctx: Context, req: Request) -> Response:
+    return reply(req, fields=ctx.services.status())
+
+
+def cluster_info(ctx: Context, req: Request) -> Response:
+    # a JSON body frame: groups -> members -> records nest deeper than a header may
+    doc = json.dumps(ctx.services.cluster_info(), separators=(",", ":")).encode()
+    return reply(req, fields={"format": "json"}, bodies=[doc])
+
+
+def promote(ctx: Context, req: Request) -> Reply:
+    return ctx.services.promote(req)
+
+
+def clear_election_fault(ctx: Context, req: Request) -> Response:
+    try:
+        had = ctx.services.clear_election_fault()
+    except ValueError as e:
+        return reply(req, ResponseCode.BAD_REQUEST, str(e))
+    return reply(req, fields={"cleared": had})
+
+
+def log_checksum(ctx: Context, req: Request) -> Reply:
+    f = req.fields
+    if f["toOffset"] < f["fromOffset"]:
+        raise ProtocolError("toOffset", f"{f['toOffset']} is below fromOffset "
+                            f"{f['fromOffset']}")
+    if f["toOffset"] - f["fromOffset"] > LOG_CHECKSUM_MAX_BYTES:
+        raise ProtocolError("toOffset", f"at most {LOG_CHECKSUM_MAX_BYTES} bytes per "
+                            "request (ask longer ranges in pieces)")
+    return ctx.services.log_checksum(req)
+
+
+def config_document(ctx: Context, req: Request) -> Response:
+    return reply(req, bodies=[ctx.services.config_document(req.code)])
+
+
+def acl_info(ctx: Context, req: Request) -> Response:
+    return reply(req, fields=ctx.services.acl_info())
+
+
+HANDLERS = {
+    RequestCode.STATUS: status,
+    RequestCode.CLUSTER_INFO: cluster_info,
+    RequestCode.PROMOTE: promote,
+    RequestCode.CLEAR_ELECTION_FAULT: clear_election_fault,
+    RequestCode.LOG_CHECKSUM: log_checksum,
+    RequestCode.GET_ALL_TOPIC_CONFIG: config_document,
+    RequestCode.GET_ALL_CONSUMER_OFFSET: config_document,
+    RequestCode.GET_ALL_DELAY_OFFSET: config_document,
+    RequestCode.GET_BROKER_CLUSTER_ACL_INFO: acl_info,
+}

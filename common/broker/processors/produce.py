@@ -1,0 +1,41 @@
+"""Writes: SEND, SEND_BATCH, CONSUMER_SEND_MSG_BACK, CREATE_TOPIC. Each goes to the master role
+(``master/role.py``) once the broker says it may write (``Services.writer``: a slave, a broker
+still starting, a fenced master refuse it there, before anything reaches the store)."""
+
+from __future__ import annotations
+
+from common.broker.processors.context import Context, Writer
+from common.broker.replies import Reply
+from common.format.protocol import Request, RequestCode, Response
+
+
+def _write(ctx: Context, req: Request) -> Writer | Response:
+    return ctx.services.writer(req)
+
+
+def send(ctx: Context, req: Request) -> Reply:
+    w = _write(ctx, req)
+    return w if isinstance(w, Response) else w.send(req)
+
+
+def send_batch(ctx: Context, req: Request) -> Reply:
+    w = _write(ctx, req)
+    return w if isinstance(w, Response) else w.send_batch(req)
+
+
+def send_back(ctx: Context, req: Request) -> Reply:
+    w = _write(ctx, req)
+    return w if isinstance(w, Response) else w.send_back(req)
+
+
+def create_topic(ctx: Context, req: Request) -> Reply:
+    w = _write(ctx, req)
+    return w if isinstance(w, Response) else w.create_topic(req)
+
+
+HANDLERS = {
+    RequestCode.SEND: send,
+    RequestCode.SEND_BATCH: send_batch,
+    RequestCode.CONSUMER_SEND_MSG_BACK: send_back,
+    RequestCode.CREATE_TOPIC: create_topic,
+}

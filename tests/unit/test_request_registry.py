@@ -1,0 +1,44 @@
+"""The request table: every code has one row (``common.format.protocol.SPECS``) and one
+processor (``common.broker.processors.PROCESSORS``), and the rules the server, the codec and the
+ACL apply come from the row."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.broker import server
+from common.broker.processors import PROCESSORS
+from common.format import acl
+from common.format.protocol import (
+    BODY_COUNTS,
+    SCHEMAS,
+    SPECS,
+    WRITE,
+    WRITE_CODES,
+    RequestCode,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_code_has_one_row_and_one_processor() -> None:
+    assert set(SPECS) == set(RequestCode) == set(PROCESSORS) == set(acl.REQUEST_RULES)
+
+
+def test_the_server_the_codec_and_the_acl_read_the_rows() -> None:
+    assert WRITE_CODES == {c for c, s in SPECS.items() if s.kind == WRITE} == {
+        RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC,
+        RequestCode.CONSUMER_SEND_MSG_BACK}
+    assert server._ACKED_WRITES == {RequestCode.SEND, RequestCode.SEND_BATCH,
+                                    RequestCode.CONSUMER_SEND_MSG_BACK}
+    assert server._ALWAYS_SERVED == {RequestCode.STATUS, RequestCode.CLUSTER_INFO}
+    assert RequestCode.PULL in server._NAMES_TOPIC and RequestCode.STATUS not in server._NAMES_TOPIC
+    assert SCHEMAS[RequestCode.PULL] is SPECS[RequestCode.PULL].fields
+    assert BODY_COUNTS[RequestCode.SEND] == (1, 1)
+    admin = acl.Account("a", "k", admin=True)
+    app = acl.Account("b", "k", default_topic=acl.ANY, default_group=acl.SUB)
+    for code, spec in SPECS.items():
+        if spec.permission.admin:
+            assert acl.rule_for(code)(admin, {}) is None
+            denial = acl.rule_for(code)(app, {})
+            assert denial is not None and code.name in denial.reason
