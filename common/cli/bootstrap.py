@@ -56,7 +56,7 @@ def run_broker(config_path: str, overrides: Sequence[str]) -> int:
     try:
         replica = promotion.repairs_from_master(cfg.is_slave, cfg.store_root)
         # delay delivery writes to the log: the broker turns it on once it knows it is master
-        store = MessageStore(cfg, repair_from_master=replica, start_schedule=False)
+        store = MessageStore(cfg, repair_from_master=replica, start_master_services=False)
         broker = Broker(cfg, store, make_role)
         status = broker.serve_forever()  # non-zero: its I/O thread died (logged at ERROR)
     except (StoreError, ValueError, OSError) as e:

@@ -56,6 +56,7 @@ from struct import Struct
 from common.core.errors import StoreError
 from common.core.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, java_hash
 from common.store import native
+from common.store.extensions import DispatchRequest, StoreExtensions
 from common.store.mapped_file import CREATING_SUFFIX
 
 log = logging.getLogger("replog.store")
@@ -675,3 +676,34 @@ class IndexService:
         with self._lock:
             for f in self.files:
                 f.close()
+
+
+class IndexDispatcher:
+    """The IndexFile as reput's first record dispatcher (RocketMQ's BuildIndex): a record's
+    KEYS and UNIQ_KEY, and ``name + value`` of each property a feature indexes (``index``)."""
+
+    name = "index"
+
+    def __init__(self, index: IndexService, extensions: StoreExtensions):
+        self._index = index
+        self._extensions = extensions
+        self._properties: list[str] = []
+        self.watches: tuple[str, ...] = ()
+
+    def index_property(self, name: str) -> None:
+        """Index ``name + value`` of every record carrying property ``name`` (the schedule's
+        source offset on a delivered message: where its exactly-once check looks)."""
+        if name not in self._properties:
+            self._properties.append(name)
+        self.watches = tuple(self._properties)
+        self._extensions.watch(name)
+
+    def dispatch(self, req: DispatchRequest) -> None:
+        keys = list(req.keys)
+        props = req.properties
+        for name in self._properties:
+            value = props.get(name)
+            if value is not None:
+                keys.append(name + value)
+        if keys:
+            self._index.build(req.topic, keys, req.phy_offset, req.store_timestamp)

@@ -31,7 +31,6 @@ from common.core.errors import CorruptionError, GetStatus, PutStatus, StoreError
 from common.core.files import write_atomically
 from common.core.message import (
     PROPERTY_WAIT,
-    SCHEDULE_TOPIC,
     Message,
     MessageExt,
     decode_msg_id,
@@ -43,8 +42,9 @@ from common.store.checkpoint import AbortFile, StoreCheckpoint, StoreLock
 from common.store.cleanup import CleanService
 from common.store.commit_log import CommitLog, PutResult, RecoveryReport, to_message
 from common.store.consume_queue import ConsumeQueueStore
+from common.store.extensions import MasterService, StoreExtensions
 from common.store.flush import FlushWatcher, GroupCommitService, PeriodicFlushService, done_future
-from common.store.index import IndexService
+from common.store.index import IndexDispatcher, IndexService
 from common.store.reput import (
     ArrivalListener,
     DispatchRequest,
@@ -52,7 +52,7 @@ from common.store.reput import (
     tail_queue_offsets,
     tail_records,
 )
-from common.store.schedule import ScheduleService, to_schedule_message
+from common.store.schedule import DelayLevels, ScheduleService
 
 log = logging.getLogger("replog.store")
 
@@ -152,20 +152,24 @@ class StoreStats:
 
 class MessageStore:
     def __init__(self, cfg: BrokerConfig, *, repair_from_master: bool | None = None,
-                 start_schedule: bool | None = None):
+                 start_master_services: bool | None = None):
         """``repair_from_master`` is a fact about the broker's role that the store cannot
         know: whether, at start-up, damage below the flushed offset may be cut because a
         master holds those bytes and will send them again (a replicating slave), or must
         refuse the start (a master, or a slave whose promotion record makes it one again:
         the broker decides, ``common/broker/broker.py``). None: the configured role says.
 
-        ``start_schedule``: whether ``start`` runs delay-level delivery (only a master may: it
-        writes to the log). The broker passes False and turns it on with ``become_master``
-        once it knows its role; None: the configured role says."""
+        ``start_master_services``: whether ``start`` runs the services only a master runs
+        (delay-level delivery: it writes to the log). The broker passes False and turns them
+        on with ``become_master`` once it knows its role; None: the configured role says.
+
+        Features register on ``extensions`` (put hooks, record dispatchers, tags-code rules,
+        master services: ``common/store/extensions.py``) before ``start``."""
         self.cfg = cfg
         self.repair_from_master = cfg.is_slave if repair_from_master is None \
             else repair_from_master
-        self._start_schedule = not cfg.is_slave if start_schedule is None else start_schedule
+        self._start_master_services = not cfg.is_slave if start_master_services is None \
+            else start_master_services
         self.root = cfg.store_root
         self.delay_levels_ms = parse_delay_levels(cfg.messageDelayLevel)
         self._lock_file = StoreLock(self.root)
@@ -185,6 +189,11 @@ class MessageStore:
             IndexService(self.root, cfg.maxHashSlotNum, cfg.maxIndexNum)
             if cfg.messageIndexEnable else None
         )
+        self.extensions = StoreExtensions()
+        self.index_dispatcher: IndexDispatcher | None = None
+        if self.index is not None:
+            self.index_dispatcher = IndexDispatcher(self.index, self.extensions)
+            self.extensions.add_dispatcher(self.index_dispatcher)
         self.checkpoint: StoreCheckpoint | None = None
         self.reput = ReputService(self)
         self.dispatched_phy_offset = 0
@@ -210,9 +219,15 @@ class MessageStore:
         # "" while this broker may write, else why not (the broker's write_refusal): delayed
         # deliveries are writes, and a fenced or stand-by master makes none
         self.delivery_gate: Callable[[], str] | None = None
-        self.schedule = ScheduleService(self, self.delay_levels_ms)
+        self.delay = DelayLevels(self, self.delay_levels_ms)
+        self.delay.install(self.extensions, self.index_dispatcher)
         self.cleaner = CleanService(self)
-        self._schedule_running = False
+        self._master_services: dict[str, MasterService] = {}  # running, by name
+
+    @property
+    def schedule(self) -> ScheduleService:
+        """Delay-level delivery: running on a master, idle (its offsets only) on a slave."""
+        return self.delay.service
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -329,7 +344,7 @@ class MessageStore:
         reached yet), as reput would dispatch them."""
         if self.dispatched_phy_offset >= self.commit_log.max_offset:
             return []
-        return tail_records(self.commit_log, self.dispatched_phy_offset, self.delay_levels_ms)
+        return tail_records(self.commit_log, self.dispatched_phy_offset, self.extensions)
 
     # ---- the confirmed offset (RocketMQ 5's confirmOffset) ----------------------------------
     def reput_end(self) -> int:
@@ -374,17 +389,24 @@ class MessageStore:
         self._services += [self._flusher, self._cq_flusher, self.reput, self.cleaner]
         for service in self._services:
             service.start()  # type: ignore[attr-defined]
-        self.set_schedule_enabled(self._start_schedule)
+        self.set_master_services(self._start_master_services)
 
-    def set_schedule_enabled(self, enabled: bool) -> None:
-        """Delay-level delivery runs on a master only (a promoted slave turns it on)."""
-        if enabled and not self._schedule_running:
-            self.schedule = ScheduleService(self, self.delay_levels_ms, self.delivery_gate)
-            self.schedule.start()
-            self._schedule_running = True
-        elif not enabled and self._schedule_running:
-            self.schedule.shutdown()
-            self._schedule_running = False
+    def set_master_services(self, enabled: bool) -> None:
+        """Start (each made anew) or stop the services only a master runs, in the order they
+        were registered (stopped in reverse)."""
+        if enabled:
+            for name, factory in self.extensions.master_services.items():
+                if name not in self._master_services:
+                    service = factory()
+                    service.start()
+                    self._master_services[name] = service
+        else:
+            for name in reversed(list(self._master_services)):
+                self._master_services.pop(name).shutdown()
+
+    @property
+    def master_services_running(self) -> list[str]:
+        return list(self._master_services)
 
     def become_master(self) -> None:
         """A promoted slave: index what replication appended, then continue its queue offsets.
@@ -400,7 +422,7 @@ class MessageStore:
         self.reput.catch_up()
         with self.commit_log.put_lock:
             self._rebuild_queue_table()
-        self.set_schedule_enabled(True)
+        self.set_master_services(True)
 
     def on_dispatch_corruption(self, e: CorruptionError) -> None:
         """Reput met a record it cannot read: nothing after it can reach a ConsumeQueue, so a
@@ -416,9 +438,9 @@ class MessageStore:
         log.error("event=store_not_writeable offset=%d reason=%s", e.phy_offset, e.reason)
 
     def become_slave(self) -> None:
-        """Stop what only a master does (delay delivery); writes are refused by the role. In
+        """Stop what only a master runs (delay delivery); writes are refused by the role. In
         controller mode what is visible stays as it is until the master says more."""
-        self.set_schedule_enabled(False)
+        self.set_master_services(False)
         if self.cfg.enableControllerMode:
             self.confirm_phy_offset = self.dispatched_phy_offset
 
@@ -433,7 +455,7 @@ class MessageStore:
         self.running = False
         self.commit_log.writeable = False
         self.commit_log.not_writeable_reason = "store is shutting down"
-        self.set_schedule_enabled(False)
+        self.set_master_services(False)
         for service in reversed(self._services):
             service.shutdown()  # type: ignore[attr-defined]
         self._services.clear()
@@ -489,10 +511,6 @@ class MessageStore:
             raise StoreError(f"cannot append to consume queue {topic}/{queue_id}: "
                              f"{cq.last_error}")
 
-    def dispatch_index(self, req: DispatchRequest) -> None:
-        if self.index is not None:
-            self.index.build(req.topic, list(req.keys), req.phy_offset, req.store_timestamp)
-
     def note_dispatched_timestamp(self, store_timestamp: int) -> None:
         """Store time of the last dispatched record (checkpoint logicsMsgTimestamp)."""
         self._last_dispatch_ts = store_timestamp
@@ -516,10 +534,25 @@ class MessageStore:
         self.commit_log.append_listeners.append(listener)
 
     # ---- puts -----------------------------------------------------------------------------------
+    def _run_put_hooks(self, msg: Message, queue_id: int) -> tuple[Message, int] | PutResult:
+        """The message and queue the put hooks say to store, or the refusal one of them made."""
+        for hook in self.extensions.put_hooks:
+            out = hook.before_put(msg, queue_id)
+            if out is None:
+                continue
+            if isinstance(out, PutResult):
+                if out.status is PutStatus.PUT_OK:
+                    raise StoreError(f"put hook {hook.name} returned PUT_OK for a put it stopped")
+                return out
+            msg, queue_id = out
+        return msg, queue_id
+
     def put_nowait(self, msg: Message, queue_id: int, born_host: tuple[str, int] = ("127.0.0.1", 0),
                    born_timestamp: int = 0) -> PendingPut:
-        if msg.delay_level > 0 and msg.topic != SCHEDULE_TOPIC:
-            msg, queue_id = to_schedule_message(msg, queue_id, len(self.delay_levels_ms))
+        hooked = self._run_put_hooks(msg, queue_id)
+        if isinstance(hooked, PutResult):
+            return self._pending(hooked, False)
+        msg, queue_id = hooked
         result = self.commit_log.put(msg, queue_id, _cached_host(born_host[0]), born_host[1],
                                      born_timestamp)
         return self._pending(result, msg.properties.get(PROPERTY_WAIT) != "false")
@@ -556,9 +589,14 @@ class MessageStore:
 
     def put(self, msg: Message, queue_id: int, born_host: tuple[str, int] = ("127.0.0.1", 0),
             born_timestamp: int = 0) -> PutResult:
-        if self._group_commit is None and msg.delay_level <= 0:
-            # ASYNC_FLUSH, no delay: nothing to wait for, so no PendingPut to build and unwrap
-            # (what put_nowait + wait_flushed return here, at ~10% less per put)
+        if self._group_commit is None:
+            # ASYNC_FLUSH: nothing to wait for, so no PendingPut to build and unwrap (what
+            # put_nowait + wait_flushed return here, at ~10% less per put)
+            hooked = self._run_put_hooks(msg, queue_id)
+            if isinstance(hooked, PutResult):
+                self.put_failures += 1
+                return hooked
+            msg, queue_id = hooked
             result = self.commit_log.put(msg, queue_id, _cached_host(born_host[0]),
                                          born_host[1], born_timestamp)
             if result.status is PutStatus.PUT_OK:

@@ -1,7 +1,9 @@
-"""Reput: dispatch CommitLog records to ConsumeQueues and the IndexFile.
+"""Reput: dispatch CommitLog records to ConsumeQueues and the record dispatchers.
 
 A background thread reads every whole record past ``dispatched_phy_offset`` and appends its
-ConsumeQueue entry (offset, size, tagsCode) and its index keys. It is woken by every append
+ConsumeQueue entry (offset, size, tagsCode); a record carrying a property some dispatcher
+watches also goes to the store's record dispatchers in order, the IndexFile's first
+(``common/store/extensions.py``). It is woken by every append
 (a put on a master, replicated bytes on a slave), so a message is visible to pulls within
 about a millisecond; arrival listeners (long polling) are told per queue. A thread that
 dispatches its own appends right after each burst (``dispatch_inline``: the request server's
@@ -15,54 +17,31 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from common.core import accel
 from common.core.errors import CorruptionError, StoreError
 from common.core.message import (
     KEY_SEPARATOR,
-    NAME_VALUE_SEP,
-    PROPERTY_DELAY,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
-    SCHEDULE_SOURCE,
-    SCHEDULE_TOPIC,
     decode_properties,
     tags_code,
 )
 from common.format import record
 from common.store.commit_log import CommitLog, WriteDigest
+from common.store.extensions import DispatchRequest, StoreExtensions
 
 log = logging.getLogger("replog.store")
 
 ArrivalListener = Callable[[str, int, int], None]  # topic, queue_id, max queue offset
 
 
-class DispatchRequest(NamedTuple):
-    """What a record contributes to the indexes (RocketMQ DispatchRequest)."""
-
-    topic: str
-    queue_id: int
-    queue_offset: int
-    phy_offset: int
-    size: int
-    tags_code: int
-    store_timestamp: int
-    keys: tuple[str, ...]
-
-
 # Only the fields reput needs: TOTALSIZE@0 QUEUEID@12 QUEUEOFFSET@20 STORETIMESTAMP@56 BODYLEN@84.
 _REPUT_FIELDS = struct.Struct(">i8xi4xq28xq20xi")
 assert _REPUT_FIELDS.size == record.HEADER.size
 
-_HAS_PROPS = (
-    (PROPERTY_TAGS + NAME_VALUE_SEP).encode(),
-    (PROPERTY_KEYS + NAME_VALUE_SEP).encode(),
-    (PROPERTY_UNIQ_KEY + NAME_VALUE_SEP).encode(),
-    (PROPERTY_DELAY + NAME_VALUE_SEP).encode(),
-    (SCHEDULE_SOURCE + NAME_VALUE_SEP).encode(),
-)
 _topics: dict[bytes, str] = {}
 
 
@@ -75,7 +54,8 @@ def _topic_text(raw: bytes) -> str:
     return topic
 
 
-def dispatch_request(view: memoryview, phy_offset: int, delay_levels_ms: list[int]) -> DispatchRequest:
+def dispatch_request(view: memoryview, phy_offset: int,
+                     ext: StoreExtensions) -> DispatchRequest:
     """Parse what reput needs from a whole record (no CRC: recovery and reads verify)."""
     size, queue_id, queue_offset, store_ts, body_len = _REPUT_FIELDS.unpack_from(view)
     p = 88 + body_len
@@ -88,20 +68,18 @@ def dispatch_request(view: memoryview, phy_offset: int, delay_levels_ms: list[in
     if not props_len:
         return DispatchRequest(topic, queue_id, queue_offset, phy_offset, size, 0, store_ts, ())
     raw_props = bytes(view[p + 2 : p + 2 + props_len])
-    if not any(marker in raw_props for marker in _HAS_PROPS):
+    if not any(marker in raw_props for marker in ext.markers):
         return DispatchRequest(topic, queue_id, queue_offset, phy_offset, size, 0, store_ts, ())
     props = decode_properties(raw_props)
     code = tags_code(props.get(PROPERTY_TAGS))
     found = [k for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
     if PROPERTY_UNIQ_KEY in props:
         found.append(props[PROPERTY_UNIQ_KEY])
-    if SCHEDULE_SOURCE in props:
-        found.append(SCHEDULE_SOURCE + props[SCHEDULE_SOURCE])
-    if topic == SCHEDULE_TOPIC and PROPERTY_DELAY in props:
-        level = min(max(int(props[PROPERTY_DELAY]), 1), len(delay_levels_ms))
-        code = store_ts + delay_levels_ms[level - 1]
+    rule = ext.tags_code_rules.get(topic)
+    if rule is not None:
+        code = rule(props, store_ts, code)
     return DispatchRequest(topic, queue_id, queue_offset, phy_offset, size, code, store_ts,
-                           tuple(found))
+                           tuple(found), props)
 
 
 _HEAD = record.HEAD_PREFIX
@@ -110,7 +88,7 @@ MAX_PASS_RECORDS = 4096  # bounds how long a pass holds the reput lock and delay
 RETRY_S = 1.0  # after a pass that could not finish (a bad record, a full disk)
 
 
-def tail_records(log_: CommitLog, start: int, delay_levels_ms: list[int]) -> list[DispatchRequest]:
+def tail_records(log_: CommitLog, start: int, ext: StoreExtensions) -> list[DispatchRequest]:
     """What every whole record in ``[start, log end)`` would dispatch: the records not
     dispatched yet (past the confirmed offset), which a new master must still count (their
     queue offsets are taken, their delayed deliveries made). Stops at a record that is not
@@ -135,7 +113,7 @@ def tail_records(log_: CommitLog, start: int, delay_levels_ms: list[int]) -> lis
                                                   f"size {total})")
             if pos + total > limit:
                 return found
-            found.append(dispatch_request(buf[pos : pos + total], base + pos, delay_levels_ms))
+            found.append(dispatch_request(buf[pos : pos + total], base + pos, ext))
             pos += total
         if base + pos == phy:
             break
@@ -274,7 +252,8 @@ class ReputService:
         # that is not wholly dispatched, and truncation and reset take the reput lock.
         store = self._store
         phy = store.dispatched_phy_offset
-        levels = store.delay_levels_ms
+        ext = store.extensions
+        dispatchers = ext.dispatchers
         runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
         touched: dict[tuple[str, int], int] = {}
         count = 0
@@ -324,11 +303,12 @@ class ReputService:
                 else:
                     topic = last_topic = _topic_text(raw_topic)
                     last_raw_topic = raw_topic
-                if user_props:  # the rare path: tags, keys, delay
-                    req = dispatch_request(buf[pos : pos + total], base + pos, levels)
+                if user_props:  # the rare path: tags, keys, what a feature watches
+                    req = dispatch_request(buf[pos : pos + total], base + pos, ext)
                     code = req.tags_code
-                    if req.keys:
-                        store.dispatch_index(req)
+                    if req.properties:
+                        for dispatcher in dispatchers:
+                            dispatcher.dispatch(req)
                 else:
                     code = 0
                 key = (topic, queue_id)
@@ -416,15 +396,13 @@ class DispatchTarget(Protocol):
     """What reput needs from the store."""
 
     dispatched_phy_offset: int
-    delay_levels_ms: list[int]
+    extensions: StoreExtensions  # the dispatchers after the ConsumeQueue, the tags-code rules
     commit_log: CommitLog
 
     def reput_end(self) -> int: ...  # the log's end, or the confirmed offset below it
 
     def dispatch_cq(self, topic: str, queue_id: int, first_queue_offset: int,
                     entries: list[tuple[int, int, int]], packed: bytes = b"") -> None: ...
-
-    def dispatch_index(self, req: DispatchRequest) -> None: ...
 
     def note_dispatched_timestamp(self, store_timestamp: int) -> None: ...
 

@@ -30,7 +30,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,8 @@ from common.core.message import (
 from common.format.tables import parse_delay_offsets, read_table
 
 if TYPE_CHECKING:
+    from common.store.extensions import StoreExtensions
+    from common.store.index import IndexDispatcher
     from common.store.message_store import MessageStore
 
 log = logging.getLogger("replog.store")
@@ -79,6 +81,45 @@ def to_real_message(held: MessageExt) -> tuple[Message, int]:
     props[SCHEDULE_SOURCE] = str(held.commit_log_offset)
     return Message(topic, held.body, tags=tags, keys=keys, properties=props, flag=held.flag,
                    reconsume_times=held.reconsume_times, sys_flag=held.sys_flag), queue_id
+
+
+class DelayLevels:
+    """Delay levels as store extensions (``common/store/extensions.py``): a put hook that
+    stores a delayed message in the schedule topic, the schedule topic's tagsCode (the delivery
+    time), the index of each delivery's source offset, and the delivering service, which only a
+    master runs. ``service`` is the current one (idle on a slave: its offsets file is what a
+    slave copies from its master)."""
+
+    name = "delay-levels"
+
+    def __init__(self, store: MessageStore, levels_ms: list[int]):
+        self._store = store
+        self.levels_ms = levels_ms
+        self.service = ScheduleService(store, levels_ms)
+
+    def install(self, ext: StoreExtensions, index: IndexDispatcher | None) -> None:
+        ext.add_put_hook(self)
+        ext.add_tags_code_rule(SCHEDULE_TOPIC, self.tags_code, watches=(PROPERTY_DELAY,))
+        ext.watch(SCHEDULE_SOURCE)  # resume_offsets reads it in the records not dispatched yet
+        if index is not None:
+            index.index_property(SCHEDULE_SOURCE)
+        ext.add_master_service("schedule", self.new_service)
+
+    def before_put(self, msg: Message, queue_id: int) -> tuple[Message, int] | None:
+        if msg.delay_level > 0 and msg.topic != SCHEDULE_TOPIC:
+            return to_schedule_message(msg, queue_id, len(self.levels_ms))
+        return None
+
+    def tags_code(self, props: Mapping[str, str], store_ts: int, tag_hash: int) -> int:
+        """The delivery time: what the level's queue is walked by."""
+        if PROPERTY_DELAY not in props:
+            return tag_hash
+        level = min(max(int(props[PROPERTY_DELAY]), 1), len(self.levels_ms))
+        return store_ts + self.levels_ms[level - 1]
+
+    def new_service(self) -> ScheduleService:
+        self.service = ScheduleService(self._store, self.levels_ms, self._store.delivery_gate)
+        return self.service
 
 
 def born_host_of(msg: MessageExt) -> tuple[str, int]:
@@ -118,8 +159,8 @@ class ScheduleService:
     def resume_offsets(self) -> dict[int, int]:
         """Level -> its first entry this store's log holds no delivery of."""
         store = self._store
-        pending = {int(key[len(SCHEDULE_SOURCE):]) for req in store.undispatched_records()
-                   for key in req.keys if key.startswith(SCHEDULE_SOURCE)}
+        pending = {int(req.properties[SCHEDULE_SOURCE]) for req in store.undispatched_records()
+                   if SCHEDULE_SOURCE in req.properties}
         out: dict[int, int] = {}
         for level in range(1, len(self.levels_ms) + 1):
             cq = store.cq_store.get(SCHEDULE_TOPIC, level - 1)

@@ -18,6 +18,7 @@ from common.core.errors import CorruptionError
 from common.core.message import Message
 from common.store import reput as reput_module
 from common.store.commit_log import CommitLog
+from common.store.extensions import StoreExtensions
 from common.store.reput import DispatchRequest, ReputService
 
 pytestmark = pytest.mark.unit
@@ -32,8 +33,16 @@ class Recorder:
     def __init__(self, log: CommitLog):
         self.commit_log = log
         self.dispatched_phy_offset = 0
-        self.delay_levels_ms = [1000, 5000]
+        self.extensions = StoreExtensions()
+        self.extensions.add_dispatcher(self)
         self.calls: list[tuple[Any, ...]] = []
+
+    name = "recorder"
+    watches = ()
+
+    def dispatch(self, req: DispatchRequest) -> None:  # as a record dispatcher
+        if req.keys:
+            self.calls.append(("index", req))
 
     def reput_end(self) -> int:
         return self.commit_log.max_offset
@@ -41,9 +50,6 @@ class Recorder:
     def dispatch_cq(self, topic: str, queue_id: int, first: int,
                     entries: list[tuple[int, int, int]], packed: bytes = b"") -> None:
         self.calls.append(("cq", topic, queue_id, first, list(entries)))
-
-    def dispatch_index(self, req: DispatchRequest) -> None:
-        self.calls.append(("index", req))
 
     def note_dispatched_timestamp(self, ts: int) -> None:
         self.calls.append(("ts", ts))

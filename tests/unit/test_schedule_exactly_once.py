@@ -32,7 +32,7 @@ def store(tmp_path: Path) -> Iterator[MessageStore]:
     s = MessageStore(load_config(env={}, storePathRootDir=str(tmp_path),
                                  mappedFileSizeCommitLog=1024 * 1024, messageDelayLevel="1s 5s"))
     s.start()
-    s.set_schedule_enabled(False)  # started per test, with its clock
+    s.set_master_services(False)  # started per test, with its clock
     yield s
     s.shutdown()
 
@@ -53,12 +53,12 @@ def run(store: MessageStore, monkeypatch: pytest.MonkeyPatch, file_offsets: dict
     path.write_text(json.dumps({"offsetTable": {str(k): v for k, v in file_offsets.items()}}))
     store.reput.catch_up()  # the schedule queues hold every entry put so far
     monkeypatch.setattr(schedule, "time", types.SimpleNamespace(time=lambda: now_ms / 1000))
-    store.set_schedule_enabled(True)
+    store.set_master_services(True)
     try:
         wait_for(lambda: all(store.schedule.offsets.get(level) == offset
                              for level, offset in until.items()), f"levels at {until}")
     finally:
-        store.set_schedule_enabled(False)
+        store.set_master_services(False)
 
 
 def deliveries(store: MessageStore) -> Counter[str]:
@@ -118,7 +118,7 @@ def test_deliveries_past_the_confirmed_offset_count_as_made(
                                  messageDelayLevel="1s"))
     s.start()
     try:
-        s.set_schedule_enabled(False)
+        s.set_master_services(False)
         for i in range(4):
             s.put(Message("real1", b"%d" % i, delay_level=1), 0)
         s.set_confirm_offset(None)
@@ -141,13 +141,13 @@ def test_a_fenced_master_delivers_nothing(store: MessageStore,
     store.delivery_gate = lambda: reason
     store.reput.catch_up()
     monkeypatch.setattr(schedule, "time", types.SimpleNamespace(time=lambda: LATER_MS / 1000))
-    store.set_schedule_enabled(True)
+    store.set_master_services(True)
     try:
         wait_for(lambda: getattr(store.schedule, "gated", 0) >= 3, "three gated passes")
         assert deliveries(store) == Counter()
         reason = ""
         wait_for(lambda: store.schedule.offsets.get(1) == 3, "the deliveries")
     finally:
-        store.set_schedule_enabled(False)
+        store.set_master_services(False)
     assert sorted(deliveries(store).values()) == [1] * 3
     assert store.cq_store.get(SCHEDULE_TOPIC, 0) is not None
