@@ -62,7 +62,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check common master slave tests bench
-	$(BIN)/mypy common master slave
+	$(BIN)/mypy common master slave tests/helpers
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -99,6 +99,7 @@ from common.ha import controller_core as cc
 from common.ha import master_core as mc
 from common.ha import term
 from common.ha.protocol import HAProtocolError, Hello, Limits, decode
+from common.store.api import ReplicationStore
 from master.group_transfer import GroupTransfer
 
 log = logging.getLogger("replog.ha_service")
@@ -145,7 +146,7 @@ class HaService:
     def __init__(
         self,
         cfg: BrokerConfig,
-        store: Any,
+        store: ReplicationStore,
         role_name: str = "SYNC_MASTER",
         clock: Callable[[], float] = time.monotonic,
         bind_host: str | None = None,
@@ -768,7 +769,7 @@ class HaService:
             # the change is proposed
             member = min(change.added)
             # consumers see nothing past this mark until the candidate holds it too
-            mark = max(master_max, self._bound_confirm())
+            mark = max(master_max, self._store.bound_confirm_offset())
             self._pending = members | {member, self._me}
             self._set_required()
             self._joining = (member, mark, now_ms, change)
@@ -825,16 +826,6 @@ class HaService:
         self._update_confirm(dispatch=self._attached)
 
     # ---- controller mode: the confirmed offset (RocketMQ 5's confirmOffset) --------------------
-    def _bound_confirm(self) -> int:
-        """Consumers see no more than the log holds now (until acks say more); returns that
-        end. Under the put lock: no record appended meanwhile is visible without the acks."""
-        store = self._store
-        with store.commit_log.put_lock:
-            end = int(store.max_phy_offset)
-            if store.confirm_phy_offset is None:
-                store.set_confirm_offset(end)
-        return end
-
     def _update_confirm(self, dispatch: bool) -> None:
         """Controller mode: the store serves consumers only what every member of the
         SyncStateSet holds (counting a member joining or leaving until ZooKeeper has it), so
@@ -849,7 +840,7 @@ class HaService:
                 store.set_confirm_offset(None)
         else:
             if before is None:
-                self._bound_confirm()
+                self._store.bound_confirm_offset()
             with self._lock:
                 acked = self._core.acked_offset_all(self._required) \
                     if self._core is not None else mc.NO_OFFSET
@@ -865,7 +856,7 @@ class HaService:
 
 # ---- factories (called from the composition root, common/cli/main.py) -----------------------------
 def build_master_replication(
-    cfg: BrokerConfig, store: Any, role_name: str = "SYNC_MASTER", host: LoopHost | None = None,
+    cfg: BrokerConfig, store: ReplicationStore, role_name: str = "SYNC_MASTER", host: LoopHost | None = None,
     sync_state: SyncStateHost | None = None,
     security: Security | None = None,
 ) -> tuple[HaService, GroupTransfer | None]:

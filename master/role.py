@@ -35,10 +35,12 @@ from typing import Any, Protocol
 
 from common.broker.replies import Reply, reply
 from common.broker.tables import TopicTable, TopicTableFull
+from common.core.config import BrokerConfig
 from common.core.errors import PutStatus, ResponseCode
 from common.core.logs import log_event
 from common.core.message import PROPERTY_DELAY, Message, encode_msg_id
 from common.format.protocol import SCHEMAS, Request, RequestCode, Response
+from common.store.api import WriteStore
 from common.store.schedule import born_host_of
 from master import send_back
 from master.group_transfer import GroupTransfer, ReplicaPut
@@ -65,7 +67,11 @@ class HaService(Protocol):
 
     def stop(self) -> None: ...
 
-    def slaves(self) -> list[dict[str, Any]]: ...
+    def slaves(self) -> list[dict[str, Any]]: ...  # address, ackOffset, lagBytes, inSync
+
+    def slave_acks(self) -> dict[int, int]: ...  # slave id -> acked offset
+
+    def sync_state_set(self) -> dict[str, Any]: ...  # controller mode: the members that count
 
 
 class MasterRole:
@@ -73,8 +79,8 @@ class MasterRole:
 
     def __init__(
         self,
-        cfg: Any,
-        store: Any,
+        cfg: BrokerConfig,
+        store: WriteStore,
         topics: TopicTable,
         role_name: str = "ASYNC_MASTER",
         replica_waits: GroupTransfer | None = None,
@@ -93,6 +99,7 @@ class MasterRole:
         # still the elected master, no switchover under way: common/broker/controller.py)
         self._write_gate = write_gate
         self.fenced_writes = 0
+        self.replication_stopped = True  # a master replicates into nothing
 
     @property
     def name(self) -> str:
@@ -110,14 +117,18 @@ class MasterRole:
         slaves = self.ha_service.slaves() if self.ha_service is not None else []
         fields: dict[str, Any] = {"masterAddress": self.cfg.client_address, "slaves": slaves,
                                   "fencedWrites": self.fenced_writes}
-        sss = getattr(self.ha_service, "sync_state_set", None)
-        if self._write_gate is not None and callable(sss):
-            fields["syncStateSet"] = sss()
+        if self._write_gate is not None and self.ha_service is not None:
+            fields["syncStateSet"] = self.ha_service.sync_state_set()
         return fields
 
     def slave_acks(self) -> dict[int, int]:
-        acks = getattr(self.ha_service, "slave_acks", None)
-        return acks() if callable(acks) else {}
+        return self.ha_service.slave_acks() if self.ha_service is not None else {}
+
+    def replicating(self) -> bool:
+        return False  # a master is replicated from
+
+    def require_epoch(self, epoch: int) -> None:
+        """A master follows no one: nothing to require."""
 
     # -- writes (the server's I/O thread; common/broker/processors/produce.py) ------------------
     def refusal(self, req: Request) -> Response | None:

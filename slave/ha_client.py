@@ -76,6 +76,7 @@ from common.ha import epochs as ep
 from common.ha import slave_core as sc
 from common.ha import term
 from common.ha.protocol import Ack, HAProtocolError, Limits, decode, encode_header
+from common.store.api import ReplicationStore
 
 log = logging.getLogger("replog.ha_client")
 
@@ -121,7 +122,7 @@ class _ActionFailed(Exception):
 class HaClient:
     """Replication client of one slave term."""
 
-    def __init__(self, cfg: BrokerConfig, store: Any, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, cfg: BrokerConfig, store: ReplicationStore, clock: Callable[[], float] = time.monotonic,
                  curve: ClientKeys | None = None):
         self._cfg = cfg
         self._curve = curve
@@ -156,6 +157,11 @@ class HaClient:
             self._min_master_epoch = max(self._min_master_epoch, epoch)
             if self._core is not None:
                 self._core.require_epoch(epoch)
+
+    def replicating(self) -> bool:
+        """Bytes arrive from the master now (the core is in TRANSFER)."""
+        with self._lock:
+            return self._core is not None and self._core.stats().state is sc.SlaveState.TRANSFER
 
     def master_address(self) -> str:
         """The master's client address as its HELLO_REPLY told it ("" before any reply)."""
@@ -247,9 +253,7 @@ class HaClient:
                 pass
         finally:
             self._close()
-            end = getattr(self._store, "end_inline_dispatch", None)
-            if end is not None:
-                end()
+            self._store.end_inline_dispatch()
 
     def _session(self) -> bool:
         """Connect and replicate until stopped (True); after a failure, back off and start
@@ -490,9 +494,7 @@ class HaClient:
     def _dispatch_appended(self) -> None:
         """After the ack went out: index this burst's appends here (reput was not woken)."""
         self._undispatched = False
-        dispatch = getattr(self._store, "dispatch_inline", None)
-        if dispatch is not None:
-            dispatch()
+        self._store.dispatch_inline()
 
     def _send(self, frames: tuple[bytes | memoryview, ...]) -> None:
         assert self._sock is not None
@@ -569,7 +571,7 @@ class HaClient:
         return int(self._clock() * 1000)
 
 
-def build_slave_replication(cfg: BrokerConfig, store: Any,
+def build_slave_replication(cfg: BrokerConfig, store: ReplicationStore,
                             curve: ClientKeys | None = None) -> HaClient:
     """The HA client of a slave role (``curve``: the broker's keys, security on)."""
     return HaClient(cfg, store, curve=curve)

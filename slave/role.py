@@ -5,11 +5,9 @@ the SLAVE role, this broker and its master's addresses (the client one its maste
 ``haMasterAddress``), before anything reaches the store: a slave's CommitLog only grows by replication. Promotion (``Broker.promote``)
 stops this role, records a new epoch and starts a master role in its place.
 
-Hook for replication (slave/ha_client.py): an ``ha_client`` with ``start()``, ``stop()`` and an
-optional ``master_address() -> str``: the client address of the master followed ("" until
-it has answered). Hook for the master's tables (slave/config_sync.py): a ``config_sync`` with
-``start()``, ``stop()`` and ``status()``; it is stopped first, so a promoted broker's tables
-change no more once the role is stopped.
+Hook for replication (slave/ha_client.py): an ``ha_client`` (``HaClient`` below). Hook for the
+master's tables (slave/config_sync.py): a ``config_sync`` (``ConfigSyncer``); it is stopped
+first, so a promoted broker's tables change no more once the role is stopped.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from common.broker.replies import reply
+from common.core.config import BrokerConfig
 from common.core.errors import ResponseCode
 from common.format.protocol import Request, Response
 
@@ -26,12 +25,30 @@ class HaClient(Protocol):
 
     def stop(self) -> bool: ...  # False: its thread did not end in time (the store fences it)
 
+    def master_address(self) -> str: ...  # the master's client address ("" before it answered)
+
+    def status(self) -> dict[str, Any]: ...  # haState, lagBytes, resyncs...
+
+    def health(self) -> dict[str, Any]: ...  # state, failures, restarts, lastError
+
+    def require_epoch(self, epoch: int) -> None: ...  # refuse masters of older epochs
+
+    def replicating(self) -> bool: ...  # bytes arrive from the master now (TRANSFER)
+
+
+class ConfigSyncer(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
 
 class SlaveRole:
     """brokerRole SLAVE."""
 
-    def __init__(self, cfg: Any, ha_client: HaClient | None = None,
-                 config_sync: Any | None = None):
+    def __init__(self, cfg: BrokerConfig, ha_client: HaClient | None = None,
+                 config_sync: ConfigSyncer | None = None):
         self.cfg = cfg
         self.ha_client = ha_client
         self.config_sync = config_sync
@@ -56,12 +73,20 @@ class SlaveRole:
 
     def master_address(self) -> str:
         """The master's client address, as the master told it ("" until it has answered)."""
-        getter = getattr(self.ha_client, "master_address", None)
-        return str(getter()) if callable(getter) else ""
+        return self.ha_client.master_address() if self.ha_client is not None else ""
+
+    def slave_acks(self) -> dict[int, int]:
+        return {}  # a slave has none
+
+    def replicating(self) -> bool:
+        return self.ha_client is not None and self.ha_client.replicating()
+
+    def require_epoch(self, epoch: int) -> None:
+        if self.ha_client is not None:
+            self.ha_client.require_epoch(epoch)
 
     def status_fields(self) -> dict[str, Any]:
-        getter = getattr(self.ha_client, "status", None)
-        replication = getter() if callable(getter) else {}
+        replication = self.ha_client.status() if self.ha_client is not None else {}
         return {
             "masterAddress": self.master_address(),
             "haMasterAddress": self.cfg.haMasterAddress,
@@ -73,8 +98,7 @@ class SlaveRole:
         }
 
     def _health(self) -> dict[str, Any]:
-        getter = getattr(self.ha_client, "health", None)
-        return {"haClient": getter()} if callable(getter) else {}
+        return {"haClient": self.ha_client.health()} if self.ha_client is not None else {}
 
     def refusal(self, req: Request) -> Response:
         """Every write: refused before anything reaches the store (a slave's CommitLog grows

@@ -35,7 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import prometheus_client
 
@@ -46,9 +46,10 @@ from common.broker.metrics import (
     StatusCollector,
     dead_letters,
 )
-from common.broker.port_hold import PortHold
 from common.broker.processors.context import Writer
+from common.broker.producer_groups import ProducerGroups
 from common.broker.replies import Reply, reply
+from common.broker.role_manager import MASTER_ROLES, Role, RoleManager, RoleState
 from common.broker.security import Security
 from common.broker.server import RequestServer
 from common.broker.tables import ConsumerOffsetTable, TopicTable, TopicTableFull
@@ -60,7 +61,11 @@ from common.format import record_writer, tables
 from common.format.protocol import LOG_CHECKSUM_MAX_BYTES, Request, RequestCode, Response
 from common.format.record import MAX_TOPIC_BYTES
 from common.ha import epochs, promotion, term
-from common.ha.controller_core import topics_room
+from common.ha.controller_core import GroupState, MemberRecord, topics_room
+from common.store.api import Store
+
+if TYPE_CHECKING:
+    from common.broker.controller import Controller
 
 log = logging.getLogger("replog.broker")
 
@@ -69,28 +74,9 @@ DRAIN_TIMEOUT_S = 10.0
 OFFSET_PERSIST_INTERVAL_S = 1.0
 GROUP_PROBE_MS = 1500  # start-up: how long each of groupServers gets to answer status
 ORPHAN_AFTER_S = 2.0  # a slave not replicating this long looks for a newly promoted master
-MASTER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
 
 
-# ---- roles -----------------------------------------------------------------------------------
-
-
-class Role(Protocol):
-    """What a broker's current role does (``master/role.py``, ``slave/role.py``)."""
-
-    @property
-    def name(self) -> str: ...  # SYNC_MASTER | ASYNC_MASTER | SLAVE
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def refusal(self, req: Request) -> Response | None: ...  # a write refused now, or None
-
-    def status_fields(self) -> dict[str, Any]: ...  # masterAddress, slaves
-
-
-RoleFactory = Callable[[str, "Broker"], Role]
+RoleFactory = Callable[[RoleState, "Broker"], Role]  # the composition root's make_role
 
 
 # ---- status ----------------------------------------------------------------------------------
@@ -126,6 +112,7 @@ class BrokerStatus:
     haMasterAddress: str  # a slave: the master HA address it replicates from ("" on a master)
     configSync: dict[str, Any]  # a slave: copying its master's tables (slave/config_sync.py)
     consumerGroups: dict[str, int]  # group -> live GroupConsumer members (heartbeats)
+    producerGroups: dict[str, int]  # group -> live producers (PRODUCER_HEARTBEAT)
     deadLetters: dict[str, int]  # group -> messages held in its %DLQ% topic (master/send_back.py)
     controller: dict[str, Any]  # controller mode: ZooKeeper session, lease, SyncStateSet, epoch
     fencedWrites: int  # controller mode: writes refused for a stale lease or a lost election
@@ -163,15 +150,18 @@ def _jsonable(value: Any) -> Any:
 class Broker:
     """Store + request server + current role; ``serve_forever`` runs until a signal."""
 
-    def __init__(self, cfg: BrokerConfig, store: Any, role_factory: RoleFactory):
-        self.cfg = cfg
+    def __init__(self, cfg: BrokerConfig, store: Store, role_factory: RoleFactory):
+        self.cfg = cfg  # as loaded, frozen: the running role is self.roles.state
         self.store = store
         self.role_factory = role_factory
         config_dir = cfg.store_root / "config"
         self.topics = TopicTable(config_dir)
         self.offsets = ConsumerOffsetTable(config_dir)
         self.consumer_groups = ConsumerGroups()
-        self.role: Role | None = None
+        self.producer_groups = ProducerGroups()  # live producers, by connection
+        # every role change, in one sequence (common/broker/role_manager.py)
+        self.roles = RoleManager(cfg, store, lambda state: self.role_factory(state, self),
+                                 self._route_stored_topics)
         self.security = Security.from_config(cfg)  # ConfigError before anything started
         self.server = RequestServer(cfg, self, security=self.security)
         store.delivery_gate = self.write_refusal  # no delayed delivery from a fenced master
@@ -187,15 +177,11 @@ class Broker:
         self._housekeeper: threading.Thread | None = None
         self._metrics_server: Any = None
         self._epoch_cache: tuple[float, int] = (-1.0, 0)
-        self._ha_port_hold: PortHold | None = None  # a slave's haListenPort (common/broker/port_hold.py)
-        # the YAML's role, before a resumed promotion or a rejoin changes cfg (promotion.json)
+        # the YAML's role (promotion.json compares it with the one a promotion was made under)
         self._configured = (cfg.brokerRole, cfg.haMasterAddress or "")
-        # controller mode: ZooKeeper elects the master (common/broker/controller.py); role
-        # changes come from its thread and from PROMOTE, one at a time
-        self._role_lock = threading.RLock()
         self._orphan_since: float | None = None  # a slave not replicating since (no controller)
         self._standby_reason = "waiting for the controller" if cfg.enableControllerMode else ""
-        self.controller: Any = None
+        self.controller: Controller | None = None
         if cfg.enableControllerMode:
             from common.broker.controller import Controller
 
@@ -208,7 +194,7 @@ class Broker:
             self.topics.admit = topics_room  # routes are published in one znode
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def _follow_newer_master(self) -> None:
+    def _follow_newer_master(self, state: RoleState) -> RoleState:
         """A master restarting into a group whose master has a newer epoch (a slave was
         promoted while it was away) joins that master as a slave instead: its HA client then
         truncates what only this broker holds, past the point where the epoch histories
@@ -224,7 +210,7 @@ class Broker:
         best: tuple[int, str, str] | None = None
         taken: set[Any] = set()  # brokerIds in use: a slave needs one of its own (1..255)
         if not peers:
-            return
+            return state
 
         def probe(address: str) -> dict[str, Any] | None:
             try:
@@ -248,7 +234,7 @@ class Broker:
                         and (best is None or epoch > best[0]) and doc.get("haAddress")):
                     best = (epoch, address, str(doc["haAddress"]))
         if best is None:
-            return
+            return state
         epoch, address, ha_address = best
         free = [i for i in range(1, 256) if i not in taken]
         if not free:
@@ -260,9 +246,7 @@ class Broker:
             promotion.forget(self.cfg.store_root)  # a promotion this broker had is over
         except OSError as e:
             log_event(log, "promotion_record_not_removed", logging.WARNING, error=str(e))
-        self.cfg.brokerRole = "SLAVE"
-        self.cfg.brokerId = free[0]  # a master's 0 is no slave id
-        self.cfg.haMasterAddress = ha_address
+        return RoleState("SLAVE", free[0], ha_address)  # a master's id 0 is no slave id
 
     def start(self) -> None:
         self.store.start()
@@ -271,15 +255,13 @@ class Broker:
             self._start_serving()
         except BaseException:
             # a clean refusal: stop what started, flush, remove abort, release the lock
-            if self.role is not None:
-                self.role.stop()
-            self._release_ha_port()
+            self.roles.stop()
             self.server.stop(timeout_s=2.0)
             self.store.shutdown()
             self.security.stop()
             raise
 
-    def _resume_promotion(self) -> None:
+    def _resume_promotion(self, state: RoleState) -> RoleState:
         """A slave promoted before this restart starts as the master it became
         (``common/ha/promotion.py``: while its YAML and its newest epoch are unchanged, and
         with ``groupServers`` to probe: ``_follow_newer_master`` runs next)."""
@@ -290,9 +272,9 @@ class Broker:
             log_event(log, "promotion_record_unreadable", logging.ERROR,
                       path=str(promotion.path_of(root)), error=str(e),
                       role=self.cfg.brokerRole)
-            return
+            return state
         if record is None:
-            return
+            return state
         newest = self.epoch()
         can_probe = bool(self.cfg.groupServers)
         role = promotion.resumed_role(record, *self._configured, newest, can_probe)
@@ -301,29 +283,23 @@ class Broker:
                       newest_epoch=newest, configured_role=self.cfg.brokerRole,
                       reason="a newer epoch or an edited brokerRole/haMasterAddress"
                       if can_probe else "no groupServers to ask whether a newer master exists")
-            return
+            return state
         log_event(log, "broker_resumes_promotion", role=role, epoch=record.epoch,
                   configured_role=self.cfg.brokerRole)
-        self.cfg.brokerRole = role
+        return dataclasses.replace(state, name=role)
 
     def _start_serving(self) -> None:
         self.topics.merge_seen(self.store.topic_queues())
+        cfg = self.cfg
         if self.controller is not None:
             # a standby slave with nothing to follow until the controller names the master
-            self.cfg.haMasterAddress = ""
-            role_name = "SLAVE"
+            state = RoleState("SLAVE", cfg.brokerId, "")
         else:
-            self._resume_promotion()
-            if self.cfg.brokerRole != "SLAVE" and self.cfg.groupServers:
-                self._follow_newer_master()
-            role_name = self.cfg.brokerRole
-        if role_name == "SLAVE":
-            self._ha_port_hold = PortHold(self.cfg.ha_bind_host, self.cfg.ha_port)
-            self.store.become_slave()
-        else:
-            self.store.become_master()  # delay delivery on, queue offsets continued
-        self.role = self.role_factory(role_name, self)
-        self.role.start()
+            state = self._resume_promotion(RoleState(cfg.brokerRole, cfg.brokerId,
+                                                     cfg.haMasterAddress))
+            if state.is_master and cfg.groupServers:
+                state = self._follow_newer_master(state)
+        role = self.roles.start(state)  # a master: delay delivery on, queue offsets continued
         self.store.add_arrival_listener(self.server.on_arrival)
         self.server.start()
         if self.controller is not None:
@@ -337,8 +313,8 @@ class Broker:
             log,
             "broker_started",
             name=self.cfg.brokerName,
-            id=self.cfg.brokerId,
-            role=self.role.name,
+            id=self.roles.state.broker_id,
+            role=role.name,
             address=self.cfg.client_address,
             pid=os.getpid(),
             record_writer="c" if record_writer.NATIVE else "python",
@@ -358,9 +334,7 @@ class Broker:
             self._housekeeper.join(5.0)
         self._admin.shutdown(wait=True, cancel_futures=True)
         self._checksums.shutdown(wait=True, cancel_futures=True)
-        if self.role is not None:
-            self.role.stop()
-        self._release_ha_port()
+        self.roles.stop()
         self.offsets.persist()
         self.store.shutdown()
         if self._metrics_server is not None:
@@ -369,42 +343,10 @@ class Broker:
         self.security.stop()
         log_event(log, "broker_stopped", drained=drained)
 
-    def _resume_slave(self, failed: Role | None, history: epochs.EpochHistory | None) -> None:
-        """After a failed promotion: undo it and replicate again, as if it had not been asked.
-
-        The epoch it opened never had a term, so the history goes back to what it was (main
-        and backup file: a slave that hands a master an epoch no master held would be told to
-        truncate what it shares with that master). ``history`` is None when it could not be
-        read: the files are left as they are."""
-        if failed is not None:
-            try:
-                failed.stop()
-            except Exception as e:  # noqa: BLE001 - a half-started role: stop what can stop
-                log_event(log, "promotion_role_stop_failed", logging.ERROR, error=repr(e))
-        self.store.become_slave()
-        try:
-            if history is not None:
-                epochs.restore(self.cfg.store_root, history)
-        except OSError as e:
-            log_event(log, "epoch_restore_failed", logging.ERROR, error=repr(e))
-        try:
-            promotion.forget(self.cfg.store_root)  # written or not: no master term to resume
-        except OSError as e:
-            log_event(log, "promotion_record_not_removed", logging.ERROR, error=repr(e))
-        if self._ha_port_hold is None:
-            try:
-                self._ha_port_hold = PortHold(self.cfg.ha_bind_host, self.cfg.ha_port)
-            except OSError as e:
-                log_event(log, "ha_port_hold_failed", logging.WARNING, error=str(e))
-        role = self.role_factory("SLAVE", self)
-        role.start()
-        self.role = role
-        log_event(log, "broker_slave_resumed", master=self.cfg.haMasterAddress)
-
-    def _release_ha_port(self) -> None:
-        if self._ha_port_hold is not None:
-            self._ha_port_hold.release()
-            self._ha_port_hold = None
+    @property
+    def role(self) -> Role | None:
+        """The running role (None while starting)."""
+        return self.roles.role
 
     def serve_forever(self) -> int:
         """Start, wait for SIGTERM/SIGINT, shut down cleanly; a second signal exits at once.
@@ -465,10 +407,8 @@ class Broker:
                 or role.name != "SLAVE"):
             self._orphan_since = None
             return
-        client = getattr(role, "ha_client", None)
-        status = client.status() if client is not None and hasattr(client, "status") else {}
         now = time.monotonic()
-        if status.get("haState") == "TRANSFER":
+        if role.replicating():
             self._orphan_since = None
             return
         if self._orphan_since is None:
@@ -479,17 +419,13 @@ class Broker:
         if found is None:
             return
         epoch, address, ha_address = found
-        with self._role_lock:
+        with self.roles.lock:
             if self.role is not role:
                 return  # promoted (or re-pointed) meanwhile
             log_event(log, "broker_follows_promoted_master", master=address, ha=ha_address,
                       master_epoch=epoch, own_epoch=self.epoch(),
-                      previous=self.cfg.haMasterAddress)
-            role.stop()
-            self.cfg.haMasterAddress = ha_address
-            new_role = self.role_factory("SLAVE", self)
-            new_role.start()
-            self.role = new_role
+                      previous=self.roles.state.master_ha_address)
+            self.roles.follow(ha_address)
             self._orphan_since = None
 
     def _newer_group_master(self) -> tuple[int, str, str] | None:
@@ -520,7 +456,7 @@ class Broker:
                 if (doc.get("role") in MASTER_ROLES and isinstance(epoch, int) and epoch > own
                         and doc.get("haAddress") and (best is None or epoch > best[0])):
                     best = (epoch, address, str(doc["haAddress"]))
-        if best is None or best[2] == self.cfg.haMasterAddress:
+        if best is None or best[2] == self.roles.state.master_ha_address:
             return None
         return best
 
@@ -555,7 +491,7 @@ class Broker:
         max_phy = int(store.max_phy_offset)
         flushed = int(store.flushed_phy_offset)
         dispatched = int(store.dispatched_phy_offset)
-        broker_id = self.cfg.brokerId
+        broker_id = self.roles.state.broker_id
         if self.controller is not None and role is not None and role.name != "SLAVE" \
                 and self.controller.is_master():
             broker_id = 0  # RocketMQ's MASTER_ID: whoever the controller elected
@@ -584,7 +520,8 @@ class Broker:
             flushLagBytes=max(0, max_phy - flushed),
             reputLagBytes=max(0, max_phy - dispatched),
             topics=len(self.topics.topics()),
-            server=self.server.stats.figures(),
+            server={**self.server.stats.figures(),
+                    "clientRequests": self.server.client_requests.figures()},
             store=_plain(store.snapshot()),
             replication=dict(role_fields.get("replication", {})),
             refusedWrites=int(role_fields.get("refusedWrites", 0)),
@@ -592,6 +529,7 @@ class Broker:
             haMasterAddress=str(role_fields.get("haMasterAddress", "")),
             configSync=dict(role_fields.get("configSync", {})),
             consumerGroups=self.consumer_groups.groups(),
+            producerGroups=self.producer_groups.groups(),
             deadLetters=dead_letters(store),
             controller=controller,
             fencedWrites=int(role_fields.get("fencedWrites", 0)),
@@ -698,63 +636,40 @@ class Broker:
     def _promote(self, req: Request, target: str) -> Response:
         if self.controller is not None:
             return self._switchover(req)
-        with self._role_lock:
+        with self.roles.lock:
             return self._promote_locked(req, target)
 
     def _promote_locked(self, req: Request, target: str) -> Response:
         current = self.role
         if current is not None and current.name != "SLAVE":
             return reply(req, fields=self.status(), remark=f"already {current.name}")
-        if current is not None:
-            current.stop()  # before reading the history: replication may still have saved to it
-        # Close the replication fence (under the put lock, so after any append in progress)
-        # before the epoch is written: an HA client whose stop timed out (a thread stalled on
-        # the disk) can then write nothing more, neither log bytes nor the epoch file.
-        self.store.fence_replication()
-        if current is not None and not getattr(current, "replication_stopped", True):
-            log_event(log, "promotion_with_stuck_replication", logging.ERROR,
-                      action="fenced: its late writes are refused")
-        history_before: epochs.EpochHistory | None = None
-        new_role: Role | None = None
-        try:
-            self.cfg.store_root.mkdir(parents=True, exist_ok=True)
-            history_before = epochs.load(self.cfg.store_root)
-            self._become_master_store()
-            max_phy = int(self.store.max_phy_offset)
-            history = epochs.truncate_beyond(history_before, max_phy)
+        root = self.cfg.store_root
+        opened: list[int] = []
+
+        def open_term(history: epochs.EpochHistory, max_phy: int) -> epochs.EpochHistory:
             # numbered after every epoch this store has seen, also one learned from a master's
             # HELLO_REPLY before any of its bytes arrived (term.py's learned marker)
-            learned = term.learned_epoch(self.cfg.store_root) or 0
-            newest = max(epochs.last_epoch(history), learned)
-            history = epochs.append_epoch(
-                history, epochs.next_epoch(newest, self.cfg.brokerId), max_phy
-            )
-            epochs.save(self.cfg.store_root, history)
+            newest = max(epochs.last_epoch(history), term.learned_epoch(root) or 0)
+            opened.append(epochs.next_epoch(newest, self.roles.state.broker_id))
+            return epochs.append_epoch(history, opened[-1], max_phy)
+
+        def record_term(history: epochs.EpochHistory) -> None:
             # a restart from the unchanged YAML (brokerRole: SLAVE) comes back as this master
-            promotion.record(self.cfg.store_root, target, epochs.last_epoch(history),
-                             *self._configured)
-            new_role = self.role_factory(target, self)
-            self._release_ha_port()  # the new master's HA service binds it now
-            new_role.start()
+            promotion.record(root, target, epochs.last_epoch(history), *self._configured)
+
+        try:
+            self.roles.become_master(target, open_term, record_term)
         except Exception as e:  # noqa: BLE001 - any failure: back to a replicating slave
             log_event(log, "broker_promotion_failed", logging.ERROR, role=target, error=repr(e))
-            self._resume_slave(new_role, history_before)
             return reply(
                 req,
                 ResponseCode.SYSTEM_ERROR,
                 f"promotion to {target} failed, still a SLAVE replicating from "
-                f"{self.cfg.haMasterAddress}: {e}",
+                f"{self.roles.state.master_ha_address}: {e}",
                 self.status(),
             )
-        self.role = new_role
-        self.cfg.brokerRole = target
-        log_event(
-            log,
-            "broker_promoted",
-            role=target,
-            epoch=epochs.last_epoch(history),
-            maxPhyOffset=self.store.max_phy_offset,
-        )
+        log_event(log, "broker_promoted", role=target, epoch=opened[-1],
+                  maxPhyOffset=self.store.max_phy_offset)
         return reply(req, fields=self.status())
 
     # -- controller mode (common/broker/controller.py calls these on its thread) ----------------
@@ -785,14 +700,12 @@ class Broker:
             remark="stored, but this master's controller lease ran out before the answer: "
                    "the next master may not have it")
 
-    def local_record(self, incarnation: str) -> Any:
-        from common.ha.controller_core import MemberRecord
-
+    def local_record(self, incarnation: str) -> MemberRecord:
         role = self.role
         name = "STARTING" if role is None else ("SLAVE" if role.name == "SLAVE" else "MASTER")
         max_phy = int(self.store.max_phy_offset)
         return MemberRecord(
-            member_id=self.cfg.brokerId, address=self.cfg.client_address,
+            member_id=self.roles.state.broker_id, address=self.cfg.client_address,
             ha_address=f"{self.cfg.brokerIP1}:{self.cfg.ha_port}", role=name,
             last_epoch=max(0, self.epoch()), max_offset=max_phy,
             confirm_offset=min(max_phy, int(self.store.reput_end())),
@@ -847,90 +760,49 @@ class Broker:
         return layout
 
     def slave_acks(self) -> dict[int, int]:
-        getter = getattr(self.role, "slave_acks", None)
-        return getter() if callable(getter) else {}
+        role = self.role
+        return role.slave_acks() if role is not None else {}
 
-    def act_as_master(self, state: Any) -> None:
+    def act_as_master(self, state: GroupState) -> None:
         """The controller elected this broker (or handed it the group): open the term's epoch
         (the number ZooKeeper recorded) at this log's end and serve as the master. A master
-        role already running (re-elected after losing its session) is replaced."""
-        with self._role_lock:
-            current = self.role
-            if current is not None:
-                current.stop()  # a slave's replication ends before the epoch is written
-            # as a manual promotion does: an HA client whose stop timed out writes nothing
-            # after this (neither log bytes nor the epoch file)
-            self.store.fence_replication()
-            if current is not None and not getattr(current, "replication_stopped", True):
-                log_event(log, "promotion_with_stuck_replication", logging.ERROR,
-                          action="fenced: its late writes are refused")
-            self._become_master_store()
-            max_phy = int(self.store.max_phy_offset)
-            history = epochs.truncate_beyond(epochs.load(self.cfg.store_root), max_phy)
-            history = epochs.append_epoch(history, state.master_epoch, max_phy)
-            epochs.save(self.cfg.store_root, history)
-            role = self.role_factory(self.cfg.brokerRole, self)
-            self._release_ha_port()  # the HA service binds it now
-            try:
-                role.start()
-            except BaseException:
-                self._hold_ha_port()
-                raise
-            self.role = role
+        role already running (re-elected after losing its session) is replaced. Raises when
+        it cannot serve (the role manager has made it a slave again)."""
+        with self.roles.lock:
+            role = self.roles.become_master(
+                self.cfg.brokerRole,
+                lambda history, end: epochs.append_epoch(history, state.master_epoch, end))
             self._standby_reason = ""
             log_event(log, "broker_elected_master", role=role.name, epoch=state.master_epoch,
-                      maxPhyOffset=max_phy)
+                      maxPhyOffset=self.store.max_phy_offset)
 
-    def act_as_slave(self, state: Any) -> None:
+    def act_as_slave(self, state: GroupState) -> None:
         """Follow the master the controller names: re-point replication at run time (a demoted
         master stops its HA service first; the handshake truncates what only it held)."""
-        with self._role_lock:
+        with self.roles.lock:
             current = self.role
             ha_address = state.master_ha_address
             if (current is not None and current.name == "SLAVE"
-                    and self.cfg.haMasterAddress == ha_address):
-                self._require_epoch(current, state.master_epoch)
+                    and self.roles.state.master_ha_address == ha_address):
+                current.require_epoch(state.master_epoch)
                 return
-            was_master = current is not None and current.name != "SLAVE"
-            if current is not None:
-                current.stop()
-            if was_master:
-                self.store.become_slave()
-            self.cfg.haMasterAddress = ha_address
-            self._hold_ha_port()
-            role = self.role_factory("SLAVE", self)
-            self._require_epoch(role, state.master_epoch)
-            role.start()
-            self.role = role
+            was_master = self.roles.state.is_master
+            self.roles.follow(ha_address, epoch=state.master_epoch)
             self._standby_reason = ""
             log_event(log, "broker_follows", master=state.master_address, ha=ha_address,
                       epoch=state.master_epoch, demoted=was_master)
 
-    def _become_master_store(self) -> None:
-        """The store takes writes again (queue offsets continued past everything it holds)
-        and every queue it holds is a topic this master routes: a topic created within the
-        last config-sync interval before the old master died exists only in the replicated
-        log, and must be neither missing nor shorter here."""
-        self.store.become_master()
+    def _route_stored_topics(self) -> None:
+        """Once the store is a master's (the role manager calls it): every queue it holds is
+        a topic this master routes. A topic created within the last config-sync interval
+        before the old master died exists only in the replicated log, and must be neither
+        missing nor shorter here."""
         self.topics.merge_seen(self.store.topic_queues())
 
     def stand_by(self, reason: str) -> None:
         """No master can be elected now: writes are refused (a master role stays, fenced, so
         its reads go on), and the reason shows in status."""
         self._standby_reason = reason
-
-    def _require_epoch(self, role: Any, epoch: int) -> None:
-        client = getattr(role, "ha_client", None)
-        require = getattr(client, "require_epoch", None)
-        if callable(require):
-            require(epoch)
-
-    def _hold_ha_port(self) -> None:
-        if self._ha_port_hold is None:
-            try:
-                self._ha_port_hold = PortHold(self.cfg.ha_bind_host, self.cfg.ha_port)
-            except OSError as e:
-                log_event(log, "ha_port_hold_failed", logging.WARNING, error=str(e))
 
     def clear_election_fault(self) -> str:
         """CLEAR_ELECTION_FAULT: this broker failed to take over as master (its store could
@@ -944,6 +816,7 @@ class Broker:
         """PROMOTE in controller mode: a planned handover to this broker, carried out by the
         master (writes pause until this broker holds everything, then a new epoch)."""
         controller = self.controller
+        assert controller is not None  # _promote sends only a controller's PROMOTE here
         role = self.role
         if role is not None and role.name != "SLAVE":
             return reply(req, fields=self.status(), remark=f"already {role.name}")

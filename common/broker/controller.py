@@ -73,6 +73,8 @@ class ControlledBroker(Protocol):
 
     def stand_by(self, reason: str) -> None: ...  # no master: refuse writes, keep serving reads
 
+    def slave_acks(self) -> dict[int, int]: ...  # a master: slave id -> acked offset ({} else)
+
 
 @dataclasses.dataclass
 class ControllerStats:
@@ -1015,11 +1017,7 @@ class Controller:
             self._switchover_wait = None
 
     def _target_ack(self, target: int) -> int | None:
-        acks = getattr(self.broker, "slave_acks", None)
-        if not callable(acks):
-            return None
-        value: int | None = acks().get(target)
-        return value
+        return self.broker.slave_acks().get(target)
 
     def _commit_switchover(self, new: GroupState, switchover_version: int) -> bool:
         """``state`` compare-and-set and the ask's removal in one transaction; every result is

@@ -67,11 +67,14 @@ class Mailbox:
             arrivals, self._arrivals = self._arrivals, {}
         return items, arrivals
 
-    def close(self) -> None:
+    def close(self) -> list[Any]:
+        """No more items are taken; returns those nobody took (for their owners to fail)."""
         with self._lock:
             self._closed = True
+            left = list(self._items)
             self._items.clear()
             self._arrivals.clear()
         os.close(self._r)
         os.close(self._w)
+        return left
 

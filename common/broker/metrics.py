@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -40,6 +40,7 @@ from common.core.message import DLQ_PREFIX
 if TYPE_CHECKING:
     from common.broker.broker import BrokerStatus
     from common.broker.security import Security
+    from common.store.api import ReadStore
 
 
 # Status figures that only grow (counted since the broker started): exported as counters.
@@ -92,7 +93,7 @@ class ConsumerLagCollector:
     the group is caught up). Read from this broker's ConsumeQueues and offset table.
     """
 
-    def __init__(self, offsets: ConsumerOffsetTable, store: Any,
+    def __init__(self, offsets: ConsumerOffsetTable, store: ReadStore,
                  groups: Callable[[], dict[str, int]] = dict,
                  now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000):
         self._offsets = offsets
@@ -168,7 +169,7 @@ class SecurityCollector:
         return []
 
 
-def dead_letters(store: Any) -> dict[str, int]:
+def dead_letters(store: ReadStore) -> dict[str, int]:
     """group -> messages held in its dead-letter topic ``%DLQ%<group>`` (as retention left them)."""
     out = {}
     for topic, nums in store.topic_queues().items():
@@ -179,7 +180,7 @@ def dead_letters(store: Any) -> dict[str, int]:
     return out
 
 
-def group_lag(store: Any, topic: str, queues: dict[int, int]) -> tuple[int, int | None]:
+def group_lag(store: ReadStore, topic: str, queues: dict[int, int]) -> tuple[int, int | None]:
     """(messages behind, store time of the oldest of them or None) over ``queues``
     (queue id -> committed offset; -1 or an offset below the queue's min counts from its min)."""
     behind, oldest = 0, None

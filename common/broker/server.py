@@ -78,6 +78,7 @@ from typing import Any
 
 import zmq
 
+from common.broker.client_requests import Ask, ClientRequests
 from common.broker.long_polling import LongPoll, LongPolls
 from common.broker.loop import LoopParticipant, Participants
 from common.broker.mailbox import Mailbox
@@ -92,6 +93,7 @@ from common.core.message import is_system_topic
 from common.format.acl import Account, Denial, rule_for
 from common.format.protocol import (
     SPECS,
+    TO_BROKER,
     WRITE,
     Limits,
     ProtocolError,
@@ -101,6 +103,7 @@ from common.format.protocol import (
     decode_request,
     encode_response,
     error_response,
+    is_response,
 )
 from common.format.zmq_frames import NOBLOCK, peer_address, readable, send_frames
 
@@ -121,6 +124,8 @@ _ACKED_WRITES = frozenset(c for c, s in SPECS.items() if s.acked)
 _ALWAYS_SERVED = frozenset(c for c, s in SPECS.items() if s.always_served)
 _NAMES_TOPIC = frozenset(c for c, s in SPECS.items() if s.names_topic)
 _WRITES = frozenset(c for c, s in SPECS.items() if s.kind == WRITE)
+_PEER = frozenset(c for c, s in SPECS.items() if s.kind == WRITE or s.peer)
+_CLIENT_SERVED = frozenset(c for c, s in SPECS.items() if s.served_by != TO_BROKER)
 
 
 # ---- completions held by the loop -------------------------------------------------------------
@@ -177,6 +182,8 @@ class RequestServer:
         self._waits_due = float("inf")  # monotonic time of the owners' earliest deadline
         self._due_owners: list[LoopWaits] = []  # woken on the I/O thread: poll this pass
         self._participants = Participants(self._mailbox.post)  # common/broker/loop.py
+        # requests this broker sends to clients on their connections (client_requests.py)
+        self.client_requests = ClientRequests(self._mailbox.post, self.limits.for_responses())
         self._io_ident = 0
         self._ctx = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[bytes] | None = None
@@ -290,13 +297,15 @@ class RequestServer:
         finally:
             self._draining.set()  # nothing new is taken: the thread is gone
             self._participants.end()
+            self.client_requests.closed = True
             if self._handshakes is not None:
                 self._handshakes.close()
             sock.close(linger=CLOSE_LINGER_MS)
             if auth is not None:
                 auth.stop()
             self._ctx.term()
-            self._mailbox.close()
+            self.client_requests.fail_all("the broker's request server stopped",
+                                          self._mailbox.close())
             log_event(log, "server_stopped", inflight=self.stats.inflight)
         if self.failure and self.on_fatal is not None:
             self.on_fatal(self.failure)
@@ -332,6 +341,7 @@ class RequestServer:
                 participants.on_timers(now)
             for poll in self._polls.expire(now):
                 self._finish_poll(sock, poll)
+            self.client_requests.expire(now)
             self._poll_due(sock)
             if self._lease_held:
                 self._release_lease_held(sock, now)
@@ -353,9 +363,7 @@ class RequestServer:
         to the slaves, whose acks the SYNC puts wait for), then reput, here, so puts need no
         cross-thread wake-up."""
         self._participants.after_burst()
-        dispatch = getattr(self.services.store, "dispatch_inline", None)
-        if dispatch is not None:
-            dispatch()
+        self.services.store.dispatch_inline()
 
     def _poll_due(self, sock: zmq.Socket[bytes]) -> None:
         while self._due_owners:
@@ -376,6 +384,9 @@ class RequestServer:
             timeout = max(0, min(timeout, int((poll_due - now) * 1000) + 1))
         if self._lease_held:
             timeout = min(timeout, LEASE_RECHECK_MS)
+        ask_due = self.client_requests.next_deadline()
+        if ask_due is not None:
+            timeout = max(0, min(timeout, int((ask_due - now) * 1000) + 1))
         self._waits_due = float("inf")
         for owner in self._waits:
             wait_ms = owner.timeout_ms()
@@ -442,6 +453,10 @@ class RequestServer:
                 self._refuse(sock, identity, _opaque_of(frames, self.limits), user, head, found)
                 return
             account = found
+        if is_response(frames):  # a client answers what this broker asked it
+            self.stats.requests -= 1
+            self.client_requests.answer(identity, frames)
+            return
         try:
             req = decode_request(frames, self.limits)
         except ProtocolError as e:
@@ -453,6 +468,12 @@ class RequestServer:
                     return
             self.stats.bad_requests += 1
             self._send(sock, identity, error_response(e))
+            return
+        if req.code in _CLIENT_SERVED:
+            self.stats.bad_requests += 1
+            self._send(sock, identity, encode_response(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, req.opaque,
+                f"{req.code.name} is a request the broker sends to clients"))
             return
         caller = None
         if secure and account is not None and head is not None:
@@ -486,7 +507,7 @@ class RequestServer:
                 started,
             )
             return
-        if req.code in _WRITES and head is not None:
+        if req.code in _PEER and head is not None:
             req = req._replace(born_host=self._born_host(identity, head))
         self._dispatch(sock, identity, req, started, caller)
 
@@ -501,7 +522,7 @@ class RequestServer:
     def _dispatch(self, sock: zmq.Socket[bytes], identity: bytes, req: Request, started: float,
                   caller: Caller | None = None) -> None:
         ctx = Context(self.services, caller, identity, started, self._park,
-                      self._audited(caller), self._draining.is_set())
+                      self._audited(caller), self.client_requests.ask, self._draining.is_set())
         try:
             outcome = PROCESSORS[req.code](ctx, req)
         except ProtocolError as e:
@@ -663,6 +684,9 @@ class RequestServer:
                 self._complete(sock, item)
             elif isinstance(item, _Wake):
                 self._poll_waits(sock, item.owner)
+            elif isinstance(item, Ask):
+                self.client_requests.start(item, lambda who, frames: self._send(sock, who, frames),
+                                           time.monotonic())
             elif self._participants.handle(item):
                 pass
             elif item[0] == "drain":

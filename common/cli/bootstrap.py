@@ -6,37 +6,43 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from common.cli.output import EXIT_FAILED, EXIT_OK, err
 from common.core.config import load_config
 from common.core.errors import StoreError
 from common.ha import promotion
 
+if TYPE_CHECKING:
+    from common.broker.broker import Broker
+    from common.broker.role_manager import Role, RoleState
+
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-def make_role(role_name: str, broker: Any) -> Any:
-    """Build the role object for ``role_name`` (the broker hands itself in)."""
-    if role_name == "SLAVE":
+def make_role(state: RoleState, broker: Broker) -> Role:
+    """Build the role object for ``state`` (the broker hands itself in); the role runs with
+    ``state.view(cfg)``: the loaded configuration with the running role's name, id and master."""
+    cfg = state.view(broker.cfg)
+    if not state.is_master:
         from slave.config_sync import ConfigSync
         from slave.ha_client import build_slave_replication
         from slave.role import SlaveRole
 
         keys = broker.security.peer_keys()  # None unless aclEnable
-        ha_client = build_slave_replication(broker.cfg, broker.store, curve=keys)
-        sync = ConfigSync(broker.cfg.slaveConfigSyncIntervalMs, ha_client.master_address,
+        ha_client = build_slave_replication(cfg, broker.store, curve=keys)
+        sync = ConfigSync(cfg.slaveConfigSyncIntervalMs, ha_client.master_address,
                           broker.apply_master_document, curve=keys)
-        return SlaveRole(broker.cfg, ha_client=ha_client, config_sync=sync)
+        return SlaveRole(cfg, ha_client=ha_client, config_sync=sync)
     from master.ha_service import build_master_replication
     from master.role import MasterRole
 
     # the request server's I/O thread drives the HA socket itself (no thread hand-off per put)
     service, waiter = build_master_replication(
-        broker.cfg, broker.store, role_name, host=broker.server, sync_state=broker.controller,
+        cfg, broker.store, state.name, host=broker.server, sync_state=broker.controller,
         security=broker.security,
     )
-    return MasterRole(broker.cfg, broker.store, broker.topics, role_name, waiter, service,
+    return MasterRole(cfg, broker.store, broker.topics, state.name, waiter, service,
                       write_gate=broker.write_refusal)
 
 

@@ -183,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _client(sub, "groups", "consumer groups: members, lag per topic, dead letters")
     p.add_argument("--group", help="only this group")
 
+    p = _client(sub, "producers", "a producer group's live producers (admin); "
+                "--running-info: each one's own figures, asked by the broker")
+    p.add_argument("--group", required=True, help="the producer group")
+    p.add_argument("--running-info", action="store_true",
+                   help="have each master ask every producer for its running figures")
+
     p = _client(sub, "acl", "the ACL a broker has in force (admin); --check FILE checks one")
     p.add_argument("--check", metavar="FILE", help="parse FILE here, as a broker would")
 
@@ -227,6 +233,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "offsets": consumers.cmd_offsets,
     "topics": admin.cmd_topics,
     "groups": admin.cmd_groups,
+    "producers": admin.cmd_producers,
     "consume": consumers.cmd_consume,
     "dlq": consumers.cmd_dlq,
     "status": admin.cmd_status,

@@ -259,6 +259,21 @@ class Admin(ClientBase):
             raise BrokerError(resp.code, resp.remark)
         return str(resp.fields.get("cleared", ""))
 
+    def producer_connections(self, group: str, address: str | None = None,
+                             running_info: bool = False) -> list[dict[str, Any]]:
+        """The live producers of ``group`` as the broker at ``address`` (default: the master)
+        knows them from their heartbeats: clientId, address, lastHeartbeatAgoMs; with
+        ``running_info``, each one's own figures as it answered the broker (``runningInfo``;
+        ``{"error": ...}`` for one that did not answer within 3 s)."""
+        target = address or self._cluster.master()
+        timeout = self.timeout_ms + (3000 if running_info else 0)
+        resp = self._cluster.request(target, RequestCode.GET_PRODUCER_CONNECTION_LIST,
+                                     {"group": group, "runningInfo": int(running_info)},
+                                     timeout_ms=timeout)
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        return [dict(p) for p in resp.fields.get("producers", [])]
+
     def log_checksum(self, address: str, from_offset: int, to_offset: int) -> str:
         """The checksum of the CommitLog bytes ``[from_offset, to_offset)`` as the broker at
         ``address`` holds them, computed by that broker (no file is read here): the sha256 hex

@@ -9,8 +9,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from common.client.accumulator import DEGRADED_CODES
 from common.client.results import NoMasterError
-from common.client.transport import DEGRADED_CODES, Transport
+from common.client.transport import Transport
 from common.core.config import split_addresses
 from common.core.errors import BrokerError, ResponseCode
 from common.format.protocol import (

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
+from common.client.accumulator import AsyncItem
 from common.client.base import ClientBase
 from common.client.cluster import (
     MAX_BACKOFF_S,
@@ -29,7 +30,7 @@ from common.client.results import (
 )
 from common.client.routes import one_group_of, queues_in, unknown_group
 from common.client.routing import MessageQueue, RouteTable, queue_for_key
-from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS, AsyncItem
+from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS
 from common.core.errors import BrokerError, ResponseCode, SendStatus
 from common.core.futures import LightFuture
 from common.core.keys import ClientKeys
@@ -104,6 +105,10 @@ class _Retries:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="replog-producer-retry", daemon=True)
         self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._heap)
 
     def add(self, due: float, item: AsyncItem, err: BrokerError) -> bool:
         """Retry ``item`` at ``due`` (monotonic); False once closed (then the caller fails it)."""
@@ -345,23 +350,23 @@ class Producer(ClientBase):
         item.fixed_broker = broker_name
         item.broker_name = broker_name or ""
         try:
-            self._transport.reserve(self.timeout_ms)
+            self._transport.batches.reserve(self.timeout_ms)
         except BrokerError as e:
             future.set_exception(e)
             return future
         if shard_key is not None:  # its order counts from now, the call's
             item.ordered = True
-            item.seq = self._transport.next_seq()
+            item.seq = self._transport.batches.next_seq()
             assert queue_id is not None  # the key's queue, picked above
             item.queue_id = queue_id  # its lane, also while no master is known (hold_out)
         try:
             self._route(item)
         except BrokerError as e:  # no master found: retried like a failed batch, if retriable
             if item.ordered:
-                self._transport.hold_out(item)  # what is sent after it waits for it
+                self._transport.batches.hold_out(item)  # what is sent after it waits for it
             self._on_item_error(item, e)
             return future
-        self._transport.requeue(item)
+        self._transport.batches.requeue(item)
         return future
 
     # -- internals ------------------------------------------------------------------------------
@@ -629,10 +634,10 @@ class Producer(ClientBase):
         """Retry thread: the item's backoff is over; find the master again and send it."""
         try:
             self._route(item)
-            self._transport.requeue(item)
+            self._transport.batches.requeue(item)
         except BrokerError as e:
             self._on_item_error(item, e)
 
     def _fail_item(self, item: AsyncItem, err: BrokerError) -> None:
         item.future.set_exception(err)
-        self._transport.release_one(item)
+        self._transport.batches.release_one(item)

@@ -15,15 +15,16 @@ that have ended are closed (at the next socket made, and by the I/O thread every
 the cap reached has its blocking call carried by the I/O thread instead (a Future waited on),
 so a pool's thread churn cannot leak descriptors.
 
-``send_async`` coalescing keeps one lane per (topic, queue, broker group): messages wait there
-and go out as SEND_BATCH requests, at most ``max_batches_in_flight`` per lane, each batch to
-the broker its first message was routed to. A lane carrying *ordered* messages (a ``shard_key``: every message
-of a key to one queue, in the order sent) has at most one batch in flight, and a batch of them
-that fails and is retried keeps its place: its ordered messages go back to the front of the
-lane (by their send sequence number) and the lane sends nothing else while any of them waits
-for its retry (``_QueueBatch.out``), as Kafka's producer keeps per-partition order with retries
-(max.in.flight 1, the retried batch re-enqueued first). A message whose retries run out is
-failed, and the lane goes on with the next. Keyless lanes keep ``max_batches_in_flight``.
+``send_async``'s coalescing into SEND_BATCH requests is the accumulator's
+(``common/client/accumulator.py``): this thread hands it what other threads queued, sends the
+batches it says are ready and tells it their outcomes.
+
+Requests from the broker: a broker may send a request on a connection this thread owns (a
+producer's, once its heartbeat told the broker who it is): a transaction check-back, a command.
+``serve(code, handler)`` registers what answers a code; the handler runs on the
+``replog-client-requests`` thread (never this one), and its answer goes back on the same
+connection with the request's opaque. A code nobody serves is answered
+REQUEST_CODE_NOT_SUPPORTED, as the broker answers one it does not know.
 """
 
 from __future__ import annotations
@@ -45,24 +46,23 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from common.client.results import (
-    ClientTimeoutError,
-    ConnectionLostError,
-    HandshakeError,
-    SendResult,
-    pack_bodies,
-    send_results,
-)
+from common.client.accumulator import Accumulator, Entry
+from common.client.results import ClientTimeoutError, ConnectionLostError, HandshakeError
 from common.core.errors import BrokerError, ResponseCode
 from common.core.futures import LightFuture
 from common.core.keys import ClientKeys
 from common.format.protocol import (
     Limits,
     ProtocolError,
+    Request,
     RequestCode,
     Response,
+    decode_request,
     decode_response,
     encode_request,
+    encode_response,
+    error_response,
+    is_request,
 )
 from common.format.zmq_frames import POLLIN, POLLOUT, readable, send_frames
 
@@ -79,8 +79,6 @@ MAX_DIRECT_SOCKETS = 64  # blocking-call sockets at once; more threads go throug
 REAP_INTERVAL_S = 1.0  # the I/O thread closes the sockets of threads that ended this often
 IO_CALL_GRACE_S = 5.0  # a blocking call carried by the I/O thread: its own deadline, then this
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
-# Answers meaning "stored, but no slave confirmed it": a reason to ask the group again who leads.
-DEGRADED_CODES = frozenset({ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE})
 # With CURVE, a socket's monitor also reports failed handshakes (a refused key, a wrong server key)
 _HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
@@ -157,58 +155,24 @@ class _Call:
     on_done: Callable[[_Call], None] | None = None  # runs on the I/O thread
 
 
-@dataclasses.dataclass(eq=False, slots=True)
-class AsyncItem:
-    """One message waiting to be coalesced into a batch (its future is the caller's)."""
+@dataclasses.dataclass(frozen=True)
+class _Answer:
+    """The answer to a broker's request, to send on ``address``'s connection."""
 
     address: str
-    topic: str
-    queue_id: int
-    body: bytes
-    meta: list[Any] | None
-    future: concurrent.futures.Future[SendResult]
-    enqueued: float
-    fixed_queue: int | None = None  # the queue the caller asked for, if any
-    attempt: int = 0
-    on_error: Callable[[AsyncItem, BrokerError], None] | None = None  # runs on the I/O thread
-    give_up: float = 0.0  # monotonic: when waiting for a master (NoMasterError) ends
-    ordered: bool = False  # keep its order in its queue through retries (a shard_key)
-    seq: int = 0  # send order of an ordered message (Transport.next_seq), from send_async
-    counted: bool = False  # I/O thread: counted in its lane's ``ordered`` until settled
-    broker_name: str = ""  # the broker group of its queue (one of several; "" for one group)
-    fixed_broker: str | None = None  # the group the caller (or its key) chose, if any
+    frames: list[bytes]
 
 
-@dataclasses.dataclass(eq=False)
-class _QueueBatch:
-    """One (topic, queue) lane of ``send_async`` messages."""
-
-    items: collections.deque[AsyncItem] = dataclasses.field(default_factory=collections.deque)
-    in_flight: int = 0
-    ordered: int = 0  # ordered messages queued, in flight or out, not settled yet
-    out: set[int] = dataclasses.field(default_factory=set)  # seqs of ordered ones being retried
-    last_seq: int = 0  # the highest seq of an ordered message ever queued here
-
-    def limit(self, max_batches: int) -> int:
-        """Batches allowed in flight now: none while an ordered message waits for its retry,
-        one while the lane carries ordered messages."""
-        if self.out:
-            return 0
-        return 1 if self.ordered else max_batches
+# a broker's request -> the answer (its opaque is set by the transport), or None: no answer
+RequestHandler = Callable[[str, Request], Response | None]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Out:
-    """An ordered message that could not be routed yet: its lane waits for it."""
-
-    item: AsyncItem
-
-
-@dataclasses.dataclass(frozen=True)
-class _Settled:
-    """An ordered message failed for good outside the I/O thread: its lane goes on."""
-
-    item: AsyncItem
+def _outcome(future: concurrent.futures.Future[Response]) -> Response | BrokerError:
+    """A settled call's Response, or the BrokerError it failed with."""
+    try:
+        return future.result()
+    except BrokerError as e:
+        return e
 
 
 def new_dealer(
@@ -268,7 +232,6 @@ class Transport:
     ):
         self._curve = curve
         self._monitor_events = _CURVE_EVENTS if curve is not None else zmq.EVENT_DISCONNECTED
-        self._batch_timeout_ms = batch_timeout_ms
         self._spin_s = max(0, spin_us) / 1e6
         self._rtt_s = 0.0  # moving average of call_sync round trips
         self._spin_skip = 0  # calls left that block at once (after a spin that missed)
@@ -279,24 +242,18 @@ class Transport:
         self._addresses: dict[zmq.Socket[bytes], str] = {}
         self._monitors: dict[zmq.Socket[bytes], str] = {}  # DISCONNECTED events per socket
         self._backlog: dict[str, collections.deque[_Call]] = {}
-        self._inbox: collections.deque[_Call | AsyncItem | _Out | _Settled] = collections.deque()
+        self._inbox: collections.deque[_Call | _Answer | Entry] = collections.deque()
         self._wakeup = _Wakeup()
         self._pending: dict[int, _Call] = {}
         self._deadlines: list[tuple[float, int]] = []
         self._opaques = itertools.count(1)
-        # (topic, queue, group) -> its lane
-        self._batches: dict[tuple[str, int, str], _QueueBatch] = {}
-        self._ready: set[tuple[str, int, str]] = set()
-        self._seqs = itertools.count(1)  # send order of ordered messages (atomic under the GIL)
-        self._batch_size = batch_size
-        self._batch_bytes = batch_bytes
-        self._linger_s = linger_ms / 1000.0
-        self._max_batches = max_batches_in_flight
-        self._max_pending = max_in_flight
-        self._pending_items = 0
-        self._pending_lock = threading.Lock()
-        self._pending_freed = threading.Condition(self._pending_lock)
         self._stop = threading.Event()
+        # send_async's lanes (common/client/accumulator.py): driven by this transport's thread
+        self.batches = Accumulator(self, batch_size, batch_bytes, linger_ms,
+                                   max_batches_in_flight, max_in_flight, batch_timeout_ms)
+        # requests from the broker: code -> what answers it, on a thread of its own
+        self._served: dict[RequestCode, RequestHandler] = {}
+        self._serving: concurrent.futures.ThreadPoolExecutor | None = None
         self.failure = ""  # why the I/O thread died ("" while it runs)
         self._local = threading.local()
         # blocking-call socket -> its thread (weakly: a thread that ended is not kept alive)
@@ -556,40 +513,70 @@ class Transport:
             monitor.close(linger=0)
         sock.close(linger=0)
 
-    def reserve(self, timeout_ms: int) -> None:
-        """Take a pending-message slot for a send_async (blocks while too many messages are
-        pending, at most ``timeout_ms``); ``requeue`` hands the message over, and the slot is
-        freed when its future is settled."""
-        with self._pending_lock:
-            if self._pending_items >= self._max_pending:
-                limit = time.monotonic() + timeout_ms / 1000.0
-                while self._pending_items >= self._max_pending:
-                    left = limit - time.monotonic()
-                    if left <= 0:
-                        raise BrokerError(
-                            ResponseCode.SYSTEM_BUSY, "client has too many sends pending", True
-                        )
-                    self._pending_freed.wait(left)
-            self._pending_items += 1
+    # -- the accumulator's network (common/client/accumulator.py) -----------------------------
+    def submit(self, entry: Entry) -> None:
+        """Any thread: hand ``entry`` to the accumulator on the I/O thread."""
+        self._submit(entry)
 
-    def requeue(self, item: AsyncItem) -> None:
-        """A message goes to the coalescing accumulator (its pending slot is held)."""
-        self._submit(item)
+    def start_request(self, address: str, code: RequestCode, fields: dict[str, Any],
+                      bodies: list[bytes], timeout_ms: int,
+                      done: Callable[[Response | BrokerError], None]) -> None:
+        """I/O thread: send a request now; ``done`` gets its outcome on this thread."""
+        fut: concurrent.futures.Future[Response] = LightFuture()
+        opaque = next(self._opaques)
+        call = _Call(address, encode_request(code, opaque, fields, bodies), fut, timeout_ms,
+                     opaque)
+        call.on_done = lambda c: done(_outcome(c.future))
+        self._start_call(call)
 
-    def next_seq(self) -> int:
-        """The send sequence number of an ordered message (taken in send order)."""
-        return next(self._seqs)
+    def closing(self) -> bool:
+        return self._stop.is_set() or bool(self.failure)
 
-    def hold_out(self, item: AsyncItem) -> None:
-        """An ordered message that could not be routed yet (no master): its lane sends
-        nothing sent after it until it comes back (``requeue``) or fails (``release_one``)."""
-        self._submit(_Out(item))
+    def degraded(self, address: str) -> None:
+        if self.on_degraded is not None:
+            self.on_degraded(address)
 
-    def _release_items(self, count: int) -> None:
-        with self._pending_lock:
-            self._pending_items -= count
-            if self._pending_items < self._max_pending:
-                self._pending_freed.notify_all()
+    # -- requests from the broker ---------------------------------------------------------------
+    def serve(self, code: RequestCode, handler: RequestHandler) -> None:
+        """Answer the broker's requests of ``code`` with ``handler(address, request)``: a
+        Response (its opaque is set here), or None for no answer. Any thread, any time."""
+        if self._serving is None:
+            self._serving = concurrent.futures.ThreadPoolExecutor(1, "replog-client-requests")
+        self._served[code] = handler
+
+    def _on_request(self, address: str, frames: list[bytes]) -> None:
+        """I/O thread: a request a broker sent on ``address``'s connection."""
+        try:
+            req = decode_request(frames, CLIENT_LIMITS)
+        except ProtocolError as e:
+            self._queue_answer(address, error_response(e))
+            return
+        handler = self._served.get(req.code)
+        if handler is None or self._serving is None:
+            self._queue_answer(address, encode_response(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, req.opaque,
+                f"this client serves no {req.code.name} requests"))
+            return
+        self._serving.submit(self._answer_request, handler, address, req)
+
+    def _answer_request(self, handler: RequestHandler, address: str, req: Request) -> None:
+        """The requests thread: run the handler, hand its answer to the I/O thread."""
+        try:
+            resp = handler(address, req)
+        except Exception as e:
+            log.exception("event=client_request_handler_failed code=%s", req.code.name)
+            resp = Response(ResponseCode.SYSTEM_ERROR, req.opaque, f"client error: {e!r}", {},
+                            [])
+        if resp is None:
+            return
+        try:
+            self._submit(_Answer(address, encode_response(
+                resp.code, req.opaque, resp.remark, resp.fields, resp.bodies)))
+        except BrokerError:
+            pass  # closed meanwhile: the broker's request times out
+
+    def _queue_answer(self, address: str, frames: list[bytes]) -> None:
+        self._inbox.append(_Answer(address, frames))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the I/O thread and close every socket (call once no thread uses the client)."""
@@ -611,7 +598,7 @@ class Transport:
                            f"the client's I/O thread died ({self.failure}); this client fails "
                            "every call from now on: close it and make a new one", False)
 
-    def _submit(self, entry: _Call | AsyncItem | _Out | _Settled) -> None:
+    def _submit(self, entry: _Call | _Answer | Entry) -> None:
         if self._stop.is_set():
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
         self._inbox.append(entry)
@@ -654,7 +641,7 @@ class Transport:
                 if mask & POLLOUT:
                     self._flush_backlog(self._addresses[sock])
         now = time.monotonic()
-        self._send_ready_batches(now)
+        self.batches.send_ready(now)
         self._expire(now)
         if now >= self._next_reap:
             self._next_reap = now + REAP_INTERVAL_S
@@ -664,71 +651,19 @@ class Transport:
 
     def _poll_timeout_ms(self) -> int:
         deadline = self._deadlines[0][0] if self._deadlines else time.monotonic() + 1.0
-        if self._linger_s > 0:
-            for key in self._ready:
-                batch = self._batches[key]
-                if batch.items and batch.in_flight < batch.limit(self._max_batches):
-                    deadline = min(deadline, batch.items[0].enqueued + self._linger_s)
+        deadline = self.batches.next_due(deadline)
         return max(0, min(1000, int((deadline - time.monotonic()) * 1000) + 1))
-
-    def _lane(self, item: AsyncItem) -> tuple[tuple[str, int, str], _QueueBatch]:
-        key = (item.topic, item.queue_id, item.broker_name)
-        batch = self._batches.get(key)
-        if batch is None:
-            batch = self._batches[key] = _QueueBatch()
-        return key, batch
 
     def _drain_inbox(self) -> None:
         while self._inbox:
             entry = self._inbox.popleft()
             if isinstance(entry, _Call):
                 self._start_call(entry)
-            elif isinstance(entry, AsyncItem):
-                key, batch = self._lane(entry)
-                if entry.ordered:
-                    self._enqueue_ordered(batch, entry)
-                else:
-                    batch.items.append(entry)
-                self._ready.add(key)
-            elif isinstance(entry, _Out):
-                _, batch = self._lane(entry.item)
-                self._count(batch, entry.item)
-                batch.out.add(entry.item.seq)
-            else:  # _Settled
-                key, batch = self._lane(entry.item)
-                self._settle(batch, entry.item)
-                self._ready.add(key)
-
-    def _count(self, batch: _QueueBatch, item: AsyncItem) -> None:
-        if not item.counted:
-            item.counted = True
-            batch.ordered += 1
-
-    def _settle(self, batch: _QueueBatch, item: AsyncItem) -> None:
-        """An ordered message is stored or failed for good: its lane stops waiting for it."""
-        batch.out.discard(item.seq)
-        if item.counted:
-            item.counted = False
-            batch.ordered -= 1
-
-    def _enqueue_ordered(self, batch: _QueueBatch, item: AsyncItem) -> None:
-        """Into its lane by send order: a retried message goes before what was sent after
-        it. The lane's queued messages follow it to the broker it was routed to now (the
-        master, found again after a failover)."""
-        self._count(batch, item)
-        batch.out.discard(item.seq)
-        items = batch.items
-        if item.seq > batch.last_seq:  # a new one: after everything queued
-            batch.last_seq = item.seq
-            items.append(item)
-        else:  # a retried one: before the first ordered message sent after it (keyless
-            # messages, seq 0, keep no place in the order)
-            at = next((i for i, queued in enumerate(items)
-                       if queued.ordered and queued.seq > item.seq), len(items))
-            items.insert(at, item)
-        if items[0].address != item.address or items[-1].address != item.address:
-            for queued in items:
-                queued.address = item.address
+            elif isinstance(entry, _Answer):
+                with contextlib.suppress(zmq.Again):  # no connection now: the broker's
+                    send_frames(self._socket(entry.address), entry.frames)  # request times out
+            else:
+                self.batches.add(entry)
 
     def _socket(self, address: str) -> zmq.Socket[bytes]:
         sock = self._sockets.get(address)
@@ -849,6 +784,9 @@ class Transport:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if is_request(frames):
+                self._on_request(self._addresses[sock], frames)
+                continue
             try:
                 resp = decode_response(frames, CLIENT_LIMITS)
             except ProtocolError:
@@ -884,12 +822,7 @@ class Transport:
                 self._finish(call, err)
             except Exception:  # the next one must still be failed
                 log.exception("event=client_call_fail_failed")
-        for batch in self._batches.values():
-            while batch.items:
-                item = batch.items.popleft()
-                if not item.future.done():
-                    item.future.set_exception(err)
-                self._release_items(1)
+        self.batches.fail_all(err)
 
     def _fail_inbox(self, err: BrokerError) -> None:
         """Fail what waits in the inbox (the I/O thread's end, or a submit after it)."""
@@ -898,96 +831,8 @@ class Transport:
                 entry = self._inbox.popleft()
             except IndexError:
                 return
-            if isinstance(entry, _Out | _Settled):
-                continue  # lane bookkeeping: no lane is served any more
             if isinstance(entry, _Call):
                 if not entry.future.done():
                     entry.future.set_exception(err)
-            else:
-                if not entry.future.done():
-                    entry.future.set_exception(err)
-                self._release_items(1)
-
-    # -- coalescing ---------------------------------------------------------------------------
-    def _send_ready_batches(self, now: float) -> None:
-        for key in list(self._ready):
-            batch = self._batches[key]
-            while batch.items and batch.in_flight < batch.limit(self._max_batches):
-                full = len(batch.items) >= self._batch_size
-                if not full and now - batch.items[0].enqueued < self._linger_s:
-                    break
-                self._send_batch(key, batch)
-            if not batch.items:
-                self._ready.discard(key)
-
-    def _send_batch(self, key: tuple[str, int, str], batch: _QueueBatch) -> None:
-        items: list[AsyncItem] = []
-        size = 0
-        address = batch.items[0].address  # one batch, one broker
-        while batch.items and len(items) < self._batch_size:
-            nxt = batch.items[0]
-            if items and (size + len(nxt.body) > self._batch_bytes or nxt.address != address):
-                break
-            items.append(batch.items.popleft())
-            size += len(nxt.body)
-        topic, queue_id, _ = key
-        fields: dict[str, Any] = {"topic": topic, "queueId": queue_id}
-        if any(i.meta is not None for i in items):
-            fields["meta"] = [i.meta for i in items]
-        code = RequestCode.SEND_BATCH
-        fut: concurrent.futures.Future[Response] = LightFuture()
-        opaque = next(self._opaques)
-        frames = encode_request(code, opaque, fields, pack_bodies(fields, [i.body for i in items]))
-        call = _Call(address, frames, fut, self._batch_timeout_ms, opaque)
-        call.on_done = lambda c: self._batch_done(key, batch, items, c)
-        batch.in_flight += 1
-        self._start_call(call)
-
-    def _batch_done(
-        self, key: tuple[str, int, str], batch: _QueueBatch, items: list[AsyncItem], call: _Call
-    ) -> None:
-        batch.in_flight -= 1
-        if batch.items:
-            self._ready.add(key)
-        try:
-            resp = call.future.result()
-            if resp.code in DEGRADED_CODES and self.on_degraded is not None:
-                self.on_degraded(call.address)
-            results = send_results(key[0], resp, key[2])
-            if len(results) != len(items):
-                raise BrokerError(
-                    ResponseCode.SYSTEM_ERROR,
-                    f"broker answered {len(results)} offsets for {len(items)} messages",
-                )
-        except BrokerError as e:
-            self._items_failed(batch, items, e)
-            return
-        self._release_items(len(items))
-        for item, result in zip(items, results, strict=True):
-            if item.ordered:
-                self._settle(batch, item)
-            item.future.set_result(result)
-
-    def _items_failed(self, batch: _QueueBatch, items: list[AsyncItem], err: BrokerError) -> None:
-        finished = 0
-        for item in items:
-            if item.on_error is None or self._stop.is_set() or self.failure:
-                if item.ordered:
-                    self._settle(batch, item)
-                item.future.set_exception(err)
-                finished += 1
-            else:
-                if item.ordered:  # its lane waits until it is back or failed for good
-                    batch.out.add(item.seq)
-                item.on_error(item, err)  # retries or fails it (and then calls release_one)
-        self._release_items(finished)
-
-    def release_one(self, item: AsyncItem | None = None) -> None:
-        """A message was failed outside the accumulator: free its slot and, when it is an
-        ordered one, let its lane go on."""
-        self._release_items(1)
-        if item is not None and item.ordered:
-            try:
-                self._submit(_Settled(item))
-            except BrokerError:
-                pass  # closed: no lane is served any more
+            elif not isinstance(entry, _Answer):
+                self.batches.fail(entry, err)

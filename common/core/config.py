@@ -33,9 +33,11 @@ DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 
 # differently (a default changed, a rolling upgrade) still replicate.
 HA_MAX_TRANSFER_BATCH = 1024 * 1024
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class BrokerConfig:
-    """Every key a broker understands, with RocketMQ's defaults."""
+    """Every key a broker understands, with RocketMQ's defaults. Frozen once loaded: what a
+    broker is now (a promoted slave, a master following another) is its role manager's state
+    (``common/broker/role_manager.py``), never an edit of its configuration."""
 
     # identity and role
     brokerClusterName: str = "DefaultCluster"

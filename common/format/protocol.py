@@ -89,6 +89,9 @@ class RequestCode(enum.IntEnum):
     SEARCH_OFFSET_BY_TIMESTAMP = 29  # first queue offset stored at or after a time
     GET_MAX_OFFSET = 30  # a queue's max offset (where the next message will go)
     GET_MIN_OFFSET = 31  # a queue's min offset (the oldest message still held)
+    GET_PRODUCER_CONNECTION_LIST = 204  # a producer group's live producers (admin)
+    GET_CLIENT_RUNNING_INFO = 307  # broker -> client: its running figures (RocketMQ's 307 asks
+    # a consumer; replog asks any client that heartbeats)
     TOPIC_ROUTE = 105  # RocketMQ GET_ROUTEINFO_BY_TOPIC: a topic's queue count
     CLUSTER_INFO = 106  # RocketMQ GET_BROKER_CLUSTER_INFO: every group, its brokers and topics
     QUERY_BY_OFFSET = 33
@@ -208,6 +211,7 @@ _BORN = Field("int", lo=0, hi=MAX_OFFSET, default=0)
 # ---- the request table: one row per code ------------------------------------------------------
 
 READ, WRITE = "read", "write"
+TO_BROKER, TO_CLIENT = "to_broker", "to_client"  # who serves a code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +241,10 @@ class RequestSpec:
     only; a slave refuses it), whether its SUCCESS promises a stored message (a controller-mode
     master checks its lease once more before that answer leaves), whether its ``topic`` names a
     client topic (a system topic is refused), whether it is served past the in-flight cap, and
-    how many body frames it carries."""
+    how many body frames it carries. ``peer``: its processor is told the connection's address
+    (``Request.born_host``; every write is). ``served_by`` TO_CLIENT: a request the broker
+    sends to a client on its connection (the client serves it; a broker refuses it from a
+    client)."""
 
     fields: Mapping[str, Field]
     permission: Permission
@@ -246,6 +253,8 @@ class RequestSpec:
     names_topic: bool = False
     always_served: bool = False
     bodies: tuple[int, int | None] = (0, 0)
+    peer: bool = False
+    served_by: str = TO_BROKER
 
 
 _PUB, _SUB, _EITHER = Permission(topic="PUB"), Permission(topic="SUB"), Permission(topic="PUB|SUB")
@@ -344,6 +353,11 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "sessionTimeoutMs": Field("int", lo=100, hi=3_600_000, default=10_000),
         "leave": Field("int", lo=0, hi=1, default=0),
     }, Permission(group=True)),
+    RequestCode.GET_PRODUCER_CONNECTION_LIST: RequestSpec({
+        "group": Field("group", required=True),
+        "runningInfo": Field("int", lo=0, hi=1, default=0),  # 1: ask each producer its figures
+    }, _ADMIN),
+    RequestCode.GET_CLIENT_RUNNING_INFO: RequestSpec({}, _ADMIN, served_by=TO_CLIENT),
 }
 assert set(SPECS) == set(RequestCode), "every request code has its row in SPECS"
 
@@ -357,6 +371,19 @@ META_ITEMS = ("tags", "keys", "properties", "flag", "sysFlag")
 
 
 # ---- encoding -------------------------------------------------------------------------------
+
+# A header is a msgpack fixarray: 4 elements for a request, 5 for a response. Both ends of a
+# connection may send requests (the broker asks a client), so each tells them apart by this.
+_REQUEST_MARK, _RESPONSE_MARK = 0x94, 0x95
+
+
+def is_request(frames: Sequence[bytes]) -> bool:
+    return bool(frames) and frames[0][:1] == bytes((_REQUEST_MARK,))
+
+
+def is_response(frames: Sequence[bytes]) -> bool:
+    return bool(frames) and frames[0][:1] == bytes((_RESPONSE_MARK,))
+
 
 
 def encode_request(

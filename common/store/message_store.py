@@ -170,6 +170,8 @@ class MessageStore:
             else repair_from_master
         self._start_master_services = not cfg.is_slave if start_master_services is None \
             else start_master_services
+        # a master's store (takes puts), until become_slave; the configured role at first
+        self.is_master = not cfg.is_slave
         self.root = cfg.store_root
         self.delay_levels_ms = parse_delay_levels(cfg.messageDelayLevel)
         self._lock_file = StoreLock(self.root)
@@ -364,6 +366,16 @@ class MessageStore:
         if before is not None and (confirm_phy_offset is None or confirm_phy_offset > before):
             self.reput.wake()
 
+    def bound_confirm_offset(self) -> int:
+        """Consumers see no more than the log holds now, until a caller raises the bound
+        (a master's HA service, as acks arrive); returns that end. Under the put lock: no
+        record appended meanwhile is visible before its acks."""
+        with self.commit_log.put_lock:
+            end = self.commit_log.max_offset
+            if self.confirm_phy_offset is None:
+                self.set_confirm_offset(end)
+        return end
+
     def confirmed(self, phy_offset: int) -> bool:
         """Whether the record at ``phy_offset`` may be shown to a client (look-ups by
         offset, msgId or key read the CommitLog itself, past the ConsumeQueues)."""
@@ -422,6 +434,7 @@ class MessageStore:
         self.reput.catch_up()
         with self.commit_log.put_lock:
             self._rebuild_queue_table()
+        self.is_master = True
         self.set_master_services(True)
 
     def on_dispatch_corruption(self, e: CorruptionError) -> None:
@@ -429,7 +442,7 @@ class MessageStore:
         master stops taking writes (a SEND_OK would promise a message no pull can return);
         a slave's writes are refused by its role already, and it cannot be promoted (its
         ``become_master`` dispatches first and meets the same record)."""
-        if self.cfg.is_slave or not self.commit_log.writeable:
+        if not self.is_master or not self.commit_log.writeable:
             return
         self.commit_log.not_writeable_reason = (
             f"the CommitLog is corrupt at offset {e.phy_offset} ({e.reason}): records after "
@@ -440,6 +453,7 @@ class MessageStore:
     def become_slave(self) -> None:
         """Stop what only a master runs (delay delivery); writes are refused by the role. In
         controller mode what is visible stays as it is until the master says more."""
+        self.is_master = False
         self.set_master_services(False)
         if self.cfg.enableControllerMode:
             self.confirm_phy_offset = self.dispatched_phy_offset

@@ -11,12 +11,13 @@ import pytest
 from common.broker.broker import Broker
 from common.cli.bootstrap import make_role
 from common.core.config import BrokerConfig, load_config
+from common.core.ports import free_port
 
 
 @pytest.fixture
 def make_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
-    """Brokers on ``test_request_server.FakeStore`` with the real roles (``make_role``)."""
-    from test_request_server import FakeStore, free_port
+    """Brokers on ``helpers.fake_store.FakeStore`` with the real roles (``make_role``)."""
+    from helpers.fake_store import FakeStore
 
     brokers: list[Broker] = []
 

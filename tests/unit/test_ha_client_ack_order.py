@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers.replica_store import MemoryReplicaStore
 
 from common.core.config import load_config
 from common.ha.epochs import EpochEntry
@@ -23,29 +24,24 @@ from slave.ha_client import HaClient
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
-class RecordingStore:
+class RecordingStore(MemoryReplicaStore):
     def __init__(self) -> None:
-        self.max_phy_offset = 0
+        super().__init__(generation=7)
         self.events: list[tuple[str, int]] = []
         self.client: HaClient | None = None
-
-    def set_confirm_offset(self, confirm_phy_offset: int | None) -> None:
-        pass  # its master holds nothing back (no controller)
-
-    def open_replication(self) -> int:
-        return 7
 
     @contextlib.contextmanager
     def replication_guard(self, generation: int | None) -> Iterator[None]:
         assert generation == 7
-        yield
+        with super().replication_guard(generation):
+            yield
 
     def append_replicated(self, phy_offset: int, data: bytes | memoryview,
                           generation: int | None = None) -> int:
         assert phy_offset == self.max_phy_offset and generation == 7
-        self.max_phy_offset += len(data)
-        self.events.append(("append", self.max_phy_offset))
-        return self.max_phy_offset
+        end = super().append_replicated(phy_offset, data, generation)
+        self.events.append(("append", end))
+        return end
 
     def dispatch_inline(self) -> int:
         assert self.client is not None

@@ -13,6 +13,8 @@ from common.format.protocol import (
     BODY_COUNTS,
     SCHEMAS,
     SPECS,
+    TO_BROKER,
+    TO_CLIENT,
     WRITE,
     WRITE_CODES,
     RequestCode,
@@ -22,7 +24,13 @@ pytestmark = pytest.mark.unit
 
 
 def test_every_code_has_one_row_and_one_processor() -> None:
-    assert set(SPECS) == set(RequestCode) == set(PROCESSORS) == set(acl.REQUEST_RULES)
+    """Every code has a row and an ACL rule; every code the broker serves has one processor,
+    and a code it sends to clients (served by them) has none."""
+    assert set(SPECS) == set(RequestCode) == set(acl.REQUEST_RULES)
+    assert set(PROCESSORS) == {c for c, s in SPECS.items() if s.served_by == TO_BROKER}
+    assert {c for c, s in SPECS.items() if s.served_by == TO_CLIENT} == {
+        RequestCode.GET_CLIENT_RUNNING_INFO}
+    assert server._CLIENT_SERVED == {RequestCode.GET_CLIENT_RUNNING_INFO}
 
 
 def test_the_server_the_codec_and_the_acl_read_the_rows() -> None:
@@ -35,6 +43,7 @@ def test_the_server_the_codec_and_the_acl_read_the_rows() -> None:
     assert RequestCode.PULL in server._NAMES_TOPIC and RequestCode.STATUS not in server._NAMES_TOPIC
     assert SCHEMAS[RequestCode.PULL] is SPECS[RequestCode.PULL].fields
     assert BODY_COUNTS[RequestCode.SEND] == (1, 1)
+    assert server._PEER == server._WRITES
     admin = acl.Account("a", "k", admin=True)
     app = acl.Account("b", "k", default_topic=acl.ANY, default_group=acl.SUB)
     for code, spec in SPECS.items():

@@ -26,197 +26,16 @@ from common.client import Admin, Consumer, NoMasterError, Producer
 from common.core import ports
 from common.core.errors import (
     BrokerError,
-    GetStatus,
     PullStatus,
-    PutStatus,
     ResponseCode,
     SendStatus,
 )
-from common.core.message import Message, encode_msg_id, encode_properties, host_bytes, tags_code
-from common.format import protocol, record
-from common.format.protocol import PROTOCOL_VERSION, RequestCode, decode_record, decode_response
+from common.format import protocol
+from common.format.protocol import PROTOCOL_VERSION, RequestCode, decode_response
 from common.ha import epochs as ep
 from common.ha import promotion
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
-
-
-class FakeStore:
-    """In-memory records; arrival notices come from a separate 'reput' thread like the real one."""
-
-    def __init__(self) -> None:
-        self.log: list[bytes] = []
-        self.phy = 0
-        self.queues: dict[tuple[str, int], list[int]] = {}
-        self.by_phy: dict[int, bytes] = {}
-        self.listeners: list[Callable[[str, int, int], None]] = []
-        self.append_listeners: list[Callable[[int], None]] = []
-        self.promotions = 0
-        self.demotions = 0
-        self.fenced = False
-        self.lock = threading.Lock()
-        self.started = self.stopped = False
-        self.min_phy_offset = 0
-        self.flushed_phy_offset = 0
-        self.dispatched_phy_offset = 0
-        self.store_id = "fake-store"
-
-    @property
-    def max_phy_offset(self) -> int:
-        return self.phy
-
-    def reput_end(self) -> int:
-        return self.phy  # no controller here: nothing is held back
-
-    def start(self) -> None:
-        self.started = True
-
-    def shutdown(self) -> None:
-        self.stopped = True
-
-    def topic_queues(self) -> dict[str, int]:
-        return {}
-
-    def snapshot(self) -> dict[str, int]:
-        return {"records": len(self.by_phy)}
-
-    def add_arrival_listener(self, cb: Callable[[str, int, int], None]) -> None:
-        self.listeners.append(cb)
-
-    def record_at(self, phy_offset: int) -> bytes | None:
-        return self.by_phy.get(phy_offset)
-
-    def become_master(self) -> None:
-        self.promotions += 1  # the real store rebuilds its queue offsets from its ConsumeQueues
-
-    def become_slave(self) -> None:
-        self.demotions += 1  # a failed promotion, or a start as a slave
-
-    def fence_replication(self) -> int:
-        self.fenced = True  # a promotion: no replicated write from now on
-        return 0
-
-    def open_replication(self) -> int:
-        self.fenced = False  # an HA client starts (nothing here replicates)
-        return 0
-
-    def add_append_listener(self, cb: Callable[[int], None]) -> None:
-        self.append_listeners.append(cb)  # the master's HA service registers; no slave here
-
-    def read_committed(self, phy_offset: int, max_bytes: int) -> bytes:
-        return b"".join(self.log)[phy_offset : phy_offset + max_bytes]
-
-    def _append(self, msg: Message, queue_id: int) -> tuple[int, int, int]:
-        entries = self.queues.setdefault((msg.topic, queue_id), [])
-        raw = record.encode(
-            msg.topic.encode(),
-            msg.body,
-            encode_properties(msg.all_properties()),
-            queue_id,
-            len(entries),
-            self.phy,
-            flag=msg.flag,
-            store_port=10911,
-        )
-        phy, qoff = self.phy, len(entries)
-        self.by_phy[phy] = bytes(raw)
-        self.log.append(bytes(raw))  # the CommitLog bytes, in order (what the HA service reads)
-        entries.append(phy)
-        self.phy += len(raw)
-        return phy, qoff, len(raw)
-
-    def put_batch_nowait(
-        self, topic: str, queue_id: int, msgs: list[Message | bytes], **_: Any
-    ) -> Any:
-        msgs = [m if isinstance(m, Message) else Message(topic, m) for m in msgs]
-        with self.lock:
-            placed = [self._append(m, queue_id) for m in msgs]
-        first_phy, first_q, _ = placed[0]
-        result = types.SimpleNamespace(
-            status=PutStatus.PUT_OK,
-            phy_offset=first_phy,
-            queue_id=queue_id,
-            queue_offset=first_q,
-            wrote_bytes=sum(p[2] for p in placed),
-            msg_ids=tuple(encode_msg_id(host_bytes("127.0.0.1"), 10911, p[0]) for p in placed),
-            record_offsets=tuple(p[0] for p in placed) if len(placed) > 1 else (),
-            store_ip=host_bytes("127.0.0.1"),
-            store_port=10911,
-        )
-        flushed: concurrent.futures.Future[PutStatus] = concurrent.futures.Future()
-        flushed.set_result(PutStatus.PUT_OK)
-        self.flushed_phy_offset = self.dispatched_phy_offset = self.phy
-        max_offset = len(self.queues[(topic, queue_id)])
-        for cb in self.listeners:  # like reput: from another thread
-            threading.Thread(target=cb, args=(topic, queue_id, max_offset)).start()
-        return types.SimpleNamespace(result=result, flushed=flushed)
-
-    def put_nowait(self, msg: Message, queue_id: int, **kw: Any) -> Any:
-        return self.put_batch_nowait(msg.topic, queue_id, [msg], **kw)
-
-    def max_queue_offset(self, topic: str, queue_id: int) -> int:
-        return len(self.queues.get((topic, queue_id), []))
-
-    def min_queue_offset(self, topic: str, queue_id: int) -> int:
-        return 0  # nothing is ever deleted here
-
-    def get_message(
-        self,
-        group: str,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_nums: int,
-        tags_codes: set[int] | None = None,
-        max_bytes: int = 0,
-        tags: frozenset[str] | None = None,  # not checked: a store that trusts the hash
-    ) -> Any:
-        entries = self.queues.get((topic, queue_id))
-        if entries is None:
-            return types.SimpleNamespace(
-                status=GetStatus.NO_MATCHED_LOGIC_QUEUE,
-                next_begin_offset=0,
-                min_offset=0,
-                max_offset=0,
-                records=[],
-            )
-        if offset >= len(entries):
-            status = (
-                GetStatus.OFFSET_OVERFLOW_ONE
-                if offset == len(entries)
-                else GetStatus.OFFSET_OVERFLOW_BADLY
-            )
-            return types.SimpleNamespace(
-                status=status,
-                next_begin_offset=len(entries),
-                min_offset=0,
-                max_offset=len(entries),
-                records=[],
-            )
-        chosen = entries[offset : offset + max_nums]
-        recs = [self.by_phy[p] for p in chosen]
-        if tags_codes is not None:
-            recs = [r for r in recs if tags_code(decode_record(r).tags) in tags_codes]
-        return types.SimpleNamespace(
-            status=GetStatus.FOUND if recs else GetStatus.NO_MATCHED_MESSAGE,
-            next_begin_offset=offset + len(chosen),
-            min_offset=0,
-            max_offset=len(entries),
-            records=recs,
-        )
-
-    def message_by_offset(self, phy: int) -> Any:
-        raw = self.by_phy.get(phy)
-        return decode_record(raw) if raw else None
-
-    def message_by_msg_id(self, msg_id: str) -> Any:
-        from common.core.message import decode_msg_id
-
-        return self.message_by_offset(decode_msg_id(msg_id)[2])
-
-    def query_by_key(self, topic: str, key: str, max_nums: int = 32, **_: Any) -> list[Any]:
-        found = [decode_record(r) for r in self.by_phy.values()]
-        return [m for m in found if m.topic == topic and key in m.key_list()][:max_nums]
 
 
 def free_port() -> int:
@@ -275,15 +94,15 @@ def test_send_async_coalesces_into_batches(make_broker: Callable[..., Broker]) -
     n = 2000
     most_in_flight = 0
     with Producer([addr(broker)]) as p:
-        transport = p._transport
-        send_batch = transport._send_batch
+        batches = p._transport.batches
+        send_batch = batches._send_batch
 
         def counting(key: Any, batch: Any) -> None:
             nonlocal most_in_flight
             send_batch(key, batch)
             most_in_flight = max(most_in_flight, batch.in_flight)
 
-        transport._send_batch = counting  # type: ignore[method-assign]
+        batches._send_batch = counting  # type: ignore[method-assign]
         p.send("co", b"warm", queue_id=0)
         before = broker.server.stats.requests
         futures = [p.send_async("co", f"m{i}".encode(), queue_id=i % 2) for i in range(n)]
@@ -410,7 +229,7 @@ def test_a_failed_promotion_leaves_a_replicating_slave(
             self.stopped = True
 
     failing = FailingMaster()
-    broker.role_factory = lambda name, b: real_factory(name, b) if name == "SLAVE" else failing
+    broker.role_factory = lambda state, b: real_factory(state, b) if state.name == "SLAVE" else failing
     with Admin([addr(broker)], retries=0) as a, pytest.raises(BrokerError) as e:
         a.promote(addr(broker), role="SYNC_MASTER")
     assert e.value.code == ResponseCode.SYSTEM_ERROR

@@ -14,7 +14,6 @@ The broker's own I/O thread ends the process with a non-zero status
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import errno
 import logging
 import threading
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers.replica_store import MemoryReplicaStore
 from test_loop_participants import FakeSlave, Probe, ha_service, in_sync, probes, wait_for
 from test_request_server import addr
 
@@ -206,30 +206,19 @@ def test_a_participant_thread_restarts_its_participant(probes: list[Probe]) -> N
 # ---- the slave's HA client thread --------------------------------------------------------------
 
 
-class FlakyStore:
+class FlakyStore(MemoryReplicaStore):
     """Appends in memory; the second append raises what no store should (a bug)."""
 
     def __init__(self) -> None:
-        self.max_phy_offset = 0
+        super().__init__()
         self.appends = 0
 
-    def set_confirm_offset(self, confirm_phy_offset: int | None) -> None:
-        pass  # its master holds nothing back (no controller)
-
-    def open_replication(self) -> int:
-        return 1
-
-    @contextlib.contextmanager
-    def replication_guard(self, generation: int | None) -> Iterator[None]:
-        yield
-
-    def append_replicated(self, phy_offset: int, data: Any, generation: int | None = None) -> int:
+    def append_replicated(self, phy_offset: int, data: bytes | memoryview,
+                          generation: int | None = None) -> int:
         self.appends += 1
         if self.appends == 2:
             raise RuntimeError("a bug in the store")
-        assert phy_offset == self.max_phy_offset
-        self.max_phy_offset += len(data)
-        return self.max_phy_offset
+        return super().append_replicated(phy_offset, data, generation)
 
 
 def test_a_dead_ha_client_thread_is_logged_and_restarted_from_its_store(

@@ -43,7 +43,7 @@ def test_the_store_serves_only_the_subscribed_tag(tmp_path: Path) -> None:
 
 
 def test_the_client_checks_the_tag_again(make_broker: Callable[..., Broker]) -> None:
-    broker = make_broker()  # on test_request_server.FakeStore, which filters by hash only
+    broker = make_broker()  # on helpers.fake_store.FakeStore, which filters by hash only
     address = f"127.0.0.1:{broker.cfg.listenPort}"
     with Producer([address]) as p:
         for tag in ("Aa", "BB", "Aa"):

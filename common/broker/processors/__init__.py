@@ -14,19 +14,25 @@ code of ``SPECS`` has one (checked at import).
 | query.py     | QUERY_BY_KEY, QUERY_BY_MSG_ID, QUERY_BY_OFFSET                         |
 | admin.py     | STATUS, CLUSTER_INFO, PROMOTE, CLEAR_ELECTION_FAULT, LOG_CHECKSUM,     |
 |              | GET_ALL_*, GET_BROKER_CLUSTER_ACL_INFO                                 |
+| producers.py | GET_PRODUCER_CONNECTION_LIST (live producers, their running info)      |
+
+A code the broker sends to clients (``served_by`` TO_CLIENT in its row) has no processor here:
+clients serve it (``Transport.serve``), and the request server refuses it from a client.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from common.broker.processors import admin, consume, produce, query
+from common.broker.processors import admin, consume, produce, producers, query
 from common.broker.processors.context import Context
 from common.broker.replies import Reply
-from common.format.protocol import SPECS, Request, RequestCode
+from common.format.protocol import SPECS, TO_BROKER, Request, RequestCode
 
 Processor = Callable[[Context, Request], "Reply | None"]
 
 PROCESSORS: dict[RequestCode, Processor] = {
-    **produce.HANDLERS, **consume.HANDLERS, **query.HANDLERS, **admin.HANDLERS}
-assert set(PROCESSORS) == set(SPECS), "every request code of SPECS has one processor"
+    **produce.HANDLERS, **consume.HANDLERS, **query.HANDLERS, **admin.HANDLERS,
+    **producers.HANDLERS}
+assert set(PROCESSORS) == {c for c, s in SPECS.items() if s.served_by == TO_BROKER}, \
+    "every request code the broker serves has one processor, and no other code has one"

@@ -10,17 +10,27 @@ end (gRPC) can build its own and call the same processors. ``Reply``: a ``Respon
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from common.broker.consumer_groups import ConsumerGroups
+from common.broker.producer_groups import ProducerGroups
 from common.broker.replies import Reply
 from common.format.acl import Account, Denial
 from common.format.protocol import Request, RequestCode, Response
 
 if TYPE_CHECKING:
     from common.broker.long_polling import LongPoll
+    from common.core.config import BrokerConfig
+    from common.store.api import Store
+
+
+class AskClient(Protocol):
+    def __call__(self, identity: bytes, code: RequestCode,
+                 fields: Mapping[str, Any] | None = ..., bodies: Sequence[bytes] = ...,
+                 timeout_ms: int = ...) -> concurrent.futures.Future[Response]: ...
 
 
 class Caller(NamedTuple):
@@ -47,9 +57,10 @@ class Writer(Protocol):
 class Services(Protocol):
     """The broker as the processors see it (implemented by ``common.broker.broker.Broker``)."""
 
-    cfg: Any
-    store: Any
+    cfg: BrokerConfig
+    store: Store
     consumer_groups: ConsumerGroups  # CONSUMER_HEARTBEAT
+    producer_groups: ProducerGroups  # PRODUCER_HEARTBEAT: live producers, by connection
 
     def status(self) -> dict[str, Any]: ...
 
@@ -82,13 +93,15 @@ class Services(Protocol):
 class Context:
     """One request's context. ``park`` hands a long poll to the front end; ``refused`` audits a
     refusal found while processing (a look-up's message in a topic the caller may not read)
-    and returns the remark the caller gets; ``draining``: the broker is shutting down (no
-    request is parked then)."""
+    and returns the remark the caller gets; ``ask`` sends a request to a client on the
+    connection ``identity`` names (``common/broker/client_requests.py``); ``draining``: the
+    broker is shutting down (no request is parked then)."""
 
     services: Services
     caller: Caller | None
-    identity: bytes
+    identity: bytes  # the connection the request came on (a ROUTER identity)
     started: float
     park: Callable[[LongPoll], None]
     refused: Callable[[Denial], str]
+    ask: AskClient
     draining: bool = False

@@ -8,9 +8,10 @@ from typing import Any
 from common.broker.processors.context import Context
 from common.broker.replies import reply
 from common.core.errors import ResponseCode
-from common.core.message import PROPERTY_REAL_TOPIC, decode_msg_id, is_system_topic
+from common.core.message import PROPERTY_REAL_TOPIC, MessageExt, decode_msg_id, is_system_topic
 from common.format.acl import SUB
 from common.format.protocol import ProtocolError, Request, RequestCode, Response
+from common.store.api import ReadStore
 
 
 def query_by_key(ctx: Context, req: Request) -> Response:
@@ -57,7 +58,7 @@ def found_reply(ctx: Context, req: Request, found: list[Any]) -> Response:
     return messages_reply(req, found, ctx.services.store)
 
 
-def messages_reply(req: Request, found: list[Any], store: Any) -> Response:
+def messages_reply(req: Request, found: list[MessageExt], store: ReadStore) -> Response:
     records = [r for r in (store.record_at(m.commit_log_offset) for m in found) if r is not None]
     if not records:
         return reply(req, ResponseCode.QUERY_NOT_FOUND, "no message found")
