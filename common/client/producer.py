@@ -21,6 +21,7 @@ from common.client.cluster import (
     ROUTE_TTL_MS,
     Cluster,
 )
+from common.client.presence import DEFAULT_HEARTBEAT_MS, Presence, new_client_id
 from common.client.results import (
     ClientTimeoutError,
     NoMasterError,
@@ -44,7 +45,7 @@ from common.core.message import (
     compress_body,
     java_hash,
 )
-from common.format.protocol import META_ITEMS, RequestCode
+from common.format.protocol import MAX_GROUP_LENGTH, META_ITEMS, TOPIC_PATTERN, RequestCode
 
 
 def shard_queue(shard_key: str, queue_nums: int) -> int:
@@ -175,14 +176,26 @@ class Producer(ClientBase):
         key: str | os.PathLike[str] | None = None,
         server_key: str | os.PathLike[str] | Mapping[str, Any] | None = None,
         curve: ClientKeys | None = None,
+        group: str | None = None,
+        client_id: str | None = None,
+        heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
     ):
-        """``compress_over_bytes``: a body of at least this many bytes is sent and stored
+        """``group``: the producer group this producer belongs to. With one, it heartbeats
+        every group's master (``heartbeat_ms``) so a broker can send it requests (a
+        transaction check-back, its running figures: ``common/client/presence.py``);
+        ``client_id`` names it there (host@pid@random by default).
+        ``compress_over_bytes``: a body of at least this many bytes is sent and stored
         zlib-deflated with the COMPRESSED sysflag, when that makes it smaller (RocketMQ's
         ``compressMsgBodyOverHowmuch``, 4 KiB, and ``zipCompressLevel``, 5); consumers get
         it back inflated. None turns it off. ``max_message_size`` bounds the body as given.
         ``key``, ``server_key``, ``curve``: CURVE (``ClientBase``, docs/security.md)."""
         if not 0 <= compress_level <= 9:
             raise ValueError(f"compress_level {compress_level} is not 0..9")
+        if group is not None and not (0 < len(group) <= MAX_GROUP_LENGTH
+                                      and TOPIC_PATTERN.match(group)):
+            raise ValueError(f"group {group!r} is not a valid producer group name")
+        if heartbeat_ms < 100:
+            raise ValueError(f"heartbeat_ms {heartbeat_ms} is below 100")
         if compress_over_bytes is not None and compress_over_bytes < 1:
             raise ValueError(f"compress_over_bytes {compress_over_bytes} must be >= 1 or None")
         super().__init__(
@@ -212,10 +225,23 @@ class Producer(ClientBase):
         # masters' TOPIC_ROUTE answers say, until the route names them or this expires
         self._provisional: dict[str, tuple[list[MessageQueue], float]] = {}
         self._retries = _Retries(self._retry_item, self._fail_item)
+        self.group = group
+        self.client_id = client_id or new_client_id()
+        self._presence: Presence | None = None
+        if group is not None:
+            self._presence = Presence(self._transport, self._routes, group, self.client_id,
+                                      heartbeat_ms, timeout_ms, self._running_figures)
 
     def close(self) -> None:
+        if self._presence is not None:
+            self._presence.close()  # while the transport can still say it leaves
         super().close()
         self._retries.close()
+
+    def _running_figures(self) -> dict[str, Any]:
+        """What this producer tells a broker that asks (GET_CLIENT_RUNNING_INFO)."""
+        return {"sendAsyncPending": self._transport.batches.pending,
+                "retriesWaiting": self._retries.waiting}
 
     def send(
         self,

@@ -105,6 +105,7 @@ class RequestCode(enum.IntEnum):
     CONSUMER_HEARTBEAT = 1002  # replog: a group consumer is alive (or leaves); -> members
     LOG_CHECKSUM = 1003  # replog: sha256 of a CommitLog range (replicas compared remotely)
     CLEAR_ELECTION_FAULT = 1004  # replog: a member that failed to take over may stand again
+    PRODUCER_HEARTBEAT = 1005  # replog (RocketMQ's HEART_BEAT for producers): alive, or leaves
 
 
 
@@ -353,6 +354,14 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "sessionTimeoutMs": Field("int", lo=100, hi=3_600_000, default=10_000),
         "leave": Field("int", lo=0, hi=1, default=0),
     }, Permission(group=True)),
+    # a producer is alive (or leaves): the broker may send it requests on this connection (a
+    # transaction check-back). SUB on the group, as a consumer's: an account may only take the
+    # requests of groups it may use
+    RequestCode.PRODUCER_HEARTBEAT: RequestSpec({
+        "group": Field("group", required=True),
+        "clientId": Field("str", required=True, lo=1, hi=255),
+        "leave": Field("int", lo=0, hi=1, default=0),
+    }, Permission(group=True), peer=True),
     RequestCode.GET_PRODUCER_CONNECTION_LIST: RequestSpec({
         "group": Field("group", required=True),
         "runningInfo": Field("int", lo=0, hi=1, default=0),  # 1: ask each producer its figures

@@ -43,7 +43,7 @@ def test_the_server_the_codec_and_the_acl_read_the_rows() -> None:
     assert RequestCode.PULL in server._NAMES_TOPIC and RequestCode.STATUS not in server._NAMES_TOPIC
     assert SCHEMAS[RequestCode.PULL] is SPECS[RequestCode.PULL].fields
     assert BODY_COUNTS[RequestCode.SEND] == (1, 1)
-    assert server._PEER == server._WRITES
+    assert server._PEER == server._WRITES | {RequestCode.PRODUCER_HEARTBEAT}
     admin = acl.Account("a", "k", admin=True)
     app = acl.Account("b", "k", default_topic=acl.ANY, default_group=acl.SUB)
     for code, spec in SPECS.items():

@@ -16,6 +16,16 @@ from common.format.protocol import Request, RequestCode, Response
 RUNNING_INFO_TIMEOUT_MS = 3000
 
 
+def heartbeat(ctx: Context, req: Request) -> Response:
+    """PRODUCER_HEARTBEAT: this connection is how the group's producer ``clientId`` is
+    reached (or, with ``leave``, it is gone); answers the group's live producers."""
+    f = req.fields
+    ip, port = req.born_host
+    live = ctx.services.producer_groups.heartbeat(
+        f["group"], f["clientId"], ctx.identity, f"{ip}:{port}", leave=bool(f["leave"]))
+    return reply(req, fields={"producers": live})
+
+
 def connections(ctx: Context, req: Request) -> Reply:
     """GET_PRODUCER_CONNECTION_LIST: who produces for the group; with ``runningInfo``, each
     one's own figures too (asked all at once; one that does not answer says why)."""
@@ -59,5 +69,6 @@ def _gather(req: Request, group: str, listed: list[dict[str, Any]],
 
 
 HANDLERS = {
+    RequestCode.PRODUCER_HEARTBEAT: heartbeat,
     RequestCode.GET_PRODUCER_CONNECTION_LIST: connections,
 }
