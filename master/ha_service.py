@@ -185,17 +185,15 @@ class HaService:
         # controller mode: the SyncStateSet as committed, a change under way, its outcome
         self._sync_state = sync_state
         self._me = cfg.brokerId
+        # who is caught up, the next change, a slave's two-step join (pure: controller_core)
         self._keeper = cc.SyncStateSetKeeper(
             cfg.brokerId, cfg.haMaxTimeSlaveNotCatchup,
             connect_grace_ms=min(SSS_CONNECT_GRACE_MS, cfg.haMaxTimeSlaveNotCatchup),
-            started_ms=int(clock() * 1000))
+            started_ms=int(clock() * 1000), join_timeout_ms=cfg.slaveTimeout)
         self._committed: frozenset[int] = frozenset({cfg.brokerId})
         self._committed_epoch = -1
-        self._pending: frozenset[int] | None = None
         self._proposing = False
         self._proposal_result: tuple[bool, Any] | None = None
-        self._joining: tuple[int, int, int, cc.SetChange] | None = None  # member, mark, since
-        self._previous_max = 0  # the log's end at the last check
         self._required: frozenset[int] = frozenset()  # members but me whose acks a put needs
         self._sss_due_ms = 0
         self.group_transfer: GroupTransfer | None = None
@@ -377,7 +375,7 @@ class HaService:
     def sync_state_set(self) -> dict[str, Any]:
         """Controller mode: the set as committed, a change pending, who a put waits for."""
         return {"committed": sorted(self._committed), "epoch": self._committed_epoch,
-                "pending": sorted(self._pending) if self._pending is not None else None,
+                "pending": sorted(pending) if (pending := self._keeper.pending()) else None,
                 "waitsFor": sorted(self._required)}
 
     def _quorum_offset(self) -> int:
@@ -748,48 +746,22 @@ class HaService:
             progress = core.progress()
             master_max = core.max_phy_offset
             epoch_start = core.history[-1].start_phy_offset
-        now_ms = self._now_ms()
-        if self._joining is not None:
-            self._check_joining(progress, members, epoch, now_ms)
-            return
         slaves = [cc.SlaveProgress(m, a) for m, a in progress.items()]
-        # a slave that held, at this check, what the master had at the last one is a
-        # candidate; it joins in two steps (below)
         confirmed = self._store.confirm_phy_offset
-        change = self._keeper.observe(members, slaves, master_max, self._previous_max,
-                                      epoch_start, now_ms,
-                                      confirmed=0 if confirmed is None else int(confirmed))
-        self._previous_max = master_max
-        if change is None:
-            return
-        if change.added:
-            # step 1: from now on a put waits for the candidate too (this thread answers the
-            # puts, so no put is acknowledged without it from here); step 2, at a later check:
-            # once it holds this log's end as of now (so every put acknowledged without it),
-            # the change is proposed
-            member = min(change.added)
-            # consumers see nothing past this mark until the candidate holds it too
-            mark = max(master_max, self._store.bound_confirm_offset())
-            self._pending = members | {member, self._me}
+        # a join's mark: the log's end now, past which consumers see nothing until the
+        # candidate holds it too (bound here, under the put lock)
+        step = self._keeper.check(
+            members, slaves, master_max, epoch_start, self._now_ms(),
+            confirmed=0 if confirmed is None else int(confirmed),
+            mark_of=self._store.bound_confirm_offset)
+        if step.cancelled:
+            log_event(log, "ha_sync_state_set_join_cancelled", reason=step.cancelled)
+        if step.joined or step.cancelled:
+            # step 1 of a join: from now on a put waits for the candidate too (this thread
+            # answers the puts, so none is acknowledged without it from here)
             self._set_required()
-            self._joining = (member, mark, now_ms, change)
-            return
-        self._propose(change, epoch)
-
-    def _check_joining(self, progress: dict[int, int], members: frozenset[int], epoch: int,
-                       now_ms: int) -> None:
-        assert self._joining is not None
-        member, mark, since_ms, change = self._joining
-        ack = progress.get(member)
-        if ack is not None and ack >= mark:
-            self._propose(change, epoch)
-            return
-        if ack is None or now_ms - since_ms > self._cfg.slaveTimeout:
-            log_event(log, "ha_sync_state_set_join_cancelled", member=member, mark=mark,
-                      ack=ack, waited_ms=now_ms - since_ms)
-            self._joining = None
-            self._pending = None
-            self._set_required()
+        if step.propose is not None:
+            self._propose(step.propose, epoch)
 
     def _propose(self, change: cc.SetChange, epoch: int) -> None:
         self._proposing = True
@@ -811,15 +783,14 @@ class HaService:
             return
         ok, state = result
         self._proposing = False
-        self._pending = None
-        self._joining = None
+        self._keeper.settled()
         if ok and state is not None:
             self._committed = state.sync_state_set
             self._committed_epoch = state.sync_state_set_epoch
         self._set_required()
 
     def _set_required(self) -> None:
-        members = self._committed | (self._pending or frozenset())
+        members = self._committed | (self._keeper.pending() or frozenset())
         self._required = frozenset(members - {self._me})
         if self.group_transfer is not None:
             self.group_transfer.report_quorum(self._quorum_offset())

@@ -22,6 +22,9 @@ What the thread does, each pass (an event, or at least every ``TICK_S``):
   (``decide_election``) and, on winning the compare-and-set, serve as the master;
 * carries out what the master's HA service proposes for the SyncStateSet (a compare-and-set on
   ``state``; the result goes back to the I/O thread), and a planned switchover.
+* has its other half, the cluster-wide route view (``common/broker/cluster_routes.py``), read
+  every group's ``state``, members and topics (and a master publish its own topic table), with
+  this thread's calls; that half decides nothing about this group.
 
 The broker does the role changes (``ControlledBroker``), on this thread: a promotion or a demotion
 blocks the controller while it runs, never the request server.
@@ -41,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from common.broker.cluster_routes import ClusterRoutes
 from common.core.config import BrokerConfig, parse_controller_addr
 from common.core.files import write_atomically
 from common.core.logs import log_event
@@ -113,7 +117,6 @@ class Controller:
         self.hosts = hosts + chroot
         self.cluster_path = f"/replog/{cfg.brokerClusterName}"
         base = f"{self.cluster_path}/{cfg.brokerName}"
-        self.topics_path = f"{base}/topics"
         self.state_path = f"{base}/state"
         self.members_path = f"{base}/brokers"
         self.member_path = f"{self.members_path}/{self.member_id}"
@@ -144,8 +147,10 @@ class Controller:
         self._switchover_wait: threading.Event | None = None
         self._asked: tuple[int, int] | None = None  # switchover to this broker: (session, epoch)
         self.granted_session_ms = 0  # what ZooKeeper granted (0: not connected yet)
-        self.cluster: dict[str, GroupView] = {}  # every group of brokerClusterName (routes)
-        self._published_topics: tuple[dict[str, int], dict[str, int]] | None = None
+        # every group of brokerClusterName, which routes are answered from: the driver's
+        # other half (common/broker/cluster_routes.py), its calls made through this thread's
+        self.routes = ClusterRoutes(self.cluster_path, cfg.brokerName, self._call,
+                                    self._on_cluster_watch)
         self._member_due = 0.0
         self._renew_due = 0.0
         self._poll_due = 0.0
@@ -308,8 +313,7 @@ class Controller:
 
     def cluster_view(self) -> dict[str, GroupView]:
         """Every broker group of this cluster as last read from ZooKeeper (routes)."""
-        with self._lock:
-            return dict(self.cluster)
+        return self.routes.view()
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -650,89 +654,12 @@ class Controller:
             self.state, self._state_version, self.members = state, version, members
 
     def _publish_topics(self) -> None:
-        """The master keeps ``<group>/topics`` equal to its topic table (routes read it)."""
-        from kazoo.exceptions import NodeExistsError, NoNodeError
-
-        topics = self.broker.topic_table(), self.broker.topic_perms()
-        if topics == self._published_topics:
-            return
-        raw = cc.encode_topics(*topics)
-        try:
-            self._call("set", self.topics_path, raw)
-        except NoNodeError:
-            try:
-                self._call("create", self.topics_path, raw, makepath=True)
-            except NodeExistsError:
-                self._call("set", self.topics_path, raw)
-        self._published_topics = topics
+        self.routes.publish_topics(self.broker.topic_table(), self.broker.topic_perms())
 
     def _read_cluster(self) -> None:
-        """Every group of the cluster: state, live members, topics. Watches on the list of
-        groups and on every other group's ``state``, members and ``topics`` keep the view
-        fresh (routes answered from it name a new master or a new topic at once, not a poll
-        later); a fired one reads the cluster view again, not this group's decisions."""
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            names = self._call("get_children", self.cluster_path, watch=self._on_cluster_watch)
-        except NoNodeError:
-            names = []
-        view: dict[str, GroupView] = {}
-        for name in sorted(names):
-            base = f"{self.cluster_path}/{name}"
-            if name == self.cfg.brokerName:
-                state, members = self.state, dict(self.members)
-            else:
-                state, members = self._read_state(base), self._read_members(base)
-            topics, perms = self._read_topics(base)
-            view[name] = GroupView(name, state, members, topics, perms)
         with self._lock:
-            self.cluster = view
-
-    def _read_state(self, base: str) -> GroupState | None:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            raw, _ = self._call("get", f"{base}/state", watch=self._on_cluster_watch)
-            return GroupState.from_bytes(raw)
-        except NoNodeError:
-            self._call("exists", f"{base}/state", watch=self._on_cluster_watch)
-            return None
-        except cc.RecordError:
-            return None
-
-    def _read_members(self, base: str) -> dict[int, MemberRecord]:
-        from kazoo.exceptions import NoNodeError
-
-        try:
-            names = self._call("get_children", f"{base}/brokers",
-                               watch=self._on_cluster_watch)
-        except NoNodeError:
-            return {}
-        out: dict[int, MemberRecord] = {}
-        for name in names:
-            try:
-                raw, _ = self._call("get", f"{base}/brokers/{name}")
-                record = MemberRecord.from_bytes(raw)
-            except (NoNodeError, cc.RecordError):
-                continue
-            out[record.member_id] = record
-        return out
-
-    def _read_topics(self, base: str) -> tuple[dict[str, int], dict[str, int]]:
-        from kazoo.exceptions import NoNodeError
-
-        path = f"{base}/topics"
-        try:
-            raw, _ = self._call("get", path, watch=self._on_cluster_watch)
-            return cc.decode_topic_routes(raw)
-        except NoNodeError:
-            self._call("exists", path, watch=self._on_cluster_watch)
-            return {}, {}
-        except cc.RecordError as e:
-            log_event(log, "controller_topics_unreadable", logging.WARNING, path=base,
-                      error=str(e))
-            return {}, {}
+            state, members = self.state, dict(self.members)
+        self.routes.read(state, members)
 
     def _cas_state(self, new: GroupState) -> bool:
         """Compare-and-set ``state`` from the version read last; True if it is now ``new``.

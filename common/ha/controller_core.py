@@ -42,8 +42,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeAlias
 
 from common.format.tables import PERM_READ_WRITE
 from common.ha import epochs as ep
@@ -498,22 +498,88 @@ class SetChange:
     reason: str
 
 
-class SyncStateSetKeeper:
-    """The master's view of who is caught up, and the one change it would make next.
+@dataclasses.dataclass(frozen=True)
+class Join:
+    """A slave joining the SyncStateSet: puts wait for it from ``since_ms``; ``change`` is
+    proposed once its ack reaches ``mark`` (the log's end when the join began)."""
 
-    ``observe`` is called every check interval (the HA service's timer) with the connected
-    slaves, the master's max offset and the offset acknowledged to clients so far. A member is
-    *caught up* at a check if its ack reached the master's max of the previous check (under a
-    steady load an active slave is always one round trip behind the current max)."""
+    member: int
+    mark: int
+    since_ms: int
+    change: SetChange
+    pending: frozenset[int]  # the set puts wait for meanwhile: the committed one and it
+
+
+class KeeperStep(NamedTuple):
+    propose: SetChange | None = None  # to the controller now
+    joined: bool = False  # a join began: puts wait for ``pending()`` from now
+    cancelled: str = ""  # a join was called off: why
+
+
+class SyncStateSetKeeper:
+    """The master's view of who is caught up, the one change it would make next, and the
+    two-step join of a slave.
+
+    ``check`` is called every check interval (the HA service's timer) with the committed set,
+    the connected slaves and the master's max offset. A member is *caught up* at a check if its
+    ack reached the master's max of the previous check (under a steady load an active slave is
+    always one round trip behind the current max). A removal is proposed at once. A slave
+    joins in two steps, so that it holds every acknowledged put: first it is only *pending*
+    (``pending()``: puts wait for it too) from a mark, the log's end then (``mark_of``, which
+    also bounds what consumers see there); the change is proposed at a later check once its
+    ack reaches the mark, or the join is called off when it disconnects or does not within
+    ``join_timeout_ms``. ``settled`` ends a join when the controller answered its proposal.
+    Pure: no clock, no I/O (the seeded simulation drives it, ``tests/sim/``)."""
 
     def __init__(self, me: int, max_not_caught_up_ms: int, connect_grace_ms: int = 0,
-                 started_ms: int = 0):
+                 started_ms: int = 0, join_timeout_ms: int = 3000):
         self.me = me
         self.max_not_caught_up_ms = max_not_caught_up_ms
+        self.join_timeout_ms = join_timeout_ms
         # a member kept from the last term has this long to connect to the new master
         self.connect_grace_until_ms = started_ms + connect_grace_ms
         self._caught_up_ms: dict[int, int] = {}
         self._previous_max = 0
+        self._check_max = 0  # the log's end at the last check that looked for a change
+        self.joining: Join | None = None
+
+    def pending(self) -> frozenset[int] | None:
+        """The set puts wait for while a slave joins (None: no join under way)."""
+        return self.joining.pending if self.joining is not None else None
+
+    def settled(self) -> None:
+        """The controller answered a proposal (committed or not): no join is under way."""
+        self.joining = None
+
+    def check(self, committed: frozenset[int], slaves: Sequence[SlaveProgress],
+              master_max: int, epoch_start: int, now_ms: int, confirmed: int = 0,
+              mark_of: Callable[[], int] | None = None) -> KeeperStep:
+        """One check (see the class). ``mark_of``: the log's end now, called when a join
+        begins (the master's HA service binds what consumers see there); default
+        ``master_max``."""
+        join = self.joining
+        if join is not None:
+            ack = next((s.ack_offset for s in slaves if s.member_id == join.member), None)
+            if ack is not None and ack >= join.mark:
+                return KeeperStep(propose=join.change)
+            if ack is None or now_ms - join.since_ms > self.join_timeout_ms:
+                self.joining = None
+                return KeeperStep(cancelled=(
+                    f"member {join.member} {'disconnected' if ack is None else 'held ' + str(ack)}"
+                    f" and did not reach {join.mark} within {now_ms - join.since_ms} ms"))
+            return KeeperStep()
+        change = self.observe(committed, slaves, master_max, self._check_max, epoch_start,
+                              now_ms, confirmed)
+        self._check_max = master_max
+        if change is None:
+            return KeeperStep()
+        if not change.added:
+            return KeeperStep(propose=change)
+        member = min(change.added)
+        mark = mark_of() if mark_of is not None else master_max
+        self.joining = Join(member, max(mark, master_max), now_ms, change,
+                            frozenset(committed | {member, self.me}))
+        return KeeperStep(joined=True)
 
     def observe(self, committed: frozenset[int], slaves: Sequence[SlaveProgress],
                 master_max: int, confirm_offset: int, epoch_start: int,

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from controller_harness import Group, chroot, running_zookeeper, wait_sync_state_set
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import ConnectionClosedError, NoNodeError
 from replication_harness import wait_for
 
 from common.broker.controller import FAULT_FILE, Controller
@@ -144,6 +144,10 @@ def test_a_member_that_cannot_take_over_stops_standing_and_the_others_elect(
                 raw, _ = c1._zk.get(c1.member_path)
             except NoNodeError:
                 return None  # not registered yet
+            except ConnectionClosedError:
+                # the controller's client is not connecting yet: kazoo starts in its CLOSED
+                # state until its connection thread runs (start_async returned before that)
+                return None
             return MemberRecord.from_bytes(raw).fault
 
         wait_for(published_fault, 20, "the restarted member to publish its fault")

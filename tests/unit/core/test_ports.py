@@ -18,7 +18,7 @@ from common.core import ports
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def ephemeral() -> tuple[int, int]:
@@ -40,7 +40,7 @@ def load(name: str, path: Path) -> Any:
 
 def pickers() -> list[tuple[str, Any]]:
     """Every free-port helper of the repository, as (name, callable of span)."""
-    import test_request_server
+    from helpers import brokers
 
     from common.cli import zookeeper
 
@@ -48,7 +48,7 @@ def pickers() -> list[tuple[str, Any]]:
     harness = load("broker_harness", REPO / "tests" / "integration" / "broker_harness.py")
     return [("ports", ports.free_port), ("bench", bench.free_port),
             ("broker_harness", harness.free_port),
-            ("test_request_server", lambda span: test_request_server.free_port()),
+            ("helpers.brokers", lambda span: brokers.free_port()),
             ("zookeeper", lambda span: zookeeper.free_port())]
 
 

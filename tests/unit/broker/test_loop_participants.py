@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers.brokers import addr, free_port
 from helpers.fake_store import FakeStore
-from test_request_server import addr, free_port
 
 from common.broker.broker import Broker
 from common.broker.loop import ParticipantThread

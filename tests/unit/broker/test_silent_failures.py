@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers.brokers import addr
 from helpers.replica_store import MemoryReplicaStore
 from test_loop_participants import FakeSlave, Probe, ha_service, in_sync, probes, wait_for
-from test_request_server import addr
 
 from common.broker import loop
 from common.broker.broker import Broker

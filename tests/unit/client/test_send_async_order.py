@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_request_server import addr
+from helpers.brokers import addr
 
 from common.broker.broker import Broker
 from common.client import Producer

@@ -21,7 +21,7 @@ from common.core.config import BrokerConfig, load_config, parse_controller_addr
 
 pytestmark = pytest.mark.unit
 
-COMPOSE = Path(__file__).resolve().parents[2] / "compose"
+COMPOSE = Path(__file__).resolve().parents[3] / "compose"
 ZOOKEEPERS = ("zk1", "zk2", "zk3")
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from common.store import native
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 ROOT_ONLY = pytest.mark.skipif(
     sys.platform != "linux" or not hasattr(os, "geteuid") or os.geteuid() != 0,

@@ -7,35 +7,15 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.stores import make_store
+from helpers.stores import wait_until as wait_for
 from time_bounds import late_s
 
-from common.core.config import load_config
 from common.core.errors import GetStatus, PutStatus
 from common.core.message import SCHEDULE_TOPIC, Message
 from common.store.message_store import MessageStore
 
 pytestmark = pytest.mark.unit
-
-
-def make_store(root: Path, **over: object) -> MessageStore:
-    fields: dict[str, object] = {
-        "storePathRootDir": str(root), "mappedFileSizeCommitLog": 8 * 1024,
-        "mappedFileSizeConsumeQueue": 20 * 50, "maxHashSlotNum": 997, "maxIndexNum": 4000,
-        "messageDelayLevel": "1s 2s 5s",
-    }
-    fields.update(over)
-    store = MessageStore(load_config(**fields))
-    store.start()
-    return store
-
-
-def wait_for(cond, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.005)
-    return cond()
 
 
 def delivered(store: MessageStore, topic: str, queue_id: int) -> list[bytes]:

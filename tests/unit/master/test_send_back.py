@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_schedule_retention import make_store, wait_for
+from helpers.stores import make_store
+from helpers.stores import wait_until as wait_for
 
 from common.core.errors import GetStatus, PutStatus
 from common.core.message import Message, MessageExt

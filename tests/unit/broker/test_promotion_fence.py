@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_request_server import free_port
+from helpers.brokers import free_port
 
 import slave.ha_client as ha_client_module
 from common.broker.broker import Broker

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_request_server import addr
+from helpers.brokers import addr
 
 from common.broker.broker import Broker
 from common.broker.consumer_groups import ConsumerGroups
@@ -366,7 +366,7 @@ def test_routes_naming_unreachable_addresses_still_reach_every_group_through_the
     discovery also asks those seeds and keeps only the answers of its own group's brokers."""
     import json
 
-    from test_request_server import free_port
+    from helpers.brokers import free_port
 
     real = {addr(groups.a): f"127.0.0.1:{free_port()}", addr(groups.b): f"127.0.0.1:{free_port()}"}
     answer = groups.cluster_info

@@ -251,3 +251,38 @@ def test_a_member_first_seen_behind_the_confirmed_offset_leaves_at_once() -> Non
                             5000, 4000, 0, now_ms=1000, confirmed=4000)
     assert change is not None and change.removed == {2} and change.members == {1, 3}
     assert "lost data" in change.reason
+
+
+# ---- the two-step join (SyncStateSetKeeper.check) ---------------------------------------------
+def test_a_slave_joins_in_two_steps_from_the_logs_end() -> None:
+    k = cc.SyncStateSetKeeper(1, max_not_caught_up_ms=5000, join_timeout_ms=1000)
+    sss = frozenset({1})
+    step = k.check(sss, [cc.SlaveProgress(2, 0)], 100, 0, 0, mark_of=lambda: 120)
+    assert step.joined and step.propose is None
+    assert k.pending() == {1, 2}  # puts wait for it from now
+    assert k.joining is not None and k.joining.mark == 120  # the log's end as the store says
+    assert k.check(sss, [cc.SlaveProgress(2, 119)], 900, 0, 250) == cc.KeeperStep()
+    done = k.check(sss, [cc.SlaveProgress(2, 120)], 900, 0, 500)
+    assert done.propose is not None and done.propose.added == {2} and done.propose.members == {1, 2}
+    assert k.pending() == {1, 2}  # until the controller answers
+    k.settled()
+    assert k.pending() is None and k.joining is None
+
+
+def test_a_join_is_called_off_when_the_slave_leaves_or_lags() -> None:
+    k = cc.SyncStateSetKeeper(1, max_not_caught_up_ms=5000, join_timeout_ms=1000)
+    sss = frozenset({1})
+    assert k.check(sss, [cc.SlaveProgress(2, 0)], 100, 0, 0).joined
+    gone = k.check(sss, [], 100, 0, 250)
+    assert "disconnected" in gone.cancelled and k.pending() is None
+    assert k.check(sss, [cc.SlaveProgress(2, 100)], 200, 0, 250).joined  # holds the last end
+    assert k.check(sss, [cc.SlaveProgress(2, 150)], 900, 0, 1250) == cc.KeeperStep()
+    lagging = k.check(sss, [cc.SlaveProgress(2, 150)], 900, 0, 1251)
+    assert "did not reach 200" in lagging.cancelled and k.pending() is None
+
+
+def test_a_removal_is_proposed_at_once() -> None:
+    k = cc.SyncStateSetKeeper(1, max_not_caught_up_ms=5000)
+    step = k.check(frozenset({1, 2}), [], 100, 0, 0)
+    assert step.propose is not None and step.propose.removed == {2} and not step.joined
+    assert k.pending() is None

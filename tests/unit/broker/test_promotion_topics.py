@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.brokers import free_port
 from test_promotion_fence import address, wait_for
-from test_request_server import free_port
 
 from common.broker.broker import Broker
 from common.cli.bootstrap import make_role

@@ -9,7 +9,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from test_schedule_retention import make_store
+from helpers.stores import make_store
 
 from common.client import Producer, pull_result
 from common.core.errors import CorruptMessageError, PutStatus, ResponseCode

@@ -8,9 +8,9 @@ import threading
 from collections.abc import Callable
 
 import pytest
+from helpers.brokers import addr
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from test_request_server import addr
 
 from common.broker.broker import Broker
 from common.broker.metrics import COUNTERS, StatusCollector

@@ -37,7 +37,7 @@ from common.store.message_store import MessageStore
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MAGIC = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194
 FIXED = 91  # 84 header bytes + 4 body length + 1 topic length + 2 properties length
