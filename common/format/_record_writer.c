@@ -6,7 +6,7 @@
  * on, its 20-byte entry ("__CRC32#\x01", 10 digits least significant first, "\x02") over the
  * record's other bytes. Everything is checked before the first byte is written, so a refusal
  * (ValueError, TypeError, OverflowError) leaves the buffer as it was. The pure-Python writer
- * in record_writer.py is the reference: tests/unit/test_record_writer.py compares the two.
+ * in record_writer.py is the reference: tests/unit/format/test_record_writer.py compares the two.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -23,7 +23,7 @@ ten digits, a few Python operations each. ``write_bodies`` of 64 x 128 B in a ti
 ``send_batch`` message fell by a quarter to two fifths (docs/benchmarks.md, "two loops in C,
 one wait in recv"). ``_record_writer.c`` is built by ``pip install``
 where a C compiler, the Python headers and zlib's are found; without them the build skips it
-and this module's Python writer runs, the same bytes (tests/unit/test_record_writer.py holds
+and this module's Python writer runs, the same bytes (tests/unit/format/test_record_writer.py holds
 the two to each other). ``PURE_PYTHON_REPLOG=1`` selects the Python writer anyway
 (``common/core/accel.py``).
 """
