@@ -94,20 +94,26 @@ class ClientRequests:
         self.asked += 1
         send(ask.identity, encode_request(ask.code, opaque, ask.fields, ask.bodies))
 
-    def answer(self, identity: bytes, frames: list[bytes]) -> None:
-        """A response frame a client sent: settles what it answers, if anything."""
+    def answer(self, identity: bytes, frames: list[bytes]) -> ProtocolError | None:
+        """A response frame a client sent: settles what it answers, if anything.
+
+        A frame that does not decode as a response (a request whose header a bit flip turned
+        into a response's, say) is handed back as the error to answer it with; a well-formed
+        answer nobody waits for (late, or from another connection) is counted and dropped, as
+        RocketMQ's ``processResponseCommand`` does with a response it cannot match."""
         try:
             resp = decode_response(frames, self._limits)
-        except ProtocolError:
+        except ProtocolError as e:
             self.stray_answers += 1
-            return
+            return e
         waiting = self._waiting.get(resp.opaque)
         if waiting is None or waiting.identity != identity:
             self.stray_answers += 1
-            return
+            return None
         del self._waiting[resp.opaque]
         self.answered += 1
         waiting.future.set_result(resp)
+        return None
 
     def next_deadline(self) -> float | None:
         return self._deadlines[0][0] if self._deadlines else None

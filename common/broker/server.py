@@ -455,7 +455,10 @@ class RequestServer:
             account = found
         if is_response(frames):  # a client answers what this broker asked it
             self.stats.requests -= 1
-            self.client_requests.answer(identity, frames)
+            malformed = self.client_requests.answer(identity, frames)
+            if malformed is not None:  # garbage, not an answer: told, like any bad frame
+                self.stats.bad_requests += 1
+                self._send(sock, identity, error_response(malformed))
             return
         try:
             req = decode_request(frames, self.limits)

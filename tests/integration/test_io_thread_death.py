@@ -16,6 +16,7 @@ import pytest
 from broker_harness import REPO, BrokerProcess, brokers
 
 from common.broker.broker import EXIT_INTERNAL_ERROR
+from common.broker.server import RequestServer
 from common.client import Producer
 from common.core.errors import SendStatus
 
@@ -27,6 +28,8 @@ EXIT_DEADLINE_S = 60.0  # drain (10 s at most, nothing in flight here) + role st
 
 @pytest.mark.timeout(120)
 def test_a_broker_whose_io_thread_dies_logs_it_and_exits_non_zero(tmp_path: Path) -> None:
+    # what io_crash/sitecustomize.py patches: the loop calls it on every pass
+    assert callable(getattr(RequestServer, "_poll_due", None)), "update io_crash/sitecustomize.py"
     crash = tmp_path / "crash-now"
     b = BrokerProcess(tmp_path / "b", extra_env={
         "PYTHONPATH": f"{CRASH_DIR}{os.pathsep}{REPO}", "TEST_IO_CRASH_FILE": str(crash)})

@@ -139,6 +139,31 @@ def test_an_answer_counts_only_from_the_client_asked(make_broker: Callable[..., 
         ctx.term()
 
 
+def test_a_frame_that_looks_like_an_answer_but_is_garbage_is_answered_bad_request(
+        make_broker: Callable[..., Broker]) -> None:
+    """A request whose array header a bit flip made a response's (0x94 -> 0x95) does not
+    decode: it is answered BAD_REQUEST like any malformed frame, not swallowed as a stray
+    answer, and the broker serves the next request (found by test_broker_fuzz, seed
+    20260421 frame 14)."""
+    broker = make_broker()
+    ctx: zmq.Context[Any] = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 5000)
+        sock.connect(f"tcp://{addr(broker)}")
+        sock.send_multipart([b"\x95\x01\n\x01\x82\xa5topic\xa4fuzz\xa7queueId@", b"body"])
+        resp = decode_response(sock.recv_multipart(), _LIMITS)
+        assert resp.code == ResponseCode.BAD_REQUEST
+        assert "malformed msgpack" in resp.remark
+        sock.send_multipart(encode_request(RequestCode.PRODUCER_HEARTBEAT, 2, {
+            "group": "pg", "clientId": "raw"}))
+        assert decode_response(sock.recv_multipart(), _LIMITS).ok
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
 def test_a_client_cannot_send_the_broker_a_request_meant_for_clients(
         make_broker: Callable[..., Broker]) -> None:
     broker = make_broker()
