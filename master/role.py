@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from common.broker.replies import Reply, reply
 from common.broker.tables import TopicTable, TopicTableFull
+from common.core import timer as timer_messages
 from common.core.config import BrokerConfig
 from common.core.errors import PutStatus, ResponseCode
 from common.core.logs import log_event
@@ -42,6 +43,7 @@ from common.core.message import PROPERTY_DELAY, Message, encode_msg_id
 from common.format.protocol import SCHEMAS, Request, RequestCode, Response
 from common.store.api import WriteStore
 from common.store.schedule import born_host_of
+from common.store.timer import recall
 from master import send_back
 from master.group_transfer import GroupTransfer, ReplicaPut
 
@@ -59,6 +61,9 @@ PUT_CODES: dict[PutStatus, ResponseCode] = {
     PutStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
     PutStatus.OS_PAGE_CACHE_BUSY: ResponseCode.SYSTEM_BUSY,
     PutStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
+    PutStatus.WHEEL_TIMER_FLOW_CONTROL: ResponseCode.SYSTEM_BUSY,
+    PutStatus.WHEEL_TIMER_MSG_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutStatus.WHEEL_TIMER_NOT_ENABLE: ResponseCode.MESSAGE_ILLEGAL,
 }
 
 
@@ -153,6 +158,17 @@ class MasterRole:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                          f"property {PROPERTY_DELAY}={props[PROPERTY_DELAY]!r} is not a "
                          "delay level (an integer 0-64)")
+        extra = None
+        if props:
+            reserved = timer_messages.reserved_property(props)
+            if reserved is not None:
+                return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                             f"property {reserved} is set by the broker, not by a producer")
+            if recall.is_timer_send(props, delay):
+                stamped = recall.stamp(props, int(time.time() * 1000))
+                if stamped is not None:
+                    handle = recall.RecallHandle(f["topic"], self.cfg.brokerName, *stamped)
+                    extra = {"recallHandle": handle.encode()}
         msg = Message(
             f["topic"],
             req.bodies[0],
@@ -166,7 +182,32 @@ class MasterRole:
         pending = self.store.put_nowait(msg, f["queueId"], born_host=req.born_host,
                                         born_timestamp=f.get("bornTimestamp")
                                         or int(time.time() * 1000))
-        return self._after_append(req, pending)
+        return self._after_append(req, pending, extra)
+
+    def recall(self, req: Request) -> Reply:
+        """RECALL_MESSAGE: a delete marker for the timer message the handle names (see
+        ``common/store/timer/recall.py``), answered like a SEND once stored (and replicated)."""
+        f = req.fields
+        try:
+            handle = recall.RecallHandle.decode(f["recallHandle"])
+        except ValueError as e:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"recall refused: {e}")
+        if handle.topic != f["topic"]:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"recall refused: the handle is of topic {handle.topic}, not "
+                         f"{f['topic']}")
+        if handle.broker_name != self.cfg.brokerName:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"recall refused: the handle is of broker group {handle.broker_name}, "
+                         f"this is {self.cfg.brokerName}")
+        if handle.deliver_ms <= int(time.time() * 1000):
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"recall refused: the message was due at {handle.deliver_ms}: it is "
+                         "delivered already, or being delivered")
+        pending = self.store.put_nowait(recall.delete_marker(handle), 0,
+                                        born_host=req.born_host,
+                                        born_timestamp=int(time.time() * 1000))
+        return self._after_append(req, pending, {"msgId": handle.uniq_key})
 
     def send_batch(self, req: Request) -> Reply:
         refusal = self._check_queue(req)
@@ -174,9 +215,19 @@ class MasterRole:
             return refusal
         f = req.fields
         meta = f.get("meta")
-        if meta is not None and any(m[2] and PROPERTY_DELAY in m[2] for m in meta):
-            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
-                         "a batch cannot hold delayed messages (RocketMQ refuses them too)")
+        if meta is not None:
+            for m in meta:
+                props = m[2]
+                if not props:
+                    continue
+                if PROPERTY_DELAY in props or timer_messages.requested(props):
+                    return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                                 "a batch cannot hold delayed or timer messages (RocketMQ "
+                                 "refuses them too): send them one by one")
+                reserved = timer_messages.reserved_property(props)
+                if reserved is not None:
+                    return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                                 f"property {reserved} is set by the broker, not by a producer")
         msgs = _batch_messages(f["topic"], req.bodies, meta)
         pending = self.store.put_batch_nowait(
             f["topic"], f["queueId"], msgs, born_host=req.born_host,
@@ -261,7 +312,8 @@ class MasterRole:
         result = pending.result
         if result.status != PutStatus.PUT_OK:
             code = PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR)
-            return reply(req, code, f"put refused: {result.status.value}")
+            why = f": {result.remark}" if result.remark else ""
+            return reply(req, code, f"put refused: {result.status.value}{why}")
         fields = {
             "queueId": result.queue_id,
             "queueOffset": result.queue_offset,

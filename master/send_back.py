@@ -40,12 +40,15 @@ from common.core.message import (
     dlq_topic,
     retry_topic,
 )
+from common.core.timer import RESERVED as TIMER_RESERVED
 
 FIRST_RETRY_LEVEL = 3  # RocketMQ: delay level 3 + reconsumeTimes when the consumer gives 0
 MAX_RECONSUME_TIMES = 0x7FFFFFFF  # RECONSUMETIMES is a Java int
 
 # properties that belong to one stored copy, not to the message
-_COPY_ONLY = (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, SCHEDULE_SOURCE)
+# a delivered timer message's marks (RESERVED) are its delivery's, not the copy's
+_COPY_ONLY = (PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, SCHEDULE_SOURCE,
+              *TIMER_RESERVED)
 
 
 class SendBackRefused(ValueError):

@@ -117,6 +117,7 @@ class BrokerStatus:
     controller: dict[str, Any]  # controller mode: ZooKeeper session, lease, SyncStateSet, epoch
     fencedWrites: int  # controller mode: writes refused for a stale lease or a lost election
     security: dict[str, Any]  # aclEnable, aclVersion, aclReloadFailing (common/broker/security.py)
+    timer: dict[str, Any]  # timer messages: pending, read time, lateness (common/store/timer/)
     # component (haService, haClient) -> {state, failures, restarts, lastError}
     health: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
@@ -534,6 +535,7 @@ class Broker:
             controller=controller,
             fencedWrites=int(role_fields.get("fencedWrites", 0)),
             security=self.security.status(),
+            timer=store.timer_status(),
             health={**self.server.participant_health(), **role_fields.get("health", {})},
         )
 

@@ -5,7 +5,9 @@
                       [--duration S] [--no-controller] [--zk-port P] [--session-ms MS]
     replog controller status
     replog send -t TOPIC (-b BODY | --file F | --count N --size BYTES) [--tags T] [--keys K]
-                [--queue Q] [--broker-name B] [--delay-level L]
+                [--queue Q] [--broker-name B] [--delay-level L | --deliver-at T | --delay SPAN]
+    replog recall -t TOPIC HANDLE
+    replog timer status
     replog pull -t TOPIC [-q QUEUE] [--broker-name B] [-o OFFSET] [-n MAX] [--group G]
     replog query (--topic T --key K | --msg-id ID | --offset PHYOFFSET)
     replog offsets -t TOPIC [-q QUEUE] [--time T] [--group G [--reset]]   (an extension)
@@ -41,7 +43,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common.cli import admin, cluster, consumers, drill, messages, security
+from common.cli import admin, cluster, consumers, drill, messages, security, timers
 from common.cli.bootstrap import run_broker
 from common.cli.output import (
     EXIT_FAILED,
@@ -122,9 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "queue's group, needed when several groups hold the topic)")
     p.add_argument("--delay-level", type=int, default=0,
                    help="deliver after messageDelayLevel's level L (1: 1s ... 18: 2h)")
+    p.add_argument("--deliver-at", metavar="TIME",
+                   help="a timer message: deliver at TIME (ISO 8601, e.g. 2026-12-01T09:00:00Z; "
+                   "no zone: local time; or epoch ms)")
+    p.add_argument("--delay", metavar="SPAN",
+                   help="a timer message: deliver SPAN after the broker receives it (1500ms, "
+                   "90s, 5m, 2h, 1d; a bare number is ms)")
     p.add_argument("--compress-over", type=int, default=DEFAULT_COMPRESS_OVER_BYTES,
                    metavar="BYTES",
                    help="deflate bodies of at least BYTES (default %(default)s, 0: never)")
+
+    p = _client(sub, "recall", "cancel a timer message that is not due yet")
+    p.add_argument("-t", "--topic", required=True, help="the message's topic")
+    p.add_argument("handle", help="the recall handle its send printed (recallHandle)")
+
+    p = _client(sub, "timer", "the timer of each broker: pending messages, lateness, rolls")
+    p.add_argument("action", choices=["status"])
 
     p = _client(sub, "pull", "read from a consume queue")
     p.add_argument("-t", "--topic", required=True, help="the topic")
@@ -228,6 +243,8 @@ def _client(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "send": messages.cmd_send,
+    "recall": messages.cmd_recall,
+    "timer": timers.cmd_timer,
     "pull": messages.cmd_pull,
     "query": messages.cmd_query,
     "offsets": consumers.cmd_offsets,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from common.cli.output import (
     EXIT_FAILED,
@@ -31,6 +34,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         raise UsageError("give --queue or --shard-key, not both")
     if args.compress_over < 0:
         raise UsageError("--compress-over BYTES must be >= 0 (0: never compress)")
+    timer = _timer_args(args)
     with Producer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args),
                   compress_over_bytes=args.compress_over or None) as producer:
         if args.count is None:
@@ -46,13 +50,60 @@ def cmd_send(args: argparse.Namespace) -> int:
                 delay_level=args.delay_level,
                 shard_key=args.shard_key,
                 broker_name=args.broker_name,
+                **timer,
             )
             return _print_sends(args, [result], single=True)
-        results = _send_many(producer, args)
+        results = _send_many(producer, args, timer)
     return _print_sends(args, results, single=False)
 
 
-def _send_many(producer: Producer, args: argparse.Namespace) -> list[SendResult]:
+def _timer_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--deliver-at`` / ``--delay`` as Producer.send's ``deliver_at`` / ``delay``."""
+    given = [n for n, v in (("--delay-level", args.delay_level), ("--deliver-at", args.deliver_at),
+                            ("--delay", args.delay)) if v]
+    if len(given) > 1:
+        raise UsageError(f"give one of {', '.join(given)}")
+    if args.deliver_at:
+        return {"deliver_at": parse_time(args.deliver_at)}
+    if args.delay:
+        return {"delay": parse_span(args.delay)}
+    return {}
+
+
+def parse_time(text: str) -> datetime.datetime | int:
+    """An ISO 8601 time (``Z`` or an offset; none: local time) or epoch ms."""
+    if text.isdigit():
+        return int(text)
+    try:
+        return datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--deliver-at {text!r} is neither an ISO 8601 time nor epoch ms") \
+            from None
+
+
+_SPAN_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_span(text: str) -> int:
+    """``1500ms``, ``90s``, ``5m``, ``2h``, ``1d`` or a bare number of ms -> ms."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)?", text.strip())
+    if match is None:
+        raise UsageError(f"--delay {text!r} is not a span (e.g. 1500ms, 90s, 5m, 2h, 1d)")
+    return round(float(match.group(1)) * _SPAN_UNITS[match.group(2) or "ms"])
+
+
+def cmd_recall(args: argparse.Namespace) -> int:
+    with Producer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as producer:
+        key = producer.recall(args.topic, args.handle)
+    if args.json:
+        emit_json({"recalled": True, "topic": args.topic, "msgKey": key})
+    else:
+        out.print(f"recalled {key} in {args.topic}: it will not be delivered")
+    return EXIT_OK
+
+
+def _send_many(producer: Producer, args: argparse.Namespace,
+               timer: dict[str, Any]) -> list[SendResult]:
     """``--count N --size BYTES``: pipelined sends with a progress bar (human mode)."""
     from rich.progress import Progress
 
@@ -60,13 +111,13 @@ def _send_many(producer: Producer, args: argparse.Namespace) -> list[SendResult]
     body_for = _body_maker(args.size)
     with Progress(console=err, disable=args.json or args.count < 100, transient=True) as progress:
         task = progress.add_task(f"sending {args.count} messages", total=args.count)
-        if args.delay_level:  # send_async coalesces into batches, which cannot be delayed
+        if args.delay_level or timer:  # send_async batches, which cannot be delayed
             results = []
             for i in range(args.count):
                 results.append(producer.send(args.topic, body_for(i), args.tags, args.keys,
                                              queue_id=args.queue, delay_level=args.delay_level,
                                              shard_key=args.shard_key,
-                                             broker_name=args.broker_name))
+                                             broker_name=args.broker_name, **timer))
                 progress.advance(task)
             return results
         for i in range(args.count):
@@ -105,6 +156,7 @@ def _print_sends(args: argparse.Namespace, results: list[SendResult], single: bo
                     ("queueId", r.queue_id),
                     ("queueOffset", r.queue_offset),
                     ("commitLogOffset", r.commit_log_offset),
+                    *([("recallHandle", r.recall_handle)] if r.recall_handle else []),
                 ],
             )
         )

@@ -4,11 +4,13 @@ retries of async sends."""
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import heapq
 import itertools
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -40,11 +42,13 @@ from common.core.message import (
     DEFAULT_COMPRESS_OVER_BYTES,
     PROPERTY_DELAY,
     PROPERTY_SHARDING_KEY,
+    PROPERTY_UNIQ_KEY,
     SYSFLAG_COMPRESSED,
     Message,
     compress_body,
     java_hash,
 )
+from common.core.timer import TIMER_DELAY_MS, TIMER_DELIVER_MS, RecallHandle, requested
 from common.format.protocol import MAX_GROUP_LENGTH, META_ITEMS, TOPIC_PATTERN, RequestCode
 
 
@@ -53,6 +57,45 @@ def shard_queue(shard_key: str, queue_nums: int) -> int:
     ``hashCode``, made non-negative, modulo the queue count), so a Java producer of the same
     topic sends the key to the same queue. A topic that gains queues moves keys, as in Kafka."""
     return abs(java_hash(shard_key)) % queue_nums
+
+
+def _with_timer(properties: dict[str, str] | None, deliver_at: datetime.datetime | int | None,
+                delay: datetime.timedelta | int | None, delay_level: int) -> dict[str, str]:
+    """The properties of a timer message (RocketMQ 5's, and a unique key of the client's, so
+    that a retried send and its first attempt are recalled together)."""
+    if deliver_at is not None and delay is not None:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "give deliver_at or delay, not both", False)
+    if delay_level:
+        raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                          "give delay_level or a timer (deliver_at, delay), not both", False)
+    props = dict(properties or {})
+    if deliver_at is not None:
+        if isinstance(deliver_at, datetime.datetime):
+            at_ms = round(deliver_at.timestamp() * 1000)
+        elif isinstance(deliver_at, int) and not isinstance(deliver_at, bool):
+            at_ms = deliver_at
+        else:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"deliver_at must be a datetime or epoch ms, not {deliver_at!r}",
+                              False)
+        if at_ms < 0:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"deliver_at {at_ms} is negative",
+                              False)
+        props[TIMER_DELIVER_MS] = str(at_ms)
+    else:
+        if isinstance(delay, datetime.timedelta):
+            delay_ms = round(delay.total_seconds() * 1000)
+        elif isinstance(delay, int) and not isinstance(delay, bool):
+            delay_ms = delay
+        else:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
+                              f"delay must be a timedelta or ms, not {delay!r}", False)
+        if delay_ms < 0:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, f"delay {delay_ms} ms is negative",
+                              False)
+        props[TIMER_DELAY_MS] = str(delay_ms)
+    props.setdefault(PROPERTY_UNIQ_KEY, uuid.uuid4().hex.upper())
+    return props
 
 
 def _with_shard_key(properties: dict[str, str] | None, shard_key: str | None,
@@ -255,12 +298,21 @@ class Producer(ClientBase):
         flag: int = 0,
         shard_key: str | None = None,
         broker_name: str | None = None,
+        deliver_at: datetime.datetime | int | None = None,
+        delay: datetime.timedelta | int | None = None,
     ) -> SendResult:
         """One message; ``shard_key`` picks its queue (every message of a key to one queue, in
         order: RocketMQ's SelectMessageQueueByHash, Kafka's keyed partitioning), ``queue_id``
         names one, neither spreads them round robin. ``broker_name`` keeps the send to one
-        broker group (and names the group of ``queue_id`` when several hold the topic)."""
+        broker group (and names the group of ``queue_id`` when several hold the topic).
+
+        A timer message: ``deliver_at`` (a datetime, naive ones in local time, or epoch ms) or
+        ``delay`` (a timedelta or ms, counted from when the broker receives it) holds it until
+        then (never earlier; later by at most the broker's ``timerPrecisionMs`` and its load);
+        its result's ``recall_handle`` cancels it with ``recall`` until it is due."""
         properties = _with_shard_key(properties, shard_key, queue_id)
+        if deliver_at is not None or delay is not None:
+            properties = _with_timer(properties, deliver_at, delay, delay_level)
         msg = Message(topic, body, tags, keys, dict(properties or {}), flag, delay_level)
         self._check(msg)
         body, sys_flag = self._deflate(msg)
@@ -279,6 +331,26 @@ class Producer(ClientBase):
             return send_results(topic, resp, mq.broker_name)[0]
 
         return self._routed(topic, queue_id, shard_key, broker_name,  # type: ignore[no-any-return]
+                            attempt)
+
+    def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a timer message that is not due yet, by the ``recall_handle`` its send
+        returned; returns its message key. Refused (BrokerError MESSAGE_ILLEGAL) once it is due:
+        it is delivered then, or about to be. A recall within one tick of the delivery time may
+        come too late to stop it (RocketMQ's RecallMessage has the same window)."""
+        try:
+            handle = RecallHandle.decode(recall_handle)
+        except ValueError as e:
+            raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, str(e), False) from None
+        fields = {"topic": topic, "recallHandle": recall_handle}
+
+        def attempt(cluster: Cluster, address: str, _mq: MessageQueue) -> str:
+            resp = cluster.request(address, RequestCode.RECALL_MESSAGE, fields)
+            if resp.code != ResponseCode.SUCCESS:
+                raise BrokerError(resp.code, resp.remark)
+            return str(resp.fields.get("msgId", handle.uniq_key))
+
+        return self._routed(topic, None, None, handle.broker_name,  # type: ignore[no-any-return]
                             attempt)
 
     def send_batch(
@@ -321,10 +393,10 @@ class Producer(ClientBase):
             self._check(m)
             if m.topic != topic:
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL, "a batch holds one topic", False)
-            if m.delay_level > 0 or PROPERTY_DELAY in m.properties:
+            if m.delay_level > 0 or PROPERTY_DELAY in m.properties or requested(m.properties):
                 raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                                  "a batch cannot hold delayed messages (send them one by one)",
-                                  False)
+                                  "a batch cannot hold delayed or timer messages (send them one "
+                                  "by one)", False)
         deflated = [self._deflate(m) for m in msgs]
         metas = [_message_meta(m, sys_flag) for m, (_, sys_flag) in zip(msgs, deflated, strict=True)]
         if any(m is not None for m in metas):
@@ -364,10 +436,10 @@ class Producer(ClientBase):
         else:
             msg = Message(topic, body, tags, keys, dict(properties or {}))
             self._check(msg)
-            if PROPERTY_DELAY in msg.properties:  # it would travel in a batch, which cannot
-                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,
-                                  "send_async cannot delay a message: use send(delay_level=...)",
-                                  False)
+            if PROPERTY_DELAY in msg.properties or requested(msg.properties):
+                raise BrokerError(ResponseCode.MESSAGE_ILLEGAL,  # it would travel in a batch
+                                  "send_async cannot delay a message: use send(delay_level=..., "
+                                  "deliver_at=..., delay=...)", False)
             body, sys_flag = self._deflate(msg)
             meta = _message_meta(msg, sys_flag)
         future: concurrent.futures.Future[SendResult] = LightFuture()

@@ -118,9 +118,10 @@ class SendResult(NamedTuple):
     commit_log_offset: int
     topic: str = ""
     broker_name: str = ""  # the broker group that stored it: its queue is (broker_name, queue_id)
+    recall_handle: str = ""  # a timer message's: Producer.recall cancels it with this
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "status": self.status.value,
             "msgId": self.msg_id,
             "queueId": self.queue_id,
@@ -128,6 +129,9 @@ class SendResult(NamedTuple):
             "commitLogOffset": self.commit_log_offset,
             "brokerName": self.broker_name,
         }
+        if self.recall_handle:
+            out["recallHandle"] = self.recall_handle
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +178,11 @@ def send_results(topic: str, resp: Response, broker_name: str = "") -> list[Send
     else:  # one hex conversion for the whole batch, cut in 16 digits per id
         digits = struct.pack(f">{len(offsets)}Q", *offsets).hex().upper()
         ids = [prefix + digits[i : i + 16] for i in range(0, len(digits), 16)]
+    handle = fields.get("recallHandle") or ""
+    if type(handle) is not str:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed send answer {fields!r:.200}")
     return [
-        make(cls, (status, msg_id, queue_id, first + i, phy, topic, broker_name))
+        make(cls, (status, msg_id, queue_id, first + i, phy, topic, broker_name, handle))
         for i, (msg_id, phy) in enumerate(zip(ids, offsets, strict=True))
     ]
 

@@ -33,6 +33,9 @@ DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 
 # differently (a default changed, a rolling upgrade) still replicate.
 HA_MAX_TRANSFER_BATCH = 1024 * 1024
 
+# The timer wheel: this many slots whatever the precision (RocketMQ's 7 days of seconds)
+TIMER_WHEEL_TICKS = 7 * 86_400
+
 @dataclasses.dataclass(frozen=True)
 class BrokerConfig:
     """Every key a broker understands, with RocketMQ's defaults. Frozen once loaded: what a
@@ -113,6 +116,16 @@ class BrokerConfig:
     cleanResourceInterval: int = 10_000
     # schedule / index / topics
     messageDelayLevel: str = DEFAULT_DELAY_LEVELS
+    # timer messages (RocketMQ 5's names and defaults; common/store/timer/)
+    timerWheelEnable: bool = True
+    timerPrecisionMs: int = 1000  # a tick: deliveries are late by less than one, never early
+    timerMaxDelaySec: int = 259_200  # 3 days: a later delivery is refused
+    timerRollWindowSlot: int = 172_800  # ticks ahead the wheel holds; later ones are re-put
+    timerFlushIntervalMs: int = 1000  # the timer's checkpoint
+    timerCongestNumEachSlot: int = 2_147_483_647  # a tick holding this many refuses more
+    timerStopEnqueue: bool = False  # pause putting timer messages on the wheel
+    timerStopDequeue: bool = False  # pause deliveries
+    mappedFileSizeTimerLog: int = 100 * 1024 * 1024
     maxHashSlotNum: int = 5_000_000
     maxIndexNum: int = 20_000_000
     messageIndexEnable: bool = True
@@ -209,6 +222,16 @@ class BrokerConfig:
                  "maxHaTransferByteInSecond", "must be >= 100 x haTransferBatchSize (it is "
                  "enforced per 10 ms)")
         parse_delay_levels(self.messageDelayLevel)
+        precision = self.timerPrecisionMs
+        _require(100 <= precision <= 60_000 and (1000 % precision == 0 or precision % 1000 == 0),
+                 "timerPrecisionMs", "must be 100..60000 ms, a divisor or a multiple of a second")
+        _require(self.timerMaxDelaySec >= 1, "timerMaxDelaySec", "must be >= 1")
+        _require(1 <= self.timerRollWindowSlot < 2 * TIMER_WHEEL_TICKS, "timerRollWindowSlot",
+                 f"must be in 1..{2 * TIMER_WHEEL_TICKS - 1} (the wheel's two spans)")
+        _require(self.timerFlushIntervalMs >= 10, "timerFlushIntervalMs", "must be >= 10")
+        _require(self.timerCongestNumEachSlot >= 1, "timerCongestNumEachSlot", "must be >= 1")
+        _require(self.mappedFileSizeTimerLog >= 52 * 16 + 16, "mappedFileSizeTimerLog",
+                 "must hold at least 16 units of 52 bytes")
         if self.aclEnable:
             _require(bool(self.curveSecretKeyFile), "curveSecretKeyFile",
                      "aclEnable needs this broker's secret key file (replog keys new NAME)")

@@ -23,6 +23,9 @@ class PutStatus(enum.Enum):
     PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
     OS_PAGE_CACHE_BUSY = "OS_PAGE_CACHE_BUSY"
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
+    WHEEL_TIMER_FLOW_CONTROL = "WHEEL_TIMER_FLOW_CONTROL"  # the tick is full: send later
+    WHEEL_TIMER_MSG_ILLEGAL = "WHEEL_TIMER_MSG_ILLEGAL"  # a time too far, or not a time
+    WHEEL_TIMER_NOT_ENABLE = "WHEEL_TIMER_NOT_ENABLE"  # timerWheelEnable is off
 
     @property
     def stored(self) -> bool:

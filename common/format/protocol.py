@@ -101,6 +101,7 @@ class RequestCode(enum.IntEnum):
     GET_ALL_DELAY_OFFSET = 45  # delayOffset.json, as a body frame (a slave syncs it)
     GET_BROKER_CLUSTER_ACL_INFO = 52  # the ACL in force: version, digest, accounts (admin)
     SEND_BATCH = 320
+    RECALL_MESSAGE = 370  # cancel a timer message not delivered yet, by its recall handle
     PROMOTE = 1001  # replog: turn a slave into its group's master
     CONSUMER_HEARTBEAT = 1002  # replog: a group consumer is alive (or leaves); -> members
     LOG_CHECKSUM = 1003  # replog: sha256 of a CommitLog range (replicas compared remotely)
@@ -282,6 +283,11 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "sizes": Field("sizes"),  # bodies packed in one frame: each one's length, in order
         "bornTimestamp": _BORN,
     }, _PUB, kind=WRITE, acked=True, names_topic=True, bodies=(1, None)),
+    RequestCode.RECALL_MESSAGE: RequestSpec({
+        "topic": _TOPIC,
+        "recallHandle": Field("str", required=True, lo=1, hi=1024),
+        "producerGroup": _GROUP,
+    }, _PUB, kind=WRITE, acked=True, names_topic=True),
     RequestCode.PULL: RequestSpec({
         "topic": _TOPIC,
         "queueId": _QUEUE,

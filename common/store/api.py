@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from common.core.message import Message, MessageExt
@@ -155,6 +155,8 @@ class Store(WriteStore, ReplicationStore, Protocol):
     def become_master(self) -> None: ...
 
     def become_slave(self) -> None: ...
+
+    def timer_status(self) -> dict[str, Any]: ...
 
 
 def _conforms(store: MessageStore) -> Iterator[Store]:

@@ -19,6 +19,9 @@ CommitLog, reput and the put path never name its topic.
   schedule topic's is the delivery time, which its queue is walked by).
 - **Master services**: made and started when the store becomes a master's, stopped when it
   stops being one (a thread cannot start twice, so each start makes a new one).
+- **Store services**: run by every store, master or slave, from its start (after recovery and
+  reput's catch-up) to its shutdown (before the CommitLog closes): a timer's enqueue and
+  checkpoint threads.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class StoreExtensions:
         self.dispatchers: list[RecordDispatcher] = []
         self.tags_code_rules: dict[str, TagsCodeRule] = {}
         self.master_services: dict[str, Callable[[], MasterService]] = {}
+        self.services: dict[str, MasterService] = {}  # every store's, master or slave
         self._watched: list[str] = list(_BUILT_IN_WATCHES)
         # "NAME\x01" of each watched property: a record whose raw properties hold none of
         # these has nothing to decode (most records with properties carry only these few)
@@ -114,6 +118,11 @@ class StoreExtensions:
         if name in self.master_services:
             raise ValueError(f"a master service named {name} is registered already")
         self.master_services[name] = factory
+
+    def add_service(self, name: str, service: MasterService) -> None:
+        if name in self.services:
+            raise ValueError(f"a store service named {name} is registered already")
+        self.services[name] = service
 
     def watch(self, *properties: str) -> None:
         """Decode the properties of records that carry any of these."""

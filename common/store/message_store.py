@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from common.core.config import BrokerConfig, parse_delay_levels
 from common.core.errors import CorruptionError, GetStatus, PutStatus, StoreError
@@ -53,6 +53,7 @@ from common.store.reput import (
     tail_records,
 )
 from common.store.schedule import DelayLevels, ScheduleService
+from common.store.timer.service import TimerStore
 
 log = logging.getLogger("replog.store")
 
@@ -223,6 +224,8 @@ class MessageStore:
         self.delivery_gate: Callable[[], str] | None = None
         self.delay = DelayLevels(self, self.delay_levels_ms)
         self.delay.install(self.extensions, self.index_dispatcher)
+        self.timer = TimerStore(self, cfg)  # after delay levels: a delay level wins
+        self.timer.install(self.extensions, self.index_dispatcher)
         self.cleaner = CleanService(self)
         self._master_services: dict[str, MasterService] = {}  # running, by name
 
@@ -401,6 +404,9 @@ class MessageStore:
         self._services += [self._flusher, self._cq_flusher, self.reput, self.cleaner]
         for service in self._services:
             service.start()  # type: ignore[attr-defined]
+        for name, extra in self.extensions.services.items():
+            extra.start()
+            log.info("event=store_service_started name=%s", name)
         self.set_master_services(self._start_master_services)
 
     def set_master_services(self, enabled: bool) -> None:
@@ -470,6 +476,8 @@ class MessageStore:
         self.commit_log.writeable = False
         self.commit_log.not_writeable_reason = "store is shutting down"
         self.set_master_services(False)
+        for extra in reversed(list(self.extensions.services.values())):
+            extra.shutdown()
         for service in reversed(self._services):
             service.shutdown()  # type: ignore[attr-defined]
         self._services.clear()
@@ -910,6 +918,9 @@ class MessageStore:
                 self.checkpoint.flush()
 
     # ---- figures --------------------------------------------------------------------------------
+    def timer_status(self) -> dict[str, Any]:
+        return self.timer.status()
+
     def snapshot(self) -> StoreStats:
         cl = self.commit_log
         rec = self.recovery

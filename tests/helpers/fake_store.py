@@ -9,6 +9,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from common.core.errors import GetStatus, PutStatus
 from common.core.message import (
@@ -66,6 +67,9 @@ class FakeStore:
 
     def reput_end(self) -> int:
         return self.phy  # no controller here: nothing is held back
+
+    def timer_status(self) -> dict[str, Any]:
+        return {"enabled": False}
 
     # ---- lifecycle and roles ------------------------------------------------------------------
     def start(self) -> None:

@@ -53,6 +53,8 @@ class Writer(Protocol):
 
     def send_back(self, req: Request) -> Reply: ...
 
+    def recall(self, req: Request) -> Reply: ...
+
 
 class Services(Protocol):
     """The broker as the processors see it (implemented by ``common.broker.broker.Broker``)."""

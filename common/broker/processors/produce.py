@@ -1,4 +1,4 @@
-"""Writes: SEND, SEND_BATCH, CONSUMER_SEND_MSG_BACK, CREATE_TOPIC. Each goes to the master role
+"""Writes: SEND, SEND_BATCH, CONSUMER_SEND_MSG_BACK, CREATE_TOPIC, RECALL_MESSAGE. Each goes to the master role
 (``master/role.py``) once the broker says it may write (``Services.writer``: a slave, a broker
 still starting, a fenced master refuse it there, before anything reaches the store)."""
 
@@ -33,9 +33,15 @@ def create_topic(ctx: Context, req: Request) -> Reply:
     return w if isinstance(w, Response) else w.create_topic(req)
 
 
+def recall(ctx: Context, req: Request) -> Reply:
+    w = _write(ctx, req)
+    return w if isinstance(w, Response) else w.recall(req)
+
+
 HANDLERS = {
     RequestCode.SEND: send,
     RequestCode.SEND_BATCH: send_batch,
     RequestCode.CONSUMER_SEND_MSG_BACK: send_back,
     RequestCode.CREATE_TOPIC: create_topic,
+    RequestCode.RECALL_MESSAGE: recall,
 }

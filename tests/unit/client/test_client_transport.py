@@ -70,10 +70,11 @@ class ScriptedBroker:
                 self._sock.send_multipart([identity, *encode_response(ResponseCode.SUCCESS,
                                                                       opaque + 1000)])
             fields = {"echo": opaque, **self.fields}
+            # counted before the answer leaves: a caller that has its answer sees it counted
+            self.served += 1
             self._sock.send_multipart(
                 [identity, *encode_response(ResponseCode.SUCCESS, opaque, "", fields)]
             )
-            self.served += 1
 
     def close(self) -> None:
         self._stop.set()

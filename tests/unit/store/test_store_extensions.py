@@ -13,10 +13,12 @@ import pytest
 from common.core.config import load_config
 from common.core.errors import PutStatus
 from common.core.message import SCHEDULE_SOURCE, SCHEDULE_TOPIC, Message
+from common.core.timer import TIMER_SOURCE
 from common.store.commit_log import PutResult, refused
 from common.store.extensions import DispatchRequest
 from common.store.message_store import MessageStore
 from common.store.schedule import DelayLevels
+from common.store.timer.messages import TimerHook
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -178,7 +180,7 @@ def test_master_services_start_and_stop_through_one_switch(tmp_path: Path) -> No
         assert events == [] and s.master_services_running == []
         s.become_master()
         assert events == ["start one", "start two"]
-        assert s.master_services_running == ["schedule", "one", "two"]
+        assert s.master_services_running == ["schedule", "timer-dequeue", "one", "two"]
         s.become_slave()
         assert events[2:] == ["stop two", "stop one"] and s.master_services_running == []
         s.set_master_services(True)  # a thread starts once: each start makes a new service
@@ -188,15 +190,19 @@ def test_master_services_start_and_stop_through_one_switch(tmp_path: Path) -> No
     assert events[-2:] == ["stop two", "stop one"]
 
 
-def test_delay_levels_are_registered_extensions_only(tmp_path: Path) -> None:
+def test_delay_levels_and_the_timer_are_registered_extensions_only(tmp_path: Path) -> None:
     """The put path and reput name no special topic: delay levels are one put hook, one
-    tags-code rule, one indexed property and one master service."""
+    tags-code rule, one indexed property and one master service; the timer one put hook (after
+    delay levels': a level wins), one dispatcher, one indexed property, one store service and
+    one master service."""
     s = _store(tmp_path)
     ext = s.extensions
-    assert [type(h) for h in ext.put_hooks] == [DelayLevels]
+    assert [type(h) for h in ext.put_hooks] == [DelayLevels, TimerHook]
     assert list(ext.tags_code_rules) == [SCHEDULE_TOPIC]
-    assert list(ext.master_services) == ["schedule"]
-    assert s.index_dispatcher is not None and s.index_dispatcher.watches == (SCHEDULE_SOURCE,)
+    assert list(ext.master_services) == ["schedule", "timer-dequeue"]
+    assert list(ext.services) == ["timer"] and s.timer in ext.dispatchers
+    assert s.index_dispatcher is not None
+    assert s.index_dispatcher.watches == (SCHEDULE_SOURCE, TIMER_SOURCE)
     s.start()
     try:
         result = s.put(Message("real", b"later", delay_level=2), 3)

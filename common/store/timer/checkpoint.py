@@ -1,0 +1,63 @@
+"""``config/timercheck`` (``layout.py``): where the timer stands, written last at each
+checkpoint (after the TimerLog and the wheel), so it never claims more than they hold.
+
+``last_read_time_ms``: the next tick to deliver (a master's progress; a slave keeps what its
+master's table said). ``last_timer_log_flush_pos``: the TimerLog holds every unit up to here.
+``last_timer_queue_offset``: every timer-topic message below this queue offset is on the wheel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from common.core.errors import StoreError
+from common.store.timer.layout import CHECKPOINT, CHECKPOINT_SIZE
+
+
+@dataclasses.dataclass
+class TimerCheckpoint:
+    path: Path
+    last_read_time_ms: int = 0
+    last_timer_log_flush_pos: int = 0
+    last_timer_queue_offset: int = 0
+    master_timer_queue_offset: int = 0
+    state_version: int = 0
+    timestamp: int = 0
+    counter: int = 0
+
+    @classmethod
+    def load(cls, path: Path) -> TimerCheckpoint:
+        """The file's values (zeros for a new one); a file of another size is refused."""
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return cls(path)
+        if len(raw) != CHECKPOINT_SIZE:
+            raise StoreError(f"{path} is {len(raw)} bytes, a timer checkpoint is "
+                             f"{CHECKPOINT_SIZE}")
+        values = CHECKPOINT.unpack_from(raw)
+        if min(values[:4]) < 0:
+            raise StoreError(f"{path} holds a negative position {values[:4]}: it is damaged")
+        return cls(path, *values)
+
+    def encode(self) -> bytes:
+        page = bytearray(CHECKPOINT_SIZE)
+        CHECKPOINT.pack_into(page, 0, self.last_read_time_ms, self.last_timer_log_flush_pos,
+                             self.last_timer_queue_offset, self.master_timer_queue_offset,
+                             self.state_version, self.timestamp, self.counter)
+        return bytes(page)
+
+    def flush(self) -> None:
+        """Write the page in place and sync it (one 4 KiB page: written whole or not)."""
+        self.counter += 1
+        self.timestamp = int(time.time() * 1000)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, self.encode(), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,590 @@
+"""The timer of one store (RocketMQ 5's ``TimerMessageStore``): enqueue, dequeue, checkpoint.
+
+* **Enqueue** (every broker, master or slave: ``replog-timer-enqueue``): reads the timer
+  topic's ConsumeQueue from where it stands (so only what reput dispatched, i.e. confirmed
+  records), reads each record's properties and appends its unit to the TimerLog, linked into
+  its tick's slot. A tick already delivered (or being delivered) takes the unit on the next
+  one. A delivery time past the roll window puts the unit on the window's last tick, marked
+  *roll*. A recall marker (``TIMER_DEL_UNIQKEY``) is a *delete* unit in the tick it names.
+* **Dequeue** (a master only, a master service: ``replog-timer-dequeue``): once a tick has
+  wholly passed, walks its units, drops the ones a delete names, re-puts the roll ones to the
+  timer topic (``TIMER_ROLL_TIMES`` + 1) and delivers the others to their real topic and queue
+  with ``TIMER_ENQUEUE_MS``, ``TIMER_DEQUEUE_MS`` and ``__TIMER_SRC`` (the timer record's
+  offset, indexed on every broker), then moves to the next tick. A put that fails is tried
+  again (the tick is not left); a fenced master (``store.delivery_gate``) delivers nothing.
+* **Exactly once**: a master delivers its ticks in order, so what one log holds delivered is a
+  prefix of the ticks. A dequeue that starts (a start after a crash, a promotion, an election)
+  does not know where the last master stopped: until it meets a tick with units none of which
+  its own log holds a delivery of, it looks each one up (the index, and the records past the
+  confirmed offset that reput has not indexed yet) and skips what was delivered. A delivery
+  lost with its master (never replicated) is delivered again by the next one.
+* **Checkpoint** (every broker, ``replog-timer-flush``, every ``timerFlushIntervalMs``), in
+  RocketMQ's order: prepare (under the lock: the TimerLog's end, the queue offset enqueued, the
+  next tick, the dirty wheel slots), flush the TimerLog, write the wheel's slots, write
+  ``timercheck``. A crash anywhere leaves ``timercheck`` claiming no more than the files hold;
+  recovery cuts the TimerLog there, mends the slots that name a unit past it (walking back by
+  ``prevPos``) and enqueues again from the checkpoint's queue offset.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from common.core.config import TIMER_WHEEL_TICKS, BrokerConfig
+from common.core.errors import PutStatus
+from common.core.message import (
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    Message,
+    MessageExt,
+    decode_properties,
+    java_hash,
+)
+from common.core.timer import (
+    REQUESTED,
+    TIMER_DEL_UNIQKEY,
+    TIMER_DEQUEUE_MS,
+    TIMER_ENQUEUE_MS,
+    TIMER_OUT_MS,
+    TIMER_ROLL_TIMES,
+    TIMER_SOURCE,
+    TIMER_TICK,
+    TIMER_TOPIC,
+)
+from common.format import record
+from common.store.timer.checkpoint import TimerCheckpoint
+from common.store.timer.layout import (
+    MAGIC_DEFAULT,
+    MAGIC_DELETE,
+    MAGIC_ROLL,
+    NO_POS,
+    UNIT,
+    UNIT_SIZE,
+)
+from common.store.timer.messages import TimerHook
+from common.store.timer.timer_log import TimerLog, Unit
+from common.store.timer.wheel import TimerWheel
+
+if TYPE_CHECKING:
+    from common.store.extensions import StoreExtensions
+    from common.store.index import IndexDispatcher
+    from common.store.message_store import MessageStore
+
+log = logging.getLogger("replog.timer")
+
+ENQUEUE_BATCH = 1024  # queue entries read per pass
+IDLE_WAIT_S = 0.1
+RETRY_WAIT_S = 0.2  # a tick whose deliveries failed is tried again after this
+MAX_WALK = 10_000_000  # units followed in one tick's chain before it is declared broken
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+class TimerStore:
+    def __init__(self, store: MessageStore, cfg: BrokerConfig,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self._clock = clock
+        self.enabled = cfg.timerWheelEnable
+        self.precision_ms = cfg.timerPrecisionMs
+        self.roll_window_ms = cfg.timerRollWindowSlot * cfg.timerPrecisionMs
+        self.flush_interval_s = cfg.timerFlushIntervalMs / 1000.0
+        self.congest_num = cfg.timerCongestNumEachSlot
+        self.stop_enqueue = cfg.timerStopEnqueue
+        self.stop_dequeue = cfg.timerStopDequeue
+        root = store.root
+        self.wheel_path = root / "timerwheel"
+        self.log_dir = root / "timerlog"
+        self.checkpoint_path = root / "config" / "timercheck"
+        self._file_size = cfg.mappedFileSizeTimerLog
+        self.wheel: TimerWheel | None = None
+        self.log: TimerLog | None = None
+        self.checkpoint = TimerCheckpoint(self.checkpoint_path)
+        self.lock = threading.Lock()  # the wheel, the log's appends, the two positions
+        self.enqueued_offset = 0  # the timer topic's next queue offset to put on the wheel
+        self.read_time_ms = 0  # the next tick to deliver
+        # the newest tick this store's log holds a delivery (or a roll) of: a master delivers
+        # its ticks in order, so every tick before it is done (reput's dispatcher tells it)
+        self.delivered_tick = 0
+        self.dequeuing = False  # a master's dequeue runs (a slave's read time follows its log)
+        # the tick whose units the dequeue took (under the lock): an enqueue must not add to it
+        self.delivering_tick = -1
+        self.hook = TimerHook(self.enabled, self.precision_ms, cfg.timerMaxDelaySec,
+                              self._congested, clock)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._dequeue: TimerDequeue | None = None
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.lateness_ms: collections.deque[int] = collections.deque(maxlen=10_000)
+
+    def set_clock(self, clock: Callable[[], float]) -> None:
+        """Tests: the time the hook, the enqueue and the dequeue go by (before ``start``)."""
+        self._clock = clock
+        self.hook._clock = clock
+
+    # ---- registration (before the store starts) ------------------------------------------------
+    def install(self, ext: StoreExtensions, index: IndexDispatcher | None) -> None:
+        ext.add_put_hook(self.hook)
+        ext.watch(TIMER_SOURCE)  # the dequeue reads it in the records not dispatched yet
+        ext.add_dispatcher(self)
+        if index is not None:
+            index.index_property(TIMER_SOURCE)
+        ext.add_service("timer", self)
+        ext.add_master_service("timer-dequeue", self.new_dequeue)
+
+    # ---- a record dispatcher: deliveries seen in the log --------------------------------------------
+    name = "timer"
+    watches: tuple[str, ...] = (TIMER_TICK,)
+
+    def dispatch(self, req: Any) -> None:
+        tick = req.properties.get(TIMER_TICK)
+        if tick is not None and tick.isdigit() and int(tick) > self.delivered_tick:
+            self.delivered_tick = int(tick)
+
+    # ---- the store's service: recovery, enqueue, checkpoint ---------------------------------------
+    def start(self) -> None:
+        if not self.enabled:
+            return
+        self._recover()
+        self.store.add_arrival_listener(self._on_arrival)
+        self._stop.clear()
+        for target, name in ((self._enqueue_loop, "replog-timer-enqueue"),
+                             (self._flush_loop, "replog-timer-flush")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def shutdown(self) -> None:
+        if not self.enabled or self.wheel is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(10)
+        self._threads.clear()
+        self.flush()
+        assert self.log is not None
+        self.log.shutdown()
+        self.wheel.close()
+
+    def _recover(self) -> None:
+        cp = TimerCheckpoint.load(self.checkpoint_path)
+        self.checkpoint = cp
+        self.wheel = TimerWheel(self.wheel_path, TIMER_WHEEL_TICKS, self.precision_ms)
+        self.log = TimerLog(self.log_dir, self._file_size)
+        self.log.load()
+        self.log.recover(cp.last_timer_log_flush_pos)
+        mended = self._mend_slots(cp.last_timer_log_flush_pos)
+        self.enqueued_offset = cp.last_timer_queue_offset
+        now_tick = self._tick(self.now_ms())
+        self.read_time_ms = cp.last_read_time_ms or now_tick
+        log.info("event=timer_recovered log_end=%d queue_offset=%d read_time_ms=%d "
+                 "slots_mended=%d", self.log.end, self.enqueued_offset, self.read_time_ms, mended)
+
+    def _mend_slots(self, end: int) -> int:
+        """Slots written after the TimerLog was cut (a crash between the wheel's write and
+        the checkpoint's) may name units past ``end``. A tick's units sit at increasing
+        positions, so what it keeps is the newest of its units below ``end`` and the chain
+        back from there: one scan back from ``end`` finds each such tick's newest unit."""
+        assert self.wheel is not None and self.log is not None
+        broken = [slot for slot in self.wheel.slots_from(0) if slot.last_pos >= end]
+        if not broken:
+            return 0
+        wanted = {slot.time_ms: slot for slot in broken if slot.first_pos < end}
+        for slot in broken:
+            if slot.time_ms not in wanted:
+                self.wheel.clear(slot.time_ms)  # every unit of the tick was past the cut
+        newest: dict[int, int] = {}
+        lowest = min((slot.first_pos for slot in wanted.values()), default=end)
+        for mf in reversed(self.log.queue.files):
+            base = mf.file_from_offset
+            if base >= end:
+                continue
+            top = min(mf.wrote_position, end - base)
+            pos = top - top % UNIT_SIZE
+            while pos >= UNIT_SIZE and len(newest) < len(wanted):
+                pos -= UNIT_SIZE
+                if base + pos < lowest:
+                    break
+                unit = self.log.read(base + pos)
+                if unit is not None and unit.write_time_ms in wanted \
+                        and unit.write_time_ms not in newest:
+                    newest[unit.write_time_ms] = base + pos
+            if len(newest) == len(wanted) or base <= lowest:
+                break
+        for tick, slot in wanted.items():
+            last = newest.get(tick)
+            if last is None:
+                self.wheel.clear(tick)
+                continue
+            count, pos = 0, last
+            while pos != NO_POS and count < MAX_WALK:
+                unit = self.log.read(pos)
+                if unit is None:
+                    break
+                count += 1
+                if pos == slot.first_pos:
+                    break
+                pos = unit.prev_pos
+            self.wheel.put(tick, slot.first_pos, last, count)
+        return len(broken)
+
+    def _on_arrival(self, topic: str, queue_id: int, _max_offset: int) -> None:
+        if topic == TIMER_TOPIC:
+            self._wake.set()
+
+    def _enqueue_loop(self) -> None:
+        while not self._stop.is_set():
+            moved = 0
+            if not self.stop_enqueue:
+                try:
+                    moved = self.enqueue_available()
+                except Exception:
+                    log.exception("event=timer_enqueue_failed offset=%d", self.enqueued_offset)
+                    self._stop.wait(RETRY_WAIT_S)
+            if not moved:
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+
+    def enqueue_available(self) -> int:
+        """Put every dispatched timer message past the enqueued offset on the wheel."""
+        store = self.store
+        cq = store.cq_store.get(TIMER_TOPIC, 0)
+        if cq is None:
+            return 0
+        if not self.dequeuing and self.delivered_tick > self.read_time_ms:
+            with self.lock:  # a slave: its master delivered up to there (its log says)
+                self.read_time_ms = max(self.read_time_ms, self.delivered_tick)
+        start = max(self.enqueued_offset, cq.min_queue_offset)
+        entries = cq.entries(start, ENQUEUE_BATCH)
+        done = 0
+        for q_off, phy, size, _code in entries:
+            raw = store.record_at(phy)
+            props = _properties(raw) if raw is not None else None
+            with self.lock:
+                if props is not None:
+                    self._enqueue(phy, size, props)
+                else:
+                    self.stats["unreadable"] += 1  # gone (retention) or damaged: skipped
+                self.enqueued_offset = q_off + 1
+            done += 1
+        if start > self.enqueued_offset:
+            with self.lock:
+                self.enqueued_offset = start
+        return done
+
+    def _enqueue(self, phy: int, size: int, props: dict[str, str]) -> None:
+        """Under the lock: one unit on the wheel."""
+        assert self.wheel is not None and self.log is not None
+        try:
+            deliver = int(props[TIMER_OUT_MS])
+        except (KeyError, ValueError):
+            self.stats["illegal"] += 1
+            log.warning("event=timer_message_illegal offset=%d reason=no TIMER_OUT_MS", phy)
+            return
+        magic = MAGIC_DEFAULT
+        if TIMER_DEL_UNIQKEY in props:
+            magic |= MAGIC_DELETE
+        floor = self.read_time_ms
+        if self.delivering_tick == floor:  # its units are being delivered: the next tick
+            floor += self.precision_ms
+        tick = max(self._tick_for(deliver), floor)
+        horizon = self.read_time_ms + self.roll_window_ms
+        if tick >= horizon:  # past the roll window: it waits on the window's last tick
+            tick = horizon - self.precision_ms
+            magic |= MAGIC_ROLL
+        slot = self.wheel.slot(tick)
+        prev = slot.last_pos
+        delay = max(INT32_MIN, min(INT32_MAX, deliver - tick))  # lateness figures only
+        unit = UNIT.pack(UNIT_SIZE, prev, magic, tick, delay, phy, size,
+                         java_hash(props.get(PROPERTY_REAL_TOPIC, "")), 0)
+        pos = self.log.append(unit)
+        first = slot.first_pos if slot.num else pos
+        self.wheel.put(tick, first, pos, slot.num + 1)
+        self.stats["enqueued"] += 1
+        if magic & MAGIC_ROLL:
+            self.stats["rolled_in"] += 1
+        elif deliver < tick:
+            self.stats["enqueued_late"] += 1  # its own tick was read already
+
+    def _tick_for(self, deliver_ms: int) -> int:
+        """The tick of a TIMER_OUT_MS (a tick already, or a time a roll left as it was)."""
+        return deliver_ms // self.precision_ms * self.precision_ms
+
+    # ---- the checkpoint ----------------------------------------------------------------------------
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            try:
+                self.flush()
+            except Exception:
+                log.exception("event=timer_flush_failed")
+
+    def flush(self) -> None:
+        """Prepare, flush the TimerLog, write the wheel, write the checkpoint: in that order."""
+        assert self.wheel is not None and self.log is not None
+        with self.lock:
+            log_end = self.log.end
+            queue_offset = self.enqueued_offset
+            read_time = self.read_time_ms if self.dequeuing else \
+                max(self.read_time_ms, self.delivered_tick)
+            slots = self.wheel.dirty()
+        self.log.flush()
+        self.wheel.write(slots)
+        cp = self.checkpoint
+        cp.last_timer_log_flush_pos = log_end
+        cp.last_timer_queue_offset = queue_offset
+        cp.last_read_time_ms = read_time
+        cp.flush()
+
+    # ---- the dequeue (a master service) ------------------------------------------------------------
+    def new_dequeue(self) -> TimerDequeue:
+        self._dequeue = TimerDequeue(self)
+        return self._dequeue
+
+    def due_units(self, tick: int) -> list[tuple[int, Unit]]:
+        """Under the lock: the tick's units, oldest first (position, unit)."""
+        assert self.wheel is not None and self.log is not None
+        slot = self.wheel.slot(tick)
+        out: list[tuple[int, Unit]] = []
+        pos = slot.last_pos
+        while pos != NO_POS and slot.num and len(out) < MAX_WALK:
+            unit = self.log.read(pos)
+            if unit is None or unit.write_time_ms != tick:
+                log.error("event=timer_chain_broken tick=%d pos=%d", tick, pos)
+                break
+            out.append((pos, unit))
+            if pos == slot.first_pos:
+                break
+            pos = unit.prev_pos
+        out.reverse()
+        return out
+
+    def advance(self, tick: int) -> None:
+        """The tick is done: the next one is read (under the lock, so no enqueue lands in a
+        tick being delivered)."""
+        with self.lock:
+            if self.read_time_ms == tick:
+                self.read_time_ms = tick + self.precision_ms
+
+    def _congested(self, tick: int) -> bool:
+        wheel = self.wheel
+        return wheel is not None and wheel.slot(tick).num >= self.congest_num
+
+    def _tick(self, time_ms: int) -> int:
+        return time_ms // self.precision_ms * self.precision_ms
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    # ---- status ----------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """Figures for ``replog timer status``, STATUS and the metrics: what is pending (all,
+        and due within a minute, an hour, a day), where delivery stands, lateness (ms after
+        the delivery time, of the last 10,000 deliveries), and the counters."""
+        if not self.enabled or self.wheel is None:
+            return {"enabled": self.enabled}
+        now = self.now_ms()
+        with self.lock:
+            read_time = self.read_time_ms
+            enqueued = self.enqueued_offset
+        wheel = self.wheel
+        horizon = read_time + self.roll_window_ms + self.precision_ms  # nothing waits past it
+        within = {name: wheel.count(read_time, max(read_time, now + span))
+                  for name, span in (("1m", 60_000), ("1h", 3_600_000), ("1d", 86_400_000))}
+        cq = self.store.cq_store.get(TIMER_TOPIC, 0)
+        late = sorted(self.lateness_ms)
+        return {
+            "enabled": True, "precisionMs": self.precision_ms, "readTimeMs": read_time,
+            "delivering": self.dequeuing,
+            "behindMs": max(0, now - read_time - self.precision_ms),
+            "enqueuedOffset": enqueued,
+            "enqueueLag": max(0, (cq.max_queue_offset if cq else 0) - enqueued),
+            "pending": wheel.count(read_time, horizon), "pendingWithin": within,
+            "latenessP50Ms": late[len(late) // 2] if late else 0,
+            "latenessP99Ms": late[int(len(late) * 0.99)] if late else 0,
+            "latenessMaxMs": late[-1] if late else 0,
+            "refused": self.hook.refused,
+            **{k: v for k, v in sorted(self.stats.items())},
+        }
+
+
+class TimerDequeue:
+    """The delivering thread of a master (made anew at each start: a master service)."""
+
+    def __init__(self, timer: TimerStore):
+        self._timer = timer
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.checking = True  # where the last master stopped is not known yet (exactly once)
+        self._pending: set[int] = set()
+
+    def start(self) -> None:
+        timer = self._timer
+        if not timer.enabled or timer.stop_dequeue:
+            return
+        store = timer.store
+        tail = [req.properties for req in store.undispatched_records()
+                if TIMER_SOURCE in req.properties]
+        self._pending = {int(props[TIMER_SOURCE]) for props in tail}
+        newest = max((int(p[TIMER_TICK]) for p in tail if p.get(TIMER_TICK, "").isdigit()),
+                     default=0)
+        with timer.lock:
+            timer.read_time_ms = max(timer.read_time_ms, timer.delivered_tick, newest)
+            timer.dequeuing = True
+        log.info("event=timer_dequeue_started read_time_ms=%d", timer.read_time_ms)
+        self._thread = threading.Thread(target=self._run, name="replog-timer-dequeue",
+                                        daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(10)
+        self._timer.dequeuing = False
+
+    def _run(self) -> None:
+        timer = self._timer
+        while not self._stop.is_set():
+            try:
+                moved = self.deliver_due(timer.now_ms())
+            except Exception:
+                log.exception("event=timer_dequeue_failed tick=%d", timer.read_time_ms)
+                moved = False
+            if not moved:
+                self._stop.wait(min(IDLE_WAIT_S, timer.precision_ms / 10_000))
+
+    def deliver_due(self, now_ms: int) -> bool:
+        """Deliver every tick that has wholly passed; True when any was done."""
+        timer = self._timer
+        moved = False
+        while not self._stop.is_set():
+            tick = timer.read_time_ms
+            if now_ms < tick + timer.precision_ms:
+                return moved
+            gate = timer.store.delivery_gate
+            if gate is not None and gate():
+                timer.stats["gated"] += 1
+                return moved
+            with timer.lock:
+                units = timer.due_units(tick)
+                timer.delivering_tick = tick
+            if not self._deliver_tick(tick, units, now_ms):
+                self._stop.wait(RETRY_WAIT_S)
+                return moved
+            timer.advance(tick)
+            moved = True
+        return moved
+
+    def _deliver_tick(self, tick: int, units: list[tuple[int, Unit]], now_ms: int) -> bool:
+        timer = self._timer
+        store = timer.store
+        deleted: set[str] = set()
+        normal: list[tuple[Unit, MessageExt]] = []
+        for _pos, unit in units:
+            held = store.message_by_offset(unit.offset_py)
+            if held is None or PROPERTY_REAL_TOPIC not in held.properties:
+                timer.stats["unreadable"] += 1
+                log.error("event=timer_skip offset=%d reason=unreadable_or_not_a_timer_record",
+                          unit.offset_py)
+                continue
+            target = held.properties.get(TIMER_DEL_UNIQKEY)
+            if unit.magic & MAGIC_DELETE and not unit.magic & MAGIC_ROLL:
+                # a marker deletes in its own topic only (a send to A recalls nothing of B)
+                if target is not None and \
+                        target.startswith(held.properties[PROPERTY_REAL_TOPIC] + "+"):
+                    deleted.add(target)
+                continue
+            normal.append((unit, held))  # a rolled marker rolls on to meet its message
+        delivered_any = False
+        for unit, held in normal:
+            real = held.properties[PROPERTY_REAL_TOPIC]
+            uniq = held.properties.get(PROPERTY_UNIQ_KEY, "")
+            if uniq and f"{real}+{uniq}" in deleted and TIMER_DEL_UNIQKEY not in held.properties:
+                timer.stats["recalled"] += 1
+                continue
+            roll = bool(unit.magic & MAGIC_ROLL)
+            # a unit enqueued after its own tick was read (a lagging enqueue, a slave's) may
+            # have been delivered by another master already: always looked up
+            if (self.checking or unit.delay < 0) and (
+                    unit.offset_py in self._pending or self._was_done(held, roll)):
+                delivered_any = True
+                timer.stats["skipped_delivered"] += 1
+                continue
+            if not self._put(held, unit, roll, now_ms, tick):
+                return False
+        if self.checking and normal and not delivered_any:
+            self.checking = False  # past where the last master stopped: no more look-ups
+        return True
+
+    def _was_done(self, held: MessageExt, roll: bool) -> bool:
+        """This store's log holds the delivery (or the roll) of ``held`` already."""
+        store = self._timer.store
+        index = store.index
+        if index is None:
+            return False
+        topic = TIMER_TOPIC if roll else held.properties[PROPERTY_REAL_TOPIC]
+        key = TIMER_SOURCE + str(held.commit_log_offset)
+        for found in index.query(topic, key, 4, 0, 2**62):
+            msg = store.message_by_offset(found)
+            if msg is not None and msg.properties.get(TIMER_SOURCE) == \
+                    str(held.commit_log_offset):
+                return True
+        return False
+
+    def _put(self, held: MessageExt, unit: Unit, roll: bool, now_ms: int, tick: int) -> bool:
+        timer = self._timer
+        store = timer.store
+        msg, queue_id = _rolled(held, tick) if roll else _delivered(held, unit, now_ms)
+        ip, _, port = held.born_host.rpartition(":")
+        result = store.put(msg, queue_id, (ip, int(port or 0)), held.born_timestamp)
+        if result.status is PutStatus.PUT_OK or result.status.stored:
+            if roll:
+                timer.stats["rolled"] += 1
+            else:
+                timer.stats["delivered"] += 1
+                timer.lateness_ms.append(max(0, now_ms - unit.deliver_ms))
+            return True
+        timer.stats["put_failures"] += 1
+        log.warning("event=timer_put_failed offset=%d status=%s tick=%d", unit.offset_py,
+                    result.status.name, tick)
+        return False
+
+
+def _properties(raw: bytes) -> dict[str, str] | None:
+    try:
+        return decode_properties(bytes(record.parse(raw).props))
+    except (ValueError, IndexError):
+        return None
+
+
+def _delivered(held: MessageExt, unit: Unit, now_ms: int) -> tuple[Message, int]:
+    """The timer record as its real topic gets it."""
+    props = {k: v for k, v in held.properties.items()
+             if k not in REQUESTED and k not in (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, "TAGS",
+                                                  "KEYS", TIMER_ROLL_TIMES)}
+    props[TIMER_ENQUEUE_MS] = str(unit.write_time_ms)
+    props[TIMER_DEQUEUE_MS] = str(now_ms)
+    props[TIMER_SOURCE] = str(held.commit_log_offset)
+    props[TIMER_TICK] = str(unit.write_time_ms)
+    topic = held.properties[PROPERTY_REAL_TOPIC]
+    queue_id = int(held.properties.get(PROPERTY_REAL_QID, "0"))
+    return Message(topic, held.body, tags=held.tags, keys=held.keys or None, properties=props,
+                   flag=held.flag, reconsume_times=held.reconsume_times,
+                   sys_flag=held.sys_flag), queue_id
+
+
+def _rolled(held: MessageExt, tick: int) -> tuple[Message, int]:
+    """The timer record put back on the timer topic, a roll more (its TIMER_OUT_MS kept)."""
+    props = {k: v for k, v in held.properties.items() if k not in ("TAGS", "KEYS")}
+    props[TIMER_ROLL_TIMES] = str(int(props.get(TIMER_ROLL_TIMES, "0")) + 1)
+    props[TIMER_SOURCE] = str(held.commit_log_offset)
+    props[TIMER_TICK] = str(tick)
+    return Message(TIMER_TOPIC, held.body, tags=held.tags, keys=held.keys or None,
+                   properties=props, flag=held.flag, reconsume_times=held.reconsume_times,
+                   sys_flag=held.sys_flag), 0
