@@ -10,11 +10,12 @@ A producer sets one of ``TIMER_DELIVER_MS`` (an epoch time in ms), ``TIMER_DELAY
 * more than ``timerMaxDelaySec`` away: refused (``WHEEL_TIMER_MSG_ILLEGAL``) with the limit
   named; Python's integers do not overflow, so no delay wraps to the past;
 * the tick is taken as RocketMQ does (floored to ``timerPrecisionMs``, one tick off on an exact
-  boundary: the dequeue delivers a tick once it has wholly passed, so never early);
+  boundary); the dequeue delivers each message of a tick once its exact time has passed;
 * a tick holding ``timerCongestNumEachSlot`` messages: refused (``WHEEL_TIMER_FLOW_CONTROL``),
   never dropped;
-* otherwise stored in ``rmq_sys_wheel_timer`` queue 0 with ``REAL_TOPIC``, ``REAL_QID`` and
-  ``TIMER_OUT_MS`` (the tick), where the timer's enqueue thread finds it.
+* otherwise stored in ``rmq_sys_wheel_timer`` queue 0 with ``REAL_TOPIC``, ``REAL_QID``,
+  ``TIMER_OUT_MS`` (the tick, RocketMQ's) and ``TIMER_DELIVER_MS`` (the exact time, a relative
+  delay made absolute), where the timer's enqueue thread finds it.
 """
 
 from __future__ import annotations
@@ -107,10 +108,12 @@ class TimerHook:
             return refused(PutStatus.WHEEL_TIMER_FLOW_CONTROL,
                            f"the timer's tick {tick} holds timerCongestNumEachSlot messages "
                            "already: send it later, or spread the delivery times")
-        props = dict(msg.properties)
+        props = {k: v for k, v in msg.properties.items()
+                 if k not in (TIMER_DELAY_SEC, TIMER_DELAY_MS)}
         props[PROPERTY_REAL_TOPIC] = msg.topic
         props[PROPERTY_REAL_QID] = str(queue_id)
         props[TIMER_OUT_MS] = str(tick)
+        props[TIMER_DELIVER_MS] = str(deliver)  # the exact time: delivered once it has passed
         return Message(TIMER_TOPIC, msg.body, tags=msg.tags, keys=msg.keys, properties=props,
                        flag=msg.flag, reconsume_times=msg.reconsume_times,
                        sys_flag=msg.sys_flag), 0

@@ -6,12 +6,16 @@
   its tick's slot. A tick already delivered (or being delivered) takes the unit on the next
   one. A delivery time past the roll window puts the unit on the window's last tick, marked
   *roll*. A recall marker (``TIMER_DEL_UNIQKEY``) is a *delete* unit in the tick it names.
-* **Dequeue** (a master only, a master service: ``replog-timer-dequeue``): once a tick has
-  wholly passed, walks its units, drops the ones a delete names, re-puts the roll ones to the
-  timer topic (``TIMER_ROLL_TIMES`` + 1) and delivers the others to their real topic and queue
-  with ``TIMER_ENQUEUE_MS``, ``TIMER_DEQUEUE_MS`` and ``__TIMER_SRC`` (the timer record's
-  offset, indexed on every broker), then moves to the next tick. A put that fails is tried
-  again (the tick is not left); a fenced master (``store.delivery_gate``) delivers nothing.
+* **Dequeue** (a master only, a master service: ``replog-timer-dequeue``): from the start of
+  a tick, reads its units as they are enqueued and delivers each once its own time
+  (``TIMER_DELIVER_MS``, kept exact in the unit's delay) has passed, so lateness is the
+  dequeue's work, not the precision; drops the ones a delete names, re-puts the roll ones to
+  the timer topic (``TIMER_ROLL_TIMES`` + 1), and delivers the others to their real topic and
+  queue with ``TIMER_ENQUEUE_MS``, ``TIMER_DEQUEUE_MS`` and ``__TIMER_SRC`` (the timer record's
+  offset, indexed on every broker). Once the tick has wholly passed it takes the rest under the
+  lock (later enqueues go to the next tick), delivers it, and moves on. A put that fails is
+  tried again (the tick is not left); a fenced master (``store.delivery_gate``) delivers
+  nothing.
 * **Exactly once**: a master delivers its ticks in order, so what one log holds delivered is a
   prefix of the ticks. A dequeue that starts (a start after a crash, a promotion, an election)
   does not know where the last master stopped: until it meets a tick with units none of which
@@ -29,6 +33,7 @@
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import threading
 import time
@@ -49,6 +54,7 @@ from common.core.message import (
 from common.core.timer import (
     REQUESTED,
     TIMER_DEL_UNIQKEY,
+    TIMER_DELIVER_MS,
     TIMER_DEQUEUE_MS,
     TIMER_ENQUEUE_MS,
     TIMER_OUT_MS,
@@ -80,6 +86,7 @@ log = logging.getLogger("replog.timer")
 
 ENQUEUE_BATCH = 1024  # queue entries read per pass
 IDLE_WAIT_S = 0.1
+ACTIVE_WAIT_S = 0.005  # a tick under way: new units and due times are looked at this often
 RETRY_WAIT_S = 0.2  # a tick whose deliveries failed is tried again after this
 MAX_WALK = 10_000_000  # units followed in one tick's chain before it is declared broken
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -283,7 +290,8 @@ class TimerStore:
         """Under the lock: one unit on the wheel."""
         assert self.wheel is not None and self.log is not None
         try:
-            deliver = int(props[TIMER_OUT_MS])
+            out = int(props[TIMER_OUT_MS])
+            deliver = int(props.get(TIMER_DELIVER_MS) or out)  # RocketMQ's records: the tick
         except (KeyError, ValueError):
             self.stats["illegal"] += 1
             log.warning("event=timer_message_illegal offset=%d reason=no TIMER_OUT_MS", phy)
@@ -294,7 +302,7 @@ class TimerStore:
         floor = self.read_time_ms
         if self.delivering_tick == floor:  # its units are being delivered: the next tick
             floor += self.precision_ms
-        tick = max(self._tick_for(deliver), floor)
+        tick = max(self._tick_for(out), floor)
         horizon = self.read_time_ms + self.roll_window_ms
         if tick >= horizon:  # past the roll window: it waits on the window's last tick
             tick = horizon - self.precision_ms
@@ -347,13 +355,15 @@ class TimerStore:
         self._dequeue = TimerDequeue(self)
         return self._dequeue
 
-    def due_units(self, tick: int) -> list[tuple[int, Unit]]:
-        """Under the lock: the tick's units, oldest first (position, unit)."""
+    def units_after(self, tick: int, after: int) -> list[tuple[int, Unit]]:
+        """Under the lock: the tick's units at positions past ``after`` (NO_POS: all), oldest
+        first, as (position, unit). A tick's units sit at increasing positions, linked
+        backwards from its slot's last one, so only the new ones are read."""
         assert self.wheel is not None and self.log is not None
         slot = self.wheel.slot(tick)
         out: list[tuple[int, Unit]] = []
         pos = slot.last_pos
-        while pos != NO_POS and slot.num and len(out) < MAX_WALK:
+        while pos != NO_POS and pos > after and slot.num and len(out) < MAX_WALK:
             unit = self.log.read(pos)
             if unit is None or unit.write_time_ms != tick:
                 log.error("event=timer_chain_broken tick=%d pos=%d", tick, pos)
@@ -423,6 +433,7 @@ class TimerDequeue:
         self._thread: threading.Thread | None = None
         self.checking = True  # where the last master stopped is not known yet (exactly once)
         self._pending: set[int] = set()
+        self._current: _Tick | None = None
 
     def start(self) -> None:
         timer = self._timer
@@ -452,41 +463,56 @@ class TimerDequeue:
         timer = self._timer
         while not self._stop.is_set():
             try:
-                moved = self.deliver_due(timer.now_ms())
+                wait_s = self.deliver_due(timer.now_ms())
             except Exception:
                 log.exception("event=timer_dequeue_failed tick=%d", timer.read_time_ms)
-                moved = False
-            if not moved:
-                self._stop.wait(min(IDLE_WAIT_S, timer.precision_ms / 10_000))
+                wait_s = RETRY_WAIT_S
+            if wait_s > 0:
+                self._stop.wait(wait_s)
 
-    def deliver_due(self, now_ms: int) -> bool:
-        """Deliver every tick that has wholly passed; True when any was done."""
+    def deliver_due(self, now_ms: int) -> float:
+        """Deliver what is due at ``now_ms``: each unit of the current tick once its own time
+        has passed, then the tick is left once it has wholly passed and all its units are
+        done, and the next one is taken up. Returns how long to wait before the next pass (0:
+        at once, more is due)."""
         timer = self._timer
-        moved = False
+        precision = timer.precision_ms
         while not self._stop.is_set():
             tick = timer.read_time_ms
-            if now_ms < tick + timer.precision_ms:
-                return moved
+            if now_ms < tick:
+                return min(IDLE_WAIT_S, (tick - now_ms) / 1000)
             gate = timer.store.delivery_gate
             if gate is not None and gate():
                 timer.stats["gated"] += 1
-                return moved
-            with timer.lock:
-                units = timer.due_units(tick)
-                timer.delivering_tick = tick
-            if not self._deliver_tick(tick, units, now_ms):
-                self._stop.wait(RETRY_WAIT_S)
-                return moved
+                return IDLE_WAIT_S
+            current = self._current
+            if current is None or current.tick != tick:
+                current = self._current = _Tick(tick)
+            passed = now_ms >= tick + precision
+            with timer.lock:  # the units enqueued since the last pass (all of them, once passed)
+                fresh = timer.units_after(tick, current.seen_last)
+                if passed:
+                    timer.delivering_tick = tick  # later enqueues go to the next tick
+            if fresh:
+                current.seen_last = fresh[-1][0]
+                self._take(current, fresh)
+            if not self._deliver_ready(current, now_ms):
+                return RETRY_WAIT_S  # a put failed: tried again, the tick is not left
+            if not passed or current.heap:
+                next_due = current.heap[0][0] if current.heap else tick + precision
+                return max(0.001, min(ACTIVE_WAIT_S, (next_due - now_ms) / 1000))
+            if self.checking and current.normal and not current.found_delivered:
+                self.checking = False  # past where the last master stopped: no more look-ups
             timer.advance(tick)
-            moved = True
-        return moved
+            self._current = None
+        return 0.0
 
-    def _deliver_tick(self, tick: int, units: list[tuple[int, Unit]], now_ms: int) -> bool:
+    def _take(self, current: _Tick, fresh: list[tuple[int, Unit]]) -> None:
+        """Sort new units: markers name what not to deliver, the others wait for their time
+        (a roll for its tick: it is re-put then)."""
         timer = self._timer
         store = timer.store
-        deleted: set[str] = set()
-        normal: list[tuple[Unit, MessageExt]] = []
-        for _pos, unit in units:
+        for pos, unit in fresh:
             held = store.message_by_offset(unit.offset_py)
             if held is None or PROPERTY_REAL_TOPIC not in held.properties:
                 timer.stats["unreadable"] += 1
@@ -498,28 +524,33 @@ class TimerDequeue:
                 # a marker deletes in its own topic only (a send to A recalls nothing of B)
                 if target is not None and \
                         target.startswith(held.properties[PROPERTY_REAL_TOPIC] + "+"):
-                    deleted.add(target)
+                    current.deleted.add(target)
                 continue
-            normal.append((unit, held))  # a rolled marker rolls on to meet its message
-        delivered_any = False
-        for unit, held in normal:
+            current.normal = True  # a rolled marker rolls on to meet its message
+            due = unit.write_time_ms if unit.magic & MAGIC_ROLL else unit.deliver_ms
+            heapq.heappush(current.heap, (due, pos, unit, held))
+
+    def _deliver_ready(self, current: _Tick, now_ms: int) -> bool:
+        """Deliver the units whose time has come; False when a put failed (it stays)."""
+        timer = self._timer
+        heap = current.heap
+        while heap and heap[0][0] <= now_ms and not self._stop.is_set():
+            _due, _pos, unit, held = heap[0]
             real = held.properties[PROPERTY_REAL_TOPIC]
             uniq = held.properties.get(PROPERTY_UNIQ_KEY, "")
-            if uniq and f"{real}+{uniq}" in deleted and TIMER_DEL_UNIQKEY not in held.properties:
-                timer.stats["recalled"] += 1
-                continue
             roll = bool(unit.magic & MAGIC_ROLL)
+            if uniq and f"{real}+{uniq}" in current.deleted \
+                    and TIMER_DEL_UNIQKEY not in held.properties:
+                timer.stats["recalled"] += 1
             # a unit enqueued after its own tick was read (a lagging enqueue, a slave's) may
             # have been delivered by another master already: always looked up
-            if (self.checking or unit.delay < 0) and (
+            elif (self.checking or unit.delay < 0) and (
                     unit.offset_py in self._pending or self._was_done(held, roll)):
-                delivered_any = True
+                current.found_delivered = True
                 timer.stats["skipped_delivered"] += 1
-                continue
-            if not self._put(held, unit, roll, now_ms, tick):
+            elif not self._put(held, unit, roll, now_ms, current.tick):
                 return False
-        if self.checking and normal and not delivered_any:
-            self.checking = False  # past where the last master stopped: no more look-ups
+            heapq.heappop(heap)
         return True
 
     def _was_done(self, held: MessageExt, roll: bool) -> bool:
@@ -588,3 +619,17 @@ def _rolled(held: MessageExt, tick: int) -> tuple[Message, int]:
     return Message(TIMER_TOPIC, held.body, tags=held.tags, keys=held.keys or None,
                    properties=props, flag=held.flag, reconsume_times=held.reconsume_times,
                    sys_flag=held.sys_flag), 0
+
+
+class _Tick:
+    """The tick a master is delivering: what it has read of it, and what waits for its time."""
+
+    __slots__ = ("deleted", "found_delivered", "heap", "normal", "seen_last", "tick")
+
+    def __init__(self, tick: int):
+        self.tick = tick
+        self.seen_last = NO_POS  # the newest unit position read
+        self.heap: list[tuple[int, int, Unit, MessageExt]] = []  # (due, position, ...)
+        self.deleted: set[str] = set()  # "<topic>+<key>" its markers name
+        self.normal = False  # it held a unit to deliver or roll
+        self.found_delivered = False  # one of them was delivered already (checking)

@@ -87,11 +87,11 @@ def test_a_timer_message_waits_for_its_tick_then_is_delivered_once(
     store.reput.catch_up()
     assert bodies(store, "orders", 3) == []
     enqueued(store, 1)
-    # due at +2.5 s: on tick +2 s, delivered once that tick has passed (+3 s), never before
-    clock.now = START_S + 2.9
+    # due at +2.5 s (on tick +2 s): delivered once that time has passed, never before
+    clock.now = START_S + 2.499
     time.sleep(0.3)
     assert bodies(store, "orders", 3) == []
-    clock.now = START_S + 3.0
+    clock.now = START_S + 2.5
     wait_for(lambda: bodies(store, "orders", 3) == [b"later"], "the delivery")
     got = store.get_message("g", "orders", 3, 0, 10).messages()[0]
     assert got.tags == "T" and got.keys == "k1"
@@ -141,10 +141,10 @@ def test_a_delivery_past_the_roll_window_is_rolled_then_delivered_on_time(
         enqueued(store, 1)
         assert store.timer.stats["rolled_in"] == 1
         for second in range(1, 13):
-            clock.now = START_S + second
+            clock.now = START_S + second - 0.001
             time.sleep(0.05)
-            assert bodies(store, "t") == [], f"delivered early, at +{second} s"
-        clock.now = START_S + 13
+            assert bodies(store, "t") == [], f"delivered early, at +{second - 0.001} s"
+        clock.now = START_S + 12
         wait_for(lambda: bodies(store, "t") == [b"far"], "the rolled delivery")
         assert store.timer.stats["rolled"] >= 1
         assert store.cq_store.get(TIMER_TOPIC, 0).max_queue_offset >= 2  # type: ignore[union-attr]
@@ -236,3 +236,27 @@ def test_a_unit_for_the_tick_being_delivered_waits_for_the_next_one(
     assert timer.wheel is not None
     assert timer.wheel.slot(tick).num == 0
     assert timer.wheel.slot(tick + timer.precision_ms).num == 1
+
+
+def test_each_message_of_a_tick_is_delivered_at_its_own_time(
+        store: MessageStore, clock: Clock) -> None:
+    """Not at the end of its tick (RocketMQ's rule, up to a tick late): a tick's messages go
+    out one by one as their times pass, and a message enqueued into the tick under way is
+    still picked up."""
+    base = int(START_S * 1000) + 2000
+    for at in (2100, 2800):
+        assert store.put(Message("t", b"%d" % at, properties={
+            TIMER_DELIVER_MS: str(base - 2000 + at)}), 0).ok
+    enqueued(store, 2)
+    clock.now = START_S + 2.1
+    wait_for(lambda: bodies(store, "t") == [b"2100"], "the first of the tick")
+    assert store.put(Message("t", b"2500", properties={TIMER_DELIVER_MS: str(base + 500)}),
+                     0).ok  # joins the tick under way
+    enqueued(store, 3)
+    clock.now = START_S + 2.6
+    wait_for(lambda: bodies(store, "t") == [b"2100", b"2500"], "the one that joined")
+    time.sleep(0.1)
+    assert bodies(store, "t") == [b"2100", b"2500"]
+    clock.now = START_S + 2.8
+    wait_for(lambda: len(bodies(store, "t")) == 3, "the last of the tick")
+    assert list(store.timer.lateness_ms) == [0, 100, 0]  # ms after each one's time
