@@ -364,19 +364,49 @@ class MappedFile:
             return 0
         chunk = 1 << 20
         last_dirty = -1
-        p = pos
-        while p < size:
-            end = min(p + chunk, size)
-            kept = len(self._mm[p:end].rstrip(b"\x00"))
-            if kept:
-                last_dirty = p + kept
-            p = end
+        for lo, hi in self._data_regions(pos, size):  # holes hold zeros: not read
+            p = lo
+            while p < hi:
+                end = min(p + chunk, hi)
+                kept = len(self._mm[p:end].rstrip(b"\x00"))
+                if kept:
+                    last_dirty = p + kept
+                p = end
         if last_dirty < 0:
             return 0
         view[pos:last_dirty] = bytes(last_dirty - pos)
         start = (pos // OS_PAGE_SIZE) * OS_PAGE_SIZE
         self._sync(start, last_dirty - start)
         return last_dirty - pos
+
+    def _data_regions(self, pos: int, size: int) -> list[tuple[int, int]]:
+        """The parts of ``[pos, size)`` the file system holds data for (SEEK_DATA/SEEK_HOLE):
+        a preallocated segment is sparse, and reading a gigabyte of its holes page by page is
+        seconds of a recovery. Where the calls are not supported, the whole range."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return [(pos, size)]
+        regions: list[tuple[int, int]] = []
+        try:
+            p = pos
+            while p < size:
+                try:
+                    start = os.lseek(fd, p, os.SEEK_DATA)
+                except OSError as e:  # ENXIO: no data past p
+                    if e.errno == errno.ENXIO:
+                        break
+                    return [(pos, size)]
+                if start >= size:
+                    break
+                end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+                regions.append((start, end))
+                p = end
+        except (AttributeError, OSError):
+            return [(pos, size)]
+        finally:
+            os.close(fd)
+        return regions
 
     # ---- lifecycle (RocketMQ ReferenceResource) ------------------------------------------
     def hold(self) -> bool:

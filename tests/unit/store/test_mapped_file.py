@@ -319,3 +319,23 @@ def test_replicated_appends_leave_new_segments_unfaulted(tmp_path: Path) -> None
         allocate.shutdown()
         for mf in log.queue.files:
             mf.close()
+
+
+@pytest.mark.parametrize("garbage_at", [5000, 4096, 700 * 1024, SIZE - 3])
+def test_the_crash_garbage_past_a_cut_is_erased_wherever_it_lies(
+        tmp_path: Path, garbage_at: int) -> None:
+    """Recovery reads only the file's data regions (a preallocated segment is sparse): garbage
+    beyond a hole, or in the last bytes, is found and erased all the same."""
+    mf = _segment(tmp_path)
+    try:
+        mf.append(b"R" * 3000)
+        mf.buffer[garbage_at:garbage_at + 3] = b"\x01\x02\x03"  # a crash's half-written tail
+        # not flushed: a killed process leaves its pages dirty in the page cache, where the
+        # file system's SEEK_DATA sees them too
+        erased = mf.zero_tail_if_dirty(3000)
+        assert erased == garbage_at + 3 - 3000
+        assert bytes(mf.buffer[3000:SIZE]) == bytes(SIZE - 3000)
+        assert bytes(mf.buffer[:3000]) == b"R" * 3000
+        assert mf.zero_tail_if_dirty(3000) == 0
+    finally:
+        mf.close()
