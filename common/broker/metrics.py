@@ -50,6 +50,9 @@ COUNTERS = frozenset({
     "store_puts", "store_put_failures", "store_dispatched_records", "store_deleted_segments",
     "store_segment_close_failures", "store_segments_held_too_long",
     "config_sync_rounds", "config_sync_failures", "config_sync_changes",
+    "timer_enqueued", "timer_delivered", "timer_rolled", "timer_rolled_in", "timer_recalled",
+    "timer_skipped_delivered", "timer_put_failures", "timer_refused", "timer_gated",
+    "timer_unreadable", "timer_illegal", "timer_enqueued_late",
 })
 
 
@@ -64,7 +67,11 @@ class StatusCollector:
         status = self._snapshot()
         labels = {"broker": status.brokerName, "id": str(status.brokerId)}
         numbers = {**status.to_json(), **{f"store_{k}": v for k, v in status.store.items()},
-                   **{f"config_sync_{k}": v for k, v in status.configSync.items()}}
+                   **{f"config_sync_{k}": v for k, v in status.configSync.items()},
+                   **{f"timer_{k}": v for k, v in status.timer.items()
+                      if k != "pendingWithin"},
+                   **{f"timer_pending_within_{k}": v
+                      for k, v in (status.timer.get("pendingWithin") or {}).items()}}
         for key, value in numbers.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue

@@ -129,6 +129,7 @@ class TimerStore:
         self._dequeue: TimerDequeue | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self.lateness_ms: collections.deque[int] = collections.deque(maxlen=10_000)
+        self.recover_ms = 0  # the last start's recovery (wheel, log cut, slots mended)
 
     def set_clock(self, clock: Callable[[], float]) -> None:
         """Tests: the time the hook, the enqueue and the dequeue go by (before ``start``)."""
@@ -181,6 +182,7 @@ class TimerStore:
         self.wheel.close()
 
     def _recover(self) -> None:
+        started = time.monotonic()
         cp = TimerCheckpoint.load(self.checkpoint_path)
         self.checkpoint = cp
         self.wheel = TimerWheel(self.wheel_path, TIMER_WHEEL_TICKS, self.precision_ms)
@@ -191,8 +193,10 @@ class TimerStore:
         self.enqueued_offset = cp.last_timer_queue_offset
         now_tick = self._tick(self.now_ms())
         self.read_time_ms = cp.last_read_time_ms or now_tick
+        self.recover_ms = round((time.monotonic() - started) * 1000)
         log.info("event=timer_recovered log_end=%d queue_offset=%d read_time_ms=%d "
-                 "slots_mended=%d", self.log.end, self.enqueued_offset, self.read_time_ms, mended)
+                 "slots_mended=%d took_ms=%d", self.log.end, self.enqueued_offset,
+                 self.read_time_ms, mended, self.recover_ms)
 
     def _mend_slots(self, end: int) -> int:
         """Slots written after the TimerLog was cut (a crash between the wheel's write and
@@ -419,7 +423,7 @@ class TimerStore:
             "latenessP50Ms": late[len(late) // 2] if late else 0,
             "latenessP99Ms": late[int(len(late) * 0.99)] if late else 0,
             "latenessMaxMs": late[-1] if late else 0,
-            "refused": self.hook.refused,
+            "refused": self.hook.refused, "recoverMs": self.recover_ms,
             **{k: v for k, v in sorted(self.stats.items())},
         }
 
