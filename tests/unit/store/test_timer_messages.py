@@ -260,3 +260,16 @@ def test_each_message_of_a_tick_is_delivered_at_its_own_time(
     clock.now = START_S + 2.8
     wait_for(lambda: len(bodies(store, "t")) == 3, "the last of the tick")
     assert list(store.timer.lateness_ms) == [0, 100, 0]  # ms after each one's time
+
+
+def test_a_fenced_master_delivers_nothing_until_its_gate_opens(
+        store: MessageStore, clock: Clock) -> None:
+    fence = ["the lease is not fresh"]
+    store.delivery_gate = lambda: fence[0]
+    assert store.put(Message("t", b"held", properties={TIMER_DELAY_SEC: "1"}), 0).ok
+    enqueued(store, 1)
+    clock.now = START_S + 5
+    wait_for(lambda: store.timer.stats["gated"] >= 3, "the dequeue to meet the fence")
+    assert bodies(store, "t") == []
+    fence[0] = ""
+    wait_for(lambda: bodies(store, "t") == [b"held"], "the delivery once the gate opens")
