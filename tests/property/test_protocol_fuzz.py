@@ -54,6 +54,7 @@ _VALID_VALUES = {
     "originTopic": "t",
     "fromOffset": 0,
     "toOffset": 0,
+    "recallHandle": "djEgdCBiIDEgaw",
 }
 
 
