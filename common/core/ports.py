@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
+import time
 from pathlib import Path
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST = 20000  # below this, ports other services commonly listen on
 _rng = random.SystemRandom()
+HANDED_OUT_S = 60.0  # a port handed out is not handed out again by this process for this long
+_handed: dict[int, float] = {}  # port -> when it was handed out (monotonic)
+_lock = threading.Lock()
 
 
 def unassigned_range() -> tuple[int, int]:
@@ -32,7 +37,11 @@ def unassigned_range() -> tuple[int, int]:
 
 
 def free_port(span: int = 1) -> int:
-    """A port p with p..p+span-1 all free right now, outside the ephemeral range."""
+    """A port p with p..p+span-1 all free right now, outside the ephemeral range, and none of
+    them handed out by this process in the last ``HANDED_OUT_S``: a test that makes several
+    brokers before starting any (a group of brokers, each p, p+1 for client and HA) would
+    otherwise be given overlapping spans now and then (nothing is bound yet to tell), and one
+    broker fails to bind (seen in a CI run: one member's HA port was another's client port)."""
     if span < 1:
         raise ValueError(f"span must be >= 1, not {span}")
     low, high = unassigned_range()
@@ -40,8 +49,16 @@ def free_port(span: int = 1) -> int:
         raise RuntimeError(f"no room for {span} ports in {low}-{high - 1}")
     for _ in range(200):
         port = _rng.randrange(low, high - span + 1)
-        if all(is_free(port + i) for i in range(span)):
-            return port
+        with _lock:
+            now = time.monotonic()
+            for old in [p for p, at in _handed.items() if now - at > HANDED_OUT_S]:
+                del _handed[old]
+            if any(port + i in _handed for i in range(span)):
+                continue
+            if all(is_free(port + i) for i in range(span)):
+                for i in range(span):
+                    _handed[port + i] = now
+                return port
     raise RuntimeError(f"no {span} free consecutive ports in {low}-{high - 1}")
 
 

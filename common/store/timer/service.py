@@ -121,6 +121,15 @@ class TimerStore:
         self.dequeuing = False  # a master's dequeue runs (a slave's read time follows its log)
         # the tick whose units the dequeue took (under the lock): an enqueue must not add to it
         self.delivering_tick = -1
+        retention_ms = cfg.fileReservedTime * 3_600_000
+        if self.enabled and self.roll_window_ms >= retention_ms:
+            # a message waits at most a roll window before it is re-put (a new record): a
+            # window longer than the CommitLog's retention could see its record deleted first
+            log.warning("event=timer_roll_window_past_retention roll_window_ms=%d "
+                        "file_reserved_ms=%d: timer messages due later than fileReservedTime "
+                        "may lose their record before they are delivered; keep "
+                        "timerRollWindowSlot x timerPrecisionMs below fileReservedTime",
+                        self.roll_window_ms, retention_ms)
         self.hook = TimerHook(self.enabled, self.precision_ms, cfg.timerMaxDelaySec,
                               self._congested, clock)
         self._stop = threading.Event()
@@ -188,8 +197,11 @@ class TimerStore:
         self.wheel = TimerWheel(self.wheel_path, TIMER_WHEEL_TICKS, self.precision_ms)
         self.log = TimerLog(self.log_dir, self._file_size)
         self.log.load()
+        past_checkpoint = self.log.end > cp.last_timer_log_flush_pos
         self.log.recover(cp.last_timer_log_flush_pos)
-        mended = self._mend_slots(cp.last_timer_log_flush_pos)
+        # a slot can name a unit past the cut only if the log held units past it (the wheel's
+        # file names only units that were flushed): otherwise no scan of 1.2M slots at start
+        mended = self._mend_slots(cp.last_timer_log_flush_pos) if past_checkpoint else 0
         self.enqueued_offset = cp.last_timer_queue_offset
         now_tick = self._tick(self.now_ms())
         self.read_time_ms = cp.last_read_time_ms or now_tick

@@ -98,3 +98,18 @@ def test_the_range_follows_the_kernel_setting(tmp_path: Path,
 def test_a_bad_span_is_refused() -> None:
     with pytest.raises(ValueError):
         ports.free_port(0)
+
+
+def test_spans_handed_out_one_after_another_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Brokers made before any binds (a controller group, p and p+1 each) are given disjoint
+    spans: nothing is bound yet to tell them apart, so the helper remembers what it handed out
+    (a CI run saw one member's HA port given to another as its client port). The range is
+    narrowed to 60 ports so that, without the memory, 20 spans of 3 would collide."""
+    monkeypatch.setattr(ports, "unassigned_range", lambda: (41000, 41060))
+    monkeypatch.setattr(ports, "_handed", {})
+    taken: set[int] = set()
+    for _ in range(10):
+        port = ports.free_port(3)
+        span = {port, port + 1, port + 2}
+        assert not span & taken, f"{sorted(span)} overlaps what was handed out"
+        taken |= span
