@@ -86,6 +86,7 @@ log = logging.getLogger("replog.timer")
 
 ENQUEUE_BATCH = 1024  # queue entries read per pass
 IDLE_WAIT_S = 0.1
+PENDING_EVERY_S = 1.0  # how often the flush thread counts what is pending (status figures)
 ACTIVE_WAIT_S = 0.005  # a tick under way: new units and due times are looked at this often
 RETRY_WAIT_S = 0.2  # a tick whose deliveries failed is tried again after this
 MAX_WALK = 10_000_000  # units followed in one tick's chain before it is declared broken
@@ -139,6 +140,9 @@ class TimerStore:
         self.stats: collections.Counter[str] = collections.Counter()
         self.lateness_ms: collections.deque[int] = collections.deque(maxlen=10_000)
         self.recover_ms = 0  # the last start's recovery (wheel, log cut, slots mended)
+        # (pending, pending within 1m/1h/1d, when counted): counted every PENDING_EVERY_S
+        self._pending: tuple[int, dict[str, int], int] = (0, {"1m": 0, "1h": 0, "1d": 0}, 0)
+        self._pending_at = 0.0
 
     def set_clock(self, clock: Callable[[], float]) -> None:
         """Tests: the time the hook, the enqueue and the dequeue go by (before ``start``)."""
@@ -343,11 +347,29 @@ class TimerStore:
 
     # ---- the checkpoint ----------------------------------------------------------------------------
     def _flush_loop(self) -> None:
+        self._count_pending()
         while not self._stop.wait(self.flush_interval_s):
             try:
                 self.flush()
             except Exception:
                 log.exception("event=timer_flush_failed")
+            if time.monotonic() - self._pending_at >= PENDING_EVERY_S:
+                self._count_pending()
+
+    def _count_pending(self) -> None:
+        """What is pending, in all and within each window: a pass over up to two days of slots
+        (~40 ms at 1 s precision), made here in chunks that let the GIL go, never on the
+        thread that answers STATUS (its request loop would stall for it)."""
+        wheel = self.wheel
+        if wheel is None:
+            return
+        now = self.now_ms()
+        read_time = self.read_time_ms
+        horizon = read_time + self.roll_window_ms + self.precision_ms  # nothing waits past it
+        within = {name: wheel.count(read_time, max(read_time, now + span))
+                  for name, span in (("1m", 60_000), ("1h", 3_600_000), ("1d", 86_400_000))}
+        self._pending = (wheel.count(read_time, horizon), within, now)
+        self._pending_at = time.monotonic()
 
     def flush(self) -> None:
         """Prepare, flush the TimerLog, write the wheel, write the checkpoint: in that order."""
@@ -419,10 +441,7 @@ class TimerStore:
         with self.lock:
             read_time = self.read_time_ms
             enqueued = self.enqueued_offset
-        wheel = self.wheel
-        horizon = read_time + self.roll_window_ms + self.precision_ms  # nothing waits past it
-        within = {name: wheel.count(read_time, max(read_time, now + span))
-                  for name, span in (("1m", 60_000), ("1h", 3_600_000), ("1d", 86_400_000))}
+        pending, within, counted_at = self._pending
         cq = self.store.cq_store.get(TIMER_TOPIC, 0)
         late = sorted(self.lateness_ms)
         return {
@@ -431,7 +450,7 @@ class TimerStore:
             "behindMs": max(0, now - read_time - self.precision_ms),
             "enqueuedOffset": enqueued,
             "enqueueLag": max(0, (cq.max_queue_offset if cq else 0) - enqueued),
-            "pending": wheel.count(read_time, horizon), "pendingWithin": within,
+            "pending": pending, "pendingWithin": within, "pendingCountedAtMs": counted_at,
             "latenessP50Ms": late[len(late) // 2] if late else 0,
             "latenessP99Ms": late[int(len(late) * 0.99)] if late else 0,
             "latenessMaxMs": late[-1] if late else 0,
