@@ -79,6 +79,16 @@ class MasterService(Protocol):
     def shutdown(self) -> None: ...
 
 
+class CutListener(Protocol):
+    """Told when the CommitLog is cut back (``truncate_to``: a member rejoining its group) or
+    emptied (``reset_to``: a slave far behind), under reput's lock, after the ConsumeQueues
+    and the index are cut: what it took from the records that are gone must go too."""
+
+    def on_truncate(self, phy_offset: int) -> None: ...
+
+    def on_reset(self, phy_offset: int) -> None: ...
+
+
 TagsCodeRule = Callable[[Mapping[str, str], int, int], int]  # properties, store time, tag hash
 
 # what the built-in dispatch reads: the tag's hash, the IndexFile's keys
@@ -94,6 +104,7 @@ class StoreExtensions:
         self.tags_code_rules: dict[str, TagsCodeRule] = {}
         self.master_services: dict[str, Callable[[], MasterService]] = {}
         self.services: dict[str, MasterService] = {}  # every store's, master or slave
+        self.cut_listeners: list[CutListener] = []
         self._watched: list[str] = list(_BUILT_IN_WATCHES)
         # "NAME\x01" of each watched property: a record whose raw properties hold none of
         # these has nothing to decode (most records with properties carry only these few)
@@ -123,6 +134,9 @@ class StoreExtensions:
         if name in self.services:
             raise ValueError(f"a store service named {name} is registered already")
         self.services[name] = service
+
+    def add_cut_listener(self, listener: CutListener) -> None:
+        self.cut_listeners.append(listener)
 
     def watch(self, *properties: str) -> None:
         """Decode the properties of records that carry any of these."""

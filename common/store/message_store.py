@@ -737,15 +737,29 @@ class MessageStore:
         return out
 
     def message_by_offset(self, phy_offset: int) -> MessageExt | None:
+        return self.entry_message(phy_offset) if self.confirmed(phy_offset) else None
+
+    def entry_message(self, phy_offset: int) -> MessageExt | None:
+        """The message a ConsumeQueue entry or an index hit names, for the store's own
+        services (the timer, delayed delivery); ``entry_record``: its bytes.
+
+        Not ``message_by_offset``: reput writes a pass's entries before it moves
+        ``dispatched_phy_offset`` past their records, so a thread that read an entry could
+        find the client's gate (``confirmed``) still shut for a moment, and take a message
+        for unreadable. An entry exists only for a dispatched record, and reput dispatches
+        nothing past the confirmed offset: the record an entry names is confirmed."""
         if not self.commit_log.min_offset <= phy_offset < self.commit_log.max_offset:
-            return None
-        if not self.confirmed(phy_offset):
             return None
         try:
             return self.commit_log.message_at(phy_offset)
         except CorruptionError as e:
             log.error("event=read_corrupt offset=%d reason=%s", e.phy_offset, e.reason)
             return None
+
+    def entry_record(self, phy_offset: int) -> bytes | None:
+        if not self.commit_log.min_offset <= phy_offset < self.commit_log.max_offset:
+            return None
+        return self.commit_log.read_record(phy_offset)
 
     def find_message(self, phy_offset: int) -> MessageExt:
         """The message whose record starts at ``phy_offset``, for a client that names one;
@@ -894,6 +908,8 @@ class MessageStore:
                 self.checkpoint.confirm_phy_offset = min(
                     self.checkpoint.confirm_phy_offset, phy_offset)
                 self.checkpoint.flush()
+            for listener in self.extensions.cut_listeners:
+                listener.on_truncate(phy_offset)
         log.warning("event=store_truncated offset=%d", phy_offset)
 
     def reset_to(self, phy_offset: int, generation: int | None = None) -> None:
@@ -916,6 +932,8 @@ class MessageStore:
                 self.checkpoint.physic_flushed_offset = phy_offset
                 self.checkpoint.confirm_phy_offset = phy_offset
                 self.checkpoint.flush()
+            for listener in self.extensions.cut_listeners:
+                listener.on_reset(phy_offset)
 
     # ---- figures --------------------------------------------------------------------------------
     def timer_status(self) -> dict[str, Any]:

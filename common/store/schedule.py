@@ -195,7 +195,7 @@ class ScheduleService:
         return lo
 
     def _was_delivered(self, phy: int) -> bool:
-        held = self._store.message_by_offset(phy)
+        held = self._store.entry_message(phy)
         if held is None or PROPERTY_REAL_TOPIC not in held.properties:
             return True  # unreadable: skipped when met, as if delivered
         return self._delivered_before(held.properties[PROPERTY_REAL_TOPIC], phy)
@@ -239,7 +239,7 @@ class ScheduleService:
 
     def _deliver(self, phy: int) -> bool:
         store = self._store
-        held = store.message_by_offset(phy)
+        held = store.entry_message(phy)
         if held is None or PROPERTY_REAL_TOPIC not in held.properties:
             log.error("event=schedule_skip offset=%d reason=unreadable_or_not_delayed", phy)
             return True
@@ -259,7 +259,7 @@ class ScheduleService:
             return False
         key = SCHEDULE_SOURCE + str(phy)
         for found in index.query(topic, key, 4, 0, 2**62):
-            msg = self._store.message_by_offset(found)
+            msg = self._store.entry_message(found)
             if msg is not None and msg.properties.get(SCHEDULE_SOURCE) == str(phy):
                 return True
         return False

@@ -119,9 +119,13 @@ def test_timer_messages_survive_master_kills_in_controller_mode(tmp_path: Path) 
                "lost": len(lost), "duplicated": len(duplicated), "early": len(early),
                "lateness_p50_ms": late[len(late) // 2] if late else None,
                "lateness_max_ms": late[-1] if late else None,
-               "last_master_skipped_delivered": timer.get("skipped_delivered", 0)}
+               "last_master_skipped_delivered": timer.get("skipped_delivered", 0),
+               "last_master_units_cut": timer.get("units_cut", 0),
+               "last_master_unreadable": timer.get("unreadable", 0)}
     print(json.dumps(summary))
     assert len(acked) > 200, summary
     assert not lost, f"{summary}; acked, never delivered: {lost[:10]}"
     assert not duplicated, f"{summary}; delivered twice: {duplicated[:10]}"
     assert not early, f"{summary}; delivered early: {early[:5]}"
+    # every timer record the enqueue met was readable (one taken for unreadable is dropped)
+    assert summary["last_master_unreadable"] == 0, summary

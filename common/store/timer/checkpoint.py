@@ -4,6 +4,9 @@ checkpoint (after the TimerLog and the wheel), so it never claims more than they
 ``last_read_time_ms``: the next tick to deliver (a master's progress; a slave keeps what its
 master's table said). ``last_timer_log_flush_pos``: the TimerLog holds every unit up to here.
 ``last_timer_queue_offset``: every timer-topic message below this queue offset is on the wheel.
+``marks`` (replog's, after RocketMQ's fields): the read times of the last checkpoints, each with
+the CommitLog's end then, oldest first: a member that restarts, then rejoins its group and cuts
+its log back, goes back to the read time its log still holds the deliveries of.
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ import time
 from pathlib import Path
 
 from common.core.errors import StoreError
-from common.store.timer.layout import CHECKPOINT, CHECKPOINT_SIZE
+from common.store.timer.layout import (
+    CHECKPOINT,
+    CHECKPOINT_SIZE,
+    MARK,
+    MARKS_COUNT,
+    MAX_SAVED_MARKS,
+)
 
 
 @dataclasses.dataclass
@@ -27,6 +36,7 @@ class TimerCheckpoint:
     state_version: int = 0
     timestamp: int = 0
     counter: int = 0
+    marks: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def load(cls, path: Path) -> TimerCheckpoint:
@@ -41,13 +51,25 @@ class TimerCheckpoint:
         values = CHECKPOINT.unpack_from(raw)
         if min(values[:4]) < 0:
             raise StoreError(f"{path} holds a negative position {values[:4]}: it is damaged")
-        return cls(path, *values)
+        (count,) = MARKS_COUNT.unpack_from(raw, CHECKPOINT.size)
+        if not 0 <= count <= MAX_SAVED_MARKS:
+            raise StoreError(f"{path} names {count} read marks (at most {MAX_SAVED_MARKS}): "
+                             f"it is damaged")
+        base = CHECKPOINT.size + MARKS_COUNT.size
+        marks = [MARK.unpack_from(raw, base + i * MARK.size) for i in range(count)]
+        read, flush_pos, queue, master_queue, version, stamp, counter = values
+        return cls(path, read, flush_pos, queue, master_queue, version, stamp, counter, marks)
 
     def encode(self) -> bytes:
         page = bytearray(CHECKPOINT_SIZE)
         CHECKPOINT.pack_into(page, 0, self.last_read_time_ms, self.last_timer_log_flush_pos,
                              self.last_timer_queue_offset, self.master_timer_queue_offset,
                              self.state_version, self.timestamp, self.counter)
+        marks = self.marks[-MAX_SAVED_MARKS:]
+        MARKS_COUNT.pack_into(page, CHECKPOINT.size, len(marks))
+        base = CHECKPOINT.size + MARKS_COUNT.size
+        for i, (end, read_time) in enumerate(marks):
+            MARK.pack_into(page, base + i * MARK.size, end, read_time)
         return bytes(page)
 
     def flush(self) -> None:

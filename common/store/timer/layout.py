@@ -61,6 +61,13 @@ assert MIN_BLANK == 16
 
 CHECKPOINT_SIZE = 4096
 CHECKPOINT = struct.Struct(">qqqqqqq")  # read time, log flush pos, queue offsets, data version
+# replog's own, after RocketMQ's fields (which its reader takes alone): how many read marks
+# follow, then each as (CommitLog end, read time): the read time a truncation back to that
+# end goes back to (service.py, "truncation")
+MARKS_COUNT = struct.Struct(">q")
+MARK = struct.Struct(">qq")
+MAX_SAVED_MARKS = 240
+assert CHECKPOINT.size + MARKS_COUNT.size + MAX_SAVED_MARKS * MARK.size <= 4096
 
 NO_POS = -1
 

@@ -69,10 +69,12 @@ from common.store.timer.layout import (
     MAGIC_DEFAULT,
     MAGIC_DELETE,
     MAGIC_ROLL,
+    MAX_SAVED_MARKS,
     NO_POS,
     UNIT,
     UNIT_SIZE,
 )
+from common.store.timer.marks import ReadMarks
 from common.store.timer.messages import TimerHook
 from common.store.timer.timer_log import TimerLog, Unit
 from common.store.timer.wheel import TimerWheel
@@ -122,6 +124,10 @@ class TimerStore:
         self.dequeuing = False  # a master's dequeue runs (a slave's read time follows its log)
         # the tick whose units the dequeue took (under the lock): an enqueue must not add to it
         self.delivering_tick = -1
+        self._marks = ReadMarks()  # what a cut of the CommitLog takes the read time back to
+        self._saved_marks: collections.deque[tuple[int, int]] = collections.deque(
+            maxlen=MAX_SAVED_MARKS)  # the newest mark of each checkpoint
+        self._cuts = 0  # truncations so far: an enqueue pass that saw one drops what it read
         retention_ms = cfg.fileReservedTime * 3_600_000
         if self.enabled and self.roll_window_ms >= retention_ms:
             # a message waits at most a roll window before it is re-put (a new record): a
@@ -154,6 +160,7 @@ class TimerStore:
         ext.add_put_hook(self.hook)
         ext.watch(TIMER_SOURCE)  # the dequeue reads it in the records not dispatched yet
         ext.add_dispatcher(self)
+        ext.add_cut_listener(self)
         if index is not None:
             index.index_property(TIMER_SOURCE)
         ext.add_service("timer", self)
@@ -167,6 +174,7 @@ class TimerStore:
         tick = req.properties.get(TIMER_TICK)
         if tick is not None and tick.isdigit() and int(tick) > self.delivered_tick:
             self.delivered_tick = int(tick)
+            self._marks.note(req.phy_offset + req.size, self.delivered_tick)
 
     # ---- the store's service: recovery, enqueue, checkpoint ---------------------------------------
     def start(self) -> None:
@@ -209,58 +217,159 @@ class TimerStore:
         self.enqueued_offset = cp.last_timer_queue_offset
         now_tick = self._tick(self.now_ms())
         self.read_time_ms = cp.last_read_time_ms or now_tick
+        # a new timer, or a checkpoint of before the marks: its read time holds from the start
+        self._marks = ReadMarks(cp.marks or [(0, self.read_time_ms)])
+        self._saved_marks.clear()
+        self._saved_marks.extend(cp.marks)
+        with self.lock:  # a crash that lost the CommitLog's tail took units' records with it
+            self._forget_past(self.store.commit_log.max_offset, "log_shorter")
         self.recover_ms = round((time.monotonic() - started) * 1000)
         log.info("event=timer_recovered log_end=%d queue_offset=%d read_time_ms=%d "
                  "slots_mended=%d took_ms=%d", self.log.end, self.enqueued_offset,
                  self.read_time_ms, mended, self.recover_ms)
 
-    def _mend_slots(self, end: int) -> int:
+    def _mend_slots(self, end: int, ticks: set[int] | None = None) -> int:
         """Slots written after the TimerLog was cut (a crash between the wheel's write and
-        the checkpoint's) may name units past ``end``. A tick's units sit at increasing
+        the checkpoint's, a truncation of the CommitLog) may name units past ``end``: those of
+        ``ticks``, or of any tick (a scan of every slot). A tick's units sit at increasing
         positions, so what it keeps is the newest of its units below ``end`` and the chain
         back from there: one scan back from ``end`` finds each such tick's newest unit."""
         assert self.wheel is not None and self.log is not None
-        broken = [slot for slot in self.wheel.slots_from(0) if slot.last_pos >= end]
+        wheel = self.wheel
+        if ticks is None:
+            broken = [slot for slot in wheel.slots_from(0) if slot.last_pos >= end]
+        else:
+            broken = [slot for slot in map(wheel.slot, sorted(ticks)) if slot.last_pos >= end]
         if not broken:
             return 0
         wanted = {slot.time_ms: slot for slot in broken if slot.first_pos < end}
         for slot in broken:
             if slot.time_ms not in wanted:
-                self.wheel.clear(slot.time_ms)  # every unit of the tick was past the cut
+                wheel.clear(slot.time_ms)  # every unit of the tick was past the cut
         newest: dict[int, int] = {}
         lowest = min((slot.first_pos for slot in wanted.values()), default=end)
-        for mf in reversed(self.log.queue.files):
-            base = mf.file_from_offset
-            if base >= end:
-                continue
-            top = min(mf.wrote_position, end - base)
-            pos = top - top % UNIT_SIZE
-            while pos >= UNIT_SIZE and len(newest) < len(wanted):
-                pos -= UNIT_SIZE
-                if base + pos < lowest:
+        if wanted:
+            for pos, unit in self.log.units_back(end):
+                if pos < lowest:
                     break
-                unit = self.log.read(base + pos)
-                if unit is not None and unit.write_time_ms in wanted \
-                        and unit.write_time_ms not in newest:
-                    newest[unit.write_time_ms] = base + pos
-            if len(newest) == len(wanted) or base <= lowest:
-                break
+                if unit.write_time_ms in wanted and unit.write_time_ms not in newest:
+                    newest[unit.write_time_ms] = pos
+                    if len(newest) == len(wanted):
+                        break
         for tick, slot in wanted.items():
             last = newest.get(tick)
             if last is None:
-                self.wheel.clear(tick)
+                wheel.clear(tick)
                 continue
             count, pos = 0, last
             while pos != NO_POS and count < MAX_WALK:
-                unit = self.log.read(pos)
-                if unit is None:
+                linked = self.log.read(pos)
+                if linked is None:
                     break
                 count += 1
                 if pos == slot.first_pos:
                     break
-                pos = unit.prev_pos
-            self.wheel.put(tick, slot.first_pos, last, count)
+                pos = linked.prev_pos
+            wheel.put(tick, slot.first_pos, last, count)
         return len(broken)
+
+    # ---- truncation: the CommitLog cut back ---------------------------------------------------
+    def on_truncate(self, phy_offset: int) -> None:
+        """The CommitLog now ends at ``phy_offset`` (a member rejoining its group drops what
+        only it held; the store calls this under reput's lock). What the timer took from the
+        records past it goes: their units leave the TimerLog and the wheel, the enqueue goes
+        back to the timer queue's new end (the new master's records take those queue
+        offsets), and the read time goes back to what the log still holds the deliveries of
+        (``marks.py``): a read time left ahead would skip, once this member is master again,
+        ticks whose deliveries were cut."""
+        if not self.enabled or self.wheel is None:
+            return
+        with self.lock:
+            self._cuts += 1  # an enqueue pass under way drops what it read before the cut
+            cq = self.store.cq_store.get(TIMER_TOPIC, 0)
+            self._forget_past(phy_offset, "truncated", cq.max_queue_offset if cq else 0)
+        self.flush()
+
+    def on_reset(self, phy_offset: int) -> None:
+        """The store was emptied to start at ``phy_offset`` (a slave far behind): every unit
+        named a record that is gone; the read time stands (nothing below it is held now)."""
+        if not self.enabled or self.wheel is None:
+            return
+        with self.lock:
+            self._cuts += 1
+            assert self.log is not None
+            self._save_cut(0, 0)
+            self.stats["units_cut"] += self.log.end // UNIT_SIZE
+            self.log.recover(0)
+            for slot in self.wheel.slots_from(0):
+                self.wheel.clear(slot.time_ms)
+            self.enqueued_offset = 0
+            log.warning("event=timer_reset offset=%d", phy_offset)
+        self.flush()
+
+    def _save_cut(self, log_end: int, queue_offset: int, read_time: int | None = None) -> None:
+        """Before the TimerLog is cut: a checkpoint that claims no more than will be left, so
+        that a crash during the cut recovers from a checkpoint the files bear out."""
+        cp = self.checkpoint
+        cp.last_timer_log_flush_pos = min(cp.last_timer_log_flush_pos, log_end)
+        cp.last_timer_queue_offset = min(cp.last_timer_queue_offset, queue_offset)
+        if read_time is not None:
+            cp.last_read_time_ms = min(cp.last_read_time_ms, read_time)
+        cp.marks = list(self._saved_marks)
+        cp.flush()
+
+    def _forget_past(self, phy_end: int, why: str, queue_end: int | None = None) -> None:
+        """Under the lock: drop the units of records at or past ``phy_end``, go back in the
+        timer queue and in read time to what the CommitLog below ``phy_end`` holds.
+        ``queue_end``: the timer queue's end once cut there (a truncation: exact), or None (a
+        start: the queue may not be dispatched that far yet)."""
+        assert self.wheel is not None and self.log is not None
+        cut, ticks, kept_unit = self.log.end, set(), None
+        for pos, unit in self.log.units_back(self.log.end):
+            if unit.offset_py < phy_end:  # units are appended in CommitLog order
+                kept_unit = unit
+                break
+            cut = pos
+            ticks.add(unit.write_time_ms)
+        queue_offset = self.enqueued_offset
+        if queue_end is not None:
+            queue_offset = min(queue_offset, queue_end)
+        if cut < self.log.end:  # the queue entry after the newest unit kept is read again
+            held = self.store.entry_message(kept_unit.offset_py) if kept_unit else None
+            if held is not None:
+                queue_offset = min(queue_offset, held.queue_offset + 1)
+            elif kept_unit is None:
+                queue_offset = 0
+            else:
+                log.warning("event=timer_cut_unplaced offset=%d: the record of the newest unit "
+                            "kept is unreadable; the enqueue stays at queue offset %d",
+                            kept_unit.offset_py, queue_offset)
+        saved = [m for m in self._saved_marks if m[0] <= phy_end]
+        if len(saved) < len(self._saved_marks):
+            self._saved_marks.clear()
+            self._saved_marks.extend(saved)
+        kept, forgotten = self._marks.cut(phy_end)
+        if kept is None:
+            # no mark is that old: the oldest read time forgotten is the best left (too late,
+            # perhaps: a dequeue here may skip what the cut took)
+            kept = forgotten if forgotten is not None else self.read_time_ms
+            log.warning("event=timer_read_time_unknown offset=%d read_time_ms=%d: no read "
+                        "mark below the cut", phy_end, kept)
+        read_time = min(self.read_time_ms, kept)
+        self.delivered_tick = min(self.delivered_tick, kept)
+        if cut == self.log.end and queue_offset == self.enqueued_offset \
+                and read_time == self.read_time_ms:
+            return  # nothing past the cut
+        self._save_cut(cut, queue_offset, read_time)
+        log_end = self.log.end
+        self.log.recover(cut)
+        mended = self._mend_slots(cut, ticks)
+        log.warning("event=timer_%s offset=%d timerlog_end=%d->%d ticks_mended=%d "
+                    "queue_offset=%d->%d read_time_ms=%d->%d", why, phy_end, log_end, cut,
+                    mended, self.enqueued_offset, queue_offset, self.read_time_ms, read_time)
+        self.stats["units_cut"] += (log_end - cut) // UNIT_SIZE
+        self.enqueued_offset = queue_offset
+        self.read_time_ms = read_time
 
     def _on_arrival(self, topic: str, queue_id: int, _max_offset: int) -> None:
         if topic == TIMER_TOPIC:
@@ -288,13 +397,16 @@ class TimerStore:
         if not self.dequeuing and self.delivered_tick > self.read_time_ms:
             with self.lock:  # a slave: its master delivered up to there (its log says)
                 self.read_time_ms = max(self.read_time_ms, self.delivered_tick)
+        cuts = self._cuts
         start = max(self.enqueued_offset, cq.min_queue_offset)
         entries = cq.entries(start, ENQUEUE_BATCH)
         done = 0
         for q_off, phy, size, _code in entries:
-            raw = store.record_at(phy)
+            raw = store.entry_record(phy)
             props = _properties(raw) if raw is not None else None
             with self.lock:
+                if self._cuts != cuts:
+                    return done  # the log was cut under this pass: read again
                 if props is not None:
                     self._enqueue(phy, size, props)
                 else:
@@ -303,7 +415,8 @@ class TimerStore:
             done += 1
         if start > self.enqueued_offset:
             with self.lock:
-                self.enqueued_offset = start
+                if self._cuts == cuts:
+                    self.enqueued_offset = max(self.enqueued_offset, start)
         return done
 
     def _enqueue(self, phy: int, size: int, props: dict[str, str]) -> None:
@@ -380,12 +493,17 @@ class TimerStore:
             read_time = self.read_time_ms if self.dequeuing else \
                 max(self.read_time_ms, self.delivered_tick)
             slots = self.wheel.dirty()
+            saved = self._saved_marks  # the marks noted since the last checkpoint join it
+            for mark in self._marks.since(saved[-1] if saved else None):
+                saved.append(mark)
+            marks = list(saved)
         self.log.flush()
         self.wheel.write(slots)
         cp = self.checkpoint
         cp.last_timer_log_flush_pos = log_end
         cp.last_timer_queue_offset = queue_offset
         cp.last_read_time_ms = read_time
+        cp.marks = marks
         cp.flush()
 
     # ---- the dequeue (a master service) ------------------------------------------------------------
@@ -419,6 +537,7 @@ class TimerStore:
         with self.lock:
             if self.read_time_ms == tick:
                 self.read_time_ms = tick + self.precision_ms
+                self._marks.note(self.store.commit_log.max_offset, self.read_time_ms)
 
     def _congested(self, tick: int) -> bool:
         wheel = self.wheel
@@ -548,7 +667,7 @@ class TimerDequeue:
         timer = self._timer
         store = timer.store
         for pos, unit in fresh:
-            held = store.message_by_offset(unit.offset_py)
+            held = store.entry_message(unit.offset_py)
             if held is None or PROPERTY_REAL_TOPIC not in held.properties:
                 timer.stats["unreadable"] += 1
                 log.error("event=timer_skip offset=%d reason=unreadable_or_not_a_timer_record",
@@ -597,7 +716,7 @@ class TimerDequeue:
         topic = TIMER_TOPIC if roll else held.properties[PROPERTY_REAL_TOPIC]
         key = TIMER_SOURCE + str(held.commit_log_offset)
         for found in index.query(topic, key, 4, 0, 2**62):
-            msg = store.message_by_offset(found)
+            msg = store.entry_message(found)
             if msg is not None and msg.properties.get(TIMER_SOURCE) == \
                     str(held.commit_log_offset):
                 return True

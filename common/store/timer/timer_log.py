@@ -9,6 +9,7 @@ flushed position: what was appended past it is enqueued again from the timer top
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -78,6 +79,20 @@ class TimerLog:
             return None
         unit = Unit(*UNIT.unpack_from(mf.buffer, at))
         return unit if unit.size == UNIT_SIZE else None
+
+    def units_back(self, end: int) -> Iterator[tuple[int, Unit]]:
+        """The units below position ``end``, newest first, as (position, unit)."""
+        for mf in reversed(self.queue.files):
+            base = mf.file_from_offset
+            if base >= end:
+                continue
+            top = min(mf.wrote_position, end - base)
+            pos = top - top % UNIT_SIZE  # units sit at multiples of their size; a blank ends
+            while pos >= UNIT_SIZE:
+                pos -= UNIT_SIZE
+                unit = self.read(base + pos)
+                if unit is not None:
+                    yield base + pos, unit
 
     def flush(self) -> int:
         return self.queue.flush(0)
