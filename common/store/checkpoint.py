@@ -9,6 +9,7 @@
 |  16 | indexMsgTimestamp     | store time covered by flushed index files                |
 |  24 | physicFlushedOffset   | CommitLog offset known to be on disk (RocketMQ 5: masterFlushedOffset) |
 |  32 | confirmPhyOffset      | replicated/confirmed offset (HA)                         |
+|  40 | dispatchedRecordOffset | replog's own: where the newest record dispatched starts (a crash of the process alone checks the log from there) |
 
 ``abort`` exists while a store runs (holds the pid); its presence at start-up means the last
 exit was a crash. ``lock`` is held with an exclusive flock: a second store on the same
@@ -26,6 +27,7 @@ from common.core.errors import StoreError
 
 CHECKPOINT = struct.Struct(">qqqqq")
 assert CHECKPOINT.size == 40
+EXTRA = struct.Struct(">q")  # after RocketMQ's five fields, which its reader takes alone
 CHECKPOINT_FILE_SIZE = 4096
 
 
@@ -37,18 +39,21 @@ class StoreCheckpoint:
         self.index_msg_timestamp = 0
         self.physic_flushed_offset = 0
         self.confirm_phy_offset = 0
+        self.dispatched_record_offset = 0
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self._fd = fd
-        raw = os.pread(fd, CHECKPOINT.size, 0)
-        if len(raw) == CHECKPOINT.size:
+        raw = os.pread(fd, CHECKPOINT.size + EXTRA.size, 0)
+        if len(raw) >= CHECKPOINT.size:
             (
                 self.physic_msg_timestamp,
                 self.logics_msg_timestamp,
                 self.index_msg_timestamp,
                 self.physic_flushed_offset,
                 self.confirm_phy_offset,
-            ) = CHECKPOINT.unpack(raw)
-        else:
+            ) = CHECKPOINT.unpack_from(raw)
+            if len(raw) == CHECKPOINT.size + EXTRA.size:
+                self.dispatched_record_offset = max(0, EXTRA.unpack_from(raw, CHECKPOINT.size)[0])
+        if len(raw) < CHECKPOINT.size:
             os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
 
     def min_timestamp(self) -> int:
@@ -62,7 +67,7 @@ class StoreCheckpoint:
             self.index_msg_timestamp,
             self.physic_flushed_offset,
             self.confirm_phy_offset,
-        )
+        ) + EXTRA.pack(self.dispatched_record_offset)
         os.pwrite(self._fd, data, 0)
         os.fdatasync(self._fd)
 
@@ -111,8 +116,27 @@ class StoreLock:
             self._fd = -1
 
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str:
+    """This kernel boot's id ("" where there is none to read)."""
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
 class AbortFile:
-    """``<root>/abort``: present while running; its presence at start means a crash."""
+    """``<root>/abort``: present while running; its presence at start means a crash.
+
+    It holds ``<pid> <boot id>``. A crash of the process alone (kill -9, an abort) leaves
+    the kernel's page cache, so every byte the broker wrote into its mappings is still
+    there, torn only where a write was under way; a crash of the system (same file, another
+    boot id, or none recorded) may have lost any page not flushed. ``crash`` tells which."""
+
+    PROCESS = "process"
+    SYSTEM = "system"
 
     def __init__(self, root: Path):
         self.path = Path(root) / "abort"
@@ -120,10 +144,21 @@ class AbortFile:
     def exists(self) -> bool:
         return self.path.exists()
 
+    def crash(self) -> str | None:
+        """None (a clean stop), PROCESS (same boot: the page cache was kept) or SYSTEM."""
+        try:
+            words = self.path.read_text(errors="replace").split()
+        except FileNotFoundError:
+            return None
+        current = boot_id()
+        if len(words) == 2 and current and words[1] == current:
+            return self.PROCESS
+        return self.SYSTEM
+
     def create(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, str(os.getpid()).encode())
+            os.write(fd, f"{os.getpid()} {boot_id()}".strip().encode())
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -628,12 +628,18 @@ class CommitLog:
         self.queue.load()
 
     def recover(self, abnormal: bool, flushed_checkpoint: int = 0,
-                cut_below_flushed: bool = False) -> RecoveryReport:
+                cut_below_flushed: bool = False, boundary: int | None = None) -> RecoveryReport:
         """Find the end of the valid log, cut everything after it on disk, set positions.
 
         A log whose valid part ends below ``flushed_checkpoint`` is damaged, not torn: a
         CorruptionError, nothing changed; unless ``cut_below_flushed`` (a slave, which fetches
-        the rest again from its master), then it is cut there with an ERROR."""
+        the rest again from its master), then it is cut there with an ERROR.
+
+        ``boundary``: after a crash of the process alone (the page cache kept every byte the
+        broker wrote), where a record dispatched before starts (the checkpoint's
+        dispatchedRecordOffset): the records below it need no check, and it starts there when
+        that record checks whole (else, as after any crash, at the start of the segment that
+        holds the flushed offset)."""
         report = RecoveryReport(abnormal=abnormal)
         files = self.queue.files
         if not files:
@@ -644,6 +650,9 @@ class CommitLog:
         else:
             index = max(0, len(files) - 3)
         phy = files[index].file_from_offset
+        resumed = self._resume_point(boundary) if abnormal and boundary is not None else None
+        if resumed is not None and resumed[1] > phy:
+            index, phy = resumed
         report.start_offset = phy
         while index < len(files):
             mf = files[index]
@@ -675,6 +684,21 @@ class CommitLog:
                       report.cut_reason or "missing data")
         self._cut(phy, report, flushed_checkpoint if abnormal else phy)
         return report
+
+    def _resume_point(self, boundary: int) -> tuple[int, int] | None:
+        """(segment number, offset) to check from at ``boundary``, if a whole record that
+        names this offset starts there (zeros prove nothing: they occur inside records)."""
+        mf = self.queue.find(boundary)
+        if mf is None:
+            return None
+        pos = boundary - mf.file_from_offset
+        result = record.check(mf.buffer, pos, self.file_size, expect_phy_offset=boundary,
+                              require_prop_crc=self._crc_required(boundary))
+        if result.size <= 0:
+            log.warning("event=recovery_boundary_refused offset=%d reason=%r: checking from "
+                        "the segment's start", boundary, result.reason or "no record there")
+            return None
+        return self.queue.files.index(mf), boundary
 
     def _refuse_below_flushed(self, phy: int, flushed: int, reason: str) -> None:
         """The valid log ends below what the checkpoint says was on disk: a damaged or missing

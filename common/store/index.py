@@ -328,6 +328,28 @@ class IndexFile:
         self.dirty = True
         return True
 
+    def undo_torn_put(self) -> bool:
+        """After a crash of the process alone: a put writes its entry, then its slot, then
+        the header's count, so a kill between leaves an entry past the count and perhaps its
+        slot naming it; the next put would take that number again and link the key's chain
+        to itself. The slot goes back to the entry's prevIndex and the entry is erased.
+        True when there was one."""
+        count = self.index_count
+        if count >= self.max_index_num:
+            return False
+        at = self._entries_at + ENTRY.size * count
+        if at + ENTRY.size > self.file_size or self._mm[at : at + ENTRY.size] == ZERO_ENTRY:
+            return False
+        key_hash, phy, _, prev = self.entry(count)
+        slot_pos = HEADER_SIZE + SLOT.size * (key_hash % self.slots)
+        if SLOT.unpack_from(self._mm, slot_pos)[0] >= count:
+            SLOT.pack_into(self._mm, slot_pos, prev if 0 < prev < count else 0)
+        self._mm[at : at + ENTRY.size] = ZERO_ENTRY
+        self.dirty = True
+        log.warning("event=index_torn_put_undone path=%s index=%d offset=%d", self.path,
+                    count, phy)
+        return True
+
     def truncate(self, phy_offset: int) -> int:
         """Undo, newest first, every entry whose phyOffset >= ``phy_offset``; erased on disk.
 
@@ -479,8 +501,11 @@ class IndexService:
         self._flushed_end_timestamp = 0
 
     # ---- loading ----------------------------------------------------------------------------
-    def load(self, last_exit_ok: bool, index_msg_timestamp: int) -> None:
-        """Map every file; after a crash drop those with data newer than the checkpoint."""
+    def load(self, last_exit_ok: bool, index_msg_timestamp: int,
+             page_cache_kept: bool = False) -> None:
+        """Map every file; after a crash drop those with data newer than the checkpoint,
+        unless the crash was the process's alone (``page_cache_kept``: every key written is
+        there): then only the last file's last put may be torn, and is undone."""
         self.directory.mkdir(parents=True, exist_ok=True)
         with self._lock:
             for leftover in self.directory.glob(f".*{CREATING_SUFFIX}"):
@@ -505,13 +530,16 @@ class IndexService:
                                 path, str(e))
                     path.unlink()
                     continue
-                if not last_exit_ok and f.end_timestamp > index_msg_timestamp:
+                if not last_exit_ok and f.end_timestamp > index_msg_timestamp \
+                        and not page_cache_kept:
                     log.warning("event=index_file_dropped path=%s end_timestamp=%d "
                                 "checkpoint=%d reason=abnormal_exit", path, f.end_timestamp,
                                 index_msg_timestamp)
                     f.destroy()
                     continue
                 self.files.append(f)
+            if page_cache_kept and not last_exit_ok and self.files:
+                self.files[-1].undo_torn_put()
             self._flushed_end_timestamp = self._durable_end_timestamp()
 
     def _durable_end_timestamp(self) -> int:

@@ -210,6 +210,9 @@ class MessageStore:
         # new one): the controller tells a SyncStateSet member from a stranger with its id
         self.store_id = ""
         self.recovery: RecoveryReport | None = None
+        self.page_cache_kept = False  # the last start followed a crash of the process alone
+        # where the newest record dispatched starts: a record boundary for the checkpoint
+        self.dispatched_record_offset = 0
         self.running = False
         self.puts = 0
         self.put_failures = 0
@@ -250,7 +253,12 @@ class MessageStore:
                  self.min_phy_offset, self.max_phy_offset, self.recovery and self.recovery.abnormal)
 
     def _load_and_recover(self) -> None:
-        abnormal = self._abort.exists()
+        crash = self._abort.crash()
+        abnormal = crash is not None
+        # a crash of the process alone: the page cache kept every byte written into the
+        # mappings, torn only where a write was under way (the log's last record, the
+        # index's last key): what was dispatched before need not be checked or built again
+        kept = crash == AbortFile.PROCESS
         (self.root / "config").mkdir(exist_ok=True)
         self.store_id = store_identity(self.root / "config" / "storeId")
         self.checkpoint = StoreCheckpoint(self.root / "checkpoint")
@@ -260,11 +268,15 @@ class MessageStore:
         self.commit_log.require_prop_crc_from = self._crc_required_from()
         # a slave repairs from its master; a master (or a slave about to resume a promotion)
         # must not: those bytes may exist nowhere else
-        self.recovery = self.commit_log.recover(abnormal, self.checkpoint.physic_flushed_offset,
-                                                cut_below_flushed=self.repair_from_master)
+        self.recovery = self.commit_log.recover(
+            abnormal, self.checkpoint.physic_flushed_offset,
+            cut_below_flushed=self.repair_from_master,
+            boundary=(self.checkpoint.dispatched_record_offset or None) if kept else None)
+        self.page_cache_kept = kept
         self.cq_store.load()
         if self.index is not None:
-            self.index.load(not abnormal, self.checkpoint.index_msg_timestamp)
+            self.index.load(not abnormal, self.checkpoint.index_msg_timestamp,
+                            page_cache_kept=kept)
         self.cq_store.recover_all()
         self._note_crc_start()
         log_end = self.commit_log.max_offset
@@ -273,6 +285,8 @@ class MessageStore:
         if self.index is not None:
             self.index.truncate(log_end)
         self.dispatched_phy_offset = self._dispatch_start(abnormal)
+        if self.checkpoint.dispatched_record_offset < min(self.dispatched_phy_offset, log_end):
+            self.dispatched_record_offset = self.checkpoint.dispatched_record_offset
         if self.cfg.enableControllerMode:
             # what was visible before (dispatched, hence confirmed then) and no more: the
             # rest waits until the controller's master confirms it, or this broker is elected
@@ -332,7 +346,7 @@ class MessageStore:
             if self.index is not None:
                 files = self.index.files
                 start = min(start, files[-1].end_phy_offset if files else log_min)
-            if self.recovery is not None:
+            if self.recovery is not None and not self.page_cache_kept:
                 start = min(start, self.recovery.start_offset)
         return max(start, log_min)
 
@@ -517,6 +531,7 @@ class MessageStore:
             self.checkpoint.logics_msg_timestamp = self._last_dispatch_ts
             # everything dispatched was confirmed: a restart in controller mode shows that
             self.checkpoint.confirm_phy_offset = self.dispatched_phy_offset
+            self.checkpoint.dispatched_record_offset = self.dispatched_record_offset
             if self.index is not None:
                 self.index.flush()
                 self.checkpoint.index_msg_timestamp = self.index.flushed_end_timestamp
@@ -532,6 +547,8 @@ class MessageStore:
         if not cq.put_many(first_queue_offset, entries, packed):
             raise StoreError(f"cannot append to consume queue {topic}/{queue_id}: "
                              f"{cq.last_error}")
+        if entries and entries[-1][0] > self.dispatched_record_offset:
+            self.dispatched_record_offset = entries[-1][0]
 
     def note_dispatched_timestamp(self, store_timestamp: int) -> None:
         """Store time of the last dispatched record (checkpoint logicsMsgTimestamp)."""
@@ -907,7 +924,11 @@ class MessageStore:
                     self.checkpoint.physic_flushed_offset, phy_offset)
                 self.checkpoint.confirm_phy_offset = min(
                     self.checkpoint.confirm_phy_offset, phy_offset)
+                if self.checkpoint.dispatched_record_offset >= phy_offset:
+                    self.checkpoint.dispatched_record_offset = 0
                 self.checkpoint.flush()
+            if self.dispatched_record_offset >= phy_offset:
+                self.dispatched_record_offset = 0
             for listener in self.extensions.cut_listeners:
                 listener.on_truncate(phy_offset)
         log.warning("event=store_truncated offset=%d", phy_offset)
@@ -931,7 +952,9 @@ class MessageStore:
             if self.checkpoint is not None:
                 self.checkpoint.physic_flushed_offset = phy_offset
                 self.checkpoint.confirm_phy_offset = phy_offset
+                self.checkpoint.dispatched_record_offset = 0
                 self.checkpoint.flush()
+            self.dispatched_record_offset = 0
             for listener in self.extensions.cut_listeners:
                 listener.on_reset(phy_offset)
 
