@@ -36,16 +36,26 @@ from typing import Any, Protocol
 from common.broker.replies import Reply, reply
 from common.broker.tables import TopicTable, TopicTableFull
 from common.core import timer as timer_messages
+from common.core import transaction as transactions
 from common.core.config import BrokerConfig
 from common.core.errors import PutStatus, ResponseCode
 from common.core.logs import log_event
-from common.core.message import PROPERTY_DELAY, Message, encode_msg_id
+from common.core.message import (
+    PROPERTY_DELAY,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    SYSFLAG_TRANSACTION_PREPARED,
+    Message,
+    encode_msg_id,
+)
+from common.core.transaction import TransactionState
 from common.format.protocol import SCHEMAS, Request, RequestCode, Response
 from common.store.api import WriteStore
 from common.store.schedule import born_host_of
 from common.store.timer import recall
 from master import send_back
 from master.group_transfer import GroupTransfer, ReplicaPut
+from master.transaction_check import TransactionCheck
 
 log = logging.getLogger("replog.master")
 
@@ -91,6 +101,7 @@ class MasterRole:
         replica_waits: GroupTransfer | None = None,
         ha_service: HaService | None = None,
         write_gate: Callable[[], str] | None = None,
+        transaction_check: TransactionCheck | None = None,
     ):
         if role_name not in ("SYNC_MASTER", "ASYNC_MASTER"):
             raise ValueError(f"not a master role: {role_name}")
@@ -105,6 +116,7 @@ class MasterRole:
         self._write_gate = write_gate
         self.fenced_writes = 0
         self.replication_stopped = True  # a master replicates into nothing
+        self.transaction_check = transaction_check  # the check-back (master/transaction_check.py)
 
     @property
     def name(self) -> str:
@@ -113,8 +125,12 @@ class MasterRole:
     def start(self) -> None:
         if self.ha_service is not None:
             self.ha_service.start()
+        if self.transaction_check is not None:
+            self.transaction_check.start()
 
     def stop(self) -> None:
+        if self.transaction_check is not None:
+            self.transaction_check.stop()
         if self.ha_service is not None:
             self.ha_service.stop()
 
@@ -122,6 +138,8 @@ class MasterRole:
         slaves = self.ha_service.slaves() if self.ha_service is not None else []
         fields: dict[str, Any] = {"masterAddress": self.cfg.client_address, "slaves": slaves,
                                   "fencedWrites": self.fenced_writes}
+        if self.transaction_check is not None:
+            fields["transactionCheck"] = self.transaction_check.status()
         if self._write_gate is not None and self.ha_service is not None:
             fields["syncStateSet"] = self.ha_service.sync_state_set()
         return fields
@@ -159,8 +177,14 @@ class MasterRole:
                          f"property {PROPERTY_DELAY}={props[PROPERTY_DELAY]!r} is not a "
                          "delay level (an integer 0-64)")
         extra = None
+        half = transactions.is_half(props)
+        if f["sysFlag"] & SYSFLAG_TRANSACTION_PREPARED and not half:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"sysFlag TRANSACTION_PREPARED without {transactions.TRAN_MSG}=true: a "
+                         "half message carries both")
         if props:
-            reserved = timer_messages.reserved_property(props)
+            reserved = timer_messages.reserved_property(props) \
+                or transactions.reserved_property(props)
             if reserved is not None:
                 return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                              f"property {reserved} is set by the broker, not by a producer")
@@ -209,6 +233,44 @@ class MasterRole:
                                         born_timestamp=int(time.time() * 1000))
         return self._after_append(req, pending, {"msgId": handle.uniq_key})
 
+    def end_transaction(self, req: Request) -> Reply:
+        """END_TRANSACTION: commit or roll back the half at ``commitLogOffset``, once
+        (``common/store/transaction/service.py``); answered like a SEND of its last record
+        (SYNC_MASTER: once the SyncStateSet holds it). A final state is final: the other end
+        is refused, the same one answered again without a write."""
+        f = req.fields
+        state = TransactionState.of_sys_flag(f["commitOrRollback"])
+        if state is TransactionState.UNKNOWN:  # RocketMQ's NOT_TYPE: nothing to do yet
+            return reply(req, fields={"state": state.value})
+        tx = self.store.transactions
+        half = tx.half_at(f["commitLogOffset"])
+        if half is None:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"end refused: no half message starts at commitLogOffset "
+                         f"{f['commitLogOffset']}")
+        props = half.properties
+        owner, topic = props.get(transactions.PRODUCER_GROUP), props.get(PROPERTY_REAL_TOPIC)
+        tx_id = props.get(transactions.TRANSACTION_ID) or props.get(PROPERTY_UNIQ_KEY, "")
+        why = (f"it belongs to producer group {owner}" if owner != f["producerGroup"] else
+               f"it is a message of topic {topic}" if topic != f["topic"] else
+               f"its transactionId is {tx_id}"
+               if f.get("transactionId") and f["transactionId"] != tx_id else "")
+        if why:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"end refused: the half message at {f['commitLogOffset']} does not "
+                         f"match: {why}")
+        result = tx.end(half, state, req.born_host)
+        if result.conflict is not None:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"end refused: transaction {tx_id} was decided already "
+                         f"({result.conflict.value}); a final state is final",
+                         {"state": result.conflict.value})
+        if result.pending is None:  # decided so before: nothing more to write
+            return reply(req, fields={"state": state.value, "repeated": 1})
+        log_event(log, "transaction_end", state=state.value, transactionId=tx_id,
+                  check=f["fromTransactionCheck"], half=half.commit_log_offset)
+        return self._after_append(req, result.pending, {"state": state.value})
+
     def send_batch(self, req: Request) -> Reply:
         refusal = self._check_queue(req)
         if refusal is not None:
@@ -220,11 +282,13 @@ class MasterRole:
                 props = m[2]
                 if not props:
                     continue
-                if PROPERTY_DELAY in props or timer_messages.requested(props):
+                if PROPERTY_DELAY in props or timer_messages.requested(props) \
+                        or transactions.is_half(props):
                     return reply(req, ResponseCode.MESSAGE_ILLEGAL,
-                                 "a batch cannot hold delayed or timer messages (RocketMQ "
-                                 "refuses them too): send them one by one")
-                reserved = timer_messages.reserved_property(props)
+                                 "a batch cannot hold delayed, timer or transactional messages "
+                                 "(RocketMQ refuses them too): send them one by one")
+                reserved = timer_messages.reserved_property(props) \
+                    or transactions.reserved_property(props)
                 if reserved is not None:
                     return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                                  f"property {reserved} is set by the broker, not by a producer")

@@ -118,6 +118,8 @@ class BrokerStatus:
     fencedWrites: int  # controller mode: writes refused for a stale lease or a lost election
     security: dict[str, Any]  # aclEnable, aclVersion, aclReloadFailing (common/broker/security.py)
     timer: dict[str, Any]  # timer messages: pending, read time, lateness (common/store/timer/)
+    # transactions: ends decided, refused, repaired; "check": a master's check-back figures
+    transactions: dict[str, Any]
     # component (haService, haClient) -> {state, failures, restarts, lastError}
     health: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
@@ -536,6 +538,8 @@ class Broker:
             fencedWrites=int(role_fields.get("fencedWrites", 0)),
             security=self.security.status(),
             timer=store.timer_status(),
+            transactions={**store.transactions.status(),
+                          "check": dict(role_fields.get("transactionCheck", {}))},
             health={**self.server.participant_health(), **role_fields.get("health", {})},
         )
 

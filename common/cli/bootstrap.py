@@ -36,14 +36,18 @@ def make_role(state: RoleState, broker: Broker) -> Role:
         return SlaveRole(cfg, ha_client=ha_client, config_sync=sync)
     from master.ha_service import build_master_replication
     from master.role import MasterRole
+    from master.transaction_check import TransactionCheck
 
     # the request server's I/O thread drives the HA socket itself (no thread hand-off per put)
     service, waiter = build_master_replication(
         cfg, broker.store, state.name, host=broker.server, sync_state=broker.controller,
         security=broker.security,
     )
+    check = TransactionCheck(cfg, broker.store, broker.producer_groups,
+                             broker.server.client_requests.ask, broker.offsets,
+                             gate=broker.write_refusal)
     return MasterRole(cfg, broker.store, broker.topics, state.name, waiter, service,
-                      write_gate=broker.write_refusal)
+                      write_gate=broker.write_refusal, transaction_check=check)
 
 
 def run_broker(config_path: str, overrides: Sequence[str]) -> int:

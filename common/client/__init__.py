@@ -6,6 +6,7 @@ The package, one module a layer (everything is imported from ``common.client``):
     transport.py  the I/O thread and its sockets, blocking calls, send_async coalescing
     cluster.py    the cluster view (master discovery, topic routes); ClientBase's retry loop
     producer.py   Producer          consumer.py  Consumer          admin.py  Admin
+    transaction.py TransactionProducer (half, local transaction, end; answers check-backs)
 
 Threads and sockets::
 
@@ -62,7 +63,9 @@ from common.client.results import (
     pull_result,
     send_results,
 )
+from common.client.transaction import HalfSent, TransactionProducer, TransactionResult
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS, Transport, new_dealer
+from common.core.transaction import TransactionState
 
 __all__ = [
     "DEFAULT_SPIN_US",
@@ -75,10 +78,14 @@ __all__ = [
     "Cluster",
     "ConnectionLostError",
     "Consumer",
+    "HalfSent",
     "NoMasterError",
     "Producer",
     "PullResult",
     "SendResult",
+    "TransactionProducer",
+    "TransactionResult",
+    "TransactionState",
     "Transport",
     "new_dealer",
     "pack_bodies",

@@ -123,6 +123,12 @@ class BrokerConfig:
     timerRollWindowSlot: int = 172_800  # ticks ahead the wheel holds; later ones are re-put
     timerFlushIntervalMs: int = 1000  # the timer's checkpoint
     timerCongestNumEachSlot: int = 2_147_483_647  # a tick holding this many refuses more
+    # transactions (RocketMQ's names): a half older than transactionTimeOut without an end is
+    # checked with its producer group every transactionCheckInterval, at most
+    # transactionCheckMax times (then kept in TRANS_CHECK_MAX_TIME_TOPIC)
+    transactionTimeOut: int = 6000
+    transactionCheckMax: int = 15
+    transactionCheckInterval: int = 30_000
     timerStopEnqueue: bool = False  # pause putting timer messages on the wheel
     timerStopDequeue: bool = False  # pause deliveries
     mappedFileSizeTimerLog: int = 100 * 1024 * 1024
@@ -230,6 +236,10 @@ class BrokerConfig:
                  f"must be in 1..{2 * TIMER_WHEEL_TICKS - 1} (the wheel's two spans)")
         _require(self.timerFlushIntervalMs >= 10, "timerFlushIntervalMs", "must be >= 10")
         _require(self.timerCongestNumEachSlot >= 1, "timerCongestNumEachSlot", "must be >= 1")
+        _require(self.transactionTimeOut >= 0, "transactionTimeOut", "must be >= 0")
+        _require(self.transactionCheckMax >= 1, "transactionCheckMax", "must be >= 1")
+        _require(self.transactionCheckInterval >= 10, "transactionCheckInterval",
+                 "must be >= 10")
         _require(self.mappedFileSizeTimerLog >= 52 * 16 + 16, "mappedFileSizeTimerLog",
                  "must hold at least 16 units of 52 bytes")
         if self.aclEnable:

@@ -44,7 +44,8 @@ DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ's consumer default: retries before 
 
 # SYSFLAG bits (RocketMQ ``MessageSysFlag``) a producer may set; the rest are the broker's.
 SYSFLAG_COMPRESSED = 0x1  # BODY is zlib-deflated (RocketMQ 4.x producers: bodies >= 4 KiB)
-CLIENT_SYSFLAGS = SYSFLAG_COMPRESSED
+SYSFLAG_TRANSACTION_PREPARED = 0x4  # a half message (with TRAN_MSG=true): stored as NOT type
+CLIENT_SYSFLAGS = SYSFLAG_COMPRESSED | SYSFLAG_TRANSACTION_PREPARED
 DEFAULT_COMPRESS_OVER_BYTES = 4096  # RocketMQ's compressMsgBodyOverHowmuch
 DEFAULT_COMPRESS_LEVEL = 5  # RocketMQ's zipCompressLevel
 MAX_INFLATED_BYTES = 64 * 1024 * 1024  # a compressed body inflating past this is refused
@@ -188,6 +189,8 @@ class Message:
     delay_level: int = 0
     reconsume_times: int = 0  # RECONSUMETIMES: how often a consumer sent it back (retries)
     sys_flag: int = 0  # SYSFLAG bits the record carries: SYSFLAG_COMPRESSED (body deflated)
+    # PREPAREDTRANSACTIONOFFSET: a transaction's commit names its half message's offset
+    prepared_transaction_offset: int = 0
 
     def all_properties(self) -> dict[str, str]:
         props = dict(self.properties)

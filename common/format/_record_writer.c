@@ -50,7 +50,8 @@ typedef struct {
 /* One record at out; returns its size. Arguments were checked by the caller. */
 static Py_ssize_t write_one(unsigned char *out, long long phy, long long queue_offset,
                             const Shared *s, int32_t size, int32_t body_crc, int32_t flag,
-                            int32_t reconsume, int32_t sys_flag, const char *body,
+                            int32_t reconsume, int32_t sys_flag, long long prepared,
+                            const char *body,
                             Py_ssize_t body_len, const char *tail, Py_ssize_t tail_len) {
     unsigned char *h = out;
     put32(h, (uint32_t)size);
@@ -68,7 +69,7 @@ static Py_ssize_t write_one(unsigned char *out, long long phy, long long queue_o
     memcpy(h + 64, s->store_ip, 4);
     put32(h + 68, (uint32_t)s->store_port);
     put32(h + 72, (uint32_t)reconsume);
-    put64(h + 76, 0);
+    put64(h + 76, (uint64_t)prepared);
     put32(h + 84, (uint32_t)body_len);
     memcpy(out + HEADER_BYTES, body, (size_t)body_len);
     unsigned char *t = out + HEADER_BYTES + body_len;
@@ -171,7 +172,10 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (items == NULL) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(items);
     int32_t *meta = PyMem_Malloc(sizeof(int32_t) * 5 * (size_t)(n ? n : 1));
-    if (meta == NULL) {
+    long long *prepared = PyMem_Malloc(sizeof(long long) * (size_t)(n ? n : 1));
+    if (meta == NULL || prepared == NULL) {
+        PyMem_Free(meta);
+        PyMem_Free(prepared);
         Py_DECREF(items);
         return PyErr_NoMemory();
     }
@@ -179,6 +183,7 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
     PyObject *entries = NULL, *cq = NULL, *result = NULL;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
         PyMem_Free(meta);
+        PyMem_Free(prepared);
         Py_DECREF(items);
         return NULL;
     }
@@ -187,9 +192,14 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
     int plain = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *it = PyTuple_GET_ITEM(items, i);
-        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 7) {
-            PyErr_SetString(PyExc_TypeError, "an item is (size, crc, flag, body, tail, reconsume, sys_flag)");
+        if (!PyTuple_Check(it) || (PyTuple_GET_SIZE(it) != 7 && PyTuple_GET_SIZE(it) != 8)) {
+            PyErr_SetString(PyExc_TypeError, "an item is (size, crc, flag, body, tail, reconsume, sys_flag[, prepared offset])");
             goto done;
+        }
+        prepared[i] = 0;
+        if (PyTuple_GET_SIZE(it) == 8) {
+            prepared[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 7));
+            if (prepared[i] == -1 && PyErr_Occurred()) goto done;
         }
         int32_t *m = meta + 5 * i;
         if (as_i32(PyTuple_GET_ITEM(it, 0), &m[0], "size") < 0
@@ -232,7 +242,7 @@ static PyObject *write_items(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyList_SET_ITEM(entries, i, e);
         cq_entry(cq_p + i * CQ_ENTRY_BYTES, phy, m[0]);
         Py_ssize_t size = write_one(out, phy, queue_offset, &s, m[0], m[1], m[2], m[3], m[4],
-                                    PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body),
+                                    prepared[i], PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body),
                                     PyBytes_AS_STRING(tail), PyBytes_GET_SIZE(tail));
         out += size;
         phy += size;
@@ -244,6 +254,7 @@ done:
     Py_XDECREF(cq);
     PyBuffer_Release(&view);
     PyMem_Free(meta);
+    PyMem_Free(prepared);
     Py_DECREF(items);
     return result;
 }
@@ -317,7 +328,7 @@ static PyObject *write_bodies(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (e == NULL) goto done;
         PyList_SET_ITEM(entries, i, e);
         cq_entry(cq_p + i * CQ_ENTRY_BYTES, phy, size);
-        write_one(out, phy, queue_offset, &s, size, body_crc, 0, 0, 0, (const char *)body,
+        write_one(out, phy, queue_offset, &s, size, body_crc, 0, 0, 0, 0, (const char *)body,
                   body_len, tail_p, tail_len);
         out += size;
         phy += size;

@@ -97,6 +97,8 @@ class RequestCode(enum.IntEnum):
     QUERY_BY_OFFSET = 33
     QUERY_BY_MSG_ID = 34
     CONSUMER_SEND_MSG_BACK = 36  # a consumer failed a message: store it again for a retry or DLQ
+    END_TRANSACTION = 37  # commit or roll back a transaction's half message
+    CHECK_TRANSACTION_STATE = 39  # broker -> client: what became of this half's transaction
     GET_ALL_CONSUMER_OFFSET = 43  # consumerOffset.json, as a body frame (a slave syncs it)
     GET_ALL_DELAY_OFFSET = 45  # delayOffset.json, as a body frame (a slave syncs it)
     GET_BROKER_CLUSTER_ACL_INFO = 52  # the ACL in force: version, digest, accounts (admin)
@@ -373,6 +375,27 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "runningInfo": Field("int", lo=0, hi=1, default=0),  # 1: ask each producer its figures
     }, _ADMIN),
     RequestCode.GET_CLIENT_RUNNING_INFO: RequestSpec({}, _ADMIN, served_by=TO_CLIENT),
+    # RocketMQ's EndTransactionRequestHeader; ``topic`` (the half's real topic, as RocketMQ
+    # 5's header has it) is what PUB is checked on
+    RequestCode.END_TRANSACTION: RequestSpec({
+        "topic": _TOPIC,
+        "producerGroup": Field("group", required=True),
+        "tranStateTableOffset": Field("int", lo=0, hi=MAX_OFFSET, default=0),
+        "commitLogOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
+        "commitOrRollback": Field("int", required=True, lo=0, hi=0xC),  # 0x8, 0xC (0: unknown)
+        "fromTransactionCheck": Field("int", lo=0, hi=1, default=0),
+        "msgId": Field("str", hi=255),
+        "transactionId": Field("str", hi=255),
+    }, _PUB, kind=WRITE, acked=True, names_topic=True),
+    # the check-back: the half (a record) in the body; the producer answers ``state``
+    RequestCode.CHECK_TRANSACTION_STATE: RequestSpec({
+        "topic": _TOPIC,
+        "producerGroup": Field("group", required=True),
+        "tranStateTableOffset": Field("int", lo=0, hi=MAX_OFFSET, default=0),
+        "commitLogOffset": Field("int", required=True, lo=0, hi=MAX_OFFSET),
+        "msgId": Field("str", hi=255),
+        "transactionId": Field("str", hi=255),
+    }, _ADMIN, bodies=(1, 1), served_by=TO_CLIENT),
 }
 assert set(SPECS) == set(RequestCode), "every request code has its row in SPECS"
 
@@ -777,12 +800,13 @@ def _check_flag(name: str, value: Any) -> int:
 
 
 def _check_sys_flag(name: str, value: Any) -> int:
-    """Only the SYSFLAG bits a producer sets (COMPRESSED); the others (transaction state,
-    IPv6 hosts, batch) are the broker's to set."""
+    """Only the SYSFLAG bits a producer sets (COMPRESSED, TRANSACTION_PREPARED on a half
+    message); the others (commit, rollback, IPv6 hosts, batch) are the broker's to set."""
     if value is None:
         return 0
     if not _is_int(value) or value & ~CLIENT_SYSFLAGS or value < 0:
-        raise ProtocolError(name, f"must be 0 or a mix of {CLIENT_SYSFLAGS:#x} (COMPRESSED)")
+        raise ProtocolError(name, f"must be 0 or a mix of {CLIENT_SYSFLAGS:#x} (COMPRESSED, "
+                                  "TRANSACTION_PREPARED)")
     return int(value)
 
 

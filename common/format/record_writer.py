@@ -57,13 +57,16 @@ def py_write_items(buf: Any, pos: int, items: list[tuple], base: int, queue_id: 
     phy = first = base + pos
     plain = True
     last_tail = front = b""
-    for size, crc, flag, body, tail, reconsume, sys_flag in items:
+    for item in items:
+        size, crc, flag, body, tail, reconsume, sys_flag = item[:7]
+        prepared = item[7] if len(item) == 8 else 0  # a commit: its half message's offset
         if type(body) is not bytes or type(tail) is not bytes:
             raise TypeError("an item's body and tail must be bytes")
         if len(tail) < crc_len or size != HEADER.size + len(body) + len(tail):
             raise ValueError("an item's size does not match its pieces")
         head = pack(size, MAGIC_V1, crc, queue_id, flag, queue_offset, phy, sys_flag, born,
-                    born_ip, born_port, ts, store_ip, store_port, reconsume, 0, len(body))
+                    born_ip, born_port, ts, store_ip, store_port, reconsume, prepared,
+                    len(body))
         if crc_len:  # the CRC runs over the pieces; the join below is the one copy
             if tail is not last_tail:  # a batch's plain records share one tail
                 last_tail, front = tail, tail[:-crc_len]

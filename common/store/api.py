@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from common.core.message import Message, MessageExt
+    from common.core.transaction import TransactionState
     from common.store.message_store import (
         AppendListener,
         GetResult,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         StoreStats,
     )
     from common.store.reput import ArrivalListener
+    from common.store.transaction.service import Decided, EndResult
 
 
 class ReadStore(Protocol):
@@ -83,9 +85,25 @@ class ReadStore(Protocol):
     def end_inline_dispatch(self) -> None: ...  # the calling thread ends
 
 
+class Transactions(Protocol):
+    """A store's transactions (``common/store/transaction/service.py``)."""
+
+    def half_at(self, offset: int) -> MessageExt | None: ...
+
+    def decided(self, half: MessageExt) -> Decided: ...
+
+    def end(self, half: MessageExt, state: TransactionState,
+            born_host: tuple[str, int]) -> EndResult: ...
+
+    def status(self) -> dict[str, int]: ...
+
+
 class WriteStore(ReadStore, Protocol):
     @property
     def delay_levels_ms(self) -> list[int]: ...
+
+    @property
+    def transactions(self) -> Transactions: ...
 
     def put_nowait(self, msg: Message, queue_id: int, born_host: tuple[str, int] = ...,
                    born_timestamp: int = ...) -> PendingPut: ...

@@ -277,6 +277,9 @@ class CommitLog:
             assert bad is not None
             return bad
         tail = topic_part + len(props).to_bytes(2, "big") + props
+        if msg.prepared_transaction_offset:  # a transaction's commit: its half's offset
+            return (size, zlib.crc32(body) & 0x7FFFFFFF, msg.flag, body, tail,
+                    msg.reconsume_times, msg.sys_flag, msg.prepared_transaction_offset)
         return (size, zlib.crc32(body) & 0x7FFFFFFF, msg.flag, body, tail, msg.reconsume_times,
                 msg.sys_flag)
 

@@ -54,6 +54,7 @@ from common.store.reput import (
 )
 from common.store.schedule import DelayLevels, ScheduleService
 from common.store.timer.service import TimerStore
+from common.store.transaction.service import TransactionStore
 
 log = logging.getLogger("replog.store")
 
@@ -225,6 +226,9 @@ class MessageStore:
         # "" while this broker may write, else why not (the broker's write_refusal): delayed
         # deliveries are writes, and a fenced or stand-by master makes none
         self.delivery_gate: Callable[[], str] | None = None
+        # first of the put hooks: a half message is neither delayed nor timed
+        self.transactions = TransactionStore(self)
+        self.transactions.install(self.extensions, self.index_dispatcher)
         self.delay = DelayLevels(self, self.delay_levels_ms)
         self.delay.install(self.extensions, self.index_dispatcher)
         self.timer = TimerStore(self, cfg)  # after delay levels: a delay level wins

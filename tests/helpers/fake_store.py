@@ -20,12 +20,14 @@ from common.core.message import (
     host_bytes,
     tags_code,
 )
+from common.core.transaction import TransactionState
 from common.format import record
 from common.format.protocol import decode_record
 from common.store.api import Store
 from common.store.commit_log import PutResult
 from common.store.flush import done_future
 from common.store.message_store import GetResult, PendingPut, StoreStats
+from common.store.transaction.service import Decided, EndResult
 
 STORE_PORT = 10911
 
@@ -34,6 +36,23 @@ class FakeDelayProgress:
     def __init__(self) -> None:
         self.offsets: dict[int, int] = {}
         self.path = Path("/nonexistent/delayOffset.json")
+
+
+class FakeTransactions:
+    """No half messages here (a FakeStore runs no put hooks): every END finds none."""
+
+    def half_at(self, offset: int) -> MessageExt | None:
+        return None
+
+    def decided(self, half: MessageExt) -> Decided:
+        return Decided(None, False)
+
+    def end(self, half: MessageExt, state: TransactionState,
+            born_host: tuple[str, int]) -> EndResult:
+        raise LookupError("the fake store holds no half message")
+
+    def status(self) -> dict[str, int]:
+        return {}
 
 
 class FakeStore:
@@ -58,6 +77,7 @@ class FakeStore:
         self.store_id = "fake-store"
         self.delivery_gate: Callable[[], str] | None = None
         self.schedule = FakeDelayProgress()
+        self.transactions = FakeTransactions()
         self.delay_levels_ms = [1000, 5000, 10000]
         self.inline_dispatches = 0
 

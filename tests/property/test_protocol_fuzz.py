@@ -55,6 +55,9 @@ _VALID_VALUES = {
     "fromOffset": 0,
     "toOffset": 0,
     "recallHandle": "djEgdCBiIDEgaw",
+    "producerGroup": "pg",
+    "commitLogOffset": 0,
+    "commitOrRollback": 8,
 }
 
 
@@ -64,7 +67,8 @@ def _valid_fields(code: RequestCode) -> dict[str, object]:
 
 
 def _bodies(code: RequestCode) -> list[bytes]:
-    return [b"b"] if code in (RequestCode.SEND, RequestCode.SEND_BATCH) else []
+    return [b"b"] if code in (RequestCode.SEND, RequestCode.SEND_BATCH,
+                              RequestCode.CHECK_TRANSACTION_STATE) else []
 
 
 def test_valid_base_requests_are_accepted() -> None:

@@ -55,6 +55,8 @@ class Writer(Protocol):
 
     def recall(self, req: Request) -> Reply: ...
 
+    def end_transaction(self, req: Request) -> Reply: ...
+
 
 class Services(Protocol):
     """The broker as the processors see it (implemented by ``common.broker.broker.Broker``)."""

@@ -1,4 +1,5 @@
-"""Writes: SEND, SEND_BATCH, CONSUMER_SEND_MSG_BACK, CREATE_TOPIC, RECALL_MESSAGE. Each goes to the master role
+"""Writes: SEND, SEND_BATCH, CONSUMER_SEND_MSG_BACK, CREATE_TOPIC, RECALL_MESSAGE,
+END_TRANSACTION. Each goes to the master role
 (``master/role.py``) once the broker says it may write (``Services.writer``: a slave, a broker
 still starting, a fenced master refuse it there, before anything reaches the store)."""
 
@@ -38,10 +39,16 @@ def recall(ctx: Context, req: Request) -> Reply:
     return w if isinstance(w, Response) else w.recall(req)
 
 
+def end_transaction(ctx: Context, req: Request) -> Reply:
+    w = _write(ctx, req)
+    return w if isinstance(w, Response) else w.end_transaction(req)
+
+
 HANDLERS = {
     RequestCode.SEND: send,
     RequestCode.SEND_BATCH: send_batch,
     RequestCode.CONSUMER_SEND_MSG_BACK: send_back,
     RequestCode.CREATE_TOPIC: create_topic,
     RequestCode.RECALL_MESSAGE: recall,
+    RequestCode.END_TRANSACTION: end_transaction,
 }

@@ -42,11 +42,13 @@ def _tail(topic: bytes, props: bytes, crc_len: int) -> bytes:
 
 def _items(bodies: list[bytes], props: list[bytes], flags: list[int], crc_len: int,
            topic: bytes = b"orders") -> list[tuple]:
-    out = []
+    out: list[tuple] = []
     for i, (body, p) in enumerate(zip(bodies, props, strict=True)):
         tail = _tail(topic, p, crc_len)
-        out.append((record.HEADER.size + len(body) + len(tail), zlib.crc32(body) & 0x7FFFFFFF,
-                    flags[i % len(flags)], body, tail, i % 3, (i % 2) * 4))
+        item = (record.HEADER.size + len(body) + len(tail), zlib.crc32(body) & 0x7FFFFFFF,
+                flags[i % len(flags)], body, tail, i % 3, (i % 2) * 4)
+        # every third, a transaction's commit: its half's offset in PREPAREDTRANSACTIONOFFSET
+        out.append(item + ((1 << 40) + i,) if i % 3 == 2 else item)
     return out
 
 

@@ -29,17 +29,19 @@ def test_every_code_has_one_row_and_one_processor() -> None:
     assert set(SPECS) == set(RequestCode) == set(acl.REQUEST_RULES)
     assert set(PROCESSORS) == {c for c, s in SPECS.items() if s.served_by == TO_BROKER}
     assert {c for c, s in SPECS.items() if s.served_by == TO_CLIENT} == {
-        RequestCode.GET_CLIENT_RUNNING_INFO}
-    assert server._CLIENT_SERVED == {RequestCode.GET_CLIENT_RUNNING_INFO}
+        RequestCode.GET_CLIENT_RUNNING_INFO, RequestCode.CHECK_TRANSACTION_STATE}
+    assert server._CLIENT_SERVED == {RequestCode.GET_CLIENT_RUNNING_INFO,
+                                     RequestCode.CHECK_TRANSACTION_STATE}
 
 
 def test_the_server_the_codec_and_the_acl_read_the_rows() -> None:
     assert WRITE_CODES == {c for c, s in SPECS.items() if s.kind == WRITE} == {
         RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC,
-        RequestCode.CONSUMER_SEND_MSG_BACK, RequestCode.RECALL_MESSAGE}
+        RequestCode.CONSUMER_SEND_MSG_BACK, RequestCode.RECALL_MESSAGE,
+        RequestCode.END_TRANSACTION}
     assert server._ACKED_WRITES == {RequestCode.SEND, RequestCode.SEND_BATCH,
                                     RequestCode.CONSUMER_SEND_MSG_BACK,
-                                    RequestCode.RECALL_MESSAGE}
+                                    RequestCode.RECALL_MESSAGE, RequestCode.END_TRANSACTION}
     assert server._ALWAYS_SERVED == {RequestCode.STATUS, RequestCode.CLUSTER_INFO}
     assert RequestCode.PULL in server._NAMES_TOPIC and RequestCode.STATUS not in server._NAMES_TOPIC
     assert SCHEMAS[RequestCode.PULL] is SPECS[RequestCode.PULL].fields

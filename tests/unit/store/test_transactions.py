@@ -1,0 +1,191 @@
+"""Transactions in one store: the half message stored where no consumer reads it, an end that
+commits (the real message, sysflag COMMIT, PREPAREDTRANSACTIONOFFSET, an op) or rolls back (an
+op), decided once: a different end after it is refused, the same one written no second time,
+also when the end was cut short between the commit and its op, and after a restart (the
+state is found in the index, not in memory)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from common.core.config import load_config
+from common.core.errors import GetStatus, PutStatus
+from common.core.message import PROPERTY_UNIQ_KEY, Message, MessageExt
+from common.core.transaction import (
+    HALF_ORIGIN,
+    HALF_TOPIC,
+    OP_STATE,
+    OP_TOPIC,
+    PRODUCER_GROUP,
+    SYSFLAG_TRANSACTION_MASK,
+    TRAN_MSG,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_ID,
+    TransactionState,
+)
+from common.store.message_store import MessageStore
+from common.store.transaction import records
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+HOST = ("10.0.0.9", 4000)
+COMMIT, ROLLBACK = TransactionState.COMMIT, TransactionState.ROLLBACK
+
+
+def open_store(root: Path, **over: object) -> MessageStore:
+    fields: dict[str, object] = {"storePathRootDir": str(root),
+                                 "mappedFileSizeCommitLog": 1024 * 1024}
+    fields.update(over)
+    store = MessageStore(load_config(env={}, **fields))  # type: ignore[arg-type]
+    store.start()
+    return store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[MessageStore]:
+    s = open_store(tmp_path / "s")
+    yield s
+    s.shutdown()
+
+
+def half_message(body: bytes, key: str, group: str = "pg") -> Message:
+    return Message("orders", body, tags="T", properties={
+        TRAN_MSG: "true", PRODUCER_GROUP: group, PROPERTY_UNIQ_KEY: key}, sys_flag=0x4)
+
+
+def put_half(store: MessageStore, body: bytes = b"h", key: str = "K1") -> MessageExt:
+    result = store.put(half_message(body, key), 2)
+    assert result.ok, result
+    store.reput.catch_up()
+    half = store.transactions.half_at(result.phy_offset)
+    assert half is not None
+    return half
+
+
+def messages(store: MessageStore, topic: str, queue_id: int = 0) -> list[MessageExt]:
+    store.reput.catch_up()
+    got = store.get_message("g", topic, queue_id, 0, 100)
+    return got.messages() if got.status is GetStatus.FOUND else []
+
+
+def test_a_half_is_kept_from_consumers_until_its_commit(store: MessageStore) -> None:
+    half = put_half(store)
+    assert half.topic == HALF_TOPIC and half.queue_id == 0
+    assert half.properties["REAL_TOPIC"] == "orders" and half.properties["REAL_QID"] == "2"
+    assert half.properties[TRANSACTION_ID] == "K1"
+    assert half.sys_flag & SYSFLAG_TRANSACTION_MASK == 0  # stored as NOT type
+    assert messages(store, "orders", 2) == []
+    result = store.transactions.end(half, COMMIT, HOST)
+    assert result.conflict is None and result.pending is not None and result.pending.result.ok
+    [real] = messages(store, "orders", 2)
+    assert real.body == b"h" and real.tags == "T" and TRAN_MSG not in real.properties
+    assert real.sys_flag & SYSFLAG_TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
+    assert real.prepared_transaction_offset == half.commit_log_offset
+    assert real.properties[HALF_ORIGIN] == str(half.commit_log_offset)
+    [op] = messages(store, OP_TOPIC)
+    assert op.tags == "d" and op.body == str(half.queue_offset).encode()
+    assert op.properties[OP_STATE] == "COMMIT"
+    assert store.transactions.decided(half) == (COMMIT, True)
+
+
+def test_a_final_state_is_final(store: MessageStore) -> None:
+    rolled, committed = put_half(store, b"r", "K1"), put_half(store, b"c", "K2")
+    tx = store.transactions
+    assert tx.end(rolled, ROLLBACK, HOST).pending is not None
+    assert tx.end(committed, COMMIT, HOST).pending is not None
+    # the other end: refused, nothing written; the same one again: nothing written
+    assert tx.end(rolled, COMMIT, HOST) == (ROLLBACK, None)
+    assert tx.end(committed, ROLLBACK, HOST) == (COMMIT, None)
+    assert tx.end(rolled, ROLLBACK, HOST) == (None, None)
+    assert tx.end(committed, COMMIT, HOST) == (None, None)
+    assert [m.body for m in messages(store, "orders", 2)] == [b"c"]
+    assert len(messages(store, OP_TOPIC)) == 2
+    assert tx.stats["refused_conflicts"] == 2 and tx.stats["repeated"] == 2
+
+
+def test_an_end_cut_short_after_its_commit_is_finished_without_a_second_commit(
+        tmp_path: Path) -> None:
+    """The master died between the commit and the op: the commit is there, the op is not.
+    A new end (a check's, after a restart: nothing in memory) writes the op only; the other
+    end is refused."""
+    root = tmp_path / "s"
+    store = open_store(root)
+    half = put_half(store)
+    message, queue_id = records.committed(half)
+    assert store.put(message, queue_id, HOST, half.born_timestamp).ok  # the commit alone
+    store.shutdown()
+    store = open_store(root)
+    try:
+        half = store.transactions.half_at(half.commit_log_offset)
+        assert half is not None
+        assert store.transactions.decided(half) == (COMMIT, False)
+        assert store.transactions.end(half, ROLLBACK, HOST) == (COMMIT, None)
+        result = store.transactions.end(half, COMMIT, HOST)
+        assert result.pending is not None and result.pending.result.ok
+        assert len(messages(store, "orders", 2)) == 1
+        assert [m.properties[OP_STATE] for m in messages(store, OP_TOPIC)] == ["COMMIT"]
+        assert store.transactions.stats["ops_repaired"] == 1
+    finally:
+        store.shutdown()
+
+
+def test_a_state_is_found_after_a_restart_and_for_any_copy_of_the_half(
+        tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    store = open_store(root)
+    half = put_half(store)
+    copy = store.put(records.checked_again(half), 0, HOST, half.born_timestamp)  # a check's
+    assert copy.ok
+    store.reput.catch_up()
+    assert store.transactions.end(half, ROLLBACK, HOST).pending is not None
+    store.shutdown()
+    store = open_store(root)
+    try:
+        again = store.transactions.half_at(copy.phy_offset)
+        assert again is not None and records.origin_of(again) == half.commit_log_offset
+        assert records.check_times(again) == 1
+        assert store.transactions.decided(again) == (ROLLBACK, True)
+        assert store.transactions.end(again, COMMIT, HOST) == (ROLLBACK, None)
+    finally:
+        store.shutdown()
+
+
+def test_the_state_of_an_end_not_dispatched_yet_is_found(store: MessageStore) -> None:
+    """An end written past the confirmed offset (controller mode, not acknowledged yet) is
+    in no index: the look-up reads the records not dispatched."""
+    half = put_half(store)
+    store.confirm_phy_offset = store.dispatched_phy_offset  # reput stops here
+    try:
+        assert store.transactions.end(half, COMMIT, HOST).pending is not None
+        store.transactions.forget()
+        assert store.dispatched_phy_offset < store.commit_log.max_offset
+        assert store.transactions.decided(half) == (COMMIT, True)
+    finally:
+        store.set_confirm_offset(None)
+
+
+@pytest.mark.parametrize("what,message", [
+    ("no group", Message("o", b"x", properties={TRAN_MSG: "true"})),
+    ("a delay level", Message("o", b"x", properties={TRAN_MSG: "true", PRODUCER_GROUP: "g"},
+                              delay_level=2)),
+    ("a timer", Message("o", b"x", properties={TRAN_MSG: "true", PRODUCER_GROUP: "g",
+                                               "TIMER_DELAY_SEC": "5"})),
+])
+def test_a_half_that_cannot_be_one_is_refused(store: MessageStore, what: str,
+                                               message: Message) -> None:
+    result = store.put(message, 0)
+    assert result.status is PutStatus.MESSAGE_ILLEGAL, what
+    assert messages(store, HALF_TOPIC) == []
+
+
+def test_without_the_index_a_half_is_refused(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s", messageIndexEnable=False)
+    try:
+        result = store.put(half_message(b"x", "K"), 0)
+        assert result.status is PutStatus.MESSAGE_ILLEGAL
+        assert "messageIndexEnable" in result.remark
+    finally:
+        store.shutdown()
