@@ -6,6 +6,7 @@
     replog controller status
     replog send -t TOPIC (-b BODY | --file F | --count N --size BYTES) [--tags T] [--keys K]
                 [--queue Q] [--broker-name B] [--delay-level L | --deliver-at T | --delay SPAN]
+                [--transaction commit|rollback|unknown [--group G]]
     replog recall -t TOPIC HANDLE
     replog timer status
     replog pull -t TOPIC [-q QUEUE] [--broker-name B] [-o OFFSET] [-n MAX] [--group G]
@@ -133,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compress-over", type=int, default=DEFAULT_COMPRESS_OVER_BYTES,
                    metavar="BYTES",
                    help="deflate bodies of at least BYTES (default %(default)s, 0: never)")
+    p.add_argument("--transaction", choices=("commit", "rollback", "unknown"),
+                   help="a transactional message: send the half, then end it so (unknown: "
+                   "leave it to the broker's check-back, which asks a live producer of "
+                   "--group)")
+    p.add_argument("--group", default="replog-cli",
+                   help="with --transaction: the producer group (default %(default)s)")
 
     p = _client(sub, "recall", "cancel a timer message that is not due yet")
     p.add_argument("-t", "--topic", required=True, help="the message's topic")

@@ -20,7 +20,14 @@ from common.cli.output import (
     out,
     print_messages,
 )
-from common.client import Admin, Consumer, Producer, SendResult
+from common.client import (
+    Admin,
+    Consumer,
+    Producer,
+    SendResult,
+    TransactionProducer,
+    TransactionState,
+)
 from common.core.errors import BrokerError, ResponseCode, SendStatus
 
 
@@ -35,6 +42,11 @@ def cmd_send(args: argparse.Namespace) -> int:
     if args.compress_over < 0:
         raise UsageError("--compress-over BYTES must be >= 0 (0: never compress)")
     timer = _timer_args(args)
+    if args.transaction is not None:
+        if args.count is not None or timer or args.delay_level or args.shard_key:
+            raise UsageError("--transaction sends one message (-b or --file), not delayed, "
+                             "timed or sharded")
+        return _send_transaction(args)
     with Producer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args),
                   compress_over_bytes=args.compress_over or None) as producer:
         if args.count is None:
@@ -55,6 +67,34 @@ def cmd_send(args: argparse.Namespace) -> int:
             return _print_sends(args, [result], single=True)
         results = _send_many(producer, args, timer)
     return _print_sends(args, results, single=False)
+
+
+def _send_transaction(args: argparse.Namespace) -> int:
+    """``--transaction``: the half, then the end asked for (the broker's check-back, should it
+    come while this runs, gets the same answer)."""
+    state = TransactionState(args.transaction.upper())
+    body = args.body.encode("utf-8") if args.body is not None else Path(args.file).read_bytes()
+    with TransactionProducer(args.servers, args.group, lambda _half: state,
+                             timeout_ms=args.timeout_ms, **curve_args(args),
+                             compress_over_bytes=args.compress_over or None) as producer:
+        result = producer.send_in_transaction(args.topic, body, lambda _half: state, args.tags,
+                                              args.keys, queue_id=args.queue,
+                                              broker_name=args.broker_name)
+    half = result.half.send
+    error = result.end_error
+    if args.json:
+        emit_json({**half.to_json(), "transactionId": result.half.transaction_id,
+                   "state": result.state.value,
+                   "endError": None if error is None else f"{error.code.name}: {error.remark}"})
+    else:
+        out.print(key_value_table("transaction", [
+            ("half", half.status.value), ("transactionId", result.half.transaction_id),
+            ("brokerName", half.broker_name), ("commitLogOffset", half.commit_log_offset),
+            ("state", result.state.value if error is None else
+             f"{result.state.value} not sent: {error.code.name} {error.remark} (the broker "
+             "will check back)"),
+        ]))
+    return EXIT_OK if half.status == SendStatus.SEND_OK and error is None else EXIT_FAILED
 
 
 def _timer_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -9,6 +9,17 @@ given, else the queue ``partitionId % queueCount`` of the topic's queues over ev
 group ((group, id) in RocketMQ's order, as a producer routes), so the tasks spread over all
 groups. Delivery is at-least-once: a retried task sends its rows again.
 
+``transactional`` ("true"): one transaction per partition. The task sends each row as a half
+message (RocketMQ's transactional message: stored, not delivered; one request per row, so
+slower) and, once all are stored, commits them all; a task that fails rolls back every half
+it sent, so a failed attempt delivers none of its rows and its retry delivers them once. The
+producer group is ``transactionGroup`` (default ``replog-spark``); the broker's check-back,
+for a half left open, is answered COMMIT by the task that sent it once it decided to commit,
+UNKNOWN before. A task whose executor dies in the middle of its commits leaves the rest
+undecided; no one answers for them, and after ``transactionCheckMax`` checks the broker keeps
+them in ``TRANS_CHECK_MAX_TIME_TOPIC`` (the retried task delivers all its rows: those
+committed before the death twice).
+
 Columns (others are ignored, so a DataFrame read from replog can be written back):
 
 | column      | type                       |                                           |
@@ -24,6 +35,7 @@ Columns (others are ignored, so a DataFrame read from replog can be written back
 |             |                            | when several groups hold the topic)       |
 
 Options: ``servers`` (required), ``topic``, ``queueId``, ``brokerName``, ``batchSize`` (64),
+``transactional`` (false), ``transactionGroup`` (replog-spark),
 ``timeoutMs``
 (10000), ``acceptStatuses`` (comma-separated SendStatus names, default ``SEND_OK``),
 ``compressOverBytes`` (4096: bodies of that size and more are stored deflated, as a
@@ -52,6 +64,7 @@ from common.core.message import DEFAULT_COMPRESS_OVER_BYTES, Message
 
 DEFAULT_BATCH = 64
 DEFAULT_TIMEOUT_MS = 10_000
+DEFAULT_TRANSACTION_GROUP = "replog-spark"
 _OPTIONAL = {
     "topic": (StringType(),),
     "tags": (StringType(),),
@@ -76,6 +89,7 @@ class SinkOptions:
     key: str | None = None  # CURVE: this writer's .key_secret
     server_key: str | None = None  # CURVE: the brokers' public .key
     broker_name: str | None = None  # the group of ``queue_id``
+    transaction_group: str | None = None  # transactional: the producer group of the halves
 
     @classmethod
     def parse(cls, options: dict[str, str], schema: StructType) -> SinkOptions:
@@ -108,9 +122,14 @@ class SinkOptions:
         broker = o.get("brokername") or None
         if broker is not None and queue is None:
             raise ValueError("the brokerName option names the group of the queueId option")
+        transactional = o.get("transactional", "false").lower()
+        if transactional not in ("true", "false"):
+            raise ValueError("transactional is true or false")
+        group = (o.get("transactiongroup") or DEFAULT_TRANSACTION_GROUP) \
+            if transactional == "true" else None
         return cls(servers, topic, int(queue) if queue else None, batch,
                    int(o.get("timeoutms", DEFAULT_TIMEOUT_MS)), accept, compress or None,
-                   key, server_key, broker)
+                   key, server_key, broker, group)
 
 
 @dataclasses.dataclass
@@ -146,13 +165,22 @@ class _Sender:
     """Sends messages of one task in order, one SEND_BATCH per run of (topic, queue)."""
 
     def __init__(self, opts: SinkOptions, partition_id: int):
-        from common.client import Producer
+        from common.client import Producer, TransactionProducer
 
         self.opts = opts
         self.partition_id = partition_id
-        self.producer = Producer(list(opts.servers), timeout_ms=opts.timeout_ms,
-                                 compress_over_bytes=opts.compress_over_bytes,
-                                 key=opts.key, server_key=opts.server_key)
+        client: dict[str, Any] = {"timeout_ms": opts.timeout_ms, "key": opts.key,
+                                  "compress_over_bytes": opts.compress_over_bytes,
+                                  "server_key": opts.server_key}
+        self.transaction: TransactionProducer | None = None
+        self.decided: dict[str, Any] = {}  # transaction id -> this task's decision
+        self.halves: list[Any] = []
+        if opts.transaction_group is not None:
+            self.transaction = TransactionProducer(list(opts.servers), opts.transaction_group,
+                                                   self._check, **client)
+            self.producer = self.transaction.producer
+        else:
+            self.producer = Producer(list(opts.servers), **client)
         self.pending: list[Message] = []
         self.key: tuple[str, int, str | None] | None = None
         self.sent = SentMessage(partition_id, 0)
@@ -175,7 +203,17 @@ class _Sender:
                 self._queues[topic] = (0, None)
         return self._queues[topic]
 
+    def _check(self, half: Any) -> Any:
+        from common.core.message import PROPERTY_UNIQ_KEY
+        from common.core.transaction import TransactionState
+
+        return self.decided.get(half.properties.get(PROPERTY_UNIQ_KEY, ""),
+                                TransactionState.UNKNOWN)
+
     def add(self, msg: Message, row_queue: int | None, row_broker: str | None = None) -> None:
+        if self.transaction is not None:
+            self._add_half(msg, row_queue, row_broker)
+            return
         key = (msg.topic, *self.queue_for(msg.topic, row_queue, row_broker))
         if key != self.key or len(self.pending) >= self.opts.batch_size:
             self.flush()
@@ -201,8 +239,44 @@ class _Sender:
         self.sent.count += len(results)
         self.pending = []
 
+    def _add_half(self, msg: Message, row_queue: int | None, row_broker: str | None) -> None:
+        assert self.transaction is not None
+        queue_id, broker = self.queue_for(msg.topic, row_queue, row_broker)
+        half = self.transaction.send_half(msg.topic, msg.body, msg.tags, msg.keys,
+                                          msg.properties, queue_id=queue_id, broker_name=broker)
+        if half.send.status not in self.opts.accept:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR,
+                              f"a half message to {half.send.broker_name}:{msg.topic}/{queue_id} "
+                              f"returned {half.send.status.value}", False)
+        self.halves.append(half)
+
+    def end(self, commit: bool) -> None:
+        """Commit (the task's rows all stored) or roll back (it failed) every half sent."""
+        from common.core.transaction import TransactionState
+
+        if self.transaction is None:
+            return
+        state = TransactionState.COMMIT if commit else TransactionState.ROLLBACK
+        for half in self.halves:
+            self.decided[half.transaction_id] = state  # what a check-back now hears
+        failed: BrokerError | None = None
+        for half in self.halves:
+            try:
+                self.transaction.end(half, state)
+            except BrokerError as e:  # left to the check-back, answered as decided above
+                failed = failed or e
+        if commit and self.halves:
+            self.sent = SentMessage(self.partition_id, len(self.halves),
+                                    self.halves[0].send.commit_log_offset,
+                                    self.halves[-1].send.commit_log_offset)
+        if failed is not None and commit:
+            raise failed
+
     def close(self) -> None:
-        self.producer.close()
+        if self.transaction is not None:
+            self.transaction.close()
+        else:
+            self.producer.close()
 
 
 def send_rows(opts: SinkOptions, rows: Iterator[Any]) -> SentMessage:
@@ -212,11 +286,16 @@ def send_rows(opts: SinkOptions, rows: Iterator[Any]) -> SentMessage:
     ctx = TaskContext.get()
     sender = _Sender(opts, ctx.partitionId() if ctx is not None else 0)
     try:
-        for row in rows:
-            queue = row["queueId"] if "queueId" in row.__fields__ else None
-            broker = row["brokerName"] if "brokerName" in row.__fields__ else None
-            sender.add(_message(row, opts.topic), queue, broker or None)
-        sender.flush()
+        try:
+            for row in rows:
+                queue = row["queueId"] if "queueId" in row.__fields__ else None
+                broker = row["brokerName"] if "brokerName" in row.__fields__ else None
+                sender.add(_message(row, opts.topic), queue, broker or None)
+            sender.flush()
+        except BaseException:
+            sender.end(commit=False)  # transactional: none of this attempt's rows
+            raise
+        sender.end(commit=True)
         return sender.sent
     finally:
         sender.close()

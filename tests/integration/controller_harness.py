@@ -21,8 +21,9 @@ from broker_harness import BrokerProcess
 
 from common.cli import zookeeper
 from common.cli.zookeeper import Ensemble
-from common.client import Admin
+from common.client import Admin, Consumer
 from common.core.errors import BrokerError
+from common.core.message import MessageExt
 
 # the group waits live in common.drill.group (the drills' package code); tests import them here
 from common.drill.group import master_of, wait_master, wait_sync_state_set  # noqa: F401
@@ -76,9 +77,11 @@ class Group:
     """Brokers in controller mode, stopped by pid on the way out."""
 
     def __init__(self, tmp: Path, controller: str | list[str], size: int = 3,
-                 role: str = "SYNC_MASTER", defaults: bool = False, **fields: Any):
+                 role: str = "SYNC_MASTER", defaults: bool = False,
+                 extra_env: dict[str, str] | None = None, **fields: Any):
         """``defaults``: every timing at its default (else the short failure detection of
-        CONTROLLER_FIELDS, which keeps failovers, and tests, short)."""
+        CONTROLLER_FIELDS, which keeps failovers, and tests, short). ``extra_env``: each
+        broker process's environment on top of the harness's."""
         addrs = controller if isinstance(controller, list) else [controller] * size
 
         def config(i: int) -> dict[str, Any]:
@@ -87,7 +90,8 @@ class Group:
                         "brokerId": i + 1, "brokerRole": role, **fields}
             return controller_fields(addrs[i], i + 1, role, **fields)
 
-        self.procs = [BrokerProcess(tmp / f"b{i + 1}", **config(i)) for i in range(size)]
+        self.procs = [BrokerProcess(tmp / f"b{i + 1}", extra_env=extra_env, **config(i))
+                      for i in range(size)]
 
     def __enter__(self) -> Self:
         for p in self.procs:
@@ -120,3 +124,16 @@ class Group:
     @property
     def addresses(self) -> list[str]:
         return [p.address for p in self.procs]
+
+
+def read_queue(addresses: list[str], topic: str, queue_id: int = 0) -> list[MessageExt]:
+    """Every message of one queue, from its start (a drill's final count)."""
+    out: list[MessageExt] = []
+    offset = 0
+    with Consumer(addresses, group="drill-check") as c:
+        while True:
+            got = c.pull(topic, queue_id, offset, 256)
+            if not got.messages:
+                return out
+            out += got.messages
+            offset = got.next_begin_offset

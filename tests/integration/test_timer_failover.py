@@ -25,9 +25,15 @@ import time
 from pathlib import Path
 
 import pytest
-from controller_harness import Group, chroot, running_zookeeper, wait_sync_state_set
+from controller_harness import (
+    Group,
+    chroot,
+    read_queue,
+    running_zookeeper,
+    wait_sync_state_set,
+)
 
-from common.client import Consumer, Producer
+from common.client import Producer
 from common.core.errors import BrokerError, SendStatus
 from common.core.timer import TIMER_DEQUEUE_MS
 
@@ -57,18 +63,13 @@ def _sender(addresses: list[str], stop: threading.Event, acked: dict[int, int],
 
 
 def _read_all(addresses: list[str]) -> list[tuple[int, int, int, int]]:
-    out, offset = [], 0
-    with Consumer(addresses, group="check") as c:
-        while True:
-            got = c.pull(TOPIC, 0, offset, 256)
-            if not got.messages:
-                return out
-            for m in got.messages:
-                seq, due = BODY.unpack_from(m.body)
-                # a send that reached the broker after its time is stored at once, a plain message
-                dequeued = int(m.properties.get(TIMER_DEQUEUE_MS, m.store_timestamp))
-                out.append((seq, due, dequeued, m.store_timestamp))
-            offset = got.next_begin_offset
+    out = []
+    for m in read_queue(addresses, TOPIC):
+        seq, due = BODY.unpack_from(m.body)
+        # a send that reached the broker after its time is stored at once, a plain message
+        dequeued = int(m.properties.get(TIMER_DEQUEUE_MS, m.store_timestamp))
+        out.append((seq, due, dequeued, m.store_timestamp))
+    return out
 
 
 @pytest.mark.timeout(300)

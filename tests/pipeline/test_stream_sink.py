@@ -189,6 +189,42 @@ def test_sink_fails_the_task_on_a_refused_send(spark, broker) -> None:
     assert [m.body for m in found] == [b"x" * 100000] and found[0].sys_flag & 1
 
 
+def test_a_transactional_sink_delivers_each_partition_whole_or_not_at_all(spark, broker) -> None:
+    """``transactional``: a task sends its rows as half messages and commits them at its end.
+    The task of partition 1 fails after 5 of its rows were stored: they are rolled back, and
+    none of its rows is ever consumed; partition 0's task committed all of its rows."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    address = broker.address
+
+    def body(i: int) -> str:
+        if i == 25:  # partition 1 (local[2]: beside partition 0, whose end it waits for, so
+            # that the job's failure cancels no task of partition 0 on its way)
+            deadline = time.monotonic() + 30
+            with Consumer([address]) as c:
+                while time.monotonic() < deadline and sum(
+                        len(c.pull("txsunk", q, 0, 64).messages) for q in range(4)) < 20:
+                    time.sleep(0.05)
+            raise RuntimeError("the task fails after five halves")
+        return str(i)
+
+    df = spark.range(0, 40, numPartitions=2).select(
+        F.udf(body, StringType())(F.col("id")).alias("body"))
+    with pytest.raises(Exception, match="five halves"):
+        (df.write.format("replog").option("servers", broker.address).option("topic", "txsunk")
+         .option("transactional", "true").mode("append").save())
+    time.sleep(1.0)
+    got = sorted(int(m.body) for m in pull_all(broker, "txsunk"))
+    assert got == list(range(20))  # partition 0, whole; partition 1: nothing
+    ok = spark.range(40, 60, numPartitions=2).select(F.col("id").cast("string").alias("body"))
+    (ok.write.format("replog").option("servers", broker.address).option("topic", "txsunk")
+     .option("transactional", "true").mode("append").save())
+    got = sorted(int(m.body) for m in pull_all(broker, "txsunk"))
+    assert got == list(range(20)) + list(range(40, 60))
+    assert all(m.sys_flag & 0xC == 0x8 for m in pull_all(broker, "txsunk"))  # commits
+
+
 def test_stream_to_stream_copies_a_topic(spark, broker, tmp_path) -> None:
     """Bodies that are not UTF-8 read as a null body; the sink takes their bodyBase64."""
     sent = produce(broker.address, "src", 0, 120)

@@ -5,6 +5,7 @@ never comes (its producer died between the half and the end); a final state that
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from helpers.brokers import addr, free_port, wait_for
 
 from common.broker.broker import Broker
 from common.cli.bootstrap import make_role
+from common.cli.main import main
 from common.client import Consumer, Producer, TransactionProducer, TransactionState
 from common.core.config import load_config
 from common.core.errors import BrokerError, ResponseCode
@@ -174,3 +176,18 @@ def test_a_commit_the_slave_did_not_take_is_not_rolled_back(tmp_path: Path) -> N
         assert b.store.transactions.status()["repeated"] == 1
     finally:
         b.shutdown()
+
+
+def test_replog_send_transaction(broker: Broker, capsys: pytest.CaptureFixture[str]) -> None:
+    server = addr(broker)
+    for state, body in (("commit", "yes"), ("rollback", "no")):
+        assert main(["send", "-s", server, "-t", "orders", "-b", body, "--queue", "0",
+                     "--transaction", state, "--json"]) == 0
+        sent = json.loads(capsys.readouterr().out)
+        assert sent["state"] == state.upper() and sent["endError"] is None
+        assert sent["transactionId"]
+    with pytest.raises(SystemExit) as usage:  # a usage error
+        main(["send", "-s", server, "-t", "orders", "-b", "x", "--transaction", "commit",
+              "--delay", "5s"])
+    assert usage.value.code == 2
+    assert [m.body for m in read_all(broker, "orders")] == [b"yes"]
