@@ -267,8 +267,6 @@ class MasterRole:
                          {"state": result.conflict.value})
         if result.pending is None:  # decided so before: nothing more to write
             return reply(req, fields={"state": state.value, "repeated": 1})
-        log_event(log, "transaction_end", state=state.value, transactionId=tx_id,
-                  check=f["fromTransactionCheck"], half=half.commit_log_offset)
         return self._after_append(req, result.pending, {"state": state.value})
 
     def send_batch(self, req: Request) -> Reply:

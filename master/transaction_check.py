@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from common.broker.producer_groups import ProducerGroups
+from common.broker.producer_groups import ProducerChannel, ProducerGroups
 from common.core.config import BrokerConfig
 from common.core.errors import BrokerError
 from common.core.message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY, MessageExt
@@ -182,13 +182,15 @@ class TransactionCheck:
                   "msgId": half.properties.get(PROPERTY_UNIQ_KEY, ""), "transactionId": tx_id}
         future = self.ask(channel.identity, RequestCode.CHECK_TRANSACTION_STATE, fields,
                           [bytes(body)], ASK_TIMEOUT_MS)
-        future.add_done_callback(lambda f: self._answered(f, copy_offset))
+        future.add_done_callback(lambda f: self._answered(f, copy_offset, channel))
 
-    def _answered(self, future: concurrent.futures.Future[Response], copy_offset: int) -> None:
+    def _answered(self, future: concurrent.futures.Future[Response], copy_offset: int,
+                  channel: ProducerChannel) -> None:
         """The producer's answer (the request server's I/O thread, or the ask's timeout)."""
         try:
             resp = future.result()
         except BrokerError as e:
+            self.producers.silent(channel)  # asked no more while another of its group answers
             self.stats["unanswered"] += 1
             log.info("event=transaction_check_unanswered half=%d reason=%r", copy_offset,
                      e.remark)

@@ -7,7 +7,9 @@ A ``Producer`` made with a ``group`` sends PRODUCER_HEARTBEAT to each master it 
 the request server records that connection's ROUTER identity with the producer's id. A
 producer not heard from for ``PRODUCER_EXPIRY_S`` (RocketMQ's channel expiry, 120 s) is
 dropped, one that closes says so (``leave``) and is dropped at once; a heartbeat on a new
-connection (a reconnect) replaces the old one. Memory only, as RocketMQ's: after a failover
+connection (a reconnect) replaces the old one. A producer that did not answer a request
+(``silent``: killed, or hung) is passed over by ``pick`` until its next heartbeat, as long as
+another of its group is not. Memory only, as RocketMQ's: after a failover
 the producers are known again after one heartbeat each. Bounded: at most MAX_GROUPS groups
 and MAX_PRODUCERS_PER_GROUP producers in each (the oldest heartbeat goes first).
 """
@@ -48,6 +50,7 @@ class ProducerGroups:
         self._lock = threading.Lock()
         self._groups: dict[str, dict[str, ProducerChannel]] = {}
         self._turns = itertools.count()  # round robin over a group's producers (``pick``)
+        self._silent: set[tuple[str, str]] = set()  # (group, client id) since a request
 
     def heartbeat(self, group: str, client_id: str, identity: bytes, address: str,
                   leave: bool = False) -> int:
@@ -57,6 +60,7 @@ class ProducerGroups:
             self._expire(now)
             members = self._groups.get(group)
             if leave:
+                self._silent.discard((group, client_id))
                 if members is not None:
                     members.pop(client_id, None)
                     if not members:
@@ -70,7 +74,17 @@ class ProducerGroups:
                 oldest = min(members.values(), key=lambda c: c.last_seen)
                 del members[oldest.client_id]
             members[client_id] = ProducerChannel(group, client_id, identity, address, now)
+            self._silent.discard((group, client_id))
             return len(members)
+
+    def silent(self, channel: ProducerChannel) -> None:
+        """``channel`` did not answer a request: ``pick`` passes it over until it heartbeats
+        again (a killed producer stays listed until its expiry)."""
+        with self._lock:
+            current = self._groups.get(channel.group, {}).get(channel.client_id)
+            if current is not None and current.identity == channel.identity \
+                    and current.last_seen <= channel.last_seen:
+                self._silent.add((channel.group, channel.client_id))
 
     def now(self) -> float:
         """The registry's clock (``ProducerChannel.last_seen`` is on it)."""
@@ -84,8 +98,12 @@ class ProducerGroups:
             return sorted(self._groups.get(group, {}).values(), key=lambda c: c.client_id)
 
     def pick(self, group: str) -> ProducerChannel | None:
-        """One live producer of the group, in turn (who a check-back goes to)."""
+        """One live producer of the group, in turn (who a check-back goes to): one that did
+        not fall silent, if there is one."""
         live = self.live(group)
+        with self._lock:
+            answering = [c for c in live if (group, c.client_id) not in self._silent]
+        live = answering or live
         return live[next(self._turns) % len(live)] if live else None
 
     def groups(self) -> dict[str, int]:
@@ -101,5 +119,6 @@ class ProducerGroups:
             members = self._groups[group]
             for cid in [c for c, ch in members.items() if ch.last_seen < limit]:
                 del members[cid]
+                self._silent.discard((group, cid))
             if not members:
                 del self._groups[group]

@@ -79,9 +79,13 @@ class TransactionProducer:
                             tags: str | None = None, keys: str | list[str] | None = None,
                             properties: dict[str, str] | None = None,
                             queue_id: int | None = None,
-                            broker_name: str | None = None) -> TransactionResult:
+                            broker_name: str | None = None,
+                            wait_end: bool = True) -> TransactionResult:
         """The half, the local transaction (an exception: UNKNOWN, left for the check), the
-        end. Raises only if the half was not stored (then nothing happened)."""
+        end. Raises only if the half was not stored (then nothing happened). ``wait_end``
+        False sends the end without waiting for its answer (RocketMQ's
+        ``endTransactionOneway``): one round trip less; an end that is lost or refused then
+        shows in the log only, and the broker's check-back decides the transaction."""
         half = self.send_half(topic, body, tags, keys, properties, queue_id, broker_name)
         try:
             state = local_transaction(half)
@@ -92,7 +96,7 @@ class TransactionProducer:
         if state is TransactionState.UNKNOWN:
             return TransactionResult(state, half)
         try:
-            self.end(half, state)
+            self.end(half, state, wait=wait_end)
         except BrokerError as e:
             return TransactionResult(state, half, e)
         return TransactionResult(state, half)
@@ -108,9 +112,12 @@ class TransactionProducer:
                                   broker_name=broker_name)
         return HalfSent(topic, transaction_id, sent)
 
-    def end(self, half: HalfSent, state: TransactionState, from_check: bool = False) -> None:
+    def end(self, half: HalfSent, state: TransactionState, from_check: bool = False,
+            wait: bool = True) -> None:
         """Commit or roll back; BrokerError if the broker refused (MESSAGE_ILLEGAL: decided
-        the other way already) or could not be reached (the check decides it then)."""
+        the other way already) or could not be reached (the check decides it then).
+        ``wait`` False: sent to the master without waiting for the answer (see
+        ``send_in_transaction``)."""
         if state is TransactionState.UNKNOWN:
             raise ValueError("an end is COMMIT or ROLLBACK")
         fields = {"topic": half.topic, "producerGroup": self.group,
@@ -120,6 +127,11 @@ class TransactionProducer:
                   "msgId": half.send.msg_id, "transactionId": half.transaction_id}
 
         def attempt(cluster: Cluster, address: str, _mq: MessageQueue) -> None:
+            if not wait:
+                future = cluster.transport.call(address, RequestCode.END_TRANSACTION, fields,
+                                                timeout_ms=cluster.timeout_ms)
+                future.add_done_callback(lambda f: _log_lost_end(f, half.transaction_id))
+                return
             resp = cluster.request(address, RequestCode.END_TRANSACTION, fields)
             if resp.code != ResponseCode.SUCCESS:
                 raise BrokerError(resp.code, resp.remark)
@@ -142,3 +154,16 @@ class TransactionProducer:
                 log.exception("event=transaction_checker_failed transactionId=%s",
                               req.fields.get("transactionId"))
         return Response(ResponseCode.SUCCESS, req.opaque, "", {"state": state.value}, [])
+
+
+def _log_lost_end(future: Any, transaction_id: str) -> None:
+    """An end sent without waiting: what became of it goes to the log (the check decides a
+    transaction whose end was lost)."""
+    try:
+        resp = future.result()
+    except BrokerError as e:
+        log.warning("event=transaction_end_lost transactionId=%s error=%s", transaction_id, e)
+        return
+    if resp.code != ResponseCode.SUCCESS:
+        log.warning("event=transaction_end_refused transactionId=%s code=%s remark=%r",
+                    transaction_id, resp.code.name, resp.remark)

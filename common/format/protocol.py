@@ -785,7 +785,8 @@ def _check_meta(name: str, value: Any, limits: Limits) -> list[tuple[Any, ...]]:
                 None if keys is None else _check_str(where + ".keys", keys, 0, MAX_KEYS_LENGTH),
                 {} if props is None else _check_props(where + ".properties", props),
                 _check_flag(where + ".flag", flag),
-                _check_sys_flag(where + ".sysFlag", entry[4] if len(entry) > 4 else None),
+                _check_sys_flag(where + ".sysFlag", entry[4] if len(entry) > 4 else None,
+                                SYSFLAG_COMPRESSED),  # a batch holds no half message
             )
         )
     return out
@@ -799,14 +800,16 @@ def _check_flag(name: str, value: Any) -> int:
     return int(value)
 
 
-def _check_sys_flag(name: str, value: Any) -> int:
+def _check_sys_flag(name: str, value: Any, allowed: int = CLIENT_SYSFLAGS) -> int:
     """Only the SYSFLAG bits a producer sets (COMPRESSED, TRANSACTION_PREPARED on a half
-    message); the others (commit, rollback, IPv6 hosts, batch) are the broker's to set."""
+    message; a batch's entries COMPRESSED only); the others (commit, rollback, IPv6 hosts,
+    batch) are the broker's to set."""
     if value is None:
         return 0
-    if not _is_int(value) or value & ~CLIENT_SYSFLAGS or value < 0:
-        raise ProtocolError(name, f"must be 0 or a mix of {CLIENT_SYSFLAGS:#x} (COMPRESSED, "
-                                  "TRANSACTION_PREPARED)")
+    if not _is_int(value) or value & ~allowed or value < 0:
+        names = "COMPRESSED" if allowed == SYSFLAG_COMPRESSED else \
+            "COMPRESSED, TRANSACTION_PREPARED"
+        raise ProtocolError(name, f"must be 0 or a mix of {allowed:#x} ({names})")
     return int(value)
 
 

@@ -11,14 +11,14 @@ groups. Delivery is at-least-once: a retried task sends its rows again.
 
 ``transactional`` ("true"): one transaction per partition. The task sends each row as a half
 message (RocketMQ's transactional message: stored, not delivered; one request per row, so
-slower) and, once all are stored, commits them all; a task that fails rolls back every half
-it sent, so a failed attempt delivers none of its rows and its retry delivers them once. The
-producer group is ``transactionGroup`` (default ``replog-spark``); the broker's check-back,
-for a half left open, is answered COMMIT by the task that sent it once it decided to commit,
-UNKNOWN before. A task whose executor dies in the middle of its commits leaves the rest
-undecided; no one answers for them, and after ``transactionCheckMax`` checks the broker keeps
-them in ``TRANS_CHECK_MAX_TIME_TOPIC`` (the retried task delivers all its rows: those
-committed before the death twice).
+slower) and, once all are stored, commits them all, so a failed attempt delivers none of its
+rows and its retry delivers them once. A task that fails in the writer rolls back the halves
+it sent; one that Spark ends (an upstream error, a killed executor) leaves them open: the
+broker's check-back asks the group (``transactionGroup``, default ``replog-spark``), whose
+tasks answer COMMIT only for their own halves once they decided to commit, UNKNOWN for any
+other, so those are never delivered, and after ``transactionCheckMax`` checks the broker
+keeps them in ``TRANS_CHECK_MAX_TIME_TOPIC``. A task whose executor dies in the middle of its
+commits delivers the rows committed before (its retry delivers all its rows: those twice).
 
 Columns (others are ignored, so a DataFrame read from replog can be written back):
 

@@ -34,6 +34,7 @@ from controller_harness import (
 )
 from tx_producer import TOPIC, final
 
+from common.client import TransactionProducer, TransactionState
 from common.store.transaction.service import TransactionStore
 
 pytestmark = pytest.mark.integration
@@ -114,6 +115,11 @@ def test_transactions_survive_producer_and_master_kills(tmp_path: Path) -> None:
                 assert new is not master
                 master.start()  # rejoins as a slave of the new master
             time.sleep(2.0)
+            # the application stays up to answer the check-back, its producers stop sending
+            checker = TransactionProducer(
+                g.addresses, "drill-group",
+                lambda half: TransactionState(final(BODY.unpack_from(half.body)[0])),
+                heartbeat_ms=300)
         finally:
             for p in producers:
                 if p.poll() is None:
@@ -131,6 +137,7 @@ def test_transactions_survive_producer_and_master_kills(tmp_path: Path) -> None:
         time.sleep(2.0)  # anything decided twice would show by now
         consumed = read_all(g.addresses)
         status = g.master().status()
+        checker.close()
     seen = set(consumed)
     rolled_back_consumed = sorted(s for s in seen if final(s) == "ROLLBACK")
     committed_lost = sorted(to_commit - seen)

@@ -194,6 +194,22 @@ def test_the_registry_expires_replaces_and_bounds_its_producers() -> None:
     assert len(picked) == 3  # in turn
 
 
+def test_a_producer_that_did_not_answer_is_passed_over_until_it_heartbeats() -> None:
+    """A killed producer stays listed until its expiry (120 s): a check-back asking it times
+    out; it is not asked again while another of its group answers."""
+    groups = ProducerGroups()
+    groups.heartbeat("g", "dead", b"conn-1", "")
+    groups.heartbeat("g", "alive", b"conn-2", "")
+    dead = next(c for c in groups.live("g") if c.client_id == "dead")
+    groups.silent(dead)
+    assert {groups.pick("g").client_id for _ in range(6)} == {"alive"}  # type: ignore[union-attr]
+    groups.heartbeat("g", "dead", b"conn-3", "")  # back: asked again
+    assert {groups.pick("g").client_id for _ in range(6)} == {"alive", "dead"}  # type: ignore[union-attr]
+    groups.silent(groups.live("g")[0])
+    groups.silent(groups.live("g")[1])  # all silent: still asked, in turn
+    assert {groups.pick("g").client_id for _ in range(6)} == {"alive", "dead"}  # type: ignore[union-attr]
+
+
 
 
 def test_replog_producers_lists_the_group_with_running_info(

@@ -94,14 +94,17 @@ def test_inflating_is_bounded_and_refuses_bad_streams() -> None:
 # ---- the wire ---------------------------------------------------------------------------------
 
 
-def test_send_carries_the_compressed_flag_and_nothing_else() -> None:
+def test_send_carries_the_compressed_and_prepared_flags_and_nothing_else() -> None:
     fields = {"topic": "orders", "queueId": 0, "sysFlag": SYSFLAG_COMPRESSED}
     req = decode_request(encode_request(RequestCode.SEND, 1, fields, [b"x"]), LIMITS)
     assert req.fields["sysFlag"] == SYSFLAG_COMPRESSED
     plain = decode_request(encode_request(RequestCode.SEND, 1, {"topic": "o", "queueId": 0},
                                           [b"x"]), LIMITS)
     assert plain.fields["sysFlag"] == 0
-    for bad in (0x4, 0x8, 0x80, -1, "1", 1.0):  # transaction bits, batch, garbage
+    prepared = decode_request(encode_request(RequestCode.SEND, 1, {**fields, "sysFlag": 0x4},
+                                             [b"x"]), LIMITS)
+    assert prepared.fields["sysFlag"] == 0x4  # a half message's (the broker checks TRAN_MSG)
+    for bad in (0x8, 0xC, 0x80, -1, "1", 1.0):  # commit, rollback, batch, garbage
         with pytest.raises(ProtocolError) as e:
             decode_request(encode_request(RequestCode.SEND, 1, {**fields, "sysFlag": bad}, [b"x"]),
                            LIMITS)

@@ -14,11 +14,13 @@ from common.core.config import load_config
 from common.core.errors import PutStatus
 from common.core.message import SCHEDULE_SOURCE, SCHEDULE_TOPIC, Message
 from common.core.timer import TIMER_SOURCE
+from common.core.transaction import HALF_ORIGIN
 from common.store.commit_log import PutResult, refused
 from common.store.extensions import DispatchRequest
 from common.store.message_store import MessageStore
 from common.store.schedule import DelayLevels
 from common.store.timer.messages import TimerHook
+from common.store.transaction.hook import HalfHook
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -180,7 +182,8 @@ def test_master_services_start_and_stop_through_one_switch(tmp_path: Path) -> No
         assert events == [] and s.master_services_running == []
         s.become_master()
         assert events == ["start one", "start two"]
-        assert s.master_services_running == ["schedule", "timer-dequeue", "one", "two"]
+        assert s.master_services_running == ["transaction-fresh", "schedule", "timer-dequeue",
+                                             "one", "two"]
         s.become_slave()
         assert events[2:] == ["stop two", "stop one"] and s.master_services_running == []
         s.set_master_services(True)  # a thread starts once: each start makes a new service
@@ -191,18 +194,20 @@ def test_master_services_start_and_stop_through_one_switch(tmp_path: Path) -> No
 
 
 def test_delay_levels_and_the_timer_are_registered_extensions_only(tmp_path: Path) -> None:
-    """The put path and reput name no special topic: delay levels are one put hook, one
-    tags-code rule, one indexed property and one master service; the timer one put hook (after
-    delay levels': a level wins), one dispatcher, one indexed property, one store service and
-    one master service."""
+    """The put path and reput name no special topic: transactions are one put hook (first: a
+    half is never delayed), one cut listener, one indexed property and one master service;
+    delay levels one put hook, one tags-code rule, one indexed property and one master
+    service; the timer one put hook (after delay levels': a level wins), one dispatcher, one
+    cut listener, one indexed property, one store service and one master service."""
     s = _store(tmp_path)
     ext = s.extensions
-    assert [type(h) for h in ext.put_hooks] == [DelayLevels, TimerHook]
+    assert [type(h) for h in ext.put_hooks] == [HalfHook, DelayLevels, TimerHook]
     assert list(ext.tags_code_rules) == [SCHEDULE_TOPIC]
-    assert list(ext.master_services) == ["schedule", "timer-dequeue"]
+    assert list(ext.master_services) == ["transaction-fresh", "schedule", "timer-dequeue"]
     assert list(ext.services) == ["timer"] and s.timer in ext.dispatchers
+    assert ext.cut_listeners == [s.transactions, s.timer]
     assert s.index_dispatcher is not None
-    assert s.index_dispatcher.watches == (SCHEDULE_SOURCE, TIMER_SOURCE)
+    assert s.index_dispatcher.watches == (HALF_ORIGIN, SCHEDULE_SOURCE, TIMER_SOURCE)
     s.start()
     try:
         result = s.put(Message("real", b"later", delay_level=2), 3)

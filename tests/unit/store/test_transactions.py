@@ -189,3 +189,65 @@ def test_without_the_index_a_half_is_refused(tmp_path: Path) -> None:
         assert "messageIndexEnable" in result.remark
     finally:
         store.shutdown()
+
+
+def test_a_transaction_the_memory_forgot_is_found_in_the_index(
+        store: MessageStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A master skips the look-up for a transaction after its start that it did not end
+    (every end since is its own, remembered); once the memory lets an end go, the shortcut
+    stops below it: that transaction is looked up, and found."""
+    from common.store.transaction import service
+
+    monkeypatch.setattr(service, "RECENT", 2)
+    halves = [put_half(store, b"m%d" % i, f"K{i}") for i in range(3)]
+    tx = store.transactions
+    for half in halves:
+        assert tx.end(half, COMMIT, HOST).pending is not None
+    fresh = tx.stats["fresh"]
+    assert tx.decided(halves[0]) == (COMMIT, True)  # forgotten: from the index
+    assert tx.end(halves[0], ROLLBACK, HOST) == (COMMIT, None)
+    assert tx.stats["fresh"] == fresh
+    late = put_half(store, b"late", "K9")
+    assert tx.decided(late) == (None, False) and tx.stats["fresh"] == fresh + 1
+    store.set_master_services(False)  # a slave now: ends may come by replication
+    assert tx.decided(late) == (None, False) and tx.stats["fresh"] == fresh + 1
+
+
+def test_a_backlog_of_ends_never_keeps_a_half_from_its_check(tmp_path: Path) -> None:
+    """rmq#9500: RocketMQ reads ops in order into a map, and a backlog of them left halves
+    unchecked. Here each half is looked up by its origin: of 300 halves, the 299 ended are
+    passed and the one left open is checked, in one round."""
+    import concurrent.futures
+
+    from common.broker.producer_groups import ProducerGroups
+    from common.broker.tables import ConsumerOffsetTable
+    from common.format.protocol import Response
+    from master.transaction_check import TransactionCheck
+
+    store = open_store(tmp_path / "s", transactionTimeOut=0)
+    try:
+        halves = [put_half(store, b"%d" % i, f"K{i}") for i in range(300)]
+        for half in halves[:150] + halves[151:]:
+            store.transactions.end(half, ROLLBACK, HOST)
+        producers = ProducerGroups()
+        producers.heartbeat("pg", "app", b"conn", "10.0.0.1:1")
+        asked: list[dict[str, object]] = []
+
+        def ask(identity: bytes, code: object, fields: dict[str, object], bodies: object = (),
+                timeout_ms: int = 0) -> concurrent.futures.Future[Response]:
+            asked.append(fields)
+            future: concurrent.futures.Future[Response] = concurrent.futures.Future()
+            future.set_result(Response(0, 0, "", {"state": "COMMIT"}, []))  # type: ignore[arg-type]
+            return future
+
+        (tmp_path / "config").mkdir()
+        check = TransactionCheck(store.cfg, store, producers, ask,  # type: ignore[arg-type]
+                                 ConsumerOffsetTable(tmp_path / "config"))
+        assert check.check_round() == 300
+        assert [f["commitLogOffset"] for f in asked] != [] and len(asked) == 1
+        [real] = messages(store, "orders", 2)
+        assert real.body == b"150"
+        assert check.check_round() == 1  # the copy put back; decided now, passed
+        assert len(asked) == 1
+    finally:
+        store.shutdown()
