@@ -49,6 +49,8 @@ log = logging.getLogger("replog.transaction")
 MAX_ROUND_S = 60.0  # RocketMQ's MAX_PROCESS_TIME_LIMIT: a round gives way after this
 ASK_TIMEOUT_MS = 3000
 BATCH = 256
+FIGURES = ("rounds", "checks", "answered_commit", "answered_rollback", "unknown", "unanswered",
+           "no_producer", "discarded", "gated")
 
 
 class Ask(Protocol):
@@ -76,7 +78,8 @@ class TransactionCheck:
         self.timeout_ms = cfg.transactionTimeOut
         self.check_max = cfg.transactionCheckMax
         self.interval_s = cfg.transactionCheckInterval / 1000.0
-        self.stats: collections.Counter[str] = collections.Counter()
+        # every figure from the start (a metric's series exists before its first event)
+        self.stats: collections.Counter[str] = collections.Counter(dict.fromkeys(FIGURES, 0))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -53,6 +53,12 @@ COUNTERS = frozenset({
     "timer_enqueued", "timer_delivered", "timer_rolled", "timer_rolled_in", "timer_recalled",
     "timer_skipped_delivered", "timer_put_failures", "timer_refused", "timer_gated",
     "timer_unreadable", "timer_illegal", "timer_enqueued_late",
+    "transaction_commits", "transaction_rollbacks", "transaction_repeated",
+    "transaction_refused_conflicts", "transaction_ops_repaired", "transaction_fresh",
+    "transaction_check_rounds", "transaction_check_checks", "transaction_check_discarded",
+    "transaction_check_answered_commit", "transaction_check_answered_rollback",
+    "transaction_check_unknown", "transaction_check_unanswered",
+    "transaction_check_no_producer", "transaction_check_gated",
 })
 
 
@@ -71,7 +77,11 @@ class StatusCollector:
                    **{f"timer_{k}": v for k, v in status.timer.items()
                       if k != "pendingWithin"},
                    **{f"timer_pending_within_{k}": v
-                      for k, v in (status.timer.get("pendingWithin") or {}).items()}}
+                      for k, v in (status.timer.get("pendingWithin") or {}).items()},
+                   **{f"transaction_{k}": v for k, v in status.transactions.items()
+                      if k != "check"},
+                   **{f"transaction_check_{k}": v
+                      for k, v in (status.transactions.get("check") or {}).items()}}
         for key, value in numbers.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("replog.transaction")
 
 RECENT = 65_536  # ends remembered (the look-up's first stop; the index holds them all)
+FIGURES = ("commits", "rollbacks", "repeated", "refused_conflicts", "ops_repaired", "fresh")
 NEVER = 2**63  # no shortcut: every look-up reads the index
 TAIL_KEPT = 4096  # ends read past the dispatched offset, kept until reput passed them
 NOT_AN_END = (HALF_TOPIC, CHECK_MAX_TOPIC)  # records of a transaction that decide nothing
@@ -74,7 +75,7 @@ class TransactionStore:
         # a master's: a transaction whose half is at or past this offset, and not in _recent,
         # has no end (every end since is this store's own, remembered; see ``_Fresh``)
         self._fresh_from = NEVER
-        self.stats: collections.Counter[str] = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter(dict.fromkeys(FIGURES, 0))
 
     def install(self, ext: StoreExtensions, index: IndexDispatcher | None) -> None:
         """Before every other put hook: a half is never delayed or timed."""

@@ -53,6 +53,21 @@ def test_totals_are_counters_and_levels_are_gauges(make_broker: Callable[..., Br
     assert {"putTotal", "requests", "store_puts", "store_deleted_segments"} <= COUNTERS
 
 
+def test_transactions_are_counted(make_broker: Callable[..., Broker],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's decisions (STATUS ``transactions``) and the master's check-back
+    (``transactions.check``) as counters (the fake store decides none: its figures are set)."""
+    broker = make_broker()
+    monkeypatch.setattr(broker.store.transactions, "status",
+                        lambda: {"commits": 2, "rollbacks": 1})
+    families = exposition(broker)
+    assert families["replog_transaction_commits"] == (
+        "counter", [("replog_transaction_commits_total", 2.0)])
+    assert families["replog_transaction_rollbacks"] == (
+        "counter", [("replog_transaction_rollbacks_total", 1.0)])
+    assert families["replog_transaction_check_rounds"][0] == "counter"  # a master's check-back
+
+
 def test_a_scrape_racing_a_busy_io_thread_never_raises(
         make_broker: Callable[..., Broker]) -> None:
     """The I/O thread appends to the rate buckets and the latency window while the metrics
