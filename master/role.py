@@ -183,8 +183,7 @@ class MasterRole:
                          f"sysFlag TRANSACTION_PREPARED without {transactions.TRAN_MSG}=true: a "
                          "half message carries both")
         if props:
-            reserved = timer_messages.reserved_property(props) \
-                or transactions.reserved_property(props)
+            reserved = _broker_only(props)
             if reserved is not None:
                 return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                              f"property {reserved} is set by the broker, not by a producer")
@@ -285,8 +284,7 @@ class MasterRole:
                     return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                                  "a batch cannot hold delayed, timer or transactional messages "
                                  "(RocketMQ refuses them too): send them one by one")
-                reserved = timer_messages.reserved_property(props) \
-                    or transactions.reserved_property(props)
+                reserved = _broker_only(props)
                 if reserved is not None:
                     return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                                  f"property {reserved} is set by the broker, not by a producer")
@@ -452,6 +450,14 @@ def _put_reply(
 
 
 MAX_DELAY_LEVEL = SCHEMAS[RequestCode.SEND]["delayLevel"].hi
+# properties only the broker sets: a forged one would resolve a transaction, or tell slaves
+# that timer ticks were delivered
+BROKER_ONLY = (*timer_messages.RESERVED, *transactions.RESERVED)
+
+
+def _broker_only(props: dict[str, str]) -> str | None:
+    """The first property of ``props`` that only the broker sets, if any."""
+    return next((name for name in BROKER_ONLY if name in props), None)
 
 
 def _delay_property(props: dict[str, str]) -> int | None:

@@ -34,16 +34,6 @@ RESERVED = (TIMER_OUT_MS, TIMER_ENQUEUE_MS, TIMER_DEQUEUE_MS, TIMER_ROLL_TIMES, 
             TIMER_SOURCE, TIMER_TICK)
 
 
-def reserved_property(props: Mapping[str, str] | None) -> str | None:
-    """The first timer property in ``props`` that only the broker sets, if any."""
-    if not props:
-        return None
-    for name in RESERVED:
-        if name in props:
-            return name
-    return None
-
-
 def requested(props: Mapping[str, str]) -> bool:
     return TIMER_DELIVER_MS in props or TIMER_DELAY_SEC in props or TIMER_DELAY_MS in props
 

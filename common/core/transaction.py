@@ -68,14 +68,5 @@ class TransactionState(enum.Enum):
 
 
 def is_half(props: Mapping[str, str] | None) -> bool:
-    return bool(props) and (props or {}).get(TRAN_MSG, "").lower() == "true"
-
-
-def reserved_property(props: Mapping[str, str] | None) -> str | None:
-    """The first transaction property in ``props`` that only the broker sets, if any."""
-    if not props:
-        return None
-    for name in RESERVED:
-        if name in props:
-            return name
-    return None
+    """A half message's properties (``TRAN_MSG=true``); None or empty: not one."""
+    return props is not None and props.get(TRAN_MSG, "").lower() == "true"
