@@ -93,8 +93,9 @@ class LocalCluster:
         self, directory: Path, slaves: int = 2, mode: str = "sync", base_port: int = 10911,
         controller: bool = False, zk_port: int | None = None,
         session_ms: int = LOCAL_SESSION_MS, groups: int = 1,
-        secure: bool = False,
+        secure: bool = False, settings: dict[str, Any] | None = None,
     ):
+        """``settings``: config keys every broker gets besides the cluster's own."""
         if not 1 <= groups <= MAX_GROUPS:
             raise UsageError(f"--groups must be 1..{MAX_GROUPS}, not {groups}")
         if groups > 1 and not controller:
@@ -114,6 +115,7 @@ class LocalCluster:
                                       base_port=zk_port or base_port + ZK_PORT_OFFSET)
         self.session_ms = session_ms
         self.secure = secure
+        self.settings = dict(settings or {})
         self.keys_dir = self.directory / "keys"
         self.acl_path = self.directory / "acl.yml"
         if secure:
@@ -198,6 +200,7 @@ class LocalCluster:
                                       for i in range(self.size) if i != index),
             )
         fields.update(self._security_keys())
+        fields.update(self.settings)
         cfg = load_config(None, (), env={}, **fields)
         child = ChildBroker(name, role, f"127.0.0.1:{port}", home / "broker.yaml",
                             home / "broker.log", group=group_name(group))

@@ -9,6 +9,7 @@
                 [--transaction commit|rollback|unknown [--group G]]
     replog recall -t TOPIC HANDLE
     replog timer status
+    replog transactions [--from N] [-n MAX] [--end OFFSET (--commit | --rollback)]   (admin)
     replog pull -t TOPIC [-q QUEUE] [--broker-name B] [-o OFFSET] [-n MAX] [--group G]
     replog query (--topic T --key K | --msg-id ID | --offset PHYOFFSET)
     replog offsets -t TOPIC [-q QUEUE] [--time T] [--group G [--reset]]   (an extension)
@@ -44,7 +45,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common.cli import admin, cluster, consumers, drill, messages, security, timers
+from common.cli import admin, cluster, consumers, drill, messages, security, timers, transactions
 from common.cli.bootstrap import run_broker
 from common.cli.output import (
     EXIT_FAILED,
@@ -147,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _client(sub, "timer", "the timer of each broker: pending messages, lateness, rolls")
     p.add_argument("action", choices=["status"])
+
+    p = _client(sub, "transactions", "the transactions the check-back gave up (admin), and "
+                "ending one by hand")
+    transactions.add_arguments(p)
 
     p = _client(sub, "pull", "read from a consume queue")
     p.add_argument("-t", "--topic", required=True, help="the topic")
@@ -251,6 +256,7 @@ def _client(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "send": messages.cmd_send,
     "recall": messages.cmd_recall,
+    "transactions": transactions.cmd_transactions,
     "timer": timers.cmd_timer,
     "pull": messages.cmd_pull,
     "query": messages.cmd_query,

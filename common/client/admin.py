@@ -12,7 +12,8 @@ from common.client.cluster import Cluster
 from common.client.routes import parse_cluster_info, unknown_group
 from common.client.routing import RouteTable
 from common.core.errors import BrokerError, ResponseCode
-from common.core.message import MessageExt
+from common.core.message import PROPERTY_REAL_TOPIC, MessageExt
+from common.core.transaction import PRODUCER_GROUP, TRANSACTION_ID, TransactionState
 from common.format.protocol import (
     LOG_CHECKSUM_MAX_BYTES,
     ProtocolError,
@@ -273,6 +274,42 @@ class Admin(ClientBase):
         if not resp.ok:
             raise BrokerError(resp.code, resp.remark)
         return [dict(p) for p in resp.fields.get("producers", [])]
+
+    def given_up_transactions(self, from_offset: int = 0, max_nums: int = 32,
+                              address: str | None = None) -> tuple[list[MessageExt], int, int]:
+        """The halves the check-back of the broker at ``address`` (default: the master) gave
+        up after ``transactionCheckMax`` checks, from queue offset ``from_offset`` of
+        ``TRANS_CHECK_MAX_TIME_TOPIC``: (halves, the next offset, the queue's max offset).
+        Each is still open: ``end_given_up`` decides it."""
+        target = address or self._cluster.master()
+        resp = self._cluster.request(target, RequestCode.QUERY_GIVEN_UP_TRANSACTIONS,
+                                     {"fromOffset": from_offset, "maxNums": max_nums})
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        try:
+            halves = [decode_record(raw) for raw in resp.bodies]
+        except ProtocolError as e:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"corrupt record in answer: {e}") from None
+        return halves, int(resp.fields["nextOffset"]), int(resp.fields["maxOffset"])
+
+    def end_given_up(self, half: MessageExt, commit: bool,
+                     address: str | None = None) -> dict[str, Any]:
+        """Commit or roll back a transaction the check-back gave up (``half`` as
+        ``given_up_transactions`` listed it), once: the answer's fields (``repeated`` if it was
+        so decided already); BrokerError MESSAGE_ILLEGAL if it was decided the other way."""
+        target = address or self._cluster.master()
+        fields = {"topic": half.properties.get(PROPERTY_REAL_TOPIC, ""),
+                  "producerGroup": half.properties.get(PRODUCER_GROUP, ""),
+                  "commitLogOffset": half.commit_log_offset,
+                  "tranStateTableOffset": half.queue_offset,
+                  "commitOrRollback": (TransactionState.COMMIT if commit
+                                       else TransactionState.ROLLBACK).sys_flag,
+                  "msgId": half.msg_id,
+                  "transactionId": half.properties.get(TRANSACTION_ID, "")}
+        resp = self._cluster.request(target, RequestCode.END_TRANSACTION, fields)
+        if not resp.ok:
+            raise BrokerError(resp.code, resp.remark)
+        return dict(resp.fields)
 
     def log_checksum(self, address: str, from_offset: int, to_offset: int) -> str:
         """The checksum of the CommitLog bytes ``[from_offset, to_offset)`` as the broker at

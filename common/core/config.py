@@ -129,6 +129,11 @@ class BrokerConfig:
     transactionTimeOut: int = 6000
     transactionCheckMax: int = 15
     transactionCheckInterval: int = 30_000
+    # a commit's op record waits to be batched with others: written when its body (the halves'
+    # queue offsets) reaches transactionOpMsgMaxSize bytes or transactionOpBatchInterval ms
+    # after the first (a rollback's op is written at once)
+    transactionOpMsgMaxSize: int = 4096
+    transactionOpBatchInterval: int = 3000
     timerStopEnqueue: bool = False  # pause putting timer messages on the wheel
     timerStopDequeue: bool = False  # pause deliveries
     mappedFileSizeTimerLog: int = 100 * 1024 * 1024
@@ -240,6 +245,10 @@ class BrokerConfig:
         _require(self.transactionCheckMax >= 1, "transactionCheckMax", "must be >= 1")
         _require(self.transactionCheckInterval >= 10, "transactionCheckInterval",
                  "must be >= 10")
+        _require(16 <= self.transactionOpMsgMaxSize <= 1_048_576, "transactionOpMsgMaxSize",
+                 "must be 16..1048576 bytes")
+        _require(self.transactionOpBatchInterval >= 1, "transactionOpBatchInterval",
+                 "must be >= 1 ms")
         _require(self.mappedFileSizeTimerLog >= 52 * 16 + 16, "mappedFileSizeTimerLog",
                  "must hold at least 16 units of 52 bytes")
         if self.aclEnable:

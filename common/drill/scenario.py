@@ -23,6 +23,13 @@ The run:
    every replica, compare the replicas with the checksum each broker reports for the common
    range of their logs (``LOG_CHECKSUM``), and run the total-queue checker.
 
+With ``transactions``, that many producers also run transactions throughout (their own topic,
+``transactions.py``), decided COMMIT or ROLLBACK at random, some left to the check-back; at
+the end they keep answering check-backs until every acknowledged half decided COMMIT is in the
+master's drain (or the settle timeout plus two default check rounds pass), and the
+transaction checker runs: rolled back and consumed, committed and lost, consumed before its
+commit, and both must be 0.
+
 Pass: lost = 0 (under ``ASYNC_MASTER``, except what the faulted master acknowledged and its
 slaves never had, reported per fault), unexpected = 0, no failed put read, no corrupt body, no
 gap in a queue, replicas byte-identical and serving the same messages, no acknowledgement from
@@ -39,7 +46,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +69,14 @@ from common.drill.backends import (
 from common.drill.checker import check_total_queue, judge, percentiles, rto_after
 from common.drill.group import master_of, wait_master, wait_sync_state_set
 from common.drill.history import CLIENT_TIMEOUT_MS, History
+from common.drill.transactions import (
+    TX_CONSUMER,
+    TransactionWorker,
+    check_transactions,
+    committed_ids,
+    tx_problems,
+    tx_topic,
+)
 from common.drill.workload import (
     ConsumerWorker,
     ProducerWorker,
@@ -76,6 +91,7 @@ CHECKSUM_TIMEOUT_MS = 30_000
 ELECTING = (KILL, PAUSE, PARTITION_ZK, PARTITION_BOTH)  # faults after which another leads
 FAILOVERS = (*ELECTING, RESTART)  # faults whose recovery time is a failover time
 MAX_FAULTS = 1000
+CHECK_BACK_WAIT_S = 2 * (6 + 30)  # two check rounds at RocketMQ's defaults (timeout, interval)
 
 
 def parse_faults(text: str) -> dict[str, int]:
@@ -113,7 +129,7 @@ def fault_order(counts: dict[str, int], rng: random.Random) -> list[str]:
 class Options:
     faults: list[str]  # in the order they run
     producers: int = 3
-    rate: float = 50.0  # puts/s per producer
+    rate: float = 50.0  # puts/s per producer (transactions/s per transaction producer)
     size: int = 512  # payload bytes per message
     seed: int = 0
     settle_timeout_s: float = 90.0  # an election, a rejoin or a catch-up takes at most this
@@ -123,10 +139,13 @@ class Options:
     # reads an earlier run's messages
     topic: str = dataclasses.field(default_factory=lambda: time.strftime(
         "drill-%Y%m%d-%H%M%S-") + os.urandom(3).hex())
+    transactions: int = 0  # producers running transactions beside the plain ones
 
     def __post_init__(self) -> None:
         if self.producers < 1 or not 0 < self.rate <= 10_000 or not 0 <= self.size <= 1 << 20:
             raise ValueError("producers >= 1, rate in (0, 10000] puts/s, size in 0..1 MiB")
+        if not 0 <= self.transactions <= 64:
+            raise ValueError("transactions: 0..64 transaction producers")
 
 
 class Scenario:
@@ -220,6 +239,8 @@ class Scenario:
         finally:
             for w in self.workers:
                 w.stop()
+                if isinstance(w, TransactionWorker):
+                    w.release()
             self.backend.heal_all()
             for w in self.workers:
                 w.join(CLIENT_TIMEOUT_MS / 1000 * 3 + 10)
@@ -241,6 +262,14 @@ class Scenario:
                                                topic=self.options.topic, group=group))
         self.workers.append(ConsumerWorker(self.history, servers, topic=self.options.topic,
                                            groups=[group] if group else None))
+        if self.options.transactions:
+            topic = tx_topic(self.options.topic)
+            for i in range(self.options.transactions):
+                self.workers.append(TransactionWorker(
+                    self.history, servers, f"t{i}", self.options.rate, topic,
+                    size=self.options.size, seed=self.options.seed, group=group))
+            self.workers.append(ConsumerWorker(self.history, servers, name=TX_CONSUMER,
+                                               topic=topic, groups=[group] if group else None))
         for w in self.workers:
             w.start()
 
@@ -313,21 +342,26 @@ class Scenario:
     def finish(self, master: DrillNode) -> dict[str, Any]:
         for w in self.workers:
             w.stop()
-        for w in self.workers:
-            w.join(CLIENT_TIMEOUT_MS / 1000 * 3 + 10)
-            if w.is_alive():
-                self.problems.append(f"worker {w.name} did not stop")
-            if w.error is not None:
-                self.problems.append(f"worker {w.name}: {w.error!r}")
-        converged = self.wait_converged()
+        tx_workers = [w for w in self.workers if isinstance(w, TransactionWorker)]
+        self.join([w for w in self.workers if w not in tx_workers])
         servers = [n.address for n in self.nodes]
+        tx_final = self.wait_check_back(master) if tx_workers else None
+        for w in tx_workers:
+            w.release()
+        self.join(tx_workers)
+        converged = self.wait_converged()
         topic = self.options.topic
         final = drain(master.address, servers, topic)
         drains_equal = all(drain(n.address, servers, topic) == final
                            for n in self.nodes if n is not master)
-        checksums = self.compare_checksums()
+        if tx_final is not None:
+            tx_final = drain(master.address, servers, tx_topic(topic))
+            drains_equal = drains_equal and all(
+                drain(n.address, servers, tx_topic(topic)) == tx_final
+                for n in self.nodes if n is not master)
+        checksums = self.compare_checksums(converged)
         events = self.history.events
-        summary = check_total_queue(events, final)
+        summary = check_total_queue([e for e in events if e["proc"] != TX_CONSUMER], final)
         windows = self.loss_windows()
         allowed = None
         if self.mode == "ASYNC_MASTER":
@@ -339,6 +373,11 @@ class Scenario:
                          compared_range=checksums["range"], replica_drains_equal=drains_equal,
                          loss_allowed=None if allowed is None else allowed.__contains__)
         problems += self.problems + self.acks_after_takeover()
+        if tx_final is not None:
+            tx_figures = check_transactions(events, tx_final)
+            tx_figures["check_backs_answered"] = sum(w.checks for w in tx_workers)
+            summary["transactions"] = tx_figures
+            problems += tx_problems(tx_figures)
         by_name = {n.name: n for n in self.nodes}
         for f in self.faults:
             # a failover ends with the first SEND_OK of another broker; a cut from the slaves
@@ -378,6 +417,29 @@ class Scenario:
         summary["history"] = None if not problems else str(self.history.path)
         return summary
 
+    def join(self, workers: Sequence[Worker]) -> None:
+        for w in workers:
+            w.join(CLIENT_TIMEOUT_MS / 1000 * 3 + 10)
+            if w.is_alive():
+                self.problems.append(f"worker {w.name} did not stop")
+            if w.error is not None:
+                self.problems.append(f"worker {w.name}: {w.error!r}")
+
+    def wait_check_back(self, master: DrillNode) -> dict[Any, list[tuple[int, str, bool]]]:
+        """Until every acknowledged half decided COMMIT is in the master's drain (its END
+        may have been lost to a fault: the check-back asks the still running producers), or
+        the deadline; the last drain."""
+        servers = [n.address for n in self.nodes]
+        topic = tx_topic(self.options.topic)
+        must = committed_ids(self.history.events)
+        deadline = time.monotonic() + self.options.settle_timeout_s + CHECK_BACK_WAIT_S
+        while True:
+            got = drain(master.address, servers, topic)
+            if must <= {m for rows in got.values() for _, m, _ in rows} \
+                    or time.monotonic() > deadline:
+                return got
+            threading.Event().wait(0.5)
+
     def wait_converged(self) -> int:
         def same() -> int | None:
             statuses = self.statuses(self.nodes)
@@ -389,14 +451,16 @@ class Scenario:
         return wait_for(same, self.options.settle_timeout_s,
                         "every replica to hold the same max offset", step_s=0.1)
 
-    def compare_checksums(self) -> dict[str, Any]:
-        """LOG_CHECKSUM of the range every replica holds, asked of each broker."""
+    def compare_checksums(self, upto: int) -> dict[str, Any]:
+        """LOG_CHECKSUM of the range every replica holds, up to ``upto`` (where they all
+        converged: a master may write after, e.g. a batch of transaction ops, which its
+        slaves may not hold yet), asked of each broker."""
         statuses = [s for s in self.statuses(self.nodes) if s is not None]
         if len(statuses) != len(self.nodes):
             return {"range": [0, 0], "identical": False, "by_node": {},
                     "error": "a broker did not answer STATUS"}
         lo = max(s["minPhyOffset"] for s in statuses)
-        hi = min(s["maxPhyOffset"] for s in statuses)
+        hi = min(min(s["maxPhyOffset"] for s in statuses), upto)
         # 16 MiB hashed per request: a busy broker may take longer than a STATUS wait
         with Admin([n.address for n in self.nodes], timeout_ms=CHECKSUM_TIMEOUT_MS,
                    retries=0) as admin:
@@ -470,7 +534,13 @@ def run(backend: Backend, options: Options, say: Callable[[str], None] = print) 
 def summary_line(report: dict[str, Any]) -> str:
     keys = ("attempted", "ok", "info", "fail", "lost", "unexpected", "duplicated",
             "failover_p50_s", "failover_max_s", "logs_identical", "verdict")
-    return json.dumps({k: report.get(k) for k in keys})
+    line = {k: report.get(k) for k in keys}
+    tx = report.get("transactions")
+    if tx:
+        line["transactions"] = {k: tx[k] for k in (
+            "tx_attempted", "tx_committed", "tx_rolled_back", "tx_rolled_back_consumed",
+            "tx_committed_lost", "tx_consumed_before_commit", "tx_both")}
+    return json.dumps(line)
 
 
 def default_seed() -> int:

@@ -109,6 +109,7 @@ class RequestCode(enum.IntEnum):
     LOG_CHECKSUM = 1003  # replog: sha256 of a CommitLog range (replicas compared remotely)
     CLEAR_ELECTION_FAULT = 1004  # replog: a member that failed to take over may stand again
     PRODUCER_HEARTBEAT = 1005  # replog (RocketMQ's HEART_BEAT for producers): alive, or leaves
+    QUERY_GIVEN_UP_TRANSACTIONS = 1006  # replog: halves past transactionCheckMax (admin)
 
 
 
@@ -375,6 +376,12 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "runningInfo": Field("int", lo=0, hi=1, default=0),  # 1: ask each producer its figures
     }, _ADMIN),
     RequestCode.GET_CLIENT_RUNNING_INFO: RequestSpec({}, _ADMIN, served_by=TO_CLIENT),
+    # the halves the check-back gave up (TRANS_CHECK_MAX_TIME_TOPIC, queue 0), from a queue
+    # offset: records of every topic's transactions, so an operator's
+    RequestCode.QUERY_GIVEN_UP_TRANSACTIONS: RequestSpec({
+        "fromOffset": Field("int", lo=0, hi=MAX_OFFSET, default=0),
+        "maxNums": Field("int", lo=1, hi=MAX_PULL_NUMS, default=32),
+    }, _ADMIN),
     # RocketMQ's EndTransactionRequestHeader; ``topic`` (the half's real topic, as RocketMQ
     # 5's header has it) is what PUB is checked on
     RequestCode.END_TRANSACTION: RequestSpec({

@@ -243,6 +243,10 @@ def test_docker_drill_sigkills_partitions_and_pauses_the_master(
     checks = report["checksums"]
     assert checks["identical"] and len(checks["by_node"]) == 3
     assert checks["range"][1] > checks["range"][0]
+    tx = report["transactions"]  # a transaction producer beside the plain ones
+    assert tx["tx_committed"] > 0 and tx["tx_rolled_back"] > 0, tx
+    assert tx["tx_rolled_back_consumed"] == tx["tx_committed_lost"] == 0, tx
+    assert tx["tx_consumed_before_commit"] == tx["tx_both"] == 0, tx
 
 
 @pytest.mark.timeout(300)

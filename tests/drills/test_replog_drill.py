@@ -1,7 +1,8 @@
 """``replog drill --backend process`` (docs/drills.md "replog drill"): the command starts a
 local controller-mode group, SIGKILLs, restarts and pauses its master under load with the
 scenario the docker drill runs, and reports lost = 0, unexpected = 0 and replicas identical by
-the checksums the brokers report. Faults it cannot inject are refused before anything starts.
+the checksums the brokers report; transactions run beside, none rolled back consumed, none
+committed lost. Faults it cannot inject are refused before anything starts.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def test_process_drill_kills_restarts_and_pauses_the_master(tmp_path: Path) -> N
     assert hi > lo and report["converged_max"] == hi
     assert report["failover_p50_s"] is not None and report["failover_max_s"] >= \
         report["failover_p50_s"]
+    tx = report["transactions"]  # one transaction producer by default, checked
+    assert tx["tx_committed"] > 50 and tx["tx_rolled_back"] > 30, tx
+    assert tx["tx_rolled_back_consumed"] == tx["tx_committed_lost"] == 0, tx
+    assert tx["tx_consumed_before_commit"] == tx["tx_both"] == 0, tx
+    assert tx["check_backs_answered"] > 0, tx  # the UNKNOWN ones, decided by the check-back
     assert not history.exists()  # kept only when the drill fails
 
 

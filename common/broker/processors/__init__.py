@@ -13,7 +13,7 @@ code of ``SPECS`` has one (checked at import).
 | consume.py   | PULL (long polling), offsets, TOPIC_ROUTE, CONSUMER_HEARTBEAT          |
 | query.py     | QUERY_BY_KEY, QUERY_BY_MSG_ID, QUERY_BY_OFFSET                         |
 | admin.py     | STATUS, CLUSTER_INFO, PROMOTE, CLEAR_ELECTION_FAULT, LOG_CHECKSUM,     |
-|              | GET_ALL_*, GET_BROKER_CLUSTER_ACL_INFO                                 |
+|              | GET_ALL_*, GET_BROKER_CLUSTER_ACL_INFO, QUERY_GIVEN_UP_TRANSACTIONS    |
 | producers.py | GET_PRODUCER_CONNECTION_LIST (live producers, their running info)      |
 
 A code the broker sends to clients (``served_by`` TO_CLIENT in its row) has no processor here:

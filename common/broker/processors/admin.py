@@ -1,13 +1,16 @@
 """The broker's own state and operations: STATUS, CLUSTER_INFO, PROMOTE, CLEAR_ELECTION_FAULT,
-LOG_CHECKSUM, the tables a slave copies (GET_ALL_*), the ACL in force."""
+LOG_CHECKSUM, the tables a slave copies (GET_ALL_*), the ACL in force, the transactions the
+check-back gave up."""
 
 from __future__ import annotations
 
 import json
 
+from common.broker.processors.consume import PULL_MAX_BYTES
 from common.broker.processors.context import Context
 from common.broker.replies import Reply, reply
-from common.core.errors import ResponseCode
+from common.core.errors import GetStatus, ResponseCode
+from common.core.transaction import CHECK_MAX_TOPIC
 from common.format.protocol import (
     LOG_CHECKSUM_MAX_BYTES,
     ProtocolError,
@@ -58,6 +61,21 @@ def acl_info(ctx: Context, req: Request) -> Response:
     return reply(req, fields=ctx.services.acl_info())
 
 
+def given_up_transactions(ctx: Context, req: Request) -> Response:
+    """QUERY_GIVEN_UP_TRANSACTIONS: the halves kept in ``TRANS_CHECK_MAX_TIME_TOPIC`` from
+    queue offset ``fromOffset`` (records; an END_TRANSACTION naming one's CommitLog offset
+    still decides its transaction)."""
+    f = req.fields
+    result = ctx.services.store.get_message("", CHECK_MAX_TOPIC, 0, f["fromOffset"],
+                                            f["maxNums"], max_bytes=PULL_MAX_BYTES)
+    fields = {"nextOffset": result.next_begin_offset, "minOffset": result.min_offset,
+              "maxOffset": result.max_offset}
+    if result.status is not GetStatus.FOUND:
+        fields["nextOffset"] = max(result.min_offset, min(f["fromOffset"], result.max_offset))
+        return reply(req, fields=fields)
+    return reply(req, fields=fields, bodies=[bytes(r) for r in result.records])
+
+
 HANDLERS = {
     RequestCode.STATUS: status,
     RequestCode.CLUSTER_INFO: cluster_info,
@@ -68,4 +86,5 @@ HANDLERS = {
     RequestCode.GET_ALL_CONSUMER_OFFSET: config_document,
     RequestCode.GET_ALL_DELAY_OFFSET: config_document,
     RequestCode.GET_BROKER_CLUSTER_ACL_INFO: acl_info,
+    RequestCode.QUERY_GIVEN_UP_TRANSACTIONS: given_up_transactions,
 }

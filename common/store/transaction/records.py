@@ -45,11 +45,37 @@ def committed(half: MessageExt) -> tuple[Message, int]:
                    prepared_transaction_offset=half.commit_log_offset), queue_id
 
 
-def op(half: MessageExt, state: TransactionState) -> Message:
-    """The op record: tag ``d``, body the half's queue offset (RocketMQ's), and what was
-    decided (replog's ``OP_STATE``)."""
-    return Message(OP_TOPIC, str(half.queue_offset).encode(), tags=OP_TAG,
-                   properties={HALF_ORIGIN: str(origin_of(half)), OP_STATE: state.value})
+OP_KEYS_MAX = 16_000  # characters of an op's KEYS (a property is at most 32,767 bytes)
+
+
+def op_entry(half: MessageExt) -> tuple[int, int]:
+    """What an op record says of one transaction: (its origin, the half's queue offset)."""
+    return origin_of(half), half.queue_offset
+
+
+def op(entries: list[tuple[int, int]], state: TransactionState) -> Message:
+    """The op record of one or more transactions ended alike (``op_entry``): tag ``d``, body
+    the halves' queue offsets joined by ``,`` (RocketMQ's), each origin a key
+    (``HALF_ORIGIN`` + origin, so the index finds it), and what was decided (``OP_STATE``)."""
+    return Message(OP_TOPIC, ",".join(str(q) for _, q in entries).encode(), tags=OP_TAG,
+                   keys=[HALF_ORIGIN + str(o) for o, _ in entries],
+                   properties={OP_STATE: state.value})
+
+
+def op_origins(msg: MessageExt) -> list[int]:
+    """The transactions an op record ends (its keys; an op written by a replog before op
+    batching named its one origin in ``HALF_ORIGIN``)."""
+    found = key_origins(msg.key_list())
+    single = msg.properties.get(HALF_ORIGIN, "")
+    if single.isdigit():
+        found.append(int(single))
+    return found
+
+
+def key_origins(keys: tuple[str, ...] | list[str]) -> list[int]:
+    """``op_origins`` from a dispatch request's keys."""
+    return [int(k[len(HALF_ORIGIN):]) for k in keys
+            if k.startswith(HALF_ORIGIN) and k[len(HALF_ORIGIN):].isdigit()]
 
 
 def checked_again(half: MessageExt) -> Message:
@@ -73,3 +99,8 @@ def discarded(half: MessageExt) -> Message:
 
 def is_half_record(msg: MessageExt) -> bool:
     return msg.topic == HALF_TOPIC and PROPERTY_REAL_TOPIC in msg.properties
+
+
+def is_given_up(msg: MessageExt) -> bool:
+    """A half the check-back gave up (``discarded``): still open, an END still decides it."""
+    return msg.topic == CHECK_MAX_TOPIC and PROPERTY_REAL_TOPIC in msg.properties

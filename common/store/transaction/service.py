@@ -10,6 +10,12 @@ stalled halves): a state is one look-up, wherever and whenever its records were 
 An end is decided under one lock: look up, then write the commit (if a commit, and none is
 there) and the op. Once an op is written, a different end is refused and the same one is
 answered without a write: a final state is final.
+
+Ops are batched as RocketMQ 5 batches them (``transactionOpMsgMaxSize`` bytes of body, or
+``transactionOpBatchInterval`` ms after the first, whichever comes first), but only a
+commit's: the commit record already decides its transaction, so its op is a record of it, and
+a crash that loses the batch loses nothing (the check-back finds the commit and writes the op
+again). A rollback's op is its only record, so it is written with its END, which waits for it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import collections
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from common.core.message import PROPERTY_REAL_TOPIC, MessageExt
@@ -43,10 +50,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("replog.transaction")
 
 RECENT = 65_536  # ends remembered (the look-up's first stop; the index holds them all)
-FIGURES = ("commits", "rollbacks", "repeated", "refused_conflicts", "ops_repaired", "fresh")
+FIGURES = ("commits", "rollbacks", "repeated", "refused_conflicts", "ops_repaired", "fresh",
+           "op_batches", "ops_dropped")
 NEVER = 2**63  # no shortcut: every look-up reads the index
 TAIL_KEPT = 4096  # ends read past the dispatched offset, kept until reput passed them
 NOT_AN_END = (HALF_TOPIC, CHECK_MAX_TOPIC)  # records of a transaction that decide nothing
+NO_HOST = ("0.0.0.0", 0)
+
+
+@dataclass
+class _OpBatch:
+    """Commits whose op is not written yet: (origin, half queue offset), oldest first."""
+
+    entries: list[tuple[int, int]] = field(default_factory=list)
+    origins: set[int] = field(default_factory=set)
+    since: float = 0.0  # monotonic time of the first
+    body: int = 0  # the op body's length so far
+    keys: int = 0  # its KEYS' length so far
 
 
 class Decided(NamedTuple):
@@ -76,6 +96,11 @@ class TransactionStore:
         # has no end (every end since is this store's own, remembered; see ``_Fresh``)
         self._fresh_from = NEVER
         self.stats: collections.Counter[str] = collections.Counter(dict.fromkeys(FIGURES, 0))
+        cfg = store.cfg
+        self.op_max_size = cfg.transactionOpMsgMaxSize
+        self.op_interval_s = cfg.transactionOpBatchInterval / 1000
+        self._batch = _OpBatch()
+        self.batch_wake = threading.Event()  # a batch is waiting (the batcher's timer starts)
 
     def install(self, ext: StoreExtensions, index: IndexDispatcher | None) -> None:
         """Before every other put hook: a half is never delayed or timed."""
@@ -83,15 +108,18 @@ class TransactionStore:
         ext.add_put_hook(self.hook)
         ext.add_cut_listener(self)
         ext.add_master_service("transaction-fresh", lambda: _Fresh(self))
-        ext.watch(HALF_ORIGIN)  # found in the records not dispatched yet
+        ext.add_master_service("transaction-op-batch", lambda: _OpBatcher(self))
+        ext.watch(HALF_ORIGIN, OP_STATE)  # found in the records not dispatched yet
         if index is not None:
             index.index_property(HALF_ORIGIN)
 
     # ---- look-ups ---------------------------------------------------------------------------
     def half_at(self, offset: int) -> MessageExt | None:
-        """The half message stored at ``offset``, or None if no half starts there."""
+        """The half message stored at ``offset`` (in the half topic, or one the check-back
+        gave up, kept in the check-max topic), or None if no half starts there."""
         found = self.store.entry_message(offset)
-        return found if found is not None and records.is_half_record(found) else None
+        return found if found is not None and (records.is_half_record(found)
+                                               or records.is_given_up(found)) else None
 
     def decided(self, half: MessageExt) -> Decided:
         origin = records.origin_of(half)
@@ -99,6 +127,8 @@ class TransactionStore:
             known = self._recent.get(origin)
             if known is not None:
                 return known
+            if origin in self._batch.origins:  # its op will be written with the batch
+                return Decided(TransactionState.COMMIT, True)
             if origin >= self._fresh_from:  # no one but this store ended it, and it did not
                 self.stats["fresh"] += 1
                 return Decided(None, False)
@@ -131,14 +161,18 @@ class TransactionStore:
         if start < store.commit_log.max_offset:
             for req in tail_records(store.commit_log, start, store.extensions):
                 start = req.phy_offset + req.size
-                text = req.properties.get(HALF_ORIGIN, "")
-                if not text.isdigit() or req.topic in NOT_AN_END:
+                if req.topic in NOT_AN_END:
                     continue
+                text = req.properties.get(HALF_ORIGIN, "")
                 if req.topic == OP_TOPIC:
                     state = _state(req.properties.get(OP_STATE))
                     if state is not None:
-                        self._tail[int(text)] = (Decided(state, True), req.phy_offset)
-                elif int(text) not in self._tail:  # a commit (in its real topic)
+                        ended = records.key_origins(req.keys)
+                        if text.isdigit():
+                            ended.append(int(text))
+                        for origin_ in ended:
+                            self._tail[origin_] = (Decided(state, True), req.phy_offset)
+                elif text.isdigit() and int(text) not in self._tail:  # a commit, in its topic
                     self._tail[int(text)] = (Decided(TransactionState.COMMIT, False),
                                              req.phy_offset)
             self._scanned = start
@@ -149,7 +183,7 @@ class TransactionStore:
 
     @staticmethod
     def _op_state(msg: MessageExt | None, origin: int) -> TransactionState | None:
-        if msg is None or msg.topic != OP_TOPIC or msg.properties.get(HALF_ORIGIN) != str(origin):
+        if msg is None or msg.topic != OP_TOPIC or origin not in records.op_origins(msg):
             return None
         return _state(msg.properties.get(OP_STATE))
 
@@ -169,20 +203,77 @@ class TransactionStore:
             if decided.op:
                 self.stats["repeated"] += 1
                 return EndResult(None, None)
-            if decided.state is None and state is TransactionState.COMMIT:
+            if state is TransactionState.ROLLBACK:  # its op is its only record: now
+                op = store.put_nowait(records.op([records.op_entry(half)], state), 0,
+                                      born_host, int(time.time() * 1000))
+                if op.result.ok:
+                    self._remember(origin, Decided(state, True))
+                    self.stats["rollbacks"] += 1
+                return EndResult(None, op)
+            pending: PendingPut | None = None
+            if decided.state is None:
                 message, queue_id = records.committed(half)
                 pending = store.put_nowait(message, queue_id, born_host, half.born_timestamp)
                 if not pending.result.ok:
                     return EndResult(None, pending)
-                self._remember(origin, Decided(state, False))  # until its op is written
-            pending = store.put_nowait(records.op(half, state), 0, born_host,
-                                       int(time.time() * 1000))
-            if pending.result.ok:
-                self._remember(origin, Decided(state, True))
-                self.stats["commits" if state is TransactionState.COMMIT else "rollbacks"] += 1
-                if decided.state is not None:
-                    self.stats["ops_repaired"] += 1  # the commit was there, its op was not
-            return EndResult(None, pending)
+                self.stats["commits"] += 1
+            else:
+                self.stats["ops_repaired"] += 1  # the commit was there, its op was not
+            # the op waits in the batch; until it is written the commit decides
+            self._remember(origin, Decided(state, True))
+            flushed = self._batch_op(records.op_entry(half))
+            return EndResult(None, pending if flushed is None else flushed)
+
+    # ---- the op batch -----------------------------------------------------------------------
+    def _batch_op(self, entry: tuple[int, int]) -> PendingPut | None:
+        """Under the lock: add a commit's op to the batch; the batch's put if that filled it."""
+        batch = self._batch
+        if not batch.entries:
+            batch.since = time.monotonic()
+            self.batch_wake.set()
+        batch.entries.append(entry)
+        batch.origins.add(entry[0])
+        batch.body += len(str(entry[1])) + 1
+        batch.keys += len(HALF_ORIGIN) + len(str(entry[0])) + 1
+        if batch.body >= self.op_max_size or batch.keys >= records.OP_KEYS_MAX:
+            return self.flush_ops()
+        return None
+
+    def batch_due(self) -> float | None:
+        """Seconds until the batch is due (<= 0: now), or None when it is empty."""
+        with self.lock:
+            if not self._batch.entries:
+                return None
+            return self._batch.since + self.op_interval_s - time.monotonic()
+
+    def flush_ops(self) -> PendingPut | None:
+        """Write the batched ops as one op record now (None: there were none). If the put
+        fails, the commits stand and their ops are written again by the check-back."""
+        with self.lock:
+            batch, self._batch = self._batch, _OpBatch()
+            if not batch.entries:
+                return None
+            pending = self.store.put_nowait(records.op(batch.entries, TransactionState.COMMIT),
+                                            0, NO_HOST, int(time.time() * 1000))
+            if not pending.result.ok:
+                self.drop_ops(batch)
+            else:
+                self.stats["op_batches"] += 1
+            return pending
+
+    def drop_ops(self, batch: _OpBatch | None = None) -> None:
+        """Forget batched ops that will not be written (this store stops being a master, or
+        their put failed): the check-back meets their commits without an op and writes it."""
+        with self.lock:
+            if batch is None:
+                batch, self._batch = self._batch, _OpBatch()
+            for origin, _ in batch.entries:
+                if origin in self._recent:
+                    self._recent[origin] = Decided(TransactionState.COMMIT, False)
+            if batch.entries:
+                self.stats["ops_dropped"] += len(batch.entries)
+                log.info("event=transaction_ops_dropped count=%d: their commits decide them; "
+                         "the check-back writes their ops", len(batch.entries))
 
     def _remember(self, origin: int, decided: Decided) -> None:
         recent = self._recent
@@ -228,6 +319,43 @@ class _Fresh:
     def shutdown(self) -> None:
         with self.owner.lock:
             self.owner._fresh_from = NEVER
+
+
+class _OpBatcher:
+    """A master service: writes the op batch ``transactionOpBatchInterval`` after its first
+    op (RocketMQ's ``TransactionalOpBatchService``). Stopped (its master stepping down, the
+    store shutting down, both when this store may no longer write), it drops what is left."""
+
+    def __init__(self, owner: TransactionStore):
+        self.owner = owner
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="transaction-op-batch",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        owner = self.owner
+        while not self._stop.is_set():
+            owner.batch_wake.clear()  # before looking: a batch begun after is not missed
+            due = owner.batch_due()
+            if due is None:
+                owner.batch_wake.wait(1.0)
+                continue
+            if due > 0:
+                self._stop.wait(due)
+                continue
+            try:
+                owner.flush_ops()
+            except Exception:  # a broken put must not end the batcher; the ops are redone
+                log.exception("event=transaction_op_batch_failed")
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.owner.batch_wake.set()
+        self._thread.join(timeout=10)
+        self.owner.drop_ops()
 
 
 def _state(text: str | None) -> TransactionState | None:

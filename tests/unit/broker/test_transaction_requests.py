@@ -119,7 +119,8 @@ def test_a_transaction_whose_producer_died_is_checked_with_another_of_its_group(
     assert check["answered_commit"] == 1 and check["answered_rollback"] == 1
 
 
-def test_a_transaction_never_decided_goes_to_the_check_max_topic(broker: Broker) -> None:
+def test_a_transaction_never_decided_goes_to_the_check_max_topic_where_an_operator_ends_it(
+        broker: Broker, capsys: pytest.CaptureFixture[str]) -> None:
     checker = by_body({})
     with TransactionProducer([addr(broker)], "pg", checker, heartbeat_ms=200) as tp:
         result = tp.send_in_transaction("orders", b"maybe", lambda _h: UNKNOWN, queue_id=0)
@@ -128,6 +129,27 @@ def test_a_transaction_never_decided_goes_to_the_check_max_topic(broker: Broker)
     assert [m.body for m in kept] == [b"maybe"]
     assert len(checker.calls) == 3  # transactionCheckMax
     assert read_all(broker, "orders") == []
+    # an operator lists it (clients cannot read the system topic) and commits it, once
+    server = addr(broker)
+    assert main(["transactions", "-s", server, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    [row] = listed["givenUp"]
+    assert listed["nextOffset"] == listed["maxOffset"] == 1
+    assert row["offset"] == kept[0].commit_log_offset and row["topic"] == "orders"
+    assert row["group"] == "pg" and row["origin"] == result.half.send.commit_log_offset
+    assert row["transactionId"] == result.half.transaction_id and row["checks"] == 3
+    assert main(["transactions", "-s", server, "--end", str(row["offset"]), "--commit",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["repeated"] is False
+    assert [m.body for m in read_all(broker, "orders")] == [b"maybe"]
+    assert main(["transactions", "-s", server, "--end", str(row["offset"]), "--rollback"]) == 1
+    assert "final" in capsys.readouterr().err
+    assert main(["transactions", "-s", server, "--end", str(row["offset"]), "--commit"]) == 0
+    assert "decided already" in capsys.readouterr().out
+    assert [m.body for m in read_all(broker, "orders")] == [b"maybe"]
+    with pytest.raises(SystemExit) as usage:
+        main(["transactions", "-s", server, "--commit"])
+    assert usage.value.code == 2
 
 
 def test_what_a_producer_may_not_send(broker: Broker) -> None:

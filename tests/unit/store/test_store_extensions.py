@@ -182,8 +182,8 @@ def test_master_services_start_and_stop_through_one_switch(tmp_path: Path) -> No
         assert events == [] and s.master_services_running == []
         s.become_master()
         assert events == ["start one", "start two"]
-        assert s.master_services_running == ["transaction-fresh", "schedule", "timer-dequeue",
-                                             "one", "two"]
+        assert s.master_services_running == ["transaction-fresh", "transaction-op-batch",
+                                             "schedule", "timer-dequeue", "one", "two"]
         s.become_slave()
         assert events[2:] == ["stop two", "stop one"] and s.master_services_running == []
         s.set_master_services(True)  # a thread starts once: each start makes a new service
@@ -195,7 +195,7 @@ def test_master_services_start_and_stop_through_one_switch(tmp_path: Path) -> No
 
 def test_delay_levels_and_the_timer_are_registered_extensions_only(tmp_path: Path) -> None:
     """The put path and reput name no special topic: transactions are one put hook (first: a
-    half is never delayed), one cut listener, one indexed property and one master service;
+    half is never delayed), one cut listener, one indexed property and two master services;
     delay levels one put hook, one tags-code rule, one indexed property and one master
     service; the timer one put hook (after delay levels': a level wins), one dispatcher, one
     cut listener, one indexed property, one store service and one master service."""
@@ -203,7 +203,8 @@ def test_delay_levels_and_the_timer_are_registered_extensions_only(tmp_path: Pat
     ext = s.extensions
     assert [type(h) for h in ext.put_hooks] == [HalfHook, DelayLevels, TimerHook]
     assert list(ext.tags_code_rules) == [SCHEDULE_TOPIC]
-    assert list(ext.master_services) == ["transaction-fresh", "schedule", "timer-dequeue"]
+    assert list(ext.master_services) == ["transaction-fresh", "transaction-op-batch", "schedule",
+                                         "timer-dequeue"]
     assert list(ext.services) == ["timer"] and s.timer in ext.dispatchers
     assert ext.cut_listeners == [s.transactions, s.timer]
     assert s.index_dispatcher is not None

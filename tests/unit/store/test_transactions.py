@@ -1,6 +1,6 @@
 """Transactions in one store: the half message stored where no consumer reads it, an end that
-commits (the real message, sysflag COMMIT, PREPAREDTRANSACTIONOFFSET, an op) or rolls back (an
-op), decided once: a different end after it is refused, the same one written no second time,
+commits (the real message, sysflag COMMIT, PREPAREDTRANSACTIONOFFSET, an op in the next batch)
+or rolls back (an op, at once), decided once: a different end after it is refused, the same one written no second time,
 also when the end was cut short between the commit and its op, and after a restart (the
 state is found in the index, not in memory)."""
 
@@ -85,9 +85,14 @@ def test_a_half_is_kept_from_consumers_until_its_commit(store: MessageStore) -> 
     assert real.sys_flag & SYSFLAG_TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
     assert real.prepared_transaction_offset == half.commit_log_offset
     assert real.properties[HALF_ORIGIN] == str(half.commit_log_offset)
+    assert messages(store, OP_TOPIC) == []  # the commit's op waits for its batch
+    assert store.transactions.decided(half) == (COMMIT, True)
+    store.transactions.flush_ops()
     [op] = messages(store, OP_TOPIC)
     assert op.tags == "d" and op.body == str(half.queue_offset).encode()
     assert op.properties[OP_STATE] == "COMMIT"
+    assert records.op_origins(op) == [half.commit_log_offset]
+    store.transactions.forget()  # found in the index now, not in memory
     assert store.transactions.decided(half) == (COMMIT, True)
 
 
@@ -102,6 +107,7 @@ def test_a_final_state_is_final(store: MessageStore) -> None:
     assert tx.end(rolled, ROLLBACK, HOST) == (None, None)
     assert tx.end(committed, COMMIT, HOST) == (None, None)
     assert [m.body for m in messages(store, "orders", 2)] == [b"c"]
+    tx.flush_ops()
     assert len(messages(store, OP_TOPIC)) == 2
     assert tx.stats["refused_conflicts"] == 2 and tx.stats["repeated"] == 2
 
@@ -123,9 +129,9 @@ def test_an_end_cut_short_after_its_commit_is_finished_without_a_second_commit(
         assert half is not None
         assert store.transactions.decided(half) == (COMMIT, False)
         assert store.transactions.end(half, ROLLBACK, HOST) == (COMMIT, None)
-        result = store.transactions.end(half, COMMIT, HOST)
-        assert result.pending is not None and result.pending.result.ok
+        assert store.transactions.end(half, COMMIT, HOST) == (None, None)  # the op: batched
         assert len(messages(store, "orders", 2)) == 1
+        store.transactions.flush_ops()
         assert [m.properties[OP_STATE] for m in messages(store, OP_TOPIC)] == ["COMMIT"]
         assert store.transactions.stats["ops_repaired"] == 1
     finally:
@@ -160,6 +166,7 @@ def test_the_state_of_an_end_not_dispatched_yet_is_found(store: MessageStore) ->
     store.confirm_phy_offset = store.dispatched_phy_offset  # reput stops here
     try:
         assert store.transactions.end(half, COMMIT, HOST).pending is not None
+        store.transactions.flush_ops()
         store.transactions.forget()
         assert store.dispatched_phy_offset < store.commit_log.max_offset
         assert store.transactions.decided(half) == (COMMIT, True)
@@ -249,5 +256,78 @@ def test_a_backlog_of_ends_never_keeps_a_half_from_its_check(tmp_path: Path) -> 
         assert real.body == b"150"
         assert check.check_round() == 1  # the copy put back; decided now, passed
         assert len(asked) == 1
+    finally:
+        store.shutdown()
+
+
+def test_commits_ops_are_batched_by_size_and_a_rollbacks_op_is_written_at_once(
+        tmp_path: Path) -> None:
+    """``transactionOpMsgMaxSize``: a commit's op waits until the batch's body (the halves'
+    queue offsets joined by ``,``) reaches it, then one op record ends them all, each found
+    by its origin; a rollback's op is written with its end."""
+    store = open_store(tmp_path / "s", transactionOpMsgMaxSize=16,
+                       transactionOpBatchInterval=3_600_000)
+    try:
+        halves = [put_half(store, b"%d" % i, f"K{i}") for i in range(10)]
+        tx = store.transactions
+        for half in halves[:7]:  # queue offsets 0..6: "0," .. "6,", 14 bytes
+            assert tx.end(half, COMMIT, HOST).pending.result.ok  # type: ignore[union-attr]
+        assert messages(store, OP_TOPIC) == []
+        tx.end(halves[7], COMMIT, HOST)  # 16 bytes: written
+        [batch] = messages(store, OP_TOPIC)
+        assert batch.body == b"0,1,2,3,4,5,6,7" and batch.tags == "d"
+        assert records.op_origins(batch) == [h.commit_log_offset for h in halves[:8]]
+        tx.end(halves[8], ROLLBACK, HOST)
+        ops = messages(store, OP_TOPIC)
+        assert [m.properties[OP_STATE] for m in ops] == ["COMMIT", "ROLLBACK"]
+        assert records.op_origins(ops[1]) == [halves[8].commit_log_offset]
+        tx.forget()
+        assert [tx.decided(h) for h in halves[:9]] == [(COMMIT, True)] * 8 + [(ROLLBACK, True)]
+        assert tx.decided(halves[9]) == (None, False)
+        assert tx.stats["op_batches"] == 1
+    finally:
+        store.shutdown()
+
+
+def test_a_batch_is_written_its_interval_after_its_first_op(tmp_path: Path) -> None:
+    """``transactionOpBatchInterval``: the master's batcher writes a batch that never fills."""
+    import time
+
+    store = open_store(tmp_path / "s", transactionOpBatchInterval=200)
+    try:
+        half = put_half(store)
+        started = time.monotonic()
+        store.transactions.end(half, COMMIT, HOST)
+        deadline = started + 10
+        while not messages(store, OP_TOPIC) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        [op] = messages(store, OP_TOPIC)
+        assert time.monotonic() - started >= 0.2
+        assert records.op_origins(op) == [half.commit_log_offset]
+    finally:
+        store.shutdown()
+
+
+def test_a_batch_lost_to_a_crash_loses_no_decision(tmp_path: Path) -> None:
+    """The master died with commits' ops still batched: each commit still decides its
+    transaction (a rollback after it is refused), and the end a check-back makes writes the
+    op, once."""
+    root = tmp_path / "s"
+    store = open_store(root, transactionOpBatchInterval=3_600_000)
+    half = put_half(store)
+    assert store.transactions.end(half, COMMIT, HOST).pending is not None
+    store.shutdown()  # stops the batcher: the batch is dropped, as a crash would lose it
+    assert store.transactions.stats["ops_dropped"] == 1
+    store = open_store(root, transactionOpBatchInterval=3_600_000)
+    try:
+        tx = store.transactions
+        half = tx.half_at(half.commit_log_offset)
+        assert half is not None and messages(store, OP_TOPIC) == []
+        assert tx.decided(half) == (COMMIT, False)
+        assert tx.end(half, ROLLBACK, HOST) == (COMMIT, None)
+        assert tx.end(half, COMMIT, HOST).conflict is None
+        tx.flush_ops()
+        assert len(messages(store, OP_TOPIC)) == 1 and len(messages(store, "orders", 2)) == 1
+        assert tx.stats["ops_repaired"] == 1
     finally:
         store.shutdown()
