@@ -11,6 +11,7 @@
     replog timer status
     replog transactions [--from N] [-n MAX] [--end OFFSET (--commit | --rollback)]   (admin)
     replog pull -t TOPIC [-q QUEUE] [--broker-name B] [-o OFFSET] [-n MAX] [--group G]
+                [--tags 'A || B' | --sql EXPR]
     replog query (--topic T --key K | --msg-id ID | --offset PHYOFFSET)
     replog offsets -t TOPIC [-q QUEUE] [--time T] [--group G [--reset]]   (an extension)
     replog consume -t TOPIC[,TOPIC] --group G [--from latest|earliest] [-n MAX]
@@ -164,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="at the end of the queue, wait this long for a message (long poll)")
     p.add_argument("--broker-name", help="the queue's broker group (needed when several "
                    "groups hold the topic)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--tags", help="only messages of these tags: TagA || TagB")
+    how.add_argument("--sql", help="only messages whose properties match this SQL92 "
+                     "expression, e.g. \"a > 5 AND b = 'x'\" (the broker needs "
+                     "enablePropertyFilter)")
 
     p = _client(sub, "consume", "read topics as a member of a consumer group")
     p.add_argument("-t", "--topic", required=True, help="a topic or t1,t2")

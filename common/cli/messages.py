@@ -217,7 +217,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
                                               broker_name=args.broker_name)
             offset = max(0, committed)
         result = consumer.pull(args.topic, args.queue, offset, args.max,
-                               suspend_ms=args.suspend_ms, broker_name=args.broker_name)
+                               suspend_ms=args.suspend_ms, broker_name=args.broker_name,
+                               tags=args.tags, sql=args.sql)
         if not result.messages:
             _require_queue(consumer, args.topic, args.queue, args.broker_name)
     if args.json:

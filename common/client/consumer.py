@@ -140,9 +140,16 @@ class Consumer(ClientBase):
         suspend_ms: int = 0,
         tags: str | None = None,
         broker_name: str | None = None,
+        sql: str | None = None,
     ) -> PullResult:
         """Read from a consume queue; ``suspend_ms`` > 0 long-polls at the end of the queue.
-        ``broker_name``: the queue's group (needed when several groups hold the topic)."""
+        ``broker_name``: the queue's group (needed when several groups hold the topic).
+        ``tags`` (``"A || B"``) or ``sql`` (a SQL92 expression over the message's properties,
+        RocketMQ's ``MessageSelector.bySql``; the broker needs ``enablePropertyFilter``): only
+        the messages that match come back, the others are skipped on the broker (a pull that
+        met none answers NO_MATCHED_MSG with the offset to go on from)."""
+        if tags and sql is not None:
+            raise ValueError("subscribe by tags or by sql, not both")
         fields: dict[str, Any] = {
             "topic": topic,
             "queueId": queue_id,
@@ -153,6 +160,9 @@ class Consumer(ClientBase):
         }
         if tags:
             fields["tags"] = tags
+        if sql is not None:
+            fields["expressionType"] = "SQL92"
+            fields["subscription"] = sql
 
         cluster, name, _ = self._read_target(topic, broker_name)
 

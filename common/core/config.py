@@ -144,6 +144,9 @@ class BrokerConfig:
     defaultTopicQueueNums: int = 8  # RocketMQ BrokerConfig default
     # request serving
     longPollingMaxMs: int = 30_000
+    # SQL92 subscriptions over message properties (RocketMQ's name and default: off; a
+    # consumer asking for one is refused until it is on). Tag subscriptions need nothing.
+    enablePropertyFilter: bool = False
     maxInflightRequests: int = 10_000
     maxFrameBytes: int = 8 * 1024 * 1024
     maxBatchCount: int = 4096

@@ -97,6 +97,7 @@ class ResponseCode(enum.IntEnum):
     PULL_RETRY_IMMEDIATELY = 20
     PULL_OFFSET_MOVED = 21
     QUERY_NOT_FOUND = 22
+    SUBSCRIPTION_PARSE_FAILED = 23  # a subscription expression (SQL92) that cannot be read
     OFFSET_OUT_OF_RANGE = 40  # replog: HA peer asked for bytes the master does not hold
     STALE_EPOCH = 41  # replog: a request carried an epoch older than the broker's
     CONSUMER_NOT_ONLINE = 206  # a group member committing for a queue the group gave away

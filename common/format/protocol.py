@@ -70,6 +70,7 @@ MAX_INT32 = (1 << 31) - 1
 MAX_GROUP_LENGTH = 255
 MAX_KEYS_LENGTH = 4096
 MAX_TAGS_LENGTH = 255
+MAX_SUBSCRIPTION_LENGTH = 4096  # a subscription expression (a SQL92 one is parsed up to this)
 UNKNOWN_OPAQUE = -1  # in a response to a frame whose opaque could not be read
 
 TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")  # RocketMQ's valid topic/group characters
@@ -299,6 +300,9 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "group": _GROUP,
         "tags": Field("str", hi=MAX_KEYS_LENGTH),
         "suspendMs": Field("int", lo=0, hi=MAX_INT32, default=0),
+        # RocketMQ's subscription: TAG (``A || B``; ``tags`` says the same) or SQL92
+        "expressionType": Field("str", hi=16),
+        "subscription": Field("str", hi=MAX_SUBSCRIPTION_LENGTH),
     }, _TOPIC_AND_GROUP, names_topic=True),
     RequestCode.QUERY_BY_KEY: RequestSpec({
         "topic": _TOPIC,

@@ -283,6 +283,14 @@ def record_tags(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | None
     return props[start : end if end >= 0 else len(props)].decode("utf-8", "replace")
 
 
+def record_properties(buf: bytes | bytearray | memoryview, pos: int = 0) -> dict[str, str]:
+    """The user properties of a whole record (TAGS, KEYS, UNIQ_KEY and the producer's own;
+    not the record CRC): what a SQL92 selector is evaluated over."""
+    props = decode_properties(parse(buf, pos).props)
+    props.pop(PROP_CRC_NAME, None)
+    return props
+
+
 class Check(NamedTuple):
     """Result of checking the bytes at a position: size > 0 record, 0 blank, -1 invalid."""
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from common.core.message import Message, MessageExt
+    from common.core.sql92 import Selector
     from common.core.transaction import TransactionState
     from common.store.message_store import (
         AppendListener,
@@ -51,7 +52,8 @@ class ReadStore(Protocol):
 
     def get_message(self, group: str, topic: str, queue_id: int, queue_offset: int,
                     max_nums: int, tags_codes: set[int] | None = ..., max_bytes: int = ...,
-                    tags: frozenset[str] | None = ...) -> GetResult: ...
+                    tags: frozenset[str] | None = ...,
+                    selector: Selector | None = ...) -> GetResult: ...
 
     def min_queue_offset(self, topic: str, queue_id: int) -> int: ...
 

@@ -36,6 +36,7 @@ from common.core.message import (
     decode_msg_id,
     host_bytes,
 )
+from common.core.sql92 import Selector
 from common.format import record
 from common.store.allocate import AllocateService
 from common.store.checkpoint import AbortFile, StoreCheckpoint, StoreLock
@@ -79,6 +80,8 @@ def store_identity(path: Path) -> str:
 AppendListener = Callable[[int], None]
 
 MAX_GET_BYTES = 4 * 1024 * 1024
+# entries a filtered read looks at, at least: RocketMQ's 16,000 bytes of ConsumeQueue (20 each)
+FILTER_SCAN_ENTRIES = 800
 MAX_QUERY = 64 * 1024
 
 
@@ -657,10 +660,15 @@ class MessageStore:
     # ---- reads ----------------------------------------------------------------------------------
     def get_message(self, group: str, topic: str, queue_id: int, queue_offset: int, max_nums: int,
                     tags_codes: set[int] | None = None, max_bytes: int = MAX_GET_BYTES,
-                    tags: frozenset[str] | None = None) -> GetResult:
+                    tags: frozenset[str] | None = None,
+                    selector: Selector | None = None) -> GetResult:
         """Up to ``max_nums`` records from ``queue_offset``. ``tags_codes``: only entries
         whose tag hash is one of these; ``tags``: and whose TAGS property is one of these
-        (two tags can share a hash: the record itself says which it has)."""
+        (two tags can share a hash: the record itself says which it has); ``selector``: and
+        whose properties it matches (SQL92). A filtered read looks at up to
+        ``FILTER_SCAN_ENTRIES`` entries (RocketMQ's 16,000 bytes of ConsumeQueue) or
+        ``max_nums``, whichever is more, and answers NO_MATCHED_MESSAGE past them when none
+        matched: the reader goes on from ``next_begin_offset``."""
         del group  # consumer groups matter for offsets, not for reading
         cq = self.cq_store.get(topic, queue_id)
         if cq is None:
@@ -675,17 +683,19 @@ class MessageStore:
         if queue_offset > max_q:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, max_q, min_q, max_q)
         return self._read_entries(cq, queue_offset, max(1, min(max_nums, 1024)), tags_codes,
-                                  max_bytes, min_q, max_q, tags)
+                                  max_bytes, min_q, max_q, tags, selector)
 
     def _read_entries(self, cq: object, queue_offset: int, max_nums: int,
                       tags_codes: set[int] | None, max_bytes: int, min_q: int,
-                      max_q: int, tags: frozenset[str] | None = None) -> GetResult:
+                      max_q: int, tags: frozenset[str] | None = None,
+                      selector: Selector | None = None) -> GetResult:
         records: list[bytes] = []
         next_offset = queue_offset
         total = 0
         log_min = self.commit_log.min_offset
         removed = 0
-        scanned_limit = max_nums * 4 if tags_codes else max_nums
+        filtered = tags_codes is not None or selector is not None
+        scanned_limit = max(FILTER_SCAN_ENTRIES, max_nums) if filtered else max_nums
         for q_off, phy, size, code in cq.entries(queue_offset, scanned_limit):  # type: ignore[attr-defined]
             if records and (len(records) >= max_nums or total + size > max_bytes):
                 break
@@ -709,13 +719,15 @@ class MessageStore:
                                  corrupt=(q_off, phy, why))
             if tags is not None and record.record_tags(raw) not in tags:
                 continue  # another tag with the same hash code
+            if selector is not None and not selector.matches(record.record_properties(raw)):
+                continue
             records.append(raw)
             total += size
         if records:
             status = GetStatus.FOUND
         elif removed:
             status = GetStatus.MESSAGE_WAS_REMOVING
-        elif tags_codes is not None:
+        elif filtered:
             status = GetStatus.NO_MATCHED_MESSAGE
         else:
             status = GetStatus.OFFSET_FOUND_NULL

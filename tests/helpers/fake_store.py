@@ -20,6 +20,7 @@ from common.core.message import (
     host_bytes,
     tags_code,
 )
+from common.core.sql92 import Selector
 from common.core.transaction import TransactionState
 from common.format import record
 from common.format.protocol import decode_record
@@ -245,6 +246,7 @@ class FakeStore:
         tags_codes: set[int] | None = None,
         max_bytes: int = 0,
         tags: frozenset[str] | None = None,  # not checked: a store that trusts the hash
+        selector: Selector | None = None,
     ) -> GetResult:
         entries = self.queues.get((topic, queue_id))
         if entries is None:
@@ -260,6 +262,8 @@ class FakeStore:
         recs = [self.by_phy[p] for p in chosen]
         if tags_codes is not None:
             recs = [r for r in recs if tags_code(decode_record(r).tags) in tags_codes]
+        if selector is not None:
+            recs = [r for r in recs if selector.matches(decode_record(r).properties)]
         return GetResult(GetStatus.FOUND if recs else GetStatus.NO_MATCHED_MESSAGE,
                          queue_offset + len(chosen), 0, len(entries), recs)
 

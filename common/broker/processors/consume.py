@@ -7,8 +7,9 @@ from common.broker.long_polling import LongPoll
 from common.broker.processors.context import Context, Services
 from common.broker.replies import reply
 from common.core.errors import CorruptMessageError, GetStatus, PullStatus, ResponseCode
-from common.core.message import subscribed_tags, tags_code
-from common.format.protocol import Request, RequestCode, Response
+from common.core.sql92 import SelectorError
+from common.core.subscription import EVERYTHING, SQL92, TAG, Subscription, subscription
+from common.format.protocol import ProtocolError, Request, RequestCode, Response
 
 PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 
@@ -33,7 +34,10 @@ def pull(ctx: Context, req: Request) -> Response | None:
     """A pull; at the end of its queue with ``suspendMs`` > 0 it is parked until a message
     arrives for the queue or the wait ends (``common/broker/long_polling.py``)."""
     services = ctx.services
-    resp = read_queue(services, req)
+    sub = pull_subscription(services, req)
+    if isinstance(sub, Response):
+        return sub
+    resp = read_queue(services, req, sub)
     suspend_ms = min(req.fields["suspendMs"], services.cfg.longPollingMaxMs)
     if resp.code != ResponseCode.PULL_NOT_FOUND or suspend_ms <= 0 or ctx.draining:
         return resp
@@ -44,23 +48,43 @@ def pull(ctx: Context, req: Request) -> Response | None:
         key=(topic, queue_id), identity=ctx.identity, req=req,
         deadline=ctx.started + suspend_ms / 1000.0, started=ctx.started,
         ready=lambda max_offset: offset < max_offset,
-        answer=lambda: read_queue(services, req),
+        answer=lambda: read_queue(services, req, sub),
         current=lambda: int(store.max_queue_offset(topic, queue_id))))
     return None
 
 
-def read_queue(services: Services, req: Request) -> Response:
+def pull_subscription(services: Services, req: Request) -> Subscription | Response:
+    """The pull's subscription (``expressionType`` and ``subscription``, or ``tags``), or the
+    answer refusing it: SUBSCRIPTION_PARSE_FAILED for an expression that cannot be read,
+    SYSTEM_ERROR for SQL92 while ``enablePropertyFilter`` is off (RocketMQ's answers)."""
     f = req.fields
-    tags = subscribed_tags(f.get("tags"))
+    kind = f.get("expressionType") or TAG
+    expression = f.get("subscription") if f.get("subscription") is not None else f.get("tags")
+    if kind.upper() == SQL92 and not services.cfg.enablePropertyFilter:
+        return reply(req, ResponseCode.SYSTEM_ERROR,
+                     "the broker does not filter messages by SQL92: enablePropertyFilter is "
+                     "off (set it true in the broker's config)")
+    try:
+        return subscription(kind, expression)
+    except SelectorError as e:
+        return reply(req, ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                     f"the SQL92 subscription cannot be used: {e}")
+    except ValueError as e:
+        raise ProtocolError("expressionType", str(e)) from None
+
+
+def read_queue(services: Services, req: Request, sub: Subscription = EVERYTHING) -> Response:
+    f = req.fields
     result = services.store.get_message(
         f.get("group") or "",
         f["topic"],
         f["queueId"],
         f["queueOffset"],
         f["maxNums"],
-        None if tags is None else {tags_code(t) for t in tags},
+        sub.codes,
         max_bytes=PULL_MAX_BYTES,
-        tags=tags,
+        tags=sub.tags,
+        selector=sub.selector,
     )
     if result.status is GetStatus.CORRUPT_RECORD and result.corrupt is not None:
         q_off, phy, why = result.corrupt
