@@ -48,12 +48,13 @@ from common.core.message import (
     Message,
     encode_msg_id,
 )
+from common.core.subscription import Subscription
 from common.core.transaction import TransactionState
 from common.format.protocol import SCHEMAS, Request, RequestCode, Response
 from common.store.api import WriteStore
 from common.store.schedule import born_host_of
 from common.store.timer import recall
-from master import send_back
+from master import pop, send_back
 from master.group_transfer import GroupTransfer, ReplicaPut
 from master.transaction_check import TransactionCheck
 
@@ -117,6 +118,7 @@ class MasterRole:
         self.fenced_writes = 0
         self.replication_stopped = True  # a master replicates into nothing
         self.transaction_check = transaction_check  # the check-back (master/transaction_check.py)
+        self.pop_revive = pop.PopRevive(self, write_gate)  # POP's DLQ moves (master/pop.py)
 
     @property
     def name(self) -> str:
@@ -127,8 +129,10 @@ class MasterRole:
             self.ha_service.start()
         if self.transaction_check is not None:
             self.transaction_check.start()
+        self.pop_revive.start()
 
     def stop(self) -> None:
+        self.pop_revive.stop()
         if self.transaction_check is not None:
             self.transaction_check.stop()
         if self.ha_service is not None:
@@ -300,6 +304,52 @@ class MasterRole:
     def send_back(self, req: Request) -> Reply:
         return self._send_back(req)
 
+    # ---- POP (master/pop.py) -------------------------------------------------------------
+    def pop_message(self, req: Request, sub: Subscription, queues: list[int],
+                    start: Callable[[int], int]) -> Reply:
+        return pop.pop_message(self, req, sub, queues, start)
+
+    def ack_message(self, req: Request) -> Reply:
+        return pop.ack_message(self, req)
+
+    def change_invisible(self, req: Request) -> Reply:
+        return pop.change_invisible(self, req)
+
+    def when_durable(self, pending: Any, answer: Callable[[PutStatus], Response]) -> Reply:
+        """``answer(status)`` once the appended ``pending`` is as durable as a SEND waits
+        for (flushed under SYNC_FLUSH; SYNC_MASTER: replicated, or the status says not)."""
+        flushed: concurrent.futures.Future[PutStatus] = pending.flushed
+        waits = self.replica_waits
+        if self._name == "SYNC_MASTER" and waits is not None:
+            held = _Held(waits, answer)
+            status = waits.admit(held, pending.result.end_phy_offset, flushed)
+            return held if status is None else answer(status)
+        if flushed.done():
+            return answer(self._flushed_status(_status_of(flushed)))
+        out: concurrent.futures.Future[Response] = concurrent.futures.Future()
+        flushed.add_done_callback(
+            lambda f: out.set_result(answer(self._flushed_status(_status_of(f)))))
+        return out
+
+    def _flushed_status(self, status: PutStatus) -> PutStatus:
+        if status == PutStatus.PUT_OK and self._name == "SYNC_MASTER":
+            return PutStatus.SLAVE_NOT_AVAILABLE  # no replication service: no slave acks
+        return status
+
+    def put_answer(self, req: Request, status: PutStatus, fields: dict[str, Any]) -> Response:
+        return _put_reply(req, status, fields)
+
+    def refused_put(self, req: Request, pending: Any) -> Response:
+        result = pending.result
+        why = f": {result.remark}" if result.remark else ""
+        return reply(req, PUT_CODES.get(result.status, ResponseCode.SYSTEM_ERROR),
+                     f"put refused: {result.status.value}{why}")
+
+    def ensure_topic(self, topic: str) -> None:
+        """A topic the broker writes to on its own (a DLQ): one queue, made on first use."""
+        if self.topics.queue_nums(topic) == 0:
+            self.topics.create(topic, 1)
+
     def _create_topic(self, req: Request) -> Response:
         """CREATE_TOPIC (RocketMQ's updateTopic): make a topic, or give one more queues. Fewer
         queues are refused, as Kafka refuses fewer partitions: producers and consumers would
@@ -409,6 +459,20 @@ class MasterRole:
             fields,
             "no replication service: no slave can acknowledge",
         )
+
+
+class _Held(ReplicaPut):
+    """A write held on the I/O thread until its replica ack (and flush) are known, answered
+    by ``answer`` (POP's requests)."""
+
+    __slots__ = ("respond",)
+
+    def __init__(self, owner: GroupTransfer, respond: Callable[[PutStatus], Response]) -> None:
+        super().__init__(owner)
+        self.respond = respond
+
+    def reply(self, status: PutStatus) -> Response:
+        return self.respond(status)
 
 
 class _SyncPut(ReplicaPut):

@@ -120,6 +120,9 @@ class BrokerStatus:
     timer: dict[str, Any]  # timer messages: pending, read time, lateness (common/store/timer/)
     # transactions: ends decided, refused, repaired; "check": a master's check-back figures
     transactions: dict[str, Any]
+    # POP consumption: handed out, redelivered, acked, stale acks, changes, DLQ moves; queues
+    # read by POP, messages in flight and due again (common/store/pop/)
+    pop: dict[str, Any]
     # component (haService, haClient) -> {state, failures, restarts, lastError}
     health: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
@@ -540,6 +543,7 @@ class Broker:
             timer=store.timer_status(),
             transactions={**store.transactions.status(),
                           "check": dict(role_fields.get("transactionCheck", {}))},
+            pop=store.pop.figures(int(time.time() * 1000)),
             health={**self.server.participant_health(), **role_fields.get("health", {})},
         )
 

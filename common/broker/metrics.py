@@ -60,6 +60,8 @@ COUNTERS = frozenset({
     "transaction_check_answered_commit", "transaction_check_answered_rollback",
     "transaction_check_unknown", "transaction_check_unanswered",
     "transaction_check_no_producer", "transaction_check_gated",
+    "pop_popped", "pop_redelivered", "pop_acked", "pop_acks_stale", "pop_changed", "pop_dlq",
+    "pop_skipped_records",
 })
 
 
@@ -82,7 +84,8 @@ class StatusCollector:
                    **{f"transaction_{k}": v for k, v in status.transactions.items()
                       if k != "check"},
                    **{f"transaction_check_{k}": v
-                      for k, v in (status.transactions.get("check") or {}).items()}}
+                      for k, v in (status.transactions.get("check") or {}).items()},
+                   **{f"pop_{k}": v for k, v in status.pop.items()}}
         for key, value in numbers.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue

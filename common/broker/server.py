@@ -215,8 +215,11 @@ class RequestServer:
 
     def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
         """Store arrival listener (reput thread): wake parked long polls of this queue."""
-        if (topic, queue_id) in self._polls.keys:
+        keys = self._polls.keys
+        if (topic, queue_id) in keys:
             self._mailbox.arrival(topic, queue_id, max_offset)
+        if (topic, -1) in keys:  # a POP of every queue of the topic
+            self._mailbox.arrival(topic, -1, max_offset)
 
     def drain(self, timeout_s: float) -> bool:
         """Refuse new work, answer parked polls, wait for in-flight; True if all finished."""

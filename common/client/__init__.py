@@ -7,6 +7,7 @@ The package, one module a layer (everything is imported from ``common.client``):
     cluster.py    the cluster view (master discovery, topic routes); ClientBase's retry loop
     producer.py   Producer          consumer.py  Consumer          admin.py  Admin
     transaction.py TransactionProducer (half, local transaction, end; answers check-backs)
+    simple_consumer.py SimpleConsumer (POP: receive, ack, change_invisible_duration)
 
 Threads and sockets::
 
@@ -63,6 +64,7 @@ from common.client.results import (
     pull_result,
     send_results,
 )
+from common.client.simple_consumer import Received, SimpleConsumer
 from common.client.transaction import HalfSent, TransactionProducer, TransactionResult
 from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS, Transport, new_dealer
 from common.core.transaction import TransactionState
@@ -82,7 +84,9 @@ __all__ = [
     "NoMasterError",
     "Producer",
     "PullResult",
+    "Received",
     "SendResult",
+    "SimpleConsumer",
     "TransactionProducer",
     "TransactionResult",
     "TransactionState",

@@ -60,6 +60,7 @@ MAX_STR_BYTES = 64 * 1024  # any one string in a header (properties strings are 
 MAX_MAP_ENTRIES = 256  # fields of a header, entries of a properties map
 MAX_DEPTH = 5  # header -> fields -> meta list -> one meta entry -> its properties map
 MAX_PULL_NUMS = 1024
+MAX_POP_NUMS = 32  # RocketMQ's ceiling for one POP
 MAX_QUEUE_ID = 65535
 MAX_QUEUE_NUMS = 1024
 MAX_OFFSET = (1 << 63) - 1
@@ -111,6 +112,9 @@ class RequestCode(enum.IntEnum):
     CLEAR_ELECTION_FAULT = 1004  # replog: a member that failed to take over may stand again
     PRODUCER_HEARTBEAT = 1005  # replog (RocketMQ's HEART_BEAT for producers): alive, or leaves
     QUERY_GIVEN_UP_TRANSACTIONS = 1006  # replog: halves past transactionCheckMax (admin)
+    POP_MESSAGE = 200050  # RocketMQ 5: hand messages out to one consumer, hidden for a while
+    ACK_MESSAGE = 200051  # RocketMQ 5: a popped message is done, by its receipt handle
+    CHANGE_MESSAGE_INVISIBLETIME = 200053  # RocketMQ 5: hide a popped message longer
 
 
 
@@ -380,6 +384,32 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "runningInfo": Field("int", lo=0, hi=1, default=0),  # 1: ask each producer its figures
     }, _ADMIN),
     RequestCode.GET_CLIENT_RUNNING_INFO: RequestSpec({}, _ADMIN, served_by=TO_CLIENT),
+    # POP (RocketMQ 5's PopMessageRequestHeader): written (a revive record) by the master,
+    # answered once that record is durable; SUB on the topic and the group, as a pull's
+    RequestCode.POP_MESSAGE: RequestSpec({
+        "topic": _TOPIC,
+        "group": Field("group", required=True),
+        "queueId": Field("int", lo=-1, hi=MAX_QUEUE_ID, default=-1),  # -1: every queue
+        "maxNums": Field("int", lo=1, hi=MAX_POP_NUMS, default=MAX_POP_NUMS),
+        "invisibleTime": Field("int", required=True, lo=0, hi=MAX_INT32),
+        "pollTime": Field("int", lo=0, hi=MAX_INT32, default=0),
+        "initMode": Field("int", lo=0, hi=1, default=0),  # a new group: 0 the oldest, 1 new only
+        "order": Field("int", lo=0, hi=1, default=0),  # FIFO: a message group's in order
+        "maxReconsumeTimes": Field("int", lo=0, hi=1000, default=16),
+        "expressionType": Field("str", hi=16),
+        "subscription": Field("str", hi=MAX_SUBSCRIPTION_LENGTH),
+    }, _TOPIC_AND_GROUP, kind=WRITE, acked=True, names_topic=True),
+    RequestCode.ACK_MESSAGE: RequestSpec({
+        "topic": _TOPIC,
+        "group": Field("group", required=True),
+        "receiptHandle": Field("str", required=True, lo=1, hi=1024),
+    }, _TOPIC_AND_GROUP, kind=WRITE, acked=True, names_topic=True),
+    RequestCode.CHANGE_MESSAGE_INVISIBLETIME: RequestSpec({
+        "topic": _TOPIC,
+        "group": Field("group", required=True),
+        "receiptHandle": Field("str", required=True, lo=1, hi=1024),
+        "invisibleTime": Field("int", required=True, lo=0, hi=MAX_INT32),
+    }, _TOPIC_AND_GROUP, kind=WRITE, acked=True, names_topic=True),
     # the halves the check-back gave up (TRANS_CHECK_MAX_TIME_TOPIC, queue 0), from a queue
     # offset: records of every topic's transactions, so an operator's
     RequestCode.QUERY_GIVEN_UP_TRANSACTIONS: RequestSpec({

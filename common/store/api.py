@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from common.core.message import Message, MessageExt
     from common.core.sql92 import Selector
+    from common.core.subscription import Subscription
     from common.core.transaction import TransactionState
     from common.store.message_store import (
         AppendListener,
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
         PendingPut,
         StoreStats,
     )
+    from common.store.pop.records import Key
+    from common.store.pop.service import Popped, Resolved
+    from common.store.pop.state import Out
     from common.store.reput import ArrivalListener
     from common.store.transaction.service import Decided, EndResult
 
@@ -100,12 +104,35 @@ class Transactions(Protocol):
     def status(self) -> dict[str, int]: ...
 
 
+class Pop(Protocol):
+    """A store's POP state (``common/store/pop/service.py``)."""
+
+    def pop(self, key: Key, start: Callable[[], int], max_nums: int, invisible_ms: int,
+            now_ms: int, fifo: bool = ..., sub: Subscription = ..., max_attempts: int = ...,
+            born_host: tuple[str, int] = ...) -> Popped: ...
+
+    def ack(self, key: Key, offset: int, handle: int, now_ms: int,
+            born_host: tuple[str, int] = ..., kind: str = ...) -> Resolved: ...
+
+    def change(self, key: Key, offset: int, handle: int, invisible_ms: int, now_ms: int,
+               born_host: tuple[str, int] = ...) -> Resolved: ...
+
+    def due_for_dlq(self, now_ms: int) -> list[tuple[Key, int, Out]]: ...
+
+    def figures(self, now_ms: int) -> dict[str, Any]: ...
+
+    def groups(self, now_ms: int) -> Iterator[tuple[Key, int, int, int]]: ...
+
+
 class WriteStore(ReadStore, Protocol):
     @property
     def delay_levels_ms(self) -> list[int]: ...
 
     @property
     def transactions(self) -> Transactions: ...
+
+    @property
+    def pop(self) -> Pop: ...
 
     def put_nowait(self, msg: Message, queue_id: int, born_host: tuple[str, int] = ...,
                    born_timestamp: int = ...) -> PendingPut: ...

@@ -46,6 +46,7 @@ from common.store.consume_queue import ConsumeQueueStore
 from common.store.extensions import MasterService, StoreExtensions
 from common.store.flush import FlushWatcher, GroupCommitService, PeriodicFlushService, done_future
 from common.store.index import IndexDispatcher, IndexService
+from common.store.pop.service import PopStore
 from common.store.reput import (
     ArrivalListener,
     DispatchRequest,
@@ -236,6 +237,8 @@ class MessageStore:
         self.delay.install(self.extensions, self.index_dispatcher)
         self.timer = TimerStore(self, cfg)  # after delay levels: a delay level wins
         self.timer.install(self.extensions, self.index_dispatcher)
+        self.pop = PopStore(self)  # POP consumption's state, from the revive topic's records
+        self.pop.install(self.extensions)
         self.cleaner = CleanService(self)
         self._master_services: dict[str, MasterService] = {}  # running, by name
 

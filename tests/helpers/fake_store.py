@@ -21,6 +21,7 @@ from common.core.message import (
     tags_code,
 )
 from common.core.sql92 import Selector
+from common.core.subscription import EVERYTHING, Subscription
 from common.core.transaction import TransactionState
 from common.format import record
 from common.format.protocol import decode_record
@@ -28,6 +29,9 @@ from common.store.api import Store
 from common.store.commit_log import PutResult
 from common.store.flush import done_future
 from common.store.message_store import GetResult, PendingPut, StoreStats
+from common.store.pop.records import Key
+from common.store.pop.service import Popped, Resolved
+from common.store.pop.state import Out
 from common.store.transaction.service import Decided, EndResult
 
 STORE_PORT = 10911
@@ -56,6 +60,32 @@ class FakeTransactions:
         return {}
 
 
+class FakePop:
+    """No POP here: nothing is ever handed out, so nothing is acked or due."""
+
+    def pop(self, key: Key, start: Callable[[], int], max_nums: int, invisible_ms: int,
+            now_ms: int, fifo: bool = False, sub: Subscription = EVERYTHING,
+            max_attempts: int = 17, born_host: tuple[str, int] = ("0.0.0.0", 0)) -> Popped:
+        return Popped([], [], [], 0, 0, None, start())
+
+    def ack(self, key: Key, offset: int, handle: int, now_ms: int,
+            born_host: tuple[str, int] = ("0.0.0.0", 0), kind: str = "ack") -> Resolved:
+        return Resolved("the fake store hands nothing out", None)
+
+    def change(self, key: Key, offset: int, handle: int, invisible_ms: int, now_ms: int,
+               born_host: tuple[str, int] = ("0.0.0.0", 0)) -> Resolved:
+        return Resolved("the fake store hands nothing out", None)
+
+    def due_for_dlq(self, now_ms: int) -> list[tuple[Key, int, Out]]:
+        return []
+
+    def figures(self, now_ms: int) -> dict[str, Any]:
+        return {}
+
+    def groups(self, now_ms: int) -> Iterator[tuple[Key, int, int, int]]:
+        return iter(())
+
+
 class FakeStore:
     """In-memory records; arrival notices come from a separate 'reput' thread like the real one."""
 
@@ -79,6 +109,7 @@ class FakeStore:
         self.delivery_gate: Callable[[], str] | None = None
         self.schedule = FakeDelayProgress()
         self.transactions = FakeTransactions()
+        self.pop = FakePop()
         self.delay_levels_ms = [1000, 5000, 10000]
         self.inline_dispatches = 0
 

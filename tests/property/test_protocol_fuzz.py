@@ -58,6 +58,8 @@ _VALID_VALUES = {
     "producerGroup": "pg",
     "commitLogOffset": 0,
     "commitOrRollback": 8,
+    "invisibleTime": 30_000,
+    "receiptHandle": "rp1 b t 0 0 0 0 30000",
 }
 
 

@@ -16,12 +16,15 @@ from common.core.ports import free_port
 
 @pytest.fixture
 def make_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
-    """Brokers on ``helpers.fake_store.FakeStore`` with the real roles (``make_role``)."""
+    """Brokers on ``helpers.fake_store.FakeStore`` with the real roles (``make_role``);
+    ``real_store=True``: on a ``MessageStore`` in ``tmp_path`` (4 MiB segments unless given)."""
     from helpers.fake_store import FakeStore
+
+    from common.store.message_store import MessageStore
 
     brokers: list[Broker] = []
 
-    def start(**fields: Any) -> Broker:
+    def start(real_store: bool = False, **fields: Any) -> Broker:
         listen = free_port()
         ha = free_port()
         while ha in (listen, listen + 1):
@@ -31,8 +34,10 @@ def make_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
             "haListenPort": ha,  # listen + 1 is not known to be free
             "storePathRootDir": str(tmp_path / f"b{len(brokers)}"),
         }
+        if real_store:
+            defaults["mappedFileSizeCommitLog"] = 4 * 1024 * 1024
         cfg: BrokerConfig = load_config(None, (), env={}, **{**defaults, **fields})
-        broker = Broker(cfg, FakeStore(), make_role)
+        broker = Broker(cfg, MessageStore(cfg) if real_store else FakeStore(), make_role)
         broker.start()
         brokers.append(broker)
         return broker

@@ -15,6 +15,7 @@ code of ``SPECS`` has one (checked at import).
 | admin.py     | STATUS, CLUSTER_INFO, PROMOTE, CLEAR_ELECTION_FAULT, LOG_CHECKSUM,     |
 |              | GET_ALL_*, GET_BROKER_CLUSTER_ACL_INFO, QUERY_GIVEN_UP_TRANSACTIONS    |
 | producers.py | GET_PRODUCER_CONNECTION_LIST (live producers, their running info)      |
+| pop.py       | POP_MESSAGE (long polling), ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME  |
 
 A code the broker sends to clients (``served_by`` TO_CLIENT in its row) has no processor here:
 clients serve it (``Transport.serve``), and the request server refuses it from a client.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from common.broker.processors import admin, consume, produce, producers, query
+from common.broker.processors import admin, consume, pop, produce, producers, query
 from common.broker.processors.context import Context
 from common.broker.replies import Reply
 from common.format.protocol import SPECS, TO_BROKER, Request, RequestCode
@@ -33,6 +34,6 @@ Processor = Callable[[Context, Request], "Reply | None"]
 
 PROCESSORS: dict[RequestCode, Processor] = {
     **produce.HANDLERS, **consume.HANDLERS, **query.HANDLERS, **admin.HANDLERS,
-    **producers.HANDLERS}
+    **producers.HANDLERS, **pop.HANDLERS}
 assert set(PROCESSORS) == {c for c, s in SPECS.items() if s.served_by == TO_BROKER}, \
     "every request code the broker serves has one processor, and no other code has one"

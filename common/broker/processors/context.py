@@ -24,6 +24,7 @@ from common.format.protocol import Request, RequestCode, Response
 if TYPE_CHECKING:
     from common.broker.long_polling import LongPoll
     from common.core.config import BrokerConfig
+    from common.core.subscription import Subscription
     from common.store.api import Store
 
 
@@ -56,6 +57,13 @@ class Writer(Protocol):
     def recall(self, req: Request) -> Reply: ...
 
     def end_transaction(self, req: Request) -> Reply: ...
+
+    def pop_message(self, req: Request, sub: Subscription, queues: list[int],
+                    start: Callable[[int], int]) -> Reply: ...
+
+    def ack_message(self, req: Request) -> Reply: ...
+
+    def change_invisible(self, req: Request) -> Reply: ...
 
 
 class Services(Protocol):

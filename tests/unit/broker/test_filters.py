@@ -6,46 +6,22 @@ on."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import zmq
-from helpers.brokers import addr, free_port
+from helpers.brokers import addr
 
 from common.broker.broker import Broker
-from common.cli.bootstrap import make_role
 from common.client import Consumer, Producer
-from common.core.config import load_config
 from common.core.errors import BrokerError, PullStatus, ResponseCode
 from common.core.message import Message, MessageExt, tags_code
 from common.format import protocol
 from common.format.protocol import RequestCode, decode_response, encode_request
-from common.store.message_store import FILTER_SCAN_ENTRIES, MessageStore
+from common.store.message_store import FILTER_SCAN_ENTRIES
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def make_broker(tmp_path: Path) -> Iterator[Callable[..., Broker]]:
-    made: list[Broker] = []
-
-    def make(**over: Any) -> Broker:
-        fields: dict[str, Any] = {
-            "listenPort": free_port(), "haListenPort": free_port(),
-            "storePathRootDir": str(tmp_path / f"b{len(made)}"),
-            "mappedFileSizeCommitLog": 64 * 1024 * 1024, "brokerName": "fb"}
-        fields.update(over)
-        cfg = load_config(None, (), env={}, **fields)
-        broker = Broker(cfg, MessageStore(cfg), make_role)
-        broker.start()
-        made.append(broker)
-        return broker
-
-    yield make
-    for b in made:
-        b.shutdown()
 
 
 def pull_all(broker: Broker, topic: str, **subscription: Any) -> list[MessageExt]:
@@ -66,7 +42,7 @@ def test_a_tag_subscription_receives_exactly_its_tags(make_broker: Callable[...,
     """``Aa`` and ``BB`` share a hash code (Java's ``String.hashCode``): the ConsumeQueue
     alone cannot tell them apart, the broker checks the tag itself."""
     assert tags_code("Aa") == tags_code("BB")
-    broker = make_broker()
+    broker = make_broker(real_store=True)
     tags = ["Aa", "BB", "C", None, "Aa", "D"] * 20
     with Producer([addr(broker)]) as p:
         p.send_batch("t", [Message("t", b"%d" % i, tags=t) for i, t in enumerate(tags)],
@@ -78,7 +54,7 @@ def test_a_tag_subscription_receives_exactly_its_tags(make_broker: Callable[...,
 
 def test_a_sql92_subscription_receives_exactly_what_it_selects(
         make_broker: Callable[..., Broker]) -> None:
-    broker = make_broker(enablePropertyFilter=True)
+    broker = make_broker(real_store=True, enablePropertyFilter=True)
     rows = [{"a": str(i), "region": "eu" if i % 3 else "us"} for i in range(60)]
     rows += [{"region": "eu"}, {"a": "x", "region": "eu"}]  # no a; an a that is no number
     with Producer([addr(broker)]) as p:
@@ -106,7 +82,7 @@ def test_a_sql92_subscription_receives_exactly_what_it_selects(
 
 def test_sql92_waits_for_enable_property_filter_and_a_bad_expression_is_refused(
         make_broker: Callable[..., Broker]) -> None:
-    off = make_broker()
+    off = make_broker(real_store=True)
     with Producer([addr(off)]) as p:
         p.send("s", b"x", properties={"a": "1"}, queue_id=0)
     with Consumer([addr(off)], group="g", retries=0) as c:
@@ -115,7 +91,7 @@ def test_sql92_waits_for_enable_property_filter_and_a_bad_expression_is_refused(
         assert refused.value.code == ResponseCode.SYSTEM_ERROR
         assert "enablePropertyFilter" in refused.value.remark
         assert [m.body for m in c.pull("s", 0, 0, 32, tags="*").messages] == [b"x"]
-    on = make_broker(enablePropertyFilter=True)
+    on = make_broker(real_store=True, enablePropertyFilter=True)
     with Consumer([addr(on)], group="g", retries=0) as c:
         for bad, says in (("a > 'x'", "only numbers"), ("a AND", "cannot parse"),
                           ("", "empty")):
@@ -156,7 +132,7 @@ def test_a_pull_over_100k_messages_that_do_not_match_sends_none_of_them(
     """100,000 messages of another tag (another ``kind``), then 3 that match: reading from 0
     to the end brings exactly the 3 over the wire; every other answer is a header only
     (NO_MATCHED_MSG and the offset to go on from), never a skipped record."""
-    broker = make_broker(enablePropertyFilter=True)
+    broker = make_broker(real_store=True, enablePropertyFilter=True)
     skipped, wanted = 100_000, 3
     with Producer([addr(broker)]) as p:
         other = Message("w", b"s" * 100, tags="other", properties={"kind": "other"})

@@ -22,6 +22,10 @@ from common.format.protocol import (
 
 pytestmark = pytest.mark.unit
 
+# a POP writes a revive record (a master's), answered once it is durable
+POP_CODES = (RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE,
+             RequestCode.CHANGE_MESSAGE_INVISIBLETIME)
+
 
 def test_every_code_has_one_row_and_one_processor() -> None:
     """Every code has a row and an ACL rule; every code the broker serves has one processor,
@@ -38,10 +42,11 @@ def test_the_server_the_codec_and_the_acl_read_the_rows() -> None:
     assert WRITE_CODES == {c for c, s in SPECS.items() if s.kind == WRITE} == {
         RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC,
         RequestCode.CONSUMER_SEND_MSG_BACK, RequestCode.RECALL_MESSAGE,
-        RequestCode.END_TRANSACTION}
+        RequestCode.END_TRANSACTION, *POP_CODES}
     assert server._ACKED_WRITES == {RequestCode.SEND, RequestCode.SEND_BATCH,
                                     RequestCode.CONSUMER_SEND_MSG_BACK,
-                                    RequestCode.RECALL_MESSAGE, RequestCode.END_TRANSACTION}
+                                    RequestCode.RECALL_MESSAGE, RequestCode.END_TRANSACTION,
+                                    *POP_CODES}
     assert server._ALWAYS_SERVED == {RequestCode.STATUS, RequestCode.CLUSTER_INFO}
     assert RequestCode.PULL in server._NAMES_TOPIC and RequestCode.STATUS not in server._NAMES_TOPIC
     assert SCHEMAS[RequestCode.PULL] is SPECS[RequestCode.PULL].fields

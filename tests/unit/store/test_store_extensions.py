@@ -183,7 +183,8 @@ def test_master_services_start_and_stop_through_one_switch(tmp_path: Path) -> No
         s.become_master()
         assert events == ["start one", "start two"]
         assert s.master_services_running == ["transaction-fresh", "transaction-op-batch",
-                                             "schedule", "timer-dequeue", "one", "two"]
+                                             "schedule", "timer-dequeue", "pop-tail", "one",
+                                             "two"]
         s.become_slave()
         assert events[2:] == ["stop two", "stop one"] and s.master_services_running == []
         s.set_master_services(True)  # a thread starts once: each start makes a new service
@@ -198,15 +199,17 @@ def test_delay_levels_and_the_timer_are_registered_extensions_only(tmp_path: Pat
     half is never delayed), one cut listener, one indexed property and two master services;
     delay levels one put hook, one tags-code rule, one indexed property and one master
     service; the timer one put hook (after delay levels': a level wins), one dispatcher, one
-    cut listener, one indexed property, one store service and one master service."""
+    cut listener, one indexed property, one store service and one master service; POP one
+    dispatcher, one cut listener, one store service and one master service."""
     s = _store(tmp_path)
     ext = s.extensions
     assert [type(h) for h in ext.put_hooks] == [HalfHook, DelayLevels, TimerHook]
     assert list(ext.tags_code_rules) == [SCHEDULE_TOPIC]
     assert list(ext.master_services) == ["transaction-fresh", "transaction-op-batch", "schedule",
-                                         "timer-dequeue"]
-    assert list(ext.services) == ["timer"] and s.timer in ext.dispatchers
-    assert ext.cut_listeners == [s.transactions, s.timer]
+                                         "timer-dequeue", "pop-tail"]
+    assert list(ext.services) == ["timer", "pop"] and s.timer in ext.dispatchers
+    assert s.pop in ext.dispatchers
+    assert ext.cut_listeners == [s.transactions, s.timer, s.pop]
     assert s.index_dispatcher is not None
     assert s.index_dispatcher.watches == (HALF_ORIGIN, SCHEDULE_SOURCE, TIMER_SOURCE)
     s.start()

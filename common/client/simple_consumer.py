@@ -1,0 +1,125 @@
+"""SimpleConsumer: RocketMQ 5's POP consumer (docs/contract.md §4, §9.12).
+
+``receive`` hands this consumer up to ``max_nums`` messages of a topic, each hidden from the
+group's other consumers for ``invisible_ms``; ``ack`` says one is done, by its receipt handle;
+``change_invisible_duration`` hides it longer (and gives a new handle). A message not acked
+in time is handed out again (to any consumer of the group), its ``reconsume_times`` one more;
+after ``max_reconsume_times`` more it goes to the group's DLQ. Any number of consumers share
+a topic's queues, with no rebalance; a slow one holds back nobody.
+
+``fifo``: a message group's messages (``__SHARDINGKEY``, a producer's ``shard_key``) are handed
+out one at a time, in the order stored: the next only once the one before was acked (or went
+to the DLQ).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from common.client.consumer import Consumer
+from common.core.errors import BrokerError, ResponseCode
+from common.core.message import MessageExt
+from common.core.pop import ReceiptHandle
+from common.format.protocol import ProtocolError, RequestCode, decode_record
+
+DEFAULT_INVISIBLE_MS = 30_000
+
+
+class Received(NamedTuple):
+    message: MessageExt  # reconsume_times: how many times it was handed out before
+    receipt_handle: str
+
+
+class SimpleConsumer(Consumer):
+    def __init__(self, servers: str | Iterable[str], group: str, **options: Any):
+        """``group``: the consumer group (its consumers share the messages); ``options``: as
+        ``Consumer``'s."""
+        super().__init__(servers, group, **options)
+
+    def receive(self, topic: str, max_nums: int = 16, invisible_ms: int = DEFAULT_INVISIBLE_MS,
+                wait_ms: int = 0, *, queue_id: int = -1, tags: str | None = None,
+                sql: str | None = None, fifo: bool = False, max_reconsume_times: int = 16,
+                from_newest: bool = False, broker_name: str | None = None) -> list[Received]:
+        """Up to ``max_nums`` (1..32) messages, waiting up to ``wait_ms`` for the first (the
+        broker holds the request: long polling). ``tags``/``sql`` filter on the broker as a
+        pull's do. A group that never read the topic starts at its oldest messages
+        (``from_newest``: at the newest) unless it committed offsets by pulling."""
+        if tags and sql is not None:
+            raise ValueError("subscribe by tags or by sql, not both")
+        fields: dict[str, Any] = {"topic": topic, "group": self.group, "queueId": queue_id,
+                                  "maxNums": max_nums, "invisibleTime": invisible_ms,
+                                  "order": int(fifo), "initMode": int(from_newest),
+                                  "maxReconsumeTimes": max_reconsume_times}
+        if tags:
+            fields["subscription"] = tags
+        if sql is not None:
+            fields["expressionType"] = "SQL92"
+            fields["subscription"] = sql
+        cluster, _, _ = self._target(topic, broker_name)
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            poll_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            asked = {**fields, "pollTime": poll_ms}
+
+            def attempt(address: str, asked: dict[str, Any] = asked) -> Any:
+                return cluster.request(address, RequestCode.POP_MESSAGE, asked,
+                                       timeout_ms=self.timeout_ms + asked["pollTime"])
+
+            resp = self._with_retries(attempt, cluster=cluster)
+            if resp.code == ResponseCode.SUCCESS:
+                return _received(resp)
+            if resp.code == ResponseCode.PULL_RETRY_IMMEDIATELY and time.monotonic() < deadline:
+                continue  # a message arrived while the broker held the request: pop it
+            if resp.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):
+                return []
+            raise BrokerError(resp.code, resp.remark)
+
+    def ack(self, received: Received | str) -> None:
+        """The message is done; BrokerError MESSAGE_ILLEGAL when the handle is not its newest
+        (it was handed out again since: ack that one)."""
+        self._by_handle(received, RequestCode.ACK_MESSAGE, {})
+
+    def change_invisible_duration(self, received: Received | str, invisible_ms: int) -> str:
+        """Hide the message ``invisible_ms`` from now; its new receipt handle (the old one is
+        spent)."""
+        resp = self._by_handle(received, RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+                               {"invisibleTime": invisible_ms})
+        return str(resp.fields["receiptHandle"])
+
+    def _by_handle(self, received: Received | str, code: RequestCode,
+                   extra: dict[str, Any]) -> Any:
+        text = received.receipt_handle if isinstance(received, Received) else received
+        try:
+            handle = ReceiptHandle.decode(text)
+        except ValueError as e:
+            raise BrokerError(ResponseCode.BAD_REQUEST, str(e), False) from None
+        cluster, _, _ = self._target(handle.topic, handle.broker_name)
+        fields = {"topic": handle.topic, "group": self.group, "receiptHandle": text, **extra}
+
+        def attempt(address: str) -> Any:
+            resp = cluster.request(address, code, fields)
+            if resp.code != ResponseCode.SUCCESS:
+                raise BrokerError(resp.code, resp.remark)
+            return resp
+
+        return self._with_retries(attempt, cluster=cluster)
+
+
+def _received(resp: Any) -> list[Received]:
+    handles = resp.fields.get("handles") or []
+    times = resp.fields.get("reconsumeTimes") or []
+    if not len(handles) == len(times) == len(resp.bodies):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, "a POP answer whose handles, counts and "
+                          "messages do not line up")
+    out = []
+    for raw, handle, n in zip(resp.bodies, handles, times, strict=True):
+        try:
+            msg = decode_record(raw)
+        except ProtocolError as e:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"corrupt record in answer: {e}") \
+                from None
+        msg.reconsume_times = int(n)
+        out.append(Received(msg, str(handle)))
+    return out

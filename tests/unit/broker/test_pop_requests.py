@@ -1,0 +1,161 @@
+"""POP over real sockets (issue 40): SimpleConsumer against a broker on a real store. Consumers
+of one group share a topic's messages; an unacked one comes back with its count raised, and
+after maxReconsumeTimes goes to the group's DLQ; a change of invisible time and a stale handle;
+long polling; FIFO; a filter; and what a slave and bad requests are answered."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from helpers.brokers import addr, wait_for
+
+from common.broker.broker import Broker
+from common.client import Consumer, Producer, SimpleConsumer
+from common.core.errors import BrokerError, ResponseCode
+from common.core.message import dlq_topic
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(90)]
+
+INVISIBLE = 1_000  # the shortest invisible time a POP may ask for
+POP_BROKER = {"real_store": True, "brokerName": "pb", "enablePropertyFilter": True}
+
+
+def send(broker: Broker, n: int, topic: str = "t", **kw: Any) -> None:
+    with Producer([addr(broker)]) as p:
+        for i in range(n):
+            p.send(topic, b"m%d" % i, queue_id=0, **kw)
+
+
+def test_consumers_of_a_group_share_the_messages_and_acked_ones_never_come_back(
+        make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(**POP_BROKER)
+    send(broker, 6)
+    with SimpleConsumer([addr(broker)], "g") as a, SimpleConsumer([addr(broker)], "g") as b:
+        first = a.receive("t", 4, INVISIBLE)
+        second = b.receive("t", 4, INVISIBLE)
+        assert [r.message.body for r in first] == [b"m0", b"m1", b"m2", b"m3"]
+        assert [r.message.body for r in second] == [b"m4", b"m5"]
+        assert all(r.message.reconsume_times == 0 for r in first + second)
+        for r in first + second[:1]:
+            a.ack(r)
+        assert a.receive("t", 32, INVISIBLE) == []  # m5 is in flight
+        # m5 comes back once its invisible time passed, to whoever asks, counted
+        again = wait_for(lambda: a.receive("t", 32, INVISIBLE), "m5 again", timeout_s=10)
+        assert [(r.message.body, r.message.reconsume_times) for r in again] == [(b"m5", 1)]
+        with pytest.raises(BrokerError) as stale:  # b's handle is spent
+            b.ack(second[1])
+        assert stale.value.code == ResponseCode.MESSAGE_ILLEGAL and "newest" in stale.value.remark
+        a.ack(again[0])
+        a.ack(again[0])  # acked already: fine
+    with SimpleConsumer([addr(broker)], "other") as c:  # another group reads everything
+        assert len(c.receive("t", 32, INVISIBLE)) == 6
+
+
+def test_after_max_reconsume_times_a_message_goes_to_the_dlq(
+        make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(**POP_BROKER)
+    send(broker, 1)
+    counts = []
+    with SimpleConsumer([addr(broker)], "g") as c:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = c.receive("t", 1, INVISIBLE, wait_ms=1500, max_reconsume_times=2)
+            counts += [r.message.reconsume_times for r in got]
+            if len(counts) == 3:
+                break
+        assert counts == [0, 1, 2]  # handed out 3 times: then the DLQ, never a 4th
+        with Consumer([addr(broker)], group="x") as reader:
+            dead = wait_for(lambda: reader.pull(dlq_topic("g"), 0, 0, 8).messages,
+                            "the DLQ copy", timeout_s=10)
+        assert [m.body for m in dead] == [b"m0"] and dead[0].reconsume_times == 3  # as a send-back
+        assert dead[0].properties["RETRY_TOPIC"] == "t"
+        assert c.receive("t", 1, INVISIBLE, wait_ms=1500) == []
+
+
+def test_changing_the_invisible_time_keeps_a_message_hidden_and_spends_the_old_handle(
+        make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(**POP_BROKER)
+    send(broker, 1)
+    with SimpleConsumer([addr(broker)], "g") as c:
+        [r] = c.receive("t", 1, INVISIBLE)
+        newer = c.change_invisible_duration(r, 60_000)
+        time.sleep(INVISIBLE / 1000 + 0.3)
+        assert c.receive("t", 1, INVISIBLE) == []  # still hidden
+        with pytest.raises(BrokerError):
+            c.ack(r)
+        c.ack(newer)
+        with pytest.raises(BrokerError) as bad:
+            c.change_invisible_duration(newer, 10)  # below the floor
+        assert bad.value.code == ResponseCode.BAD_REQUEST
+
+
+def test_a_receive_waits_for_a_message_to_arrive(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(**POP_BROKER)
+    send(broker, 1)
+    with SimpleConsumer([addr(broker)], "g") as c:
+        c.ack(c.receive("t", 1, INVISIBLE)[0])
+        threading.Timer(0.5, send, (broker, 1)).start()
+        started = time.monotonic()
+        got = c.receive("t", 1, INVISIBLE, wait_ms=5_000)
+        took = time.monotonic() - started
+        assert [r.message.body for r in got] == [b"m0"] and 0.3 < took < 4
+        started = time.monotonic()
+        assert c.receive("t", 1, INVISIBLE, wait_ms=600) == []
+        assert time.monotonic() - started >= 0.5
+
+
+def test_fifo_keeps_each_message_groups_order(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(**POP_BROKER)
+    with Producer([addr(broker)]) as p:
+        for i in range(3):
+            for group in ("A", "B"):
+                p.send("f", f"{group}{i}".encode(), shard_key=group)
+    seen: dict[str, list[bytes]] = {"A": [], "B": []}
+    with SimpleConsumer([addr(broker)], "g") as c:
+        deadline = time.monotonic() + 20
+        while sum(len(v) for v in seen.values()) < 6 and time.monotonic() < deadline:
+            got = c.receive("f", 32, INVISIBLE, wait_ms=500, fifo=True)
+            held = {chr(r.message.body[0]) for r in got}
+            assert len(held) == len(got)  # one message of a group at a time
+            for r in got:
+                seen[chr(r.message.body[0])].append(r.message.body)
+                c.ack(r)
+    assert seen == {"A": [b"A0", b"A1", b"A2"], "B": [b"B0", b"B1", b"B2"]}
+
+
+def test_a_filtered_receive_gets_only_what_matches(make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(**POP_BROKER)
+    with Producer([addr(broker)]) as p:
+        for i in range(6):
+            p.send("s", b"%d" % i, queue_id=0, tags="even" if i % 2 == 0 else "odd",
+                   properties={"n": str(i)})
+    with SimpleConsumer([addr(broker)], "g1") as c:
+        assert [r.message.body for r in c.receive("s", 32, INVISIBLE, tags="odd")] == \
+            [b"1", b"3", b"5"]
+    with SimpleConsumer([addr(broker)], "g2") as c:
+        assert [r.message.body for r in c.receive("s", 32, INVISIBLE, sql="n >= 4")] == \
+            [b"4", b"5"]
+
+
+def test_bad_requests_are_refused_and_the_broker_serves_on(
+        make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(**POP_BROKER)
+    send(broker, 1)
+    with SimpleConsumer([addr(broker)], "g", retries=0) as c:
+        with pytest.raises(BrokerError) as e:
+            c.receive("t", 1, 10)  # invisible time below the floor
+        assert e.value.code == ResponseCode.BAD_REQUEST
+        with pytest.raises(BrokerError) as e:
+            c.receive("nope", 1, INVISIBLE)
+        assert e.value.code == ResponseCode.TOPIC_NOT_EXIST
+        with pytest.raises(BrokerError) as e:
+            c.ack("not a handle")
+        assert e.value.code == ResponseCode.BAD_REQUEST
+        with pytest.raises(BrokerError) as e:
+            c.ack("rp1 pb t 0 99 0 0 1000")  # never handed out
+        assert e.value.code == ResponseCode.MESSAGE_ILLEGAL
+        assert [r.message.body for r in c.receive("t", 1, INVISIBLE)] == [b"m0"]
