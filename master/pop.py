@@ -108,6 +108,41 @@ def ack_message(role: MasterRole, req: Request) -> Reply:
         req, status, {"acked": 1}))
 
 
+def batch_ack(role: MasterRole, req: Request) -> Reply:
+    """BATCH_ACK_MESSAGE: one record per queue named; answered once the last is durable.
+    ``failed``: the handles that acked nothing, each with why (the others are acked)."""
+    by_key: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+    failed: list[list[str]] = []
+    group, topic = req.fields["group"], req.fields["topic"]
+    for raw in req.bodies:
+        text = bytes(raw).decode("utf-8", "replace")
+        try:
+            handle = ReceiptHandle.decode(text)
+        except ValueError as e:
+            failed.append([text[:200], str(e)])
+            continue
+        if handle.topic != topic or handle.broker_name != role.cfg.brokerName:
+            failed.append([text[:200], (f"a handle of {handle.broker_name}/{handle.topic}, "
+                                        f"not {role.cfg.brokerName}/{topic}")])
+            continue
+        by_key.setdefault((group, topic, handle.queue_id), []).append(
+            (handle.offset, handle.handle))
+    last = None
+    now = int(time.time() * 1000)
+    for key, entries in by_key.items():
+        errors, pending = role.store.pop.ack_many(key, entries, now, req.born_host)
+        failed += [["", e] for e in errors]
+        if pending is not None:
+            if not pending.result.ok:
+                return role.refused_put(req, pending)
+            last = pending
+    acked = len(req.bodies) - len(failed)
+    if last is None:
+        return reply(req, fields={"acked": acked, "failed": failed})
+    return role.when_durable(last, lambda status: role.put_answer(
+        req, status, {"acked": acked, "failed": failed}))
+
+
 def change_invisible(role: MasterRole, req: Request) -> Reply:
     handle = _handle(req)
     if isinstance(handle, Response):

@@ -312,6 +312,9 @@ class MasterRole:
     def ack_message(self, req: Request) -> Reply:
         return pop.ack_message(self, req)
 
+    def batch_ack(self, req: Request) -> Reply:
+        return pop.batch_ack(self, req)
+
     def change_invisible(self, req: Request) -> Reply:
         return pop.change_invisible(self, req)
 

@@ -8,6 +8,7 @@ The package, one module a layer (everything is imported from ``common.client``):
     producer.py   Producer          consumer.py  Consumer          admin.py  Admin
     transaction.py TransactionProducer (half, local transaction, end; answers check-backs)
     simple_consumer.py SimpleConsumer (POP: receive, ack, change_invisible_duration)
+    push_consumer.py PushConsumer (a listener on a thread pool, over SimpleConsumer)
 
 Threads and sockets::
 
@@ -52,6 +53,7 @@ from common.client.base import ClientBase
 from common.client.cluster import Cluster, parse_servers
 from common.client.consumer import Consumer
 from common.client.producer import Producer, shard_queue
+from common.client.push_consumer import PushConsumer
 from common.client.results import (
     PULL_CODES,
     SEND_CODES,
@@ -84,6 +86,7 @@ __all__ = [
     "NoMasterError",
     "Producer",
     "PullResult",
+    "PushConsumer",
     "Received",
     "SendResult",
     "SimpleConsumer",

@@ -81,6 +81,34 @@ class SimpleConsumer(Consumer):
         (it was handed out again since: ack that one)."""
         self._by_handle(received, RequestCode.ACK_MESSAGE, {})
 
+    def ack_batch(self, received: Iterable[Received | str]) -> list[tuple[str, str]]:
+        """Ack many at once (one request per topic); the (handle, why) of each that acked
+        nothing (not its newest handle, ...), the others acked."""
+        by_topic: dict[tuple[str, str], list[str]] = {}
+        for r in received:
+            text = r.receipt_handle if isinstance(r, Received) else r
+            try:
+                handle = ReceiptHandle.decode(text)
+            except ValueError as e:
+                raise BrokerError(ResponseCode.BAD_REQUEST, str(e), False) from None
+            by_topic.setdefault((handle.broker_name, handle.topic), []).append(text)
+        failed: list[tuple[str, str]] = []
+        for (broker_name, topic), handles in by_topic.items():
+            cluster, _, _ = self._target(topic, broker_name)
+            fields = {"topic": topic, "group": self.group}
+            bodies = [h.encode() for h in handles]
+
+            def attempt(address: str, fields: dict[str, Any] = fields,
+                        bodies: list[bytes] = bodies, cluster: Any = cluster) -> Any:
+                resp = cluster.request(address, RequestCode.BATCH_ACK_MESSAGE, fields, bodies)
+                if resp.code != ResponseCode.SUCCESS:
+                    raise BrokerError(resp.code, resp.remark)
+                return resp
+
+            resp = self._with_retries(attempt, cluster=cluster)
+            failed += [(str(h), str(why)) for h, why in resp.fields.get("failed") or []]
+        return failed
+
     def change_invisible_duration(self, received: Received | str, invisible_ms: int) -> str:
         """Hide the message ``invisible_ms`` from now; its new receipt handle (the old one is
         spent)."""

@@ -115,6 +115,7 @@ class RequestCode(enum.IntEnum):
     POP_MESSAGE = 200050  # RocketMQ 5: hand messages out to one consumer, hidden for a while
     ACK_MESSAGE = 200051  # RocketMQ 5: a popped message is done, by its receipt handle
     CHANGE_MESSAGE_INVISIBLETIME = 200053  # RocketMQ 5: hide a popped message longer
+    BATCH_ACK_MESSAGE = 200151  # RocketMQ 5: many popped messages done, one request
 
 
 
@@ -404,6 +405,11 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "group": Field("group", required=True),
         "receiptHandle": Field("str", required=True, lo=1, hi=1024),
     }, _TOPIC_AND_GROUP, kind=WRITE, acked=True, names_topic=True),
+    # the receipt handles are the body frames, one each
+    RequestCode.BATCH_ACK_MESSAGE: RequestSpec({
+        "topic": _TOPIC,
+        "group": Field("group", required=True),
+    }, _TOPIC_AND_GROUP, kind=WRITE, acked=True, names_topic=True, bodies=(1, None)),
     RequestCode.CHANGE_MESSAGE_INVISIBLETIME: RequestSpec({
         "topic": _TOPIC,
         "group": Field("group", required=True),

@@ -72,12 +72,23 @@ class FakePop:
             born_host: tuple[str, int] = ("0.0.0.0", 0), kind: str = "ack") -> Resolved:
         return Resolved("the fake store hands nothing out", None)
 
+    def ack_many(self, key: Key, entries: list[tuple[int, int]], now_ms: int,
+                 born_host: tuple[str, int] = ("0.0.0.0", 0)) -> tuple[list[str],
+                                                                   PendingPut | None]:
+        return ["the fake store hands nothing out"] * len(entries), None
+
     def change(self, key: Key, offset: int, handle: int, invisible_ms: int, now_ms: int,
                born_host: tuple[str, int] = ("0.0.0.0", 0)) -> Resolved:
         return Resolved("the fake store hands nothing out", None)
 
     def due_for_dlq(self, now_ms: int) -> list[tuple[Key, int, Out]]:
         return []
+
+    def active(self, group: str, now_ms: int, within_ms: int = 60_000) -> bool:
+        return False
+
+    def next_deadline(self, keys: list[Key]) -> int | None:
+        return None
 
     def figures(self, now_ms: int) -> dict[str, Any]:
         return {}

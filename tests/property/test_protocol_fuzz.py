@@ -70,7 +70,8 @@ def _valid_fields(code: RequestCode) -> dict[str, object]:
 
 def _bodies(code: RequestCode) -> list[bytes]:
     return [b"b"] if code in (RequestCode.SEND, RequestCode.SEND_BATCH,
-                              RequestCode.CHECK_TRANSACTION_STATE) else []
+                              RequestCode.CHECK_TRANSACTION_STATE,
+                              RequestCode.BATCH_ACK_MESSAGE) else []
 
 
 def test_valid_base_requests_are_accepted() -> None:

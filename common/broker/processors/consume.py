@@ -3,6 +3,8 @@ topic's route, and consumer heartbeats."""
 
 from __future__ import annotations
 
+import time
+
 from common.broker.long_polling import LongPoll
 from common.broker.processors.context import Context, Services
 from common.broker.replies import reply
@@ -166,6 +168,11 @@ def min_offset(ctx: Context, req: Request) -> Response:
 
 def consumer_heartbeat(ctx: Context, req: Request) -> Response:
     f = req.fields
+    if not f["leave"] and ctx.services.store.pop.active(f["group"], int(time.time() * 1000)):
+        return reply(req, ResponseCode.BAD_REQUEST, f"group {f['group']} consumes by POP "
+                     "here (it popped within the last minute, or holds messages out): one "
+                     "group reads one way, POP or offsets; give this consumer a group of its "
+                     "own")
     members = ctx.services.consumer_groups.heartbeat(
         f["group"], f["clientId"], f["sessionTimeoutMs"], leave=bool(f["leave"]))
     if not f["leave"]:

@@ -1,17 +1,19 @@
-"""POP consumption: POP_MESSAGE (long polling), ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME
+"""POP consumption: POP_MESSAGE (long polling), ACK_MESSAGE, BATCH_ACK_MESSAGE,
+CHANGE_MESSAGE_INVISIBLETIME
 (``common/core/pop.py``; the master's part is ``master/pop.py``, the state
 ``common/store/pop/``).
 
 A POP that finds nothing and asks to wait (``pollTime``) is parked on its queue (or, for
-``queueId`` -1, on the whole topic) and answered when a message arrives, with
-``PULL_RETRY_IMMEDIATELY`` and ``status`` NEW_MESSAGE_ARRIVED: the client pops again at once
-(a POP hands messages out by writing a record, which is not done on the I/O thread's wake-up).
-At the end of its wait: ``PULL_NOT_FOUND``, NO_NEW_MSG.
+``queueId`` -1, on the whole topic) and answered when a message arrives, or when a message the
+group holds out comes due, with ``PULL_RETRY_IMMEDIATELY`` and ``status`` NEW_MESSAGE_ARRIVED:
+the client pops again at once (a POP hands messages out by writing a record, which is not done
+on the I/O thread's wake-up). At the end of its wait: ``PULL_NOT_FOUND``, NO_NEW_MSG.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 
 from common.broker.long_polling import LongPoll
 from common.broker.processors.consume import pull_subscription
@@ -45,6 +47,11 @@ def pop_message(ctx: Context, req: Request) -> Reply | None:
         return sub
     f = req.fields
     topic, group, asked = f["topic"], f["group"], f["queueId"]
+    members = services.consumer_groups.members(group)
+    if members:
+        return reply(req, ResponseCode.BAD_REQUEST, f"group {group} consumes by offset here "
+                     f"({len(members)} live member(s) of a GroupConsumer): one group reads "
+                     "one way, POP or offsets; give the POP consumers a group of their own")
     nums, _ = services.topic_queue_nums(topic)
     if nums == 0:
         return reply(req, ResponseCode.TOPIC_NOT_EXIST, f"no topic {topic}")
@@ -73,22 +80,32 @@ def pop_message(ctx: Context, req: Request) -> Reply | None:
         return sum(store.max_queue_offset(topic, q) for q in queues)
 
     parked = total()
+    deadline = ctx.started + suspend_ms / 1000.0
+    due_ms = store.pop.next_deadline([(group, topic, q) for q in queues])
+    if due_ms is not None:  # a message out comes due before the wait ends: answer then
+        deadline = min(deadline, ctx.started + max(0.0, due_ms / 1000 - time.time()) + 0.001)
 
     def woken() -> Response:
-        if total() > parked:
-            return reply(req, ResponseCode.PULL_RETRY_IMMEDIATELY, "a message arrived: pop "
-                         "again", {"status": "NEW_MESSAGE_ARRIVED"})
+        due = due_ms is not None and time.time() * 1000 >= due_ms
+        if total() > parked or due:
+            return reply(req, ResponseCode.PULL_RETRY_IMMEDIATELY, "a message arrived or "
+                         "came due: pop again", {"status": "NEW_MESSAGE_ARRIVED"})
         return answer
 
-    ctx.park(LongPoll(key=(topic, asked), identity=ctx.identity, req=req,
-                      deadline=ctx.started + suspend_ms / 1000.0, started=ctx.started,
-                      ready=lambda _max: total() > parked, answer=woken, current=total))
+    ctx.park(LongPoll(key=(topic, asked), identity=ctx.identity, req=req, deadline=deadline,
+                      started=ctx.started, ready=lambda _max: total() > parked,
+                      answer=woken, current=total))
     return None
 
 
 def ack_message(ctx: Context, req: Request) -> Reply:
     w = ctx.services.writer(req)
     return w if isinstance(w, Response) else w.ack_message(req)
+
+
+def batch_ack(ctx: Context, req: Request) -> Reply:
+    w = ctx.services.writer(req)
+    return w if isinstance(w, Response) else w.batch_ack(req)
 
 
 def change_invisible(ctx: Context, req: Request) -> Reply:
@@ -102,5 +119,6 @@ def change_invisible(ctx: Context, req: Request) -> Reply:
 HANDLERS = {
     RequestCode.POP_MESSAGE: pop_message,
     RequestCode.ACK_MESSAGE: ack_message,
+    RequestCode.BATCH_ACK_MESSAGE: batch_ack,
     RequestCode.CHANGE_MESSAGE_INVISIBLETIME: change_invisible,
 }

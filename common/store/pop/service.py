@@ -95,6 +95,7 @@ class PopStore:
         self.dirty = False
         self.path: Path = store.root / "config" / "popcheck"
         self.stats: dict[str, int] = dict.fromkeys(FIGURES, 0)
+        self.last_pop: dict[str, int] = {}  # group -> when it last popped here (ms)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -142,7 +143,7 @@ class PopStore:
                 return
             apply_checkpoint(state, phy, rec.offsets, rec.attempts,
                              rec.groups or [None] * len(rec.offsets), rec.deadline_ms,
-                             rec.next_after)
+                             rec.next_after, rec.max_attempts)
             if rec.max_attempts:
                 self.max_attempts[rec.key] = rec.max_attempts
         elif rec.kind in (records.ACK, records.DLQ):
@@ -165,6 +166,7 @@ class PopStore:
         store = self.store
         with self.lock:
             self.apply_tail()
+            self.last_pop[key[0]] = now_ms
             state = self.queues.get(key)
             if state is None:
                 state = self.queues[key] = QueueState(next=start())
@@ -176,11 +178,14 @@ class PopStore:
             groups_of = {c.offset: c.group for c in new}
             chosen: list[int] = []
             raws: list[bytes] = []
-            for off in again + [c.offset for c in new]:
+            for off in again:
                 raw = self._record_of(topic, queue_id, off)
                 if raw is not None:  # gone with its segment: nothing to hand out
                     chosen.append(off)
                     raws.append(raw)
+            for c in new:
+                chosen.append(c.offset)
+                raws.append(c.raw)
             groups = [state.out[o].group if o in state.out else groups_of.get(o)
                       for o in chosen]
             attempts = [state.out[o].attempts + 1 if o in state.out else 1 for o in chosen]
@@ -194,7 +199,7 @@ class PopStore:
             if not pending.result.ok:
                 return Popped([], [], [], 0, 0, pending, state.next)
             phy = pending.result.phy_offset
-            apply_checkpoint(state, phy, chosen, attempts, groups, deadline, next_after)
+            apply_checkpoint(state, phy, chosen, attempts, groups, deadline, next_after, limit)
             self.max_attempts[key] = limit
             self._applied(pending)
             self.stats["popped"] += len(chosen)
@@ -210,8 +215,8 @@ class PopStore:
                                      tags=sub.tags, selector=sub.selector)
         out = []
         for raw in got.records:
-            msg = _header_of(raw)
-            out.append(Candidate(msg[0], msg[1] if fifo else None))
+            offset, group = _header_of(raw, fifo)
+            out.append(Candidate(offset, group, raw))
         return out, max(start, got.next_begin_offset)
 
     def _record_of(self, topic: str, queue_id: int, offset: int) -> bytes | None:
@@ -244,6 +249,32 @@ class PopStore:
                 self.stats["dlq" if kind == records.DLQ else "acked"] += 1
             return Resolved("", pending)
 
+    def ack_many(self, key: Key, entries: list[tuple[int, int]], now_ms: int,
+                 born_host: tuple[str, int] = ("0.0.0.0", 0)) -> tuple[list[str],
+                                                                   PendingPut | None]:
+        """Ack several (offset, handle) of one queue with one record: (why each one that
+        could not be was not, the put made; None: nothing to write)."""
+        with self.lock:
+            self.apply_tail()
+            state = self.queues.get(key)
+            errors, good = [], []
+            for offset, handle in entries:
+                error = _check_handle(state, key, offset, handle, records.ACK)
+                if error is None:
+                    good.append((offset, handle))
+                elif error:
+                    errors.append(error)
+            self.stats["acks_stale"] += len(errors)
+            if not good or state is None:
+                return errors, None
+            rec = records.resolve(records.ACK, key, [o for o, _ in good], [h for _, h in good])
+            pending = self.store.put_nowait(rec.message(self.topic), 0, born_host, now_ms)
+            if pending.result.ok:
+                apply_resolve(state, rec.offsets, rec.handles)
+                self._applied(pending)
+                self.stats["acked"] += len(good)
+            return errors, pending
+
     def change(self, key: Key, offset: int, handle: int, invisible_ms: int, now_ms: int,
                born_host: tuple[str, int] = ("0.0.0.0", 0)) -> Resolved:
         with self.lock:
@@ -271,15 +302,27 @@ class PopStore:
         with self.lock:
             found = []
             for key, state in self.queues.items():
-                limit = self.max_attempts.get(key)
-                if limit is None:
-                    continue
-                for off in state.due(now_ms):
-                    o = state.out[off]
-                    if o.attempts >= limit:
+                for off in sorted(state.maxed):
+                    o = state.out.get(off)
+                    if o is not None and o.deadline_ms <= now_ms:
                         found.append((key, off, Out(o.deadline_ms, o.attempts, o.handle,
                                                     o.group)))
             return found
+
+    def next_deadline(self, keys: list[Key]) -> int | None:
+        """The earliest deadline of what ``keys`` hold out (ms since the epoch)."""
+        with self.lock:
+            found = [d for d in (self.queues[k].next_deadline() for k in keys
+                                 if k in self.queues) if d is not None]
+            return min(found) if found else None
+
+    def active(self, group: str, now_ms: int, within_ms: int = 60_000) -> bool:
+        """Whether ``group`` consumes by POP here: it popped within ``within_ms``, or holds
+        messages out."""
+        with self.lock:
+            if now_ms - self.last_pop.get(group, -within_ms - 1) <= within_ms:
+                return True
+            return any(s.out for k, s in self.queues.items() if k[0] == group)
 
     def figures(self, now_ms: int) -> dict[str, Any]:
         with self.lock:
@@ -340,9 +383,12 @@ class PopStore:
             doc: Any = msgpack.unpackb(self.path.read_bytes(), strict_map_key=False)
             for key, nxt, outs, limit in doc["queues"]:
                 k = (str(key[0]), str(key[1]), int(key[2]))
-                self.queues[k] = QueueState(int(nxt), {int(o[0]): Out(int(o[1]), int(o[2]),
-                                                                     int(o[3]), o[4])
-                                                       for o in outs})
+                state = self.queues[k] = QueueState(int(nxt))
+                for o in outs:
+                    out = Out(int(o[1]), int(o[2]), int(o[3]), o[4])
+                    state.put(int(o[0]), out)
+                    if limit and out.attempts >= int(limit):
+                        state.maxed.add(int(o[0]))
                 if limit:
                     self.max_attempts[k] = int(limit)
             self.applied_cq, self.applied_end = int(doc["cq"]), int(doc["end"])
@@ -452,6 +498,7 @@ def _body(raw: bytes) -> bytes:
     return bytes(parse(raw).body)
 
 
-def _header_of(raw: bytes) -> tuple[int, str | None]:
-    """(queue offset, message group) of a whole record."""
-    return parse(raw).header.queue_offset, record_properties(raw).get(PROPERTY_SHARDING_KEY)
+def _header_of(raw: bytes, fifo: bool) -> tuple[int, str | None]:
+    """(queue offset, message group if ``fifo``) of a whole record."""
+    offset = parse(raw).header.queue_offset
+    return offset, record_properties(raw).get(PROPERTY_SHARDING_KEY) if fifo else None

@@ -19,6 +19,7 @@ queue in the order they were stored.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -35,25 +36,83 @@ class Out:
 class QueueState:
     next: int = 0
     out: dict[int, Out] = field(default_factory=dict)
+    # (deadline, offset, handle) of every hand-out and change, a heap: what is due is found
+    # without looking at what is not (an entry whose offset was resolved or handed out again
+    # since is stale, skipped, and dropped when the heap is rebuilt)
+    deadlines: list[tuple[int, int, int]] = field(default_factory=list, compare=False,
+                                                  repr=False)
+    # offsets out that were handed out as often as allowed: the DLQ's candidates, kept apart
+    # so that finding them never walks everything out
+    maxed: set[int] = field(default_factory=set, compare=False, repr=False)
+
+    def put(self, offset: int, o: Out) -> None:
+        self.out[offset] = o
+        self.noted(offset, o)
+
+    def noted(self, offset: int, o: Out) -> None:
+        heap = self.deadlines
+        if len(heap) > 2 * len(self.out) + 64:  # mostly stale: rebuild
+            heap[:] = [(x.deadline_ms, off, x.handle) for off, x in self.out.items()]
+            heapq.heapify(heap)
+        else:
+            heapq.heappush(heap, (o.deadline_ms, offset, o.handle))
+
+    def next_deadline(self) -> int | None:
+        """The earliest deadline of what is out (None: nothing is); drops stale entries."""
+        heap, out = self.deadlines, self.out
+        while heap:
+            deadline, off, handle = heap[0]
+            o = out.get(off)
+            if o is not None and o.handle == handle and o.deadline_ms == deadline:
+                return deadline
+            heapq.heappop(heap)
+        return None
 
     @property
     def floor(self) -> int:
         return min(self.out) if self.out else self.next
 
     def in_flight(self, now_ms: int) -> int:
-        return sum(1 for o in self.out.values() if o.deadline_ms > now_ms)
+        return len(self.out) - len(self.due(now_ms))
 
-    def due(self, now_ms: int) -> list[int]:
-        """The offsets whose deadline passed, lowest first."""
-        return sorted(off for off, o in self.out.items() if o.deadline_ms <= now_ms)
+    def due(self, now_ms: int, limit: int | None = None) -> list[int]:
+        """The offsets whose deadline passed, lowest first. With ``limit``, at most that many,
+        the earliest deadlines first, taken off the heap's top (stale entries met there are
+        dropped for good, the others put back): each stale entry costs once, not at every
+        POP. Without, every one: the heap's entries at or below ``now_ms`` (a subtree whose
+        root is later holds none), the stale ones skipped."""
+        heap, out, found = self.deadlines, self.out, []
+        if limit is not None:
+            taken: list[tuple[int, int, int]] = []
+            while heap and len(taken) < limit and heap[0][0] <= now_ms:
+                entry = heapq.heappop(heap)
+                deadline, off, handle = entry
+                o = out.get(off)
+                if o is not None and o.handle == handle and o.deadline_ms == deadline:
+                    taken.append(entry)
+            for entry in taken:
+                heapq.heappush(heap, entry)
+            return sorted(off for _, off, _ in taken)
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            deadline, off, handle = heap[i]
+            if deadline > now_ms:
+                continue
+            o = out.get(off)
+            if o is not None and o.handle == handle and o.deadline_ms == deadline:
+                found.append(off)
+            stack.extend(j for j in (2 * i + 1, 2 * i + 2) if j < len(heap))
+        return sorted(found)
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A message a POP may hand out: its offset and message group (FIFO)."""
+    """A message a POP may hand out: its offset, message group (FIFO) and record."""
 
     offset: int
     group: str | None = None
+    raw: bytes = b""
 
 
 def choose(state: QueueState, now_ms: int, max_nums: int, fresh: Iterable[Candidate],
@@ -66,7 +125,8 @@ def choose(state: QueueState, now_ms: int, max_nums: int, fresh: Iterable[Candid
     new: list[Candidate] = []
     blocked: set[str] = set()  # FIFO: groups with an earlier message out
     ordered = fifo  # a message without a group is ordered with nothing
-    for off in sorted(state.out):
+    # unordered: the due ones, a few more than fit (some may wait for the DLQ instead)
+    for off in sorted(state.out) if ordered else state.due(now_ms, 2 * max_nums + 16):
         o = state.out[off]
         if ordered and o.group is not None and o.group in blocked:
             continue
@@ -89,10 +149,13 @@ def choose(state: QueueState, now_ms: int, max_nums: int, fresh: Iterable[Candid
 # ---- the changes, as the records say them ----------------------------------------------
 def apply_checkpoint(state: QueueState, handle: int, offsets: Iterable[int],
                      attempts: Iterable[int], groups: Iterable[str | None], deadline_ms: int,
-                     next_after: int) -> None:
-    """A POP handed these offsets out (each its ``attempts``-th time) until ``deadline_ms``."""
+                     next_after: int, max_attempts: int = 0) -> None:
+    """A POP handed these offsets out (each its ``attempts``-th time) until ``deadline_ms``;
+    one handed out ``max_attempts`` times goes to the DLQ if it comes due again."""
     for off, n, group in zip(offsets, attempts, groups, strict=True):
-        state.out[off] = Out(deadline_ms, n, handle, group)
+        state.put(off, Out(deadline_ms, n, handle, group))
+        if max_attempts and n >= max_attempts:
+            state.maxed.add(off)
     state.next = max(state.next, next_after)
 
 
@@ -104,6 +167,7 @@ def apply_resolve(state: QueueState, offsets: Iterable[int], handles: Iterable[i
         o = state.out.get(off)
         if o is not None and o.handle == handle:
             del state.out[off]
+            state.maxed.discard(off)
             done.append(off)
     return done
 
@@ -116,4 +180,5 @@ def apply_change(state: QueueState, offset: int, old_handle: int, new_handle: in
         return False
     o.deadline_ms = deadline_ms
     o.handle = new_handle
+    state.noted(offset, o)
     return True

@@ -14,9 +14,10 @@ import pytest
 from helpers.brokers import addr, wait_for
 
 from common.broker.broker import Broker
-from common.client import Consumer, Producer, SimpleConsumer
+from common.client import Consumer, Producer, PushConsumer, SimpleConsumer
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import dlq_topic
+from common.format.protocol import RequestCode
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(90)]
 
@@ -53,6 +54,19 @@ def test_consumers_of_a_group_share_the_messages_and_acked_ones_never_come_back(
         a.ack(again[0])  # acked already: fine
     with SimpleConsumer([addr(broker)], "other") as c:  # another group reads everything
         assert len(c.receive("t", 32, INVISIBLE)) == 6
+
+
+def test_a_batch_ack_acks_many_and_names_the_handles_it_could_not_use(
+        make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(**POP_BROKER)
+    send(broker, 5)
+    with SimpleConsumer([addr(broker)], "g") as c:
+        first = c.receive("t", 5, INVISIBLE)
+        assert c.ack_batch(first[:3]) == []
+        c.ack(first[3])
+        failed = c.ack_batch([first[3], first[4], "rp1 pb t 0 77 0 0 1000"])
+        assert [why for _, why in failed] == [failed[0][1]] and "never" in failed[0][1]
+        assert c.receive("t", 5, INVISIBLE, wait_ms=1500) == []  # all five acked
 
 
 def test_after_max_reconsume_times_a_message_goes_to_the_dlq(
@@ -159,3 +173,50 @@ def test_bad_requests_are_refused_and_the_broker_serves_on(
             c.ack("rp1 pb t 0 99 0 0 1000")  # never handed out
         assert e.value.code == ResponseCode.MESSAGE_ILLEGAL
         assert [r.message.body for r in c.receive("t", 1, INVISIBLE)] == [b"m0"]
+
+
+def test_one_group_reads_one_way_pop_or_offsets(make_broker: Callable[..., Broker]) -> None:
+    """A group that POPs refuses an offset-based member's heartbeat, and a group with live
+    offset-based members refuses a POP: both would be handed the same messages."""
+    broker = make_broker(**POP_BROKER)
+    send(broker, 2)
+
+    def heartbeat(c: Consumer, group: str) -> Any:
+        return c._cluster.request(addr(broker), RequestCode.CONSUMER_HEARTBEAT,
+                                  {"group": group, "clientId": "member-1"})
+
+    with SimpleConsumer([addr(broker)], "popping", retries=0) as popper, \
+            Consumer([addr(broker)], group="x", retries=0) as raw:
+        assert len(popper.receive("t", 1, INVISIBLE)) == 1
+        refused = heartbeat(raw, "popping")
+        assert refused.code == ResponseCode.BAD_REQUEST and "by POP" in refused.remark
+        assert heartbeat(raw, "pulling").code == ResponseCode.SUCCESS
+    with SimpleConsumer([addr(broker)], "pulling", retries=0) as late:
+        with pytest.raises(BrokerError) as e:
+            late.receive("t", 1, INVISIBLE)
+        assert e.value.code == ResponseCode.BAD_REQUEST and "by offset" in e.value.remark
+
+
+def test_a_push_consumer_calls_its_listener_on_a_pool_and_retries_what_failed(
+        make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(**POP_BROKER)
+    send(broker, 20)
+    seen: list[tuple[bytes, int]] = []
+    lock = threading.Lock()
+    threads: set[str] = set()
+
+    def listener(msg: Any) -> bool:
+        with lock:
+            seen.append((msg.body, msg.reconsume_times))
+            threads.add(threading.current_thread().name)
+        if msg.body == b"m7" and msg.reconsume_times == 0:
+            raise RuntimeError("the first try of m7 fails")
+        return not (msg.body == b"m3" and msg.reconsume_times < 2)  # m3: twice refused
+
+    with PushConsumer([addr(broker)], "g", "t", listener, threads=3,
+                      invisible_ms=INVISIBLE) as push:
+        wait_for(lambda: push.consumed == 20, "every message consumed", timeout_s=30)
+    bodies = sorted({b for b, _ in seen})
+    assert bodies == sorted(b"m%d" % i for i in range(20))
+    assert (b"m7", 1) in seen and (b"m3", 2) in seen and push.failed == 3
+    assert len(threads) > 1  # a pool, not one thread

@@ -23,7 +23,7 @@ from common.format.protocol import (
 pytestmark = pytest.mark.unit
 
 # a POP writes a revive record (a master's), answered once it is durable
-POP_CODES = (RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE,
+POP_CODES = (RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE, RequestCode.BATCH_ACK_MESSAGE,
              RequestCode.CHANGE_MESSAGE_INVISIBLETIME)
 
 
