@@ -140,12 +140,19 @@ def cmd_groups(args: argparse.Namespace) -> int:
             statuses = {"": admin.status(admin.master_address())}
     members: dict[str, int] = {}
     dead: dict[str, int] = {}
+    popping: dict[str, dict[str, int]] = {}  # POP: in flight, due again, redelivered
+    for status in statuses.values():
+        for name, figures in ((status.get("pop") or {}).get("groups") or {}).items():
+            mine = popping.setdefault(name, {"inFlight": 0, "due": 0, "redelivered": 0})
+            for k in mine:
+                mine[k] += int(figures.get(k, 0))
     for status in statuses.values():  # every member heartbeats every master: the most seen
         for name, n in (status.get("consumerGroups") or {}).items():
             members[name] = max(members.get(name, 0), int(n))
         for name, n in (status.get("deadLetters") or {}).items():
             dead[name] = dead.get(name, 0) + int(n)
-    names = sorted({g for offsets in by_broker.values() for g in offsets} | {*members, *dead})
+    names = sorted({g for offsets in by_broker.values() for g in offsets}
+                   | {*members, *dead, *popping})
     if args.group is not None:
         if args.group not in names:
             raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
@@ -168,22 +175,28 @@ def cmd_groups(args: argparse.Namespace) -> int:
                         per_topic.setdefault(topic, []).append(row)
             topics = [{"topic": t, "lag": sum(r["lag"] for r in qs), "queues": qs}
                       for t, qs in sorted(per_topic.items())]
+            pop = popping.get(name, {"inFlight": 0, "due": 0, "redelivered": 0})
             groups.append({"group": name, "members": members.get(name, 0),
                            "deadLetters": dead.get(name, 0),
-                           "lag": sum(t["lag"] for t in topics), "topics": topics})
+                           "lag": sum(t["lag"] for t in topics), "topics": topics,
+                           "pop": pop})
     if args.json:
         emit_json({"groups": groups})
         return EXIT_OK
     table = Table(title="consumer groups")
-    for col in ("group", "members", "topic", "queues", "lag", "deadLetters"):
+    for col in ("group", "members", "topic", "queues", "lag", "deadLetters", "POP in flight",
+                "due again", "redelivered"):
         table.add_column(col, justify="left" if col in ("group", "topic") else "right")
     for g in groups:
         rows = g["topics"] or [{"topic": "", "queues": [], "lag": 0}]
         for i, topic_row in enumerate(rows):
             first = i == 0
+            pop = g["pop"]
             table.add_row(g["group"] if first else "", str(g["members"]) if first else "",
                           topic_row["topic"], str(len(topic_row["queues"])), str(topic_row["lag"]),
-                          str(g["deadLetters"]) if first else "")
+                          str(g["deadLetters"]) if first else "",
+                          *(str(pop[k]) if first else "" for k in ("inFlight", "due",
+                                                                   "redelivered")))
     out.print(table)
     return EXIT_OK
 

@@ -100,6 +100,11 @@ def cmd_consume(args: argparse.Namespace) -> int:
     """A group member until ``--max`` messages or ``--idle-s`` without one (or Ctrl-C)."""
     from common.client.group_consumer import GroupConsumer
 
+    if args.pop:
+        return _consume_by_pop(args)
+    if args.fifo or args.no_ack:
+        raise UsageError("--fifo and --no-ack go with --pop")
+
     topics = [t.strip() for t in args.topic.split(",") if t.strip()]
     count = 0
     consumed: list[dict[str, Any]] = []  # --json: one document at the end, as every command
@@ -134,6 +139,52 @@ def cmd_consume(args: argparse.Namespace) -> int:
                    "messages": consumed})
     else:
         err.print(f"consumed {count} messages as a member of {args.group}")
+    return EXIT_OK
+
+
+def _consume_by_pop(args: argparse.Namespace) -> int:
+    """``consume --pop``: receive, print, ack (unless ``--no-ack``)."""
+    from common.client import SimpleConsumer
+
+    if "," in args.topic or args.broadcasting:
+        raise UsageError("--pop reads one topic, and cannot broadcast (POP hands each message "
+                         "to one consumer of the group)")
+    count = 0
+    consumed: list[dict[str, Any]] = []
+    with SimpleConsumer(args.servers, args.group, timeout_ms=args.timeout_ms,
+                        **curve_args(args)) as consumer:
+        idle_until = time.monotonic() + args.idle_s
+        try:
+            while (args.max <= 0 or count < args.max) and time.monotonic() < idle_until:
+                want = 32 if args.max <= 0 else max(1, min(32, args.max - count))
+                got = consumer.receive(args.topic, want, args.invisible_ms, wait_ms=500,
+                                       fifo=args.fifo,
+                                       from_newest=args.start == "latest")
+                if got:
+                    idle_until = time.monotonic() + args.idle_s
+                for r in got:
+                    count += 1
+                    m = r.message
+                    doc = {**m.to_json(), "reconsumeTimes": m.reconsume_times,
+                           "receiptHandle": r.receipt_handle}
+                    if args.json:
+                        consumed.append(doc)
+                    else:
+                        body = doc["body"]
+                        out.print(f"{m.topic}/{m.queue_id}@{m.queue_offset} "
+                                  f"(reconsume {m.reconsume_times}) "
+                                  f"{body if body is not None else f'<{len(m.body)} bytes>'}")
+                if got and not args.no_ack:
+                    for handle, why in consumer.ack_batch(got):
+                        err.print(f"ack refused for {handle}: {why}")
+        except KeyboardInterrupt:
+            pass
+    if args.json:
+        emit_json({"group": args.group, "topics": [args.topic], "consumed": count,
+                   "messages": consumed})
+    else:
+        acked = "received" if args.no_ack else "received and acked"
+        err.print(f"{acked} {count} messages by POP as group {args.group}")
     return EXIT_OK
 
 

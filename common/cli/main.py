@@ -182,6 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read every queue (every message), offsets kept in a local file")
     p.add_argument("--offsets-file", help="with --broadcasting: where the offsets are kept "
                    "(default ~/.replog_offsets/<host>@DEFAULT/<group>/offsets.json)")
+    g = p.add_argument_group("POP (RocketMQ 5's SimpleConsumer: no rebalance, each message to "
+                             "one consumer, acked one by one)")
+    g.add_argument("--pop", action="store_true", help="consume by POP (one topic)")
+    g.add_argument("--invisible-ms", type=int, default=30_000,
+                   help="with --pop: how long a received message stays hidden from the group")
+    g.add_argument("--fifo", action="store_true",
+                   help="with --pop: a message group's messages one at a time, in order")
+    g.add_argument("--no-ack", action="store_true",
+                   help="with --pop: receive without acking (they come back, counted)")
 
     p = _client(sub, "dlq", "a consumer group's dead letters; --resend sends them to it again")
     p.add_argument("--group", required=True)

@@ -96,6 +96,7 @@ class PopStore:
         self.path: Path = store.root / "config" / "popcheck"
         self.stats: dict[str, int] = dict.fromkeys(FIGURES, 0)
         self.last_pop: dict[str, int] = {}  # group -> when it last popped here (ms)
+        self.redelivered: dict[str, int] = {}  # group -> hand-outs again, by this master
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -202,8 +203,10 @@ class PopStore:
             apply_checkpoint(state, phy, chosen, attempts, groups, deadline, next_after, limit)
             self.max_attempts[key] = limit
             self._applied(pending)
+            again_count = sum(1 for a in attempts if a > 1)
             self.stats["popped"] += len(chosen)
-            self.stats["redelivered"] += sum(1 for a in attempts if a > 1)
+            self.stats["redelivered"] += again_count
+            self.redelivered[key[0]] = self.redelivered.get(key[0], 0) + again_count
         return Popped(raws, chosen, attempts, phy, deadline, pending, state.next)
 
     def _fresh(self, key: Key, start: int, max_nums: int, sub: Subscription,
@@ -325,11 +328,20 @@ class PopStore:
             return any(s.out for k, s in self.queues.items() if k[0] == group)
 
     def figures(self, now_ms: int) -> dict[str, Any]:
+        """The counters, totals, and per group: in flight, due again, redelivered."""
         with self.lock:
-            in_flight = sum(s.in_flight(now_ms) for s in self.queues.values())
-            out = sum(len(s.out) for s in self.queues.values())
-            return {**self.stats, "queues": len(self.queues), "inFlight": in_flight,
-                    "due": out - in_flight}
+            groups: dict[str, dict[str, int]] = {}
+            for (group, _, _), s in self.queues.items():
+                g = groups.setdefault(group, {"inFlight": 0, "due": 0, "redelivered": 0})
+                flying = s.in_flight(now_ms)
+                g["inFlight"] += flying
+                g["due"] += len(s.out) - flying
+            for group, n in self.redelivered.items():
+                groups.setdefault(group, {"inFlight": 0, "due": 0, "redelivered": 0})
+                groups[group]["redelivered"] = n
+            return {**self.stats, "queues": len(self.queues),
+                    "inFlight": sum(g["inFlight"] for g in groups.values()),
+                    "due": sum(g["due"] for g in groups.values()), "groups": groups}
 
     def groups(self, now_ms: int) -> Iterator[tuple[Key, int, int, int]]:
         """(key, floor, in flight, due) of every queue read by POP."""

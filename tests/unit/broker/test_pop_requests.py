@@ -5,6 +5,7 @@ long polling; FIFO; a filter; and what a slave and bad requests are answered."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -220,3 +221,30 @@ def test_a_push_consumer_calls_its_listener_on_a_pool_and_retries_what_failed(
     assert bodies == sorted(b"m%d" % i for i in range(20))
     assert (b"m7", 1) in seen and (b"m3", 2) in seen and push.failed == 3
     assert len(threads) > 1  # a pool, not one thread
+
+
+def test_replog_consume_pop_and_replog_groups_show_what_is_in_flight(
+        make_broker: Callable[..., Broker], capsys: pytest.CaptureFixture[str]) -> None:
+    from common.cli.main import main
+
+    broker = make_broker(**POP_BROKER)
+    send(broker, 4)
+    server = addr(broker)
+    assert main(["consume", "-s", server, "-t", "t", "--group", "cli", "--pop", "--from",
+                 "earliest", "-n", "3", "--no-ack", "--invisible-ms", str(INVISIBLE), "--idle-s",
+                 "2", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["consumed"] == 3 and all(m["receiptHandle"] for m in got["messages"])
+    assert main(["groups", "-s", server, "--group", "cli", "--json"]) == 0
+    [group] = json.loads(capsys.readouterr().out)["groups"]
+    assert group["pop"] == {"inFlight": 3, "due": 0, "redelivered": 0}
+    time.sleep(INVISIBLE / 1000 + 0.2)  # the three come back, counted, and are acked now
+    assert main(["consume", "-s", server, "-t", "t", "--group", "cli", "--pop", "-n", "4",
+                 "--idle-s", "2", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)["messages"]
+    assert sorted(m["reconsumeTimes"] for m in again) == [0, 1, 1, 1]
+    assert main(["groups", "-s", server, "--group", "cli", "--json"]) == 0
+    [group] = json.loads(capsys.readouterr().out)["groups"]
+    assert group["pop"] == {"inFlight": 0, "due": 0, "redelivered": 3}
+    with pytest.raises(SystemExit):
+        main(["consume", "-s", server, "-t", "t", "--group", "cli", "--fifo"])
