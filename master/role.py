@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from common.broker.replies import Reply, reply
-from common.broker.tables import TopicTable, TopicTableFull
+from common.broker.tables import MESSAGE_TYPE, MESSAGE_TYPES, TopicTable, TopicTableFull
 from common.core import timer as timer_messages
 from common.core import transaction as transactions
 from common.core.config import BrokerConfig
@@ -43,6 +43,7 @@ from common.core.logs import log_event
 from common.core.message import (
     PROPERTY_DELAY,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_SHARDING_KEY,
     PROPERTY_UNIQ_KEY,
     SYSFLAG_TRANSACTION_PREPARED,
     Message,
@@ -186,6 +187,8 @@ class MasterRole:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                          f"sysFlag TRANSACTION_PREPARED without {transactions.TRAN_MSG}=true: a "
                          "half message carries both")
+        if PROPERTY_SHARDING_KEY not in props and self.topics.message_type(f["topic"]) == "FIFO":
+            return _no_message_group(req, f["topic"])
         if props:
             reserved = _broker_only(props)
             if reserved is not None:
@@ -278,6 +281,10 @@ class MasterRole:
             return refusal
         f = req.fields
         meta = f.get("meta")
+        if self.topics.message_type(f["topic"]) == "FIFO" and (
+                meta is None or any(not m or not m[2] or PROPERTY_SHARDING_KEY not in m[2]
+                                    for m in meta)):
+            return _no_message_group(req, f["topic"])
         if meta is not None:
             for m in meta:
                 props = m[2]
@@ -358,19 +365,31 @@ class MasterRole:
         queues are refused, as Kafka refuses fewer partitions: producers and consumers would
         stop seeing the queues cut off, and the messages in them."""
         topic, nums = req.fields["topic"], req.fields["queueNums"]
+        attributes = req.fields.get("attributes")
+        if attributes is not None:
+            unknown = sorted(set(attributes) - {MESSAGE_TYPE})
+            if unknown:
+                return reply(req, ResponseCode.BAD_REQUEST, f"topic attribute {unknown[0]}: "
+                             f"the attributes known are {MESSAGE_TYPE}", {"field": "attributes"})
+            if attributes.get(MESSAGE_TYPE, "NORMAL") not in MESSAGE_TYPES:
+                return reply(req, ResponseCode.BAD_REQUEST, f"{MESSAGE_TYPE} "
+                             f"{attributes[MESSAGE_TYPE]!r}: one of {', '.join(MESSAGE_TYPES)}",
+                             {"field": "attributes"})
         have = self.topics.queue_nums(topic)
         if nums < have:
             return reply(req, ResponseCode.BAD_REQUEST,
                          f"topic {topic} has {have} queues: a topic cannot shrink to {nums} "
                          "(the messages in the queues cut off would be unreachable)")
-        if nums != have:
+        if nums != have or (attributes is not None
+                            and attributes != self.topics.attributes(topic)):
             try:
-                self.topics.create(topic, nums)
+                self.topics.create(topic, nums, attributes)
             except TopicTableFull as e:
                 return reply(req, ResponseCode.BAD_REQUEST, str(e))
             log_event(log, "topic_created" if have == 0 else "topic_grown", topic=topic,
-                      queues=nums, before=have)
-        return reply(req, fields={"queueNums": nums, "before": have})
+                      queues=nums, before=have, attributes=attributes or {})
+        return reply(req, fields={"queueNums": nums, "before": have,
+                                  "attributes": self.topics.attributes(topic)})
 
     def _send_back(self, req: Request) -> Reply:
         """CONSUMER_SEND_MSG_BACK: store the consumer's failed message again, into its group's
@@ -520,6 +539,12 @@ MAX_DELAY_LEVEL = SCHEMAS[RequestCode.SEND]["delayLevel"].hi
 # properties only the broker sets: a forged one would resolve a transaction, or tell slaves
 # that timer ticks were delivered
 BROKER_ONLY = (*timer_messages.RESERVED, *transactions.RESERVED)
+
+
+def _no_message_group(req: Request, topic: str) -> Response:
+    return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"topic {topic} is a FIFO topic "
+                 f"({MESSAGE_TYPE}=FIFO): each message needs a message group "
+                 f"({PROPERTY_SHARDING_KEY}, a producer's shard_key), which keeps its order")
 
 
 def _broker_only(props: dict[str, str]) -> str | None:

@@ -20,10 +20,14 @@ from common.format.tables import (
     json_bytes,
     loads,
     parse_offsets,
+    parse_topic_attributes,
     parse_topic_perms,
     parse_topics,
     read_table,
 )
+
+MESSAGE_TYPE = "message.type"  # RocketMQ 5's topic attribute: NORMAL, FIFO, DELAY, TRANSACTION
+MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 
 
 class TopicTableFull(ValueError):
@@ -39,6 +43,7 @@ class TopicTable:
         doc = read_table(self.path)
         self._queues, self._counter = parse_topics(doc, str(self.path))
         self._perms = parse_topic_perms(doc, str(self.path))  # kept as read; new topics 6
+        self._attrs = parse_topic_attributes(doc, str(self.path))  # e.g. message.type
         self.on_change: Callable[[], None] | None = None  # after a topic is made or grown
         # (queues, perms) the table would hold -> "" if that may be, else why not: in
         # controller mode the table must fit in the znode its routes are published in
@@ -61,10 +66,18 @@ class TopicTable:
     def queue_nums(self, topic: str) -> int:
         return self._queues.get(topic, 0)
 
-    def create(self, topic: str, queue_nums: int) -> None:
+    def create(self, topic: str, queue_nums: int,
+               attributes: dict[str, str] | None = None) -> None:
+        """Make or grow ``topic``; ``attributes`` (when given) replace the ones it had."""
         with self._lock:
-            if self._queues.get(topic) == queue_nums:
+            same_attrs = attributes is None or attributes == self._attrs.get(topic, {})
+            if self._queues.get(topic) == queue_nums and same_attrs:
                 return
+            if attributes is not None:
+                if attributes:
+                    self._attrs[topic] = dict(attributes)
+                else:
+                    self._attrs.pop(topic, None)
             if self.admit is not None:
                 why = self.admit({**self._queues, topic: queue_nums}, self._perms)
                 if why:
@@ -87,6 +100,13 @@ class TopicTable:
     def perm(self, topic: str) -> int:
         return self._perms.get(topic, PERM_READ_WRITE)
 
+    def attributes(self, topic: str) -> dict[str, str]:
+        return dict(self._attrs.get(topic, {}))
+
+    def message_type(self, topic: str) -> str:
+        """RocketMQ 5's ``message.type`` attribute ("" when the topic has none)."""
+        return self._attrs.get(topic, {}).get(MESSAGE_TYPE, "")
+
     def to_bytes(self) -> bytes:
         """The table as topics.json holds it (what a slave asks for)."""
         with self._lock:
@@ -99,13 +119,15 @@ class TopicTable:
         doc = loads(raw, source)
         queues, counter = parse_topics(doc, source)
         perms = parse_topic_perms(doc, source)
+        attrs = parse_topic_attributes(doc, source)
         for name, nums in (seen or {}).items():
             queues[name] = max(nums, queues.get(name, 0))
         with self._lock:
-            if queues == self._queues and perms == self._perms:
+            if queues == self._queues and perms == self._perms and attrs == self._attrs:
                 return False
             self._queues, self._counter = queues, max(counter, self._counter + 1)
             self._perms = perms
+            self._attrs = attrs
             atomic_write_json(self.path, self._to_json())
             return True
 
@@ -116,6 +138,7 @@ class TopicTable:
                 "readQueueNums": nums,
                 "writeQueueNums": nums,
                 "perm": self._perms.get(name, PERM_READ_WRITE),
+                **({"attributes": dict(self._attrs[name])} if name in self._attrs else {}),
             }
             for name, nums in sorted(self._queues.items())
         }

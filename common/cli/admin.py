@@ -18,18 +18,34 @@ PEER_TIMEOUT_MS = 2000  # controller status: a member named by an answer, not by
 PROMOTE_TIMEOUT_MS = 30_000
 
 
+def _attributes(given: list[str] | None) -> dict[str, str] | None:
+    """``--attr message.type=FIFO`` (repeatable) -> the attributes; None when none given."""
+    if not given:
+        return None
+    out = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--attr {item!r}: give NAME=VALUE, e.g. message.type=FIFO")
+        out[name.strip()] = value.strip()
+    return out
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     """The cluster's topics with their queues and messages, group by group (RocketMQ's
     topicList/topicRoute, ``kafka-topics --describe``); ``--create T --queues N`` makes a topic
     or grows it on every group's master (or on ``--broker-names``)."""
     if (args.create is None) != (args.queues is None):
         raise UsageError("--create TOPIC and --queues N go together")
+    if args.attr and args.create is None:
+        raise UsageError("--attr goes with --create")
     names = _names(args.broker_names)
     if names is not None and args.create is None:
         raise UsageError("--broker-names goes with --create")
     with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
         if args.create is not None:
-            before = admin.create_topic_on_groups(args.create, args.queues, names)
+            attributes = _attributes(args.attr)
+            before = admin.create_topic_on_groups(args.create, args.queues, names, attributes)
             doc: dict[str, Any] = {"topic": args.create, "queueNums": args.queues,
                                    "before": min(before.values()), "groups": before}
             if args.json:

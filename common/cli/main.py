@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "every broker group's master")
     p.add_argument("--queues", type=int, help="with --create: the queue count (never fewer)")
     p.add_argument("--broker-names", metavar="A,B", help="with --create: only these groups")
+    p.add_argument("--attr", action="append", metavar="NAME=VALUE",
+                   help="with --create: a topic attribute, e.g. message.type=FIFO (every "
+                   "message needs a message group); given, they replace the topic's")
 
     p = _client(sub, "groups", "consumer groups: members, lag per topic, dead letters")
     p.add_argument("--group", help="only this group")

@@ -93,28 +93,34 @@ class Admin(ClientBase):
         return bytes(resp.bodies[0])
 
     def create_topic(self, topic: str, queue_nums: int,
-                     broker_names: list[str] | None = None) -> int:
+                     broker_names: list[str] | None = None,
+                     attributes: dict[str, str] | None = None) -> int:
         """Make ``topic`` with ``queue_nums`` queues on the master of every broker group of the
         cluster (or of the groups named), or grow it to that many (RocketMQ's updateTopic on
         each broker of the cluster); returns how many it had before where it had the fewest
         (0: it is new somewhere). A topic never shrinks: fewer queues than a group has is
-        refused (BAD_REQUEST) by that group. ``create_topic_on_groups`` says group by group."""
-        return min(self.create_topic_on_groups(topic, queue_nums, broker_names).values())
+        refused (BAD_REQUEST) by that group. ``attributes``: RocketMQ 5's topic attributes
+        (``{"message.type": "FIFO"}``: every message needs a message group), replacing the
+        topic's. ``create_topic_on_groups`` says group by group."""
+        return min(self.create_topic_on_groups(topic, queue_nums, broker_names,
+                                               attributes).values())
 
     def create_topic_on_groups(self, topic: str, queue_nums: int,
-                               broker_names: list[str] | None = None) -> dict[str, int]:
+                               broker_names: list[str] | None = None,
+                               attributes: dict[str, str] | None = None) -> dict[str, int]:
         """``create_topic``, returning group -> the queue count it had before. Each master
         publishes its topics to ZooKeeper at once, so the cluster's route names the topic
         right after (clients take it at their next route refresh)."""
         groups = self._groups(broker_names)
         self._wait_masters([name for name, _ in groups])
         before: dict[str, int] = {}
+        fields: dict[str, Any] = {"topic": topic, "queueNums": queue_nums}
+        if attributes is not None:
+            fields["attributes"] = dict(attributes)
         for name, cluster in groups:
 
             def attempt(address: str, cluster: Cluster = cluster, name: str = name) -> int:
-                resp = cluster.request(
-                    address, RequestCode.CREATE_TOPIC, {"topic": topic, "queueNums": queue_nums}
-                )
+                resp = cluster.request(address, RequestCode.CREATE_TOPIC, fields)
                 if not resp.ok:
                     raise BrokerError(resp.code, f"{name}: {resp.remark}")
                 return int(resp.fields.get("before", 0))

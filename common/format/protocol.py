@@ -346,6 +346,9 @@ SPECS: dict[RequestCode, RequestSpec] = {
     RequestCode.CREATE_TOPIC: RequestSpec({
         "topic": _TOPIC,
         "queueNums": Field("int", required=True, lo=1, hi=MAX_QUEUE_NUMS),
+        # RocketMQ 5's topic attributes (``message.type``: NORMAL, FIFO, ...); given, they
+        # replace the topic's
+        "attributes": Field("props"),
     }, _ADMIN, kind=WRITE, names_topic=True),
     # a consumer failed a message: store it again for a retry or the DLQ. RocketMQ checks SUB
     # on the group's retry topic only; the origin topic too, or an account could copy any

@@ -118,6 +118,22 @@ def parse_topic_perms(doc: Any, source: str) -> dict[str, int]:
             for name, entry in table.items()}
 
 
+def parse_topic_attributes(doc: Any, source: str) -> dict[str, dict[str, str]]:
+    """topics.json -> topic -> its ``attributes`` (RocketMQ 5's TopicConfig: e.g.
+    ``message.type``), for the topics that have any."""
+    table = _mapping(_mapping(doc, source, "the document").get("topicConfigTable", {}), source,
+                     "topicConfigTable")
+    out: dict[str, dict[str, str]] = {}
+    for name, entry in table.items():
+        attrs = _mapping(_mapping(entry, source, f"topic {name!r}").get("attributes") or {},
+                         source, f"topic {name!r} attributes")
+        if attrs:
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in attrs.items()):
+                raise ValueError(f"{source}: topic {name!r} attributes must map text to text")
+            out[name] = dict(attrs)
+    return out
+
+
 def parse_offsets(doc: Any, source: str) -> dict[str, dict[int, int]]:
     """consumerOffset.json (and delayOffset.json's inner table) -> key -> queue -> offset."""
     table = _mapping(_mapping(doc, source, "the document").get("offsetTable", {}), source,

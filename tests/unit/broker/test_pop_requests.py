@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -248,3 +249,38 @@ def test_replog_consume_pop_and_replog_groups_show_what_is_in_flight(
     assert group["pop"] == {"inFlight": 0, "due": 0, "redelivered": 3}
     with pytest.raises(SystemExit):
         main(["consume", "-s", server, "-t", "t", "--group", "cli", "--fifo"])
+
+
+def test_a_fifo_topic_takes_only_messages_with_a_message_group(
+        make_broker: Callable[..., Broker], capsys: pytest.CaptureFixture[str]) -> None:
+    """RocketMQ 5's ``message.type=FIFO`` topic attribute: kept in topics.json (and so copied
+    by slaves), and every message sent to the topic needs a message group."""
+    from common.broker.tables import TopicTable
+    from common.cli.main import main
+    from common.client import Admin
+
+    broker = make_broker(**POP_BROKER)
+    server = addr(broker)
+    assert main(["topics", "-s", server, "--create", "ff", "--queues", "2", "--attr",
+                 "message.type=FIFO", "--json"]) == 0
+    capsys.readouterr()
+    with Admin([server], retries=0) as admin:
+        with pytest.raises(BrokerError) as bad:
+            admin.create_topic("fx", 2, attributes={"message.type": "ORDERLY"})
+        assert bad.value.code == ResponseCode.BAD_REQUEST and "FIFO" in bad.value.remark
+        with pytest.raises(BrokerError) as bad:
+            admin.create_topic("fx", 2, attributes={"colour": "blue"})
+        assert bad.value.code == ResponseCode.BAD_REQUEST
+    with Producer([server], retries=0) as p:
+        with pytest.raises(BrokerError) as refused:
+            p.send("ff", b"no group", queue_id=0)
+        assert refused.value.code == ResponseCode.MESSAGE_ILLEGAL
+        assert "message group" in refused.value.remark
+        with pytest.raises(BrokerError):
+            p.send_batch("ff", [b"a", b"b"], queue_id=0)
+        assert p.send("ff", b"grouped", shard_key="order-1").status.value == "SEND_OK"
+        assert p.send("t", b"a normal topic needs none", queue_id=0).status.value == "SEND_OK"
+    table = TopicTable(broker.cfg.store_root / "config")
+    assert table.message_type("ff") == "FIFO" and table.message_type("t") == ""
+    copy = TopicTable(Path(str(broker.cfg.store_root)) / "copy")  # a slave takes the table
+    assert copy.replace(table.to_bytes(), "master") and copy.message_type("ff") == "FIFO"
