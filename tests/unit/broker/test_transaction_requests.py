@@ -172,9 +172,10 @@ def test_what_a_producer_may_not_send(broker: Broker) -> None:
 
 
 def test_a_commit_the_slave_did_not_take_is_not_rolled_back(tmp_path: Path) -> None:
-    """rmq#3885: a SYNC_MASTER whose slave is away stores the commit and its op but cannot
-    promise them (SLAVE_NOT_AVAILABLE); the transaction stays committed: the same end again
-    is answered without a write, a rollback is refused, no check asks about it."""
+    """rmq#3885: a SYNC_MASTER whose slave is away stores the commit (its op waits for the
+    next batch) but cannot promise it (SLAVE_NOT_AVAILABLE); the transaction stays committed:
+    the same end again is answered without a write, a rollback is refused, no check asks
+    about it."""
     cfg = load_config(None, (), env={}, listenPort=free_port(), haListenPort=free_port(),
                       storePathRootDir=str(tmp_path / "b"), mappedFileSizeCommitLog=1024 * 1024,
                       brokerRole="SYNC_MASTER", transactionCheckInterval=200,
