@@ -43,10 +43,6 @@ class ReceiptHandle(NamedTuple):
                          str(self.offset), str(self.handle), str(self.pop_time_ms),
                          str(self.invisible_ms)))
 
-    @property
-    def deadline_ms(self) -> int:
-        return self.pop_time_ms + self.invisible_ms
-
     @classmethod
     def decode(cls, text: str) -> ReceiptHandle:
         """ValueError naming what is wrong with a handle that is not one of ours."""

@@ -128,8 +128,6 @@ class Pop(Protocol):
 
     def figures(self, now_ms: int) -> dict[str, Any]: ...
 
-    def groups(self, now_ms: int) -> Iterator[tuple[Key, int, int, int]]: ...
-
 
 class WriteStore(ReadStore, Protocol):
     @property

@@ -93,9 +93,6 @@ class FakePop:
     def figures(self, now_ms: int) -> dict[str, Any]:
         return {}
 
-    def groups(self, now_ms: int) -> Iterator[tuple[Key, int, int, int]]:
-        return iter(())
-
 
 class FakeStore:
     """In-memory records; arrival notices come from a separate 'reput' thread like the real one."""

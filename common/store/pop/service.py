@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -342,13 +342,6 @@ class PopStore:
             return {**self.stats, "queues": len(self.queues),
                     "inFlight": sum(g["inFlight"] for g in groups.values()),
                     "due": sum(g["due"] for g in groups.values()), "groups": groups}
-
-    def groups(self, now_ms: int) -> Iterator[tuple[Key, int, int, int]]:
-        """(key, floor, in flight, due) of every queue read by POP."""
-        with self.lock:
-            for key, s in self.queues.items():
-                flying = s.in_flight(now_ms)
-                yield key, s.floor, flying, len(s.out) - flying
 
     # ---- the store service: load, checkpoint, cuts --------------------------------------
     def start(self) -> None:
