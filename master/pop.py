@@ -40,10 +40,12 @@ log = logging.getLogger("replog.pop")
 REVIVE_INTERVAL_S = 0.2
 
 
-def pop_message(role: MasterRole, req: Request, sub: Subscription,
-                queues: list[int], start: Callable[[int], int]) -> Reply:
+def pop_message(role: MasterRole, req: Request, sub: Subscription, queues: list[int],
+                start: Callable[[int], int], order: bool, max_reconsume_times: int) -> Reply:
     """Hand out up to ``maxNums`` messages of the queues in turn (the first that has some);
-    ``start(queue_id)``: where the group begins a queue it never popped."""
+    ``start(queue_id)``: where the group begins a queue it never popped; ``order``: FIFO
+    (a queue's next message only after the one before it is done); a message handed out
+    ``max_reconsume_times`` + 1 times goes to the DLQ when its time runs out."""
     f = req.fields
     group, topic = f["group"], f["topic"]
     now = int(time.time() * 1000)
@@ -52,8 +54,8 @@ def pop_message(role: MasterRole, req: Request, sub: Subscription,
     broker = role.cfg.brokerName
     for queue_id in queues:
         got = pop_store.pop((group, topic, queue_id), functools.partial(start, queue_id),
-                            f["maxNums"], invisible, now, bool(f["order"]), sub,
-                            f["maxReconsumeTimes"] + 1, req.born_host)
+                            f["maxNums"], invisible, now, order, sub,
+                            max_reconsume_times + 1, req.born_host)
         if got.pending is not None and not got.pending.result.ok:
             return role.refused_put(req, got.pending)
         if not got.records:

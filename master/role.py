@@ -308,13 +308,14 @@ class MasterRole:
     def create_topic(self, req: Request) -> Response:
         return self._create_topic(req)
 
-    def send_back(self, req: Request) -> Reply:
-        return self._send_back(req)
+    def send_back(self, req: Request, max_reconsume_times: int) -> Reply:
+        return self._send_back(req, max_reconsume_times)
 
     # ---- POP (master/pop.py) -------------------------------------------------------------
     def pop_message(self, req: Request, sub: Subscription, queues: list[int],
-                    start: Callable[[int], int]) -> Reply:
-        return pop.pop_message(self, req, sub, queues, start)
+                    start: Callable[[int], int], order: bool,
+                    max_reconsume_times: int) -> Reply:
+        return pop.pop_message(self, req, sub, queues, start, order, max_reconsume_times)
 
     def ack_message(self, req: Request) -> Reply:
         return pop.ack_message(self, req)
@@ -391,7 +392,7 @@ class MasterRole:
         return reply(req, fields={"queueNums": nums, "before": have,
                                   "attributes": self.topics.attributes(topic)})
 
-    def _send_back(self, req: Request) -> Reply:
+    def _send_back(self, req: Request, max_reconsume_times: int) -> Reply:
         """CONSUMER_SEND_MSG_BACK: store the consumer's failed message again, into its group's
         retry topic (delayed) or DLQ (``master/send_back.py``); answered as a SEND of the copy."""
         f = req.fields
@@ -399,7 +400,7 @@ class MasterRole:
         try:
             stored = self.store.find_message(offset)
             back = send_back.plan(stored, f["group"], f["originTopic"], f["delayLevel"],
-                                  f["maxReconsumeTimes"], len(self.store.delay_levels_ms),
+                                  max_reconsume_times, len(self.store.delay_levels_ms),
                                   f.get("originMsgId") or "")
         except (LookupError, send_back.SendBackRefused) as e:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"send-back refused: {e}")

@@ -2,9 +2,10 @@
 
 Every ``slaveConfigSyncIntervalMs`` (default 1000; 0: never) the thread "replog-config-sync"
 asks the master, at the client address it announced in its HELLO_REPLY, for
-GET_ALL_TOPIC_CONFIG, GET_ALL_CONSUMER_OFFSET and GET_ALL_DELAY_OFFSET, and hands each
-document to ``apply(code, raw, source)`` (``Broker.apply_master_document``): the slave's
-topics.json, consumerOffset.json and delayOffset.json become its master's. A promoted slave
+GET_ALL_TOPIC_CONFIG, GET_ALL_CONSUMER_OFFSET, GET_ALL_DELAY_OFFSET and
+GET_ALL_SUBSCRIPTIONGROUP_CONFIG, and hands each document to ``apply(code, raw, source)``
+(``Broker.apply_master_document``): the slave's topics.json, consumerOffset.json,
+delayOffset.json and subscriptionGroup.json become its master's. A promoted slave
 therefore knows its group's topics, where each consumer group stands, and how far each delay
 level was delivered, as of at most one interval before its master stopped. Consumers resume
 there: at least once (what they committed in that last interval comes again), never from the
@@ -40,6 +41,7 @@ DOCUMENTS = (
     RequestCode.GET_ALL_TOPIC_CONFIG,
     RequestCode.GET_ALL_CONSUMER_OFFSET,
     RequestCode.GET_ALL_DELAY_OFFSET,
+    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
 )
 MAX_REQUEST_TIMEOUT_MS = 3000
 JOIN_TIMEOUT_S = 5.0

@@ -52,6 +52,7 @@ from common.broker.replies import Reply, reply
 from common.broker.role_manager import MASTER_ROLES, Role, RoleManager, RoleState
 from common.broker.security import Security
 from common.broker.server import RequestServer
+from common.broker.subscription_groups import SubscriptionGroupTable
 from common.broker.tables import ConsumerOffsetTable, TopicTable, TopicTableFull
 from common.core.config import BrokerConfig, split_addresses
 from common.core.errors import BrokerError, ConfigError, ResponseCode
@@ -60,6 +61,7 @@ from common.core.message import retry_topic
 from common.format import record_writer, tables
 from common.format.protocol import LOG_CHECKSUM_MAX_BYTES, Request, RequestCode, Response
 from common.format.record import MAX_TOPIC_BYTES
+from common.format.tables import GroupConfig
 from common.ha import epochs, promotion, term
 from common.ha.controller_core import GroupState, MemberRecord, topics_room
 from common.store.api import Store
@@ -163,6 +165,7 @@ class Broker:
         config_dir = cfg.store_root / "config"
         self.topics = TopicTable(config_dir)
         self.offsets = ConsumerOffsetTable(config_dir)
+        self.groups = SubscriptionGroupTable(config_dir, cfg.autoCreateSubscriptionGroup)
         self.consumer_groups = ConsumerGroups()
         self.producer_groups = ProducerGroups()  # live producers, by connection
         # every role change, in one sequence (common/broker/role_manager.py)
@@ -586,13 +589,29 @@ class Broker:
     def fetch_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self.offsets.fetch(group, topic, queue_id)
 
+    def group_config(self, group: str) -> GroupConfig | None:
+        """subscriptionGroup.json's entry for ``group``; with autoCreateSubscriptionGroup on, a
+        new group's is made (a master writes it; a slave answers the defaults, its table being
+        its master's copy)."""
+        return self.groups.find(group, persist=self.roles.state.is_master)
+
+    def delete_group(self, group: str, clean_offset: bool) -> tuple[bool, int]:
+        had = self.groups.delete(group) is not None
+        removed = self.offsets.remove_group(group) if clean_offset else 0
+        if removed:
+            self.offsets.persist()
+        return had, removed
+
     def config_document(self, code: RequestCode) -> bytes:
-        """GET_ALL_TOPIC_CONFIG / GET_ALL_CONSUMER_OFFSET / GET_ALL_DELAY_OFFSET: the table as
+        """GET_ALL_TOPIC_CONFIG / GET_ALL_CONSUMER_OFFSET / GET_ALL_DELAY_OFFSET /
+        GET_ALL_SUBSCRIPTIONGROUP_CONFIG: the table as
         its file holds it (what a slave copies, ``slave/config_sync.py``)."""
         if code == RequestCode.GET_ALL_TOPIC_CONFIG:
             return self.topics.to_bytes()
         if code == RequestCode.GET_ALL_CONSUMER_OFFSET:
             return self.offsets.to_bytes()
+        if code == RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG:
+            return self.groups.to_bytes()
         return tables.delay_offsets_bytes(dict(self.store.schedule.offsets))
 
     def apply_master_document(self, code: RequestCode, raw: bytes, source: str) -> bool:
@@ -605,6 +624,8 @@ class Broker:
             return self.offsets.replace(raw, source)
         if code == RequestCode.GET_ALL_DELAY_OFFSET:
             return tables.replace_delay_offsets(self.store.schedule.path, raw, source)
+        if code == RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG:
+            return self.groups.replace(raw, source)
         raise ValueError(f"{code!r} carries no table")
 
     def writer(self, req: Request) -> Writer | Response:

@@ -164,6 +164,15 @@ class ConsumerOffsetTable:
         with self._lock:
             return self._table.get(f"{topic}@{group}", {}).get(queue_id, -1)
 
+    def remove_group(self, group: str) -> int:
+        """Forget every offset ``group`` committed; how many (topic, queue) offsets went."""
+        suffix = f"@{group}"
+        with self._lock:
+            keys = [k for k in self._table if k.endswith(suffix)]
+            removed = sum(len(self._table.pop(k)) for k in keys)
+            self._dirty = self._dirty or bool(keys)
+            return removed
+
     def snapshot(self) -> dict[tuple[str, str], dict[int, int]]:
         """(group, topic) -> queue id -> committed offset: a copy, for metrics."""
         with self._lock:

@@ -142,11 +142,72 @@ def cmd_producers(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _group_change(args: argparse.Namespace) -> int | None:
+    """``--create G [--orderly] [--retry-max N] [--consume-disable]`` or ``--delete G
+    [--clean-offset]`` (RocketMQ's updateSubGroup / deleteSubGroup); None when neither."""
+    create_only = {"--orderly": args.orderly, "--retry-max": args.retry_max is not None,
+                   "--consume-disable": args.consume_disable}
+    given = [flag for flag, on in create_only.items() if on]
+    if args.create is not None and args.delete is not None:
+        raise UsageError("--create and --delete: one at a time")
+    if given and args.create is None:
+        raise UsageError(f"{', '.join(given)} go(es) with --create")
+    if args.clean_offset and args.delete is None:
+        raise UsageError("--clean-offset goes with --delete")
+    names = _names(args.broker_names)
+    if args.create is None and args.delete is None:
+        if names is not None:
+            raise UsageError("--broker-names goes with --create or --delete")
+        return None
+    if args.retry_max is not None and not 0 <= args.retry_max <= 10_000:
+        raise UsageError(f"--retry-max {args.retry_max}: give 0..10000")
+    with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
+        if args.create is not None:
+            created = admin.create_group(
+                args.create, orderly=args.orderly, consume_enable=not args.consume_disable,
+                retry_max_times=16 if args.retry_max is None else args.retry_max,
+                broker_names=names)
+            doc: dict[str, Any] = {"group": args.create, "created": created}
+            lines = [f"{args.create} on {b}: {'created' if new else 'changed'}"
+                     for b, new in sorted(created.items())]
+        else:
+            deleted = admin.delete_group(args.delete, args.clean_offset, names)
+            doc = {"group": args.delete, "deleted": deleted}
+            lines = [f"{args.delete} on {b}: "
+                     + ("deleted" if d["deleted"] else "had no config")
+                     + (f", {d['offsetsRemoved']} offsets removed" if args.clean_offset else "")
+                     for b, d in sorted(deleted.items())]
+    if args.json:
+        emit_json(doc)
+    else:
+        for line in lines:
+            out.print(line)
+    return EXIT_OK
+
+
+def _config_text(config: dict[str, Any] | None) -> str:
+    if config is None:
+        return ""
+    words = ["fifo"] if config["consumeMessageOrderly"] else []
+    words.append(f"retry {config['retryMaxTimes']}")
+    if not config["consumeEnable"]:
+        words.append("disabled")
+    return ", ".join(words)
+
+
 def cmd_groups(args: argparse.Namespace) -> int:
     """Every consumer group the masters know: live members, dead letters and, per topic, the
     committed offsets and the lag (``kafka-consumer-groups --describe``, RocketMQ's
-    consumerProgress), over every broker group of the cluster; ``--group G`` shows one."""
+    consumerProgress), POP figures and the group's config, over every broker group of the
+    cluster; ``--group G`` shows one. ``--create``/``--delete`` change a group's config."""
+    changed = _group_change(args)
+    if changed is not None:
+        return changed
     with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
+        configs: dict[str, dict[str, Any]] = {}  # the first master's that has the group
+        for by_group in admin.group_configs().values():
+            for name, config in by_group.items():
+                configs.setdefault(name, config.to_json())
         multi = len(admin.route_table().groups) > 1
         if multi:
             by_broker = admin.group_offsets_by_broker()
@@ -168,7 +229,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
         for name, n in (status.get("deadLetters") or {}).items():
             dead[name] = dead.get(name, 0) + int(n)
     names = sorted({g for offsets in by_broker.values() for g in offsets}
-                   | {*members, *dead, *popping})
+                   | {*members, *dead, *popping, *configs})
     if args.group is not None:
         if args.group not in names:
             raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
@@ -195,20 +256,22 @@ def cmd_groups(args: argparse.Namespace) -> int:
             groups.append({"group": name, "members": members.get(name, 0),
                            "deadLetters": dead.get(name, 0),
                            "lag": sum(t["lag"] for t in topics), "topics": topics,
-                           "pop": pop})
+                           "pop": pop, "config": configs.get(name)})
     if args.json:
         emit_json({"groups": groups})
         return EXIT_OK
     table = Table(title="consumer groups")
-    for col in ("group", "members", "topic", "queues", "lag", "deadLetters", "POP in flight",
-                "due again", "redelivered"):
-        table.add_column(col, justify="left" if col in ("group", "topic") else "right")
+    for col in ("group", "config", "members", "topic", "queues", "lag", "deadLetters",
+                "POP in flight", "due again", "redelivered"):
+        table.add_column(col, justify="left" if col in ("group", "config", "topic") else "right")
     for g in groups:
         rows = g["topics"] or [{"topic": "", "queues": [], "lag": 0}]
         for i, topic_row in enumerate(rows):
             first = i == 0
             pop = g["pop"]
-            table.add_row(g["group"] if first else "", str(g["members"]) if first else "",
+            table.add_row(g["group"] if first else "",
+                          _config_text(g["config"]) if first else "",
+                          str(g["members"]) if first else "",
                           topic_row["topic"], str(len(topic_row["queues"])), str(topic_row["lag"]),
                           str(g["deadLetters"]) if first else "",
                           *(str(pop[k]) if first else "" for k in ("inFlight", "due",

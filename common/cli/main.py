@@ -225,8 +225,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --create: a topic attribute, e.g. message.type=FIFO (every "
                    "message needs a message group); given, they replace the topic's")
 
-    p = _client(sub, "groups", "consumer groups: members, lag per topic, dead letters")
+    p = _client(sub, "groups", "consumer groups: members, lag per topic, dead letters, POP "
+                "figures and configs; make, change or delete a group's config")
     p.add_argument("--group", help="only this group")
+    p.add_argument("--create", metavar="GROUP", help="make or change GROUP's config "
+                   "(subscriptionGroup.json) on every broker group's master")
+    p.add_argument("--orderly", action="store_true", help="with --create: the group's POPs "
+                   "hand out each queue in order (FIFO: consumeMessageOrderly)")
+    p.add_argument("--retry-max", type=int, metavar="N", help="with --create: times a message "
+                   "is handed out again before the group's DLQ (retryMaxTimes, default 16)")
+    p.add_argument("--consume-disable", action="store_true", help="with --create: refuse the "
+                   "group's pulls and POPs (consumeEnable false)")
+    p.add_argument("--delete", metavar="GROUP", help="forget GROUP's config on every master")
+    p.add_argument("--clean-offset", action="store_true",
+                   help="with --delete: its committed offsets too")
+    p.add_argument("--broker-names", metavar="A,B",
+                   help="with --create/--delete: only these groups")
 
     p = _client(sub, "producers", "a producer group's live producers (admin); "
                 "--running-info: each one's own figures, asked by the broker")

@@ -20,7 +20,14 @@ from common.format.protocol import (
     RequestCode,
     decode_record,
 )
-from common.format.tables import loads, parse_offsets, parse_topics
+from common.format.tables import (
+    DEFAULT_RETRY_MAX_TIMES,
+    GroupConfig,
+    loads,
+    parse_groups,
+    parse_offsets,
+    parse_topics,
+)
 
 __all__ = ["Admin", "parse_cluster_info"]
 
@@ -141,9 +148,9 @@ class Admin(ClientBase):
                 return
             if time.monotonic() >= deadline:
                 raise BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE,
-                                  f"groups {missing} have no master now: the topic would exist "
-                                  "on fewer groups than asked; nothing was created (try again "
-                                  "once they elect one)", False)
+                                  f"groups {missing} have no master now: the change would "
+                                  "reach fewer groups than asked; nothing was changed (try "
+                                  "again once they elect one)", False)
             self._closed.wait(0.2)
             with contextlib.suppress(BrokerError):  # no route answer: looked at again
                 self._routes.refresh()
@@ -180,6 +187,65 @@ class Admin(ClientBase):
 
             for topic, nums in self._with_retries(attempt, cluster=cluster).items():
                 out.setdefault(topic, {})[name] = nums
+        return out
+
+    def create_group(self, group: str, *, orderly: bool = False,
+                     retry_max_times: int = DEFAULT_RETRY_MAX_TIMES, consume_enable: bool = True,
+                     broker_names: list[str] | None = None) -> dict[str, bool]:
+        """Make or change a consumer group's config on the master of every broker group (or of
+        those named): RocketMQ's updateSubGroup. ``orderly``: its POPs hand out each queue in
+        order (consumeMessageOrderly, the group's FIFO attribute); ``retry_max_times``: a
+        message is handed out again that many times before the group's DLQ, unless the
+        consumer names its own; ``consume_enable`` False: its PULLs and POPs are refused.
+        Returns broker group -> True if the group was new there."""
+        fields = {"groupName": group, "consumeMessageOrderly": int(orderly),
+                  "retryMaxTimes": retry_max_times, "consumeEnable": int(consume_enable)}
+        return {name: bool(created["created"]) for name, created in
+                self._on_masters(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, fields,
+                                 broker_names).items()}
+
+    def delete_group(self, group: str, clean_offset: bool = False,
+                     broker_names: list[str] | None = None) -> dict[str, dict[str, int]]:
+        """Forget a consumer group's config on every master (or those named), and with
+        ``clean_offset`` its committed offsets; broker group -> ``deleted`` (0/1) and
+        ``offsetsRemoved``."""
+        fields = {"groupName": group, "cleanOffset": int(clean_offset)}
+        return self._on_masters(RequestCode.DELETE_SUBSCRIPTIONGROUP, fields, broker_names)
+
+    def group_configs(self) -> dict[str, dict[str, GroupConfig]]:
+        """broker group -> consumer group -> its config, as each master's
+        subscriptionGroup.json holds it (groups made on first use are there too)."""
+        out: dict[str, dict[str, GroupConfig]] = {}
+        for name, cluster in self._groups():
+
+            def attempt(address: str, cluster: Cluster = cluster) -> dict[str, GroupConfig]:
+                raw = self._config_document(
+                    cluster, RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, address)
+                source = f"subscriptionGroup.json of {address}"
+                try:
+                    groups, _ = parse_groups(loads(raw, source), source)
+                except ValueError as e:
+                    raise BrokerError(ResponseCode.SYSTEM_ERROR, str(e)) from None
+                return groups
+
+            out[name] = self._with_retries(attempt, cluster=cluster)
+        return out
+
+    def _on_masters(self, code: RequestCode, fields: dict[str, Any],
+                    broker_names: list[str] | None) -> dict[str, dict[str, Any]]:
+        groups = self._groups(broker_names)
+        self._wait_masters([name for name, _ in groups])
+        out: dict[str, dict[str, Any]] = {}
+        for name, cluster in groups:
+
+            def attempt(address: str, cluster: Cluster = cluster,
+                        name: str = name) -> dict[str, Any]:
+                resp = cluster.request(address, code, fields)
+                if not resp.ok:
+                    raise BrokerError(resp.code, f"{name}: {resp.remark}")
+                return dict(resp.fields)
+
+            out[name] = self._with_retries(attempt, cluster=cluster)
         return out
 
     def master_address(self, broker_name: str | None = None) -> str:

@@ -23,7 +23,6 @@ from common.client.transport import DEFAULT_SPIN_US, DEFAULT_TIMEOUT_MS
 from common.core.errors import BrokerError, ResponseCode
 from common.core.keys import ClientKeys
 from common.core.message import (
-    DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_ORIGIN_MESSAGE_ID,
     MessageExt,
     subscribed_tags,
@@ -312,11 +311,12 @@ class Consumer(ClientBase):
         self._with_retries(attempt, wait_for_master=False, cluster=cluster)
 
     def send_back(self, msg: MessageExt, delay_level: int = 0,
-                  max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES) -> SendResult:
+                  max_reconsume_times: int | None = None) -> SendResult:
         """RocketMQ's ``sendMessageBack``: this group failed ``msg``, so the master stores a copy
         in the group's retry topic ``%RETRY%<group>``, due after ``delay_level`` (0: the
         broker's choice, level 3 + the times it came back already), or in its dead-letter topic
-        ``%DLQ%<group>`` once it came back ``max_reconsume_times`` times (or at once with
+        ``%DLQ%<group>`` once it came back ``max_reconsume_times`` times (None: the group's
+        ``retryMaxTimes``, 16 unless ``replog groups --create`` set it; or at once with
         ``delay_level`` -1). The result names the copy (``topic`` is the retry or DLQ topic).
 
         Only a ``SEND_OK`` result means the copy is as safe as a sent message (a SYNC_MASTER's
@@ -327,8 +327,10 @@ class Consumer(ClientBase):
                               f"delay_level {delay_level} is not -1..64", False)
         fields: dict[str, Any] = {
             "group": self.group, "offset": msg.commit_log_offset, "originTopic": msg.topic,
-            "delayLevel": delay_level, "maxReconsumeTimes": max_reconsume_times,
+            "delayLevel": delay_level,
         }
+        if max_reconsume_times is not None:
+            fields["maxReconsumeTimes"] = max_reconsume_times
         origin = msg.properties.get(PROPERTY_ORIGIN_MESSAGE_ID) or msg.msg_id
         if origin:
             fields["originMsgId"] = origin

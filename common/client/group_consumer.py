@@ -30,7 +30,8 @@ give::
 * **Retries and dead letters** (RocketMQ's ``RECONSUME_LATER``). ``reconsume_later(msg)`` on a
   message of the last ``poll`` asks the master to store a copy in the group's retry topic
   ``%RETRY%<group>``, due after a delay that grows with each retry (delay level 3 + the times it
-  came back: 10 s, 30 s, 1 min, ...); after ``max_reconsume_times`` (16) the copy goes to the
+  came back: 10 s, 30 s, 1 min, ...); after ``max_reconsume_times`` (None: the group's
+  ``retryMaxTimes``, 16 unless configured) the copy goes to the
   dead-letter topic ``%DLQ%<group>`` instead, which this consumer does not read. Every member
   reads the retry topic besides ``topics`` (from its start: a retry is never skipped), and a
   retried message comes back under the topic it was sent to, with ``reconsume_times`` counting
@@ -95,7 +96,6 @@ from common.client.routing import RouteTable
 from common.core.allocation import allocate_averagely
 from common.core.errors import BrokerError, PullStatus, ResponseCode, SendStatus
 from common.core.message import (
-    DEFAULT_MAX_RECONSUME_TIMES,
     PROPERTY_RETRY_TOPIC,
     RETRY_PREFIX,
     MessageExt,
@@ -180,7 +180,7 @@ class GroupConsumer:
                  start: str = "latest", heartbeat_ms: int = 1000,
                  session_timeout_ms: int = 10_000, max_messages: int = 32,
                  timeout_ms: int = 10_000, client_id: str | None = None,
-                 max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
+                 max_reconsume_times: int | None = None,
                  auto_commit: bool = True,
                  on_assigned: Callable[[list[Queue]], object] | None = None,
                  on_revoked: Callable[[list[Queue]], object] | None = None,
@@ -195,7 +195,7 @@ class GroupConsumer:
         if offsets_path is not None and model != "broadcasting":
             raise ValueError("offsets_path is for model='broadcasting' (clustering offsets are "
                              "kept by the master)")
-        if not 0 <= max_reconsume_times <= 10_000:
+        if max_reconsume_times is not None and not 0 <= max_reconsume_times <= 10_000:
             raise ValueError(f"max_reconsume_times must be in 0..10000, not {max_reconsume_times}")
         self.group = group
         self.topics = sorted(set(topics))

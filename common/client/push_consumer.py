@@ -32,7 +32,8 @@ class PushConsumer:
     def __init__(self, servers: str | Iterable[str], group: str, topic: str,
                  listener: Listener, *, threads: int = 4,
                  invisible_ms: int = DEFAULT_INVISIBLE_MS, tags: str | None = None,
-                 sql: str | None = None, fifo: bool = False, max_reconsume_times: int = 16,
+                 sql: str | None = None, fifo: bool = False,
+                 max_reconsume_times: int | None = None,
                  **options: Any):
         if threads < 1:
             raise ValueError("threads >= 1")

@@ -40,18 +40,23 @@ class SimpleConsumer(Consumer):
 
     def receive(self, topic: str, max_nums: int = 16, invisible_ms: int = DEFAULT_INVISIBLE_MS,
                 wait_ms: int = 0, *, queue_id: int = -1, tags: str | None = None,
-                sql: str | None = None, fifo: bool = False, max_reconsume_times: int = 16,
+                sql: str | None = None, fifo: bool = False,
+                max_reconsume_times: int | None = None,
                 from_newest: bool = False, broker_name: str | None = None) -> list[Received]:
         """Up to ``max_nums`` (1..32) messages, waiting up to ``wait_ms`` for the first (the
         broker holds the request: long polling). ``tags``/``sql`` filter on the broker as a
         pull's do. A group that never read the topic starts at its oldest messages
-        (``from_newest``: at the newest) unless it committed offsets by pulling."""
+        (``from_newest``: at the newest) unless it committed offsets by pulling. ``fifo``: a
+        queue's messages in order (so too, whatever is asked, for a group made
+        consumeMessageOrderly); ``max_reconsume_times``: hand-outs again before the DLQ (None:
+        the group's ``retryMaxTimes``, 16 unless configured)."""
         if tags and sql is not None:
             raise ValueError("subscribe by tags or by sql, not both")
         fields: dict[str, Any] = {"topic": topic, "group": self.group, "queueId": queue_id,
                                   "maxNums": max_nums, "invisibleTime": invisible_ms,
-                                  "order": int(fifo), "initMode": int(from_newest),
-                                  "maxReconsumeTimes": max_reconsume_times}
+                                  "order": int(fifo), "initMode": int(from_newest)}
+        if max_reconsume_times is not None:
+            fields["maxReconsumeTimes"] = max_reconsume_times
         if tags:
             fields["subscription"] = tags
         if sql is not None:

@@ -142,6 +142,8 @@ class BrokerConfig:
     messageIndexEnable: bool = True
     autoCreateTopicEnable: bool = True
     defaultTopicQueueNums: int = 8  # RocketMQ BrokerConfig default
+    # a PULL or POP of a group not in subscriptionGroup.json makes its entry (off: refused)
+    autoCreateSubscriptionGroup: bool = True
     # request serving
     longPollingMaxMs: int = 30_000
     # SQL92 subscriptions over message properties (RocketMQ's name and default: off; a

@@ -98,6 +98,7 @@ class ResponseCode(enum.IntEnum):
     PULL_OFFSET_MOVED = 21
     QUERY_NOT_FOUND = 22
     SUBSCRIPTION_PARSE_FAILED = 23  # a subscription expression (SQL92) that cannot be read
+    SUBSCRIPTION_GROUP_NOT_EXIST = 26  # a group not in subscriptionGroup.json, none auto-made
     OFFSET_OUT_OF_RANGE = 40  # replog: HA peer asked for bytes the master does not hold
     STALE_EPOCH = 41  # replog: a request carried an epoch older than the broker's
     CONSUMER_NOT_ONLINE = 206  # a group member committing for a queue the group gave away

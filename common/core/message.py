@@ -40,7 +40,6 @@ SYSTEM_TOPICS = frozenset({SCHEDULE_TOPIC, "RMQ_SYS_TRANS_HALF_TOPIC",
                            "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC"})
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
-DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ's consumer default: retries before the DLQ
 
 # SYSFLAG bits (RocketMQ ``MessageSysFlag``) a producer may set; the rest are the broker's.
 SYSFLAG_COMPRESSED = 0x1  # BODY is zlib-deflated (RocketMQ 4.x producers: bodies >= 4 KiB)

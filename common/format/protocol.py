@@ -91,7 +91,10 @@ class RequestCode(enum.IntEnum):
     SEARCH_OFFSET_BY_TIMESTAMP = 29  # first queue offset stored at or after a time
     GET_MAX_OFFSET = 30  # a queue's max offset (where the next message will go)
     GET_MIN_OFFSET = 31  # a queue's min offset (the oldest message still held)
+    UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200  # make or change a consumer group's config
+    GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201  # subscriptionGroup.json, a body frame (slaves sync)
     GET_PRODUCER_CONNECTION_LIST = 204  # a producer group's live producers (admin)
+    DELETE_SUBSCRIPTIONGROUP = 207  # forget a consumer group's config (and its offsets)
     GET_CLIENT_RUNNING_INFO = 307  # broker -> client: its running figures (RocketMQ's 307 asks
     # a consumer; replog asks any client that heartbeats)
     TOPIC_ROUTE = 105  # RocketMQ GET_ROUTEINFO_BY_TOPIC: a topic's queue count
@@ -327,6 +330,19 @@ SPECS: dict[RequestCode, RequestSpec] = {
     RequestCode.GET_ALL_TOPIC_CONFIG: RequestSpec({}, _CONFIG),
     RequestCode.GET_ALL_CONSUMER_OFFSET: RequestSpec({}, _CONFIG),
     RequestCode.GET_ALL_DELAY_OFFSET: RequestSpec({}, _CONFIG),
+    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: RequestSpec({}, _CONFIG),
+    # RocketMQ's SubscriptionGroupConfig, the fields replog acts on (``replog groups
+    # --create``); to the master, which writes subscriptionGroup.json
+    RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: RequestSpec({
+        "groupName": Field("group", required=True),
+        "consumeEnable": Field("int", lo=0, hi=1, default=1),
+        "consumeMessageOrderly": Field("int", lo=0, hi=1, default=0),
+        "retryMaxTimes": Field("int", lo=0, hi=10_000, default=16),
+    }, _ADMIN, kind=WRITE),
+    RequestCode.DELETE_SUBSCRIPTIONGROUP: RequestSpec({
+        "groupName": Field("group", required=True),
+        "cleanOffset": Field("int", lo=0, hi=1, default=0),  # 1: its committed offsets too
+    }, _ADMIN, kind=WRITE),
     RequestCode.GET_BROKER_CLUSTER_ACL_INFO: RequestSpec({}, _ADMIN),
     RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: RequestSpec({
         **_TOPIC_QUEUE, "timestamp": Field("int", required=True, lo=0, hi=MAX_OFFSET),
@@ -360,7 +376,8 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "originMsgId": Field("str", hi=64),
         # 0: the broker's choice (3 + reconsume times); -1: straight to the DLQ
         "delayLevel": Field("int", lo=-1, hi=64, default=0),
-        "maxReconsumeTimes": Field("int", lo=0, hi=10_000, default=16),
+        # -1: the group's retryMaxTimes (subscriptionGroup.json; 16 unless configured)
+        "maxReconsumeTimes": Field("int", lo=-1, hi=10_000, default=-1),
     }, Permission(group=True, origin_topic=True), kind=WRITE, acked=True),
     RequestCode.PROMOTE: RequestSpec({"role": Field("role", default="SYNC_MASTER")}, _ADMIN),
     RequestCode.CLEAR_ELECTION_FAULT: RequestSpec({}, _ADMIN),
@@ -398,8 +415,10 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "invisibleTime": Field("int", required=True, lo=0, hi=MAX_INT32),
         "pollTime": Field("int", lo=0, hi=MAX_INT32, default=0),
         "initMode": Field("int", lo=0, hi=1, default=0),  # a new group: 0 the oldest, 1 new only
-        "order": Field("int", lo=0, hi=1, default=0),  # FIFO: a message group's in order
-        "maxReconsumeTimes": Field("int", lo=0, hi=1000, default=16),
+        # FIFO: a message group's in order (also when the group is consumeMessageOrderly)
+        "order": Field("int", lo=0, hi=1, default=0),
+        # -1: the group's retryMaxTimes (subscriptionGroup.json; 16 unless configured)
+        "maxReconsumeTimes": Field("int", lo=-1, hi=1000, default=-1),
         "expressionType": Field("str", hi=16),
         "subscription": Field("str", hi=MAX_SUBSCRIPTION_LENGTH),
     }, _TOPIC_AND_GROUP, kind=WRITE, acked=True, names_topic=True),

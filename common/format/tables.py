@@ -9,6 +9,8 @@ the directory):
 |                     | "writeQueueNums", "perm"}}, "dataVersion": {"timestamp", "counter"}}`` |
 | consumerOffset.json | ``{"offsetTable": {"topic@group": {"<queueId>": queueOffset}}}``       |
 | delayOffset.json    | ``{"offsetTable": {"<level>": scheduleQueueOffset}}`` (the store's)    |
+| subscriptionGroup.json | ``{"subscriptionGroupTable": {group: {"groupName", "consumeEnable", |
+|                     | "consumeMessageOrderly", "retryMaxTimes"}}, "dataVersion": {...}}``  |
 
 The same documents travel from a master to its slaves (``slave/config_sync.py``, RocketMQ's
 SlaveSynchronize), so a promoted slave knows its group's topics and where each consumer group
@@ -19,6 +21,7 @@ is), from a master the document is ignored and the table keeps what it had.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,9 @@ from common.format.protocol import MAX_QUEUE_NUMS
 TOPICS_FILE = "topics.json"
 OFFSETS_FILE = "consumerOffset.json"
 DELAY_OFFSETS_FILE = "delayOffset.json"
+GROUPS_FILE = "subscriptionGroup.json"
+DEFAULT_RETRY_MAX_TIMES = 16  # RocketMQ's SubscriptionGroupConfig.retryMaxTimes
+MAX_RETRY_MAX_TIMES = 10_000
 MAX_CONFIG_FILE_BYTES = 64 * 1024 * 1024
 PERM_READ = 4  # RocketMQ's PermName: the topic's queues serve reads
 PERM_WRITE = 2  # ... and take writes
@@ -132,6 +138,50 @@ def parse_topic_attributes(doc: Any, source: str) -> dict[str, dict[str, str]]:
                 raise ValueError(f"{source}: topic {name!r} attributes must map text to text")
             out[name] = dict(attrs)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupConfig:
+    """One consumer group's entry of subscriptionGroup.json (RocketMQ's SubscriptionGroupConfig,
+    the fields replog acts on; a file written by RocketMQ may hold more, which are ignored)."""
+
+    group_name: str
+    consume_enable: bool = True  # False: its PULLs and POPs are refused (NO_PERMISSION)
+    consume_message_orderly: bool = False  # FIFO: POP hands out a queue's messages in order
+    retry_max_times: int = DEFAULT_RETRY_MAX_TIMES  # a message's deliveries before its DLQ, - 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"groupName": self.group_name, "consumeEnable": self.consume_enable,
+                "consumeMessageOrderly": self.consume_message_orderly,
+                "retryMaxTimes": self.retry_max_times}
+
+
+def _bool(value: Any, source: str, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(  # noqa: TRY004 - a bad file or document, reported as ValueError
+            f"{source}: {what} must be true or false, not {value!r}")
+    return value
+
+
+def parse_groups(doc: Any, source: str) -> tuple[dict[str, GroupConfig], int]:
+    """subscriptionGroup.json -> (group -> its config, dataVersion counter)."""
+    doc = _mapping(doc, source, "the document")
+    table = _mapping(doc.get("subscriptionGroupTable", {}), source, "subscriptionGroupTable")
+    out: dict[str, GroupConfig] = {}
+    for name, entry in table.items():
+        entry = _mapping(entry, source, f"group {name!r}")
+        if entry.get("groupName", name) != name:
+            raise ValueError(f"{source}: group {name!r} has groupName "
+                             f"{entry.get('groupName')!r}")
+        out[name] = GroupConfig(
+            name,
+            _bool(entry.get("consumeEnable", True), source, f"group {name!r} consumeEnable"),
+            _bool(entry.get("consumeMessageOrderly", False), source,
+                  f"group {name!r} consumeMessageOrderly"),
+            _int(entry.get("retryMaxTimes", DEFAULT_RETRY_MAX_TIMES), source,
+                 f"group {name!r} retryMaxTimes", 0, MAX_RETRY_MAX_TIMES))
+    version = _mapping(doc.get("dataVersion", {}), source, "dataVersion")
+    return out, _int(version.get("counter", 0), source, "dataVersion.counter", 0)
 
 
 def parse_offsets(doc: Any, source: str) -> dict[str, dict[int, int]]:

@@ -60,6 +60,7 @@ _VALID_VALUES = {
     "commitOrRollback": 8,
     "invisibleTime": 30_000,
     "receiptHandle": "rp1 b t 0 0 0 0 30000",
+    "groupName": "g",
 }
 
 

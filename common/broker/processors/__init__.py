@@ -13,7 +13,8 @@ code of ``SPECS`` has one (checked at import).
 | consume.py   | PULL (long polling), offsets, TOPIC_ROUTE, CONSUMER_HEARTBEAT          |
 | query.py     | QUERY_BY_KEY, QUERY_BY_MSG_ID, QUERY_BY_OFFSET                         |
 | admin.py     | STATUS, CLUSTER_INFO, PROMOTE, CLEAR_ELECTION_FAULT, LOG_CHECKSUM,     |
-|              | GET_ALL_*, GET_BROKER_CLUSTER_ACL_INFO, QUERY_GIVEN_UP_TRANSACTIONS    |
+|              | GET_ALL_*, GET_BROKER_CLUSTER_ACL_INFO, QUERY_GIVEN_UP_TRANSACTIONS,   |
+|              | UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, DELETE_SUBSCRIPTIONGROUP          |
 | producers.py | GET_PRODUCER_CONNECTION_LIST (live producers, their running info)      |
 | pop.py       | POP_MESSAGE (long polling), ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME  |
 

@@ -1,15 +1,18 @@
 """The broker's own state and operations: STATUS, CLUSTER_INFO, PROMOTE, CLEAR_ELECTION_FAULT,
-LOG_CHECKSUM, the tables a slave copies (GET_ALL_*), the ACL in force, the transactions the
-check-back gave up."""
+LOG_CHECKSUM, the tables a slave copies (GET_ALL_*), the consumer groups' configs
+(UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, DELETE_SUBSCRIPTIONGROUP), the ACL in force, the
+transactions the check-back gave up."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 from common.broker.processors.consume import PULL_MAX_BYTES
 from common.broker.processors.context import Context
 from common.broker.replies import Reply, reply
 from common.core.errors import GetStatus, ResponseCode
+from common.core.logs import log_event
 from common.core.transaction import CHECK_MAX_TOPIC
 from common.format.protocol import (
     LOG_CHECKSUM_MAX_BYTES,
@@ -18,6 +21,9 @@ from common.format.protocol import (
     RequestCode,
     Response,
 )
+from common.format.tables import GroupConfig
+
+log = logging.getLogger("replog.admin")
 
 
 def status(ctx: Context, req: Request) -> Response:
@@ -57,6 +63,35 @@ def config_document(ctx: Context, req: Request) -> Response:
     return reply(req, bodies=[ctx.services.config_document(req.code)])
 
 
+def update_group(ctx: Context, req: Request) -> Response:
+    """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: the master writes the group's config (its slaves
+    copy it); ``created`` 1 if the group had none."""
+    w = ctx.services.writer(req)
+    if isinstance(w, Response):
+        return w
+    f = req.fields
+    config = GroupConfig(f["groupName"], bool(f["consumeEnable"]),
+                         bool(f["consumeMessageOrderly"]), f["retryMaxTimes"])
+    before = ctx.services.groups.update(config)
+    if before != config:
+        log_event(log, "group_created" if before is None else "group_changed",
+                  **config.to_json())
+    return reply(req, fields={"created": int(before is None)})
+
+
+def delete_group(ctx: Context, req: Request) -> Response:
+    """DELETE_SUBSCRIPTIONGROUP: the master forgets the group's config, and with
+    ``cleanOffset`` its committed offsets (a PULL or POP of it later starts afresh)."""
+    w = ctx.services.writer(req)
+    if isinstance(w, Response):
+        return w
+    group = req.fields["groupName"]
+    had, removed = ctx.services.delete_group(group, bool(req.fields["cleanOffset"]))
+    if had or removed:
+        log_event(log, "group_deleted", group=group, offsetsRemoved=removed)
+    return reply(req, fields={"deleted": int(had), "offsetsRemoved": removed})
+
+
 def acl_info(ctx: Context, req: Request) -> Response:
     return reply(req, fields=ctx.services.acl_info())
 
@@ -85,6 +120,9 @@ HANDLERS = {
     RequestCode.GET_ALL_TOPIC_CONFIG: config_document,
     RequestCode.GET_ALL_CONSUMER_OFFSET: config_document,
     RequestCode.GET_ALL_DELAY_OFFSET: config_document,
+    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: config_document,
+    RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: update_group,
+    RequestCode.DELETE_SUBSCRIPTIONGROUP: delete_group,
     RequestCode.GET_BROKER_CLUSTER_ACL_INFO: acl_info,
     RequestCode.QUERY_GIVEN_UP_TRANSACTIONS: given_up_transactions,
 }

@@ -12,6 +12,7 @@ from common.core.errors import CorruptMessageError, GetStatus, PullStatus, Respo
 from common.core.sql92 import SelectorError
 from common.core.subscription import EVERYTHING, SQL92, TAG, Subscription, subscription
 from common.format.protocol import ProtocolError, Request, RequestCode, Response
+from common.format.tables import GroupConfig
 
 PULL_MAX_BYTES = 4 * 1024 * 1024  # bytes of records in one pull answer
 
@@ -36,6 +37,10 @@ def pull(ctx: Context, req: Request) -> Response | None:
     """A pull; at the end of its queue with ``suspendMs`` > 0 it is parked until a message
     arrives for the queue or the wait ends (``common/broker/long_polling.py``)."""
     services = ctx.services
+    if req.fields.get("group"):
+        config = consumer_group(services, req, req.fields["group"])
+        if isinstance(config, Response):
+            return config
     sub = pull_subscription(services, req)
     if isinstance(sub, Response):
         return sub
@@ -53,6 +58,24 @@ def pull(ctx: Context, req: Request) -> Response | None:
         answer=lambda: read_queue(services, req, sub),
         current=lambda: int(store.max_queue_offset(topic, queue_id))))
     return None
+
+
+def consumer_group(services: Services, req: Request, group: str,
+                   consuming: bool = True) -> GroupConfig | Response:
+    """The group's config (subscriptionGroup.json), or the answer refusing the request:
+    SUBSCRIPTION_GROUP_NOT_EXIST for a group not there while autoCreateSubscriptionGroup is
+    off, NO_PERMISSION for a PULL or POP (``consuming``) of a group whose consumeEnable is
+    false (RocketMQ's answers)."""
+    config = services.group_config(group)
+    if config is None:
+        return reply(req, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                     f"subscription group {group} does not exist (autoCreateSubscriptionGroup "
+                     f"is off: make it with replog groups --create {group})", {"group": group})
+    if consuming and not config.consume_enable:
+        return reply(req, ResponseCode.NO_PERMISSION,
+                     f"subscription group {group} may not consume: its consumeEnable is false "
+                     f"(replog groups --create {group} turns it on)", {"group": group})
+    return config
 
 
 def pull_subscription(services: Services, req: Request) -> Subscription | Response:

@@ -23,8 +23,10 @@ from common.format.protocol import Request, RequestCode, Response
 
 if TYPE_CHECKING:
     from common.broker.long_polling import LongPoll
+    from common.broker.subscription_groups import SubscriptionGroupTable
     from common.core.config import BrokerConfig
     from common.core.subscription import Subscription
+    from common.format.tables import GroupConfig
     from common.store.api import Store
 
 
@@ -52,14 +54,15 @@ class Writer(Protocol):
 
     def create_topic(self, req: Request) -> Reply: ...
 
-    def send_back(self, req: Request) -> Reply: ...
+    def send_back(self, req: Request, max_reconsume_times: int) -> Reply: ...
 
     def recall(self, req: Request) -> Reply: ...
 
     def end_transaction(self, req: Request) -> Reply: ...
 
     def pop_message(self, req: Request, sub: Subscription, queues: list[int],
-                    start: Callable[[int], int]) -> Reply: ...
+                    start: Callable[[int], int], order: bool,
+                    max_reconsume_times: int) -> Reply: ...
 
     def ack_message(self, req: Request) -> Reply: ...
 
@@ -75,6 +78,7 @@ class Services(Protocol):
     store: Store
     consumer_groups: ConsumerGroups  # CONSUMER_HEARTBEAT
     producer_groups: ProducerGroups  # PRODUCER_HEARTBEAT: live producers, by connection
+    groups: SubscriptionGroupTable  # subscriptionGroup.json: the consumer groups' configs
 
     def status(self) -> dict[str, Any]: ...
 
@@ -90,9 +94,15 @@ class Services(Protocol):
 
     def config_document(self, code: RequestCode) -> bytes: ...  # GET_ALL_*: the JSON file
 
-    def ensure_retry_topic(self, group: str) -> None: ...  # a master: %RETRY%<group> exists
+    def ensure_retry_topic(self, group: str) -> None: ...
+
+    # subscriptionGroup.json's entry (made now when autoCreateSubscriptionGroup), or None
+    def group_config(self, group: str) -> GroupConfig | None: ...  # a master: %RETRY%<group> exists
 
     def writer(self, req: Request) -> Writer | Response: ...  # the master, or the refusal
+
+    # DELETE_SUBSCRIPTIONGROUP: (had a config, offsets removed (``clean_offset``))
+    def delete_group(self, group: str, clean_offset: bool) -> tuple[bool, int]: ...
 
     def promote(self, req: Request) -> Reply: ...
 

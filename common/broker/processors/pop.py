@@ -16,7 +16,7 @@ import itertools
 import time
 
 from common.broker.long_polling import LongPoll
-from common.broker.processors.consume import pull_subscription
+from common.broker.processors.consume import consumer_group, pull_subscription
 from common.broker.processors.context import Context
 from common.broker.replies import Reply, reply
 from common.core.errors import ResponseCode
@@ -42,6 +42,9 @@ def pop_message(ctx: Context, req: Request) -> Reply | None:
     bad = _invisible(req)
     if bad is not None:
         return bad
+    config = consumer_group(services, req, req.fields["group"])
+    if isinstance(config, Response):
+        return config
     sub = pull_subscription(services, req)
     if isinstance(sub, Response):
         return sub
@@ -70,7 +73,12 @@ def pop_message(ctx: Context, req: Request) -> Reply | None:
             return store.max_queue_offset(topic, queue_id)
         return store.min_queue_offset(topic, queue_id)
 
-    answer = w.pop_message(req, sub, queues, start)
+    # FIFO when the consumer asks, or when the group is consumeMessageOrderly (RocketMQ 5's
+    # proxy asks for what the group says); redeliveries as asked, else as the group says
+    order = bool(f["order"]) or config.consume_message_orderly
+    max_times = f["maxReconsumeTimes"]
+    answer = w.pop_message(req, sub, queues, start, order,
+                           config.retry_max_times if max_times < 0 else max_times)
     suspend_ms = min(f["pollTime"], services.cfg.longPollingMaxMs)
     if not isinstance(answer, Response) or answer.code != ResponseCode.PULL_NOT_FOUND \
             or suspend_ms <= 0 or ctx.draining:

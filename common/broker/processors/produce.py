@@ -5,6 +5,7 @@ still starting, a fenced master refuse it there, before anything reaches the sto
 
 from __future__ import annotations
 
+from common.broker.processors.consume import consumer_group
 from common.broker.processors.context import Context, Writer
 from common.broker.replies import Reply
 from common.format.protocol import Request, RequestCode, Response
@@ -25,8 +26,17 @@ def send_batch(ctx: Context, req: Request) -> Reply:
 
 
 def send_back(ctx: Context, req: Request) -> Reply:
+    """CONSUMER_SEND_MSG_BACK: retried ``maxReconsumeTimes`` times (-1: the group's
+    ``retryMaxTimes``) before the DLQ; a group not in subscriptionGroup.json while
+    autoCreateSubscriptionGroup is off is refused, as RocketMQ refuses it."""
     w = _write(ctx, req)
-    return w if isinstance(w, Response) else w.send_back(req)
+    if isinstance(w, Response):
+        return w
+    config = consumer_group(ctx.services, req, req.fields["group"], consuming=False)
+    if isinstance(config, Response):
+        return config
+    max_times = req.fields["maxReconsumeTimes"]
+    return w.send_back(req, config.retry_max_times if max_times < 0 else max_times)
 
 
 def create_topic(ctx: Context, req: Request) -> Reply:

@@ -42,7 +42,8 @@ def test_the_server_the_codec_and_the_acl_read_the_rows() -> None:
     assert WRITE_CODES == {c for c, s in SPECS.items() if s.kind == WRITE} == {
         RequestCode.SEND, RequestCode.SEND_BATCH, RequestCode.CREATE_TOPIC,
         RequestCode.CONSUMER_SEND_MSG_BACK, RequestCode.RECALL_MESSAGE,
-        RequestCode.END_TRANSACTION, *POP_CODES}
+        RequestCode.END_TRANSACTION, *POP_CODES,
+        RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP}
     assert server._ACKED_WRITES == {RequestCode.SEND, RequestCode.SEND_BATCH,
                                     RequestCode.CONSUMER_SEND_MSG_BACK,
                                     RequestCode.RECALL_MESSAGE, RequestCode.END_TRANSACTION,

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from common.broker.subscription_groups import SubscriptionGroupTable
 from common.broker.tables import ConsumerOffsetTable, TopicTable
 from common.core.errors import BrokerError, ResponseCode
 from common.format.protocol import RequestCode, Response
@@ -26,6 +27,9 @@ TOPICS = {"topicConfigTable": {"orders": {"topicName": "orders", "writeQueueNums
           "dataVersion": {"timestamp": 1, "counter": 3}}
 OFFSETS = {"offsetTable": {"orders@billing": {"0": 12, "5": 3}}}
 DELAYS = {"offsetTable": {"1": 4, "3": 1}}
+GROUPS = {"subscriptionGroupTable": {"billing": {"groupName": "billing", "retryMaxTimes": 3,
+                                                 "consumeMessageOrderly": True}},
+          "dataVersion": {"timestamp": 1, "counter": 2}}
 
 
 class FakeTransport:
@@ -57,7 +61,8 @@ class FakeTransport:
 def docs(**over: Any) -> dict[RequestCode, Any]:
     base = {RequestCode.GET_ALL_TOPIC_CONFIG: json.dumps(TOPICS).encode(),
             RequestCode.GET_ALL_CONSUMER_OFFSET: json.dumps(OFFSETS).encode(),
-            RequestCode.GET_ALL_DELAY_OFFSET: json.dumps(DELAYS).encode()}
+            RequestCode.GET_ALL_DELAY_OFFSET: json.dumps(DELAYS).encode(),
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: json.dumps(GROUPS).encode()}
     return {**base, **{getattr(RequestCode, k): v for k, v in over.items()}}
 
 
@@ -65,6 +70,7 @@ class Tables:
     def __init__(self, root: Path):
         self.topics = TopicTable(root)
         self.offsets = ConsumerOffsetTable(root)
+        self.groups = SubscriptionGroupTable(root)
         self.delay_path = root / "delayOffset.json"
         self.applied: list[RequestCode] = []
 
@@ -74,6 +80,8 @@ class Tables:
             return self.topics.replace(raw, source)
         if code == RequestCode.GET_ALL_CONSUMER_OFFSET:
             return self.offsets.replace(raw, source)
+        if code == RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG:
+            return self.groups.replace(raw, source)
         return replace_delay_offsets(self.delay_path, raw, source)
 
 
@@ -92,8 +100,11 @@ def test_a_round_copies_every_table(tmp_path: Path) -> None:
         "writeQueueNums"] == 6
     assert t.offsets.persist() and "orders@billing" in (tmp_path / "consumerOffset.json").read_text()
     assert json.loads(t.delay_path.read_text()) == DELAYS
-    assert sync.stats.changes == 3
-    assert sync.sync_once(transport) and sync.stats.changes == 3  # the same again: no change
+    billing = t.groups.get("billing")
+    assert billing is not None and billing.retry_max_times == 3 and billing.consume_message_orderly
+    assert "billing" in (tmp_path / "subscriptionGroup.json").read_text()
+    assert sync.stats.changes == 4
+    assert sync.sync_once(transport) and sync.stats.changes == 4  # the same again: no change
     assert sync.status()["rounds"] == 2 and sync.status()["lastError"] == ""
 
 
