@@ -7,6 +7,10 @@ in time is handed out again (to any consumer of the group), its ``reconsume_time
 after ``max_reconsume_times`` more it goes to the group's DLQ. Any number of consumers share
 a topic's queues, with no rebalance; a slow one holds back nobody.
 
+Over several broker groups a receive pops each group holding the topic in turn (the first
+that has messages answers), starting one group further at each call; waiting, it waits on each
+``POP_SLICE_MS`` at a time. Acks and changes go to the group the receipt handle names.
+
 ``fifo``: a message group's messages (``__SHARDINGKEY``, a producer's ``shard_key``) are handed
 out one at a time, in the order stored: the next only once the one before was acked (or went
 to the DLQ).
@@ -14,6 +18,7 @@ to the DLQ).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -25,6 +30,7 @@ from common.core.pop import ReceiptHandle
 from common.format.protocol import ProtocolError, RequestCode, decode_record
 
 DEFAULT_INVISIBLE_MS = 30_000
+POP_SLICE_MS = 500  # over several broker groups, a receive waits on each this long in turn
 
 
 class Received(NamedTuple):
@@ -37,6 +43,7 @@ class SimpleConsumer(Consumer):
         """``group``: the consumer group (its consumers share the messages); ``options``: as
         ``Consumer``'s."""
         super().__init__(servers, group, **options)
+        self._turn = itertools.count()  # which broker group a receive tries first
 
     def receive(self, topic: str, max_nums: int = 16, invisible_ms: int = DEFAULT_INVISIBLE_MS,
                 wait_ms: int = 0, *, queue_id: int = -1, tags: str | None = None,
@@ -62,10 +69,47 @@ class SimpleConsumer(Consumer):
         if sql is not None:
             fields["expressionType"] = "SQL92"
             fields["subscription"] = sql
-        cluster, _, _ = self._target(topic, broker_name)
+        clusters = self._pop_clusters(topic, broker_name, queue_id)
         deadline = time.monotonic() + wait_ms / 1000
+        if len(clusters) == 1:
+            return self._pop(clusters[0], fields, deadline, None)
+        # several broker groups hold the topic: each in turn, starting one further each call;
+        # first without waiting, then waiting on each a slice at a time
+        turn = next(self._turn)
+        order = [clusters[(turn + i) % len(clusters)] for i in range(len(clusters))]
+        for cluster in order:
+            got = self._pop(cluster, fields, time.monotonic(), None)
+            if got:
+                return got
+        while time.monotonic() < deadline:
+            round_started = time.monotonic()
+            for cluster in order:
+                got = self._pop(cluster, fields, deadline, POP_SLICE_MS)
+                if got:
+                    return got
+            if time.monotonic() - round_started < 0.05:  # answered at once (a broker draining)
+                self._closed.wait(0.05)
+        return []
+
+    def _pop_clusters(self, topic: str, broker_name: str | None, queue_id: int) -> list[Any]:
+        """Where a receive pops: the group named, or every broker group holding the topic
+        (RocketMQ 5's clients take a topic's queues over every broker in turn)."""
+        if broker_name is None and queue_id < 0:
+            table = self._routes.wait_table(self._closed, self.timeout_ms)
+            held = sorted({mq.broker_name for mq in table.readable(topic)})
+            if len(held) > 1:
+                return [self._routes.cluster(name, table) for name in held]
+        cluster, _, _ = self._target(topic, broker_name)
+        return [cluster]
+
+    def _pop(self, cluster: Any, fields: dict[str, Any], deadline: float,
+             slice_ms: int | None) -> list[Received]:
+        """POP from one broker group, waiting until ``deadline`` (at most ``slice_ms``) for a
+        message; [] when none came."""
         while True:
             poll_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            if slice_ms is not None:
+                poll_ms = min(poll_ms, slice_ms)
             asked = {**fields, "pollTime": poll_ms}
 
             def attempt(address: str, asked: dict[str, Any] = asked) -> Any:

@@ -396,3 +396,38 @@ def test_routes_naming_unreachable_addresses_still_reach_every_group_through_the
             pr = c.pull("orders", 1, 0, max_nums=64, broker_name=g)
             assert pr.status == PullStatus.FOUND
             assert b"to " + g.encode() in [m.body for m in pr.messages]
+
+
+def test_a_simple_consumer_receives_from_every_group_holding_the_topic(
+        make_broker: Callable[..., Broker]) -> None:
+    """No broker_name: a receive pops each broker group in turn (RocketMQ 5's clients take a
+    topic's queues over every broker), waits on them all, and acks where each came from."""
+    from common.client import SimpleConsumer
+
+    two = TwoGroups(make_broker, real_store=True, defaultTopicQueueNums=2)
+    with Admin(two.servers, timeout_ms=5000) as admin:
+        admin.create_topic_on_groups("jobs", 2)
+    with Producer(two.servers, timeout_ms=5000) as p:
+        sent = {(r.broker_name, bytes(body))
+                for body in (b"j%d" % i for i in range(12))
+                for r in [p.send("jobs", body)]}
+    assert {name for name, _ in sent} == {"broker-a", "broker-b"}
+    got: dict[bytes, str] = {}
+    with SimpleConsumer(two.servers, "workers", timeout_ms=5000) as c:
+        deadline = time.monotonic() + 20
+        while len(got) < 12 and time.monotonic() < deadline:
+            for r in c.receive("jobs", 4, 60_000, wait_ms=500):
+                got[r.message.body] = r.receipt_handle.split()[1]  # the handle's group
+                c.ack(r)
+        assert {(name, body) for body, name in got.items()} == sent
+        with Producer(two.servers, timeout_ms=5000) as p:
+            timer = threading.Timer(0.7, p.send, ("jobs", b"late"),
+                                    {"broker_name": "broker-b", "queue_id": 1})
+            timer.start()
+            started = time.monotonic()
+            late = c.receive("jobs", 4, 60_000, wait_ms=8_000)
+            timer.join()
+        assert [r.message.body for r in late] == [b"late"]
+        assert time.monotonic() - started < 3  # found within a few slices, not at the end
+        c.ack(late[0])
+        assert c.receive("jobs", 4, 60_000) == []  # everything acked, on both groups
