@@ -16,6 +16,8 @@ from common.core.errors import BrokerError, ResponseCode
 PEER_TIMEOUT_MS = 2000  # controller status: a member named by an answer, not by -s, gets this
 
 PROMOTE_TIMEOUT_MS = 30_000
+# a group's POP figures, summed over the masters (status ``pop.groups``)
+POP_FIGURES = ("inFlight", "due", "redelivered", "backlog")
 
 
 def _attributes(given: list[str] | None) -> dict[str, str] | None:
@@ -217,10 +219,10 @@ def cmd_groups(args: argparse.Namespace) -> int:
             statuses = {"": admin.status(admin.master_address())}
     members: dict[str, int] = {}
     dead: dict[str, int] = {}
-    popping: dict[str, dict[str, int]] = {}  # POP: in flight, due again, redelivered
+    popping: dict[str, dict[str, int]] = {}  # POP: in flight, due, redelivered, backlog
     for status in statuses.values():
         for name, figures in ((status.get("pop") or {}).get("groups") or {}).items():
-            mine = popping.setdefault(name, {"inFlight": 0, "due": 0, "redelivered": 0})
+            mine = popping.setdefault(name, dict.fromkeys(POP_FIGURES, 0))
             for k in mine:
                 mine[k] += int(figures.get(k, 0))
     for status in statuses.values():  # every member heartbeats every master: the most seen
@@ -252,7 +254,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
                         per_topic.setdefault(topic, []).append(row)
             topics = [{"topic": t, "lag": sum(r["lag"] for r in qs), "queues": qs}
                       for t, qs in sorted(per_topic.items())]
-            pop = popping.get(name, {"inFlight": 0, "due": 0, "redelivered": 0})
+            pop = popping.get(name, dict.fromkeys(POP_FIGURES, 0))
             groups.append({"group": name, "members": members.get(name, 0),
                            "deadLetters": dead.get(name, 0),
                            "lag": sum(t["lag"] for t in topics), "topics": topics,
@@ -262,7 +264,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
         return EXIT_OK
     table = Table(title="consumer groups")
     for col in ("group", "config", "members", "topic", "queues", "lag", "deadLetters",
-                "POP in flight", "due again", "redelivered"):
+                "POP in flight", "due again", "redelivered", "POP backlog"):
         table.add_column(col, justify="left" if col in ("group", "config", "topic") else "right")
     for g in groups:
         rows = g["topics"] or [{"topic": "", "queues": [], "lag": 0}]
@@ -274,8 +276,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
                           str(g["members"]) if first else "",
                           topic_row["topic"], str(len(topic_row["queues"])), str(topic_row["lag"]),
                           str(g["deadLetters"]) if first else "",
-                          *(str(pop[k]) if first else "" for k in ("inFlight", "due",
-                                                                   "redelivered")))
+                          *(str(pop[k]) if first else "" for k in POP_FIGURES))
     out.print(table)
     return EXIT_OK
 

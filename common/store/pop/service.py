@@ -81,6 +81,9 @@ class Resolved(NamedTuple):
     handle: int = 0
 
 
+GROUP_FIGURES = ("inFlight", "due", "redelivered", "backlog")
+
+
 class PopStore:
     def __init__(self, store: MessageStore):
         self.store = store
@@ -328,20 +331,28 @@ class PopStore:
             return any(s.out for k, s in self.queues.items() if k[0] == group)
 
     def figures(self, now_ms: int) -> dict[str, Any]:
-        """The counters, totals, and per group: in flight, due again, redelivered."""
+        """The counters, totals, and per group: in flight, due again, redelivered, and
+        backlog (messages of the queues it popped not handed out yet: its lag, with what it
+        holds out)."""
         with self.lock:
             groups: dict[str, dict[str, int]] = {}
-            for (group, _, _), s in self.queues.items():
-                g = groups.setdefault(group, {"inFlight": 0, "due": 0, "redelivered": 0})
+            nexts = []
+            for (group, topic, queue_id), s in self.queues.items():
+                g = groups.setdefault(group, dict.fromkeys(GROUP_FIGURES, 0))
                 flying = s.in_flight(now_ms)
                 g["inFlight"] += flying
                 g["due"] += len(s.out) - flying
+                nexts.append((g, topic, queue_id, s.next))
             for group, n in self.redelivered.items():
-                groups.setdefault(group, {"inFlight": 0, "due": 0, "redelivered": 0})
+                groups.setdefault(group, dict.fromkeys(GROUP_FIGURES, 0))
                 groups[group]["redelivered"] = n
-            return {**self.stats, "queues": len(self.queues),
-                    "inFlight": sum(g["inFlight"] for g in groups.values()),
-                    "due": sum(g["due"] for g in groups.values()), "groups": groups}
+            figures = {**self.stats, "queues": len(self.queues),
+                       "inFlight": sum(g["inFlight"] for g in groups.values()),
+                       "due": sum(g["due"] for g in groups.values()), "groups": groups}
+        # the queues' ends are read outside the lock (the reput thread takes it after them)
+        for g, topic, queue_id, next_offset in nexts:
+            g["backlog"] += max(0, self.store.max_queue_offset(topic, queue_id) - next_offset)
+        return figures
 
     # ---- the store service: load, checkpoint, cuts --------------------------------------
     def start(self) -> None:

@@ -238,7 +238,7 @@ def test_replog_consume_pop_and_replog_groups_show_what_is_in_flight(
     assert got["consumed"] == 3 and all(m["receiptHandle"] for m in got["messages"])
     assert main(["groups", "-s", server, "--group", "cli", "--json"]) == 0
     [group] = json.loads(capsys.readouterr().out)["groups"]
-    assert group["pop"] == {"inFlight": 3, "due": 0, "redelivered": 0}
+    assert group["pop"] == {"inFlight": 3, "due": 0, "redelivered": 0, "backlog": 1}
     time.sleep(INVISIBLE / 1000 + 0.2)  # the three come back, counted, and are acked now
     assert main(["consume", "-s", server, "-t", "t", "--group", "cli", "--pop", "-n", "4",
                  "--idle-s", "2", "--json"]) == 0
@@ -246,7 +246,7 @@ def test_replog_consume_pop_and_replog_groups_show_what_is_in_flight(
     assert sorted(m["reconsumeTimes"] for m in again) == [0, 1, 1, 1]
     assert main(["groups", "-s", server, "--group", "cli", "--json"]) == 0
     [group] = json.loads(capsys.readouterr().out)["groups"]
-    assert group["pop"] == {"inFlight": 0, "due": 0, "redelivered": 3}
+    assert group["pop"] == {"inFlight": 0, "due": 0, "redelivered": 3, "backlog": 0}
     with pytest.raises(SystemExit):
         main(["consume", "-s", server, "-t", "t", "--group", "cli", "--fifo"])
 
