@@ -1,7 +1,9 @@
 """A consumer process of the POP drill (``test_pop_failover.py``): receives from a topic by POP
 until killed or told to stop (a file), acks most of what it gets (a few it lets time out, to be
-handed out again), and logs each delivery and each ack that the broker confirmed, as JSON
-lines with wall-clock times.
+handed out again), and logs each delivery, each ack before it is sent (``acking``, with its
+receipt handle: a consumer killed while its ack is on the way leaves that line, and the checker
+asks the broker what became of it) and each ack the broker confirmed, as JSON lines with
+wall-clock times.
 
     python pop_consumer.py ADDRESSES GROUP TOPIC FIFO(0|1) SEED LOG STOP_FILE
 """
@@ -45,6 +47,8 @@ def main() -> int:
                     continue  # not acked: handed out again after its invisible time
                 seq = int(r.message.body.split(b"|")[0])
                 asked = time.time()  # the broker cannot have taken the ack before this
+                log.write(json.dumps({"acking": seq, "handle": r.receipt_handle,
+                                      "asked": asked}) + "\n")
                 try:
                     consumer.ack(r)
                 except BrokerError as e:  # a handle spent, or the master changed

@@ -11,7 +11,8 @@
   replicated), so what a client was told survives a failover.
 * **Checkpoint** (``config/popcheck``, every second when something changed, and at shutdown):
   the state and where it stands in the log. A start loads it and applies the revive records
-  after it; a log cut below it (a member rejoining) rebuilds from the revive topic's first
+  after it; a log cut below it (a member rejoining), or a recovered log that ends before it (a
+  power loss took bytes the checkpoint had counted), rebuilds from the revive topic's first
   record.
 * **A new master** applies every revive record its log holds before it hands anything out
   (``apply_tail``): in controller mode its reput has not dispatched the old master's last
@@ -358,6 +359,15 @@ class PopStore:
     def start(self) -> None:
         with self.lock:
             self._load()
+            log_end = self.store.commit_log.max_offset
+            if self.applied_end > log_end:
+                # the checkpoint covers records the recovered log lost (written before they
+                # were flushed, then a power loss): rebuild from what the log holds
+                log.warning("event=popcheck_ahead_of_log checkpoint_end=%d log_end=%d: "
+                            "rebuilt from the revive topic", self.applied_end, log_end)
+                self.queues.clear()
+                self.max_attempts.clear()
+                self._start_of_topic()
             self._catch_up(self.applied_end)
             self.ready = True
         self._stop.clear()
