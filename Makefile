@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py common/format/_record_writer.c common/store/_r
 	  fi; \
 	fi
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,spark,drills]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install -q -e '.[dev,spark,drills,grpc]' --config-settings editable_mode=compat
 	sync  # the install leaves ~900 MB dirty: write it now, not during the first timed tests
 	touch $(STAMP)
 

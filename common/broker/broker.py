@@ -185,6 +185,7 @@ class Broker:
         self._signals = 0
         self._housekeeper: threading.Thread | None = None
         self._metrics_server: Any = None
+        self._grpc: Any = None  # common.proxy.server.GrpcProxy with grpcServerPort
         self._epoch_cache: tuple[float, int] = (-1.0, 0)
         # the YAML's role (promotion.json compares it with the one a promotion was made under)
         self._configured = (cfg.brokerRole, cfg.haMasterAddress or "")
@@ -318,6 +319,7 @@ class Broker:
         )
         self._housekeeper.start()
         self._start_metrics()
+        self._start_grpc()
         log_event(
             log,
             "broker_started",
@@ -329,11 +331,29 @@ class Broker:
             record_writer="c" if record_writer.NATIVE else "python",
         )
 
+    def _start_grpc(self) -> None:
+        """``grpcServerPort``: RocketMQ 5's gRPC protocol over this broker's cluster (RocketMQ's
+        proxy in Local mode; ``common/proxy/``), reaching it through this broker's own client
+        port (and the group's other brokers, to find the master while this one is a slave)."""
+        cfg = self.cfg
+        if not cfg.grpcServerPort:
+            return
+        from common.proxy.server import GrpcProxy  # grpc is imported only when it is on
+
+        servers = [f"127.0.0.1:{cfg.listenPort}",
+                   *(s.strip() for s in cfg.groupServers.split(",") if s.strip())]
+        self._grpc = GrpcProxy(servers, cfg.grpcBindAddress or "0.0.0.0", cfg.grpcServerPort,
+                               cfg.maxMessageSize)
+        self._grpc.start()
+
     def shutdown(self) -> None:
         """Drain, stop the role, persist offsets, shut the store down (removes the abort file).
 
         In controller mode the broker leaves the group first: its member znode goes, so the
         others elect a master at once, and its writes are refused while it drains."""
+        if self._grpc is not None:  # its calls are this broker's clients: they end first
+            self._grpc.stop()
+            self._grpc = None
         if self.controller is not None:
             self.controller.stop()
         log_event(log, "broker_draining", inflight=self.server.stats.inflight)

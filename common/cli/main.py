@@ -17,7 +17,9 @@
     replog consume -t TOPIC[,TOPIC] --group G [--from latest|earliest] [-n MAX]
                    [--broadcasting [--offsets-file F]]   (an extension)
     replog topics [-t TOPIC] [--create TOPIC --queues N [--broker-names A,B]]   (an extension)
-    replog groups [--group G]   (an extension)
+    replog groups [--group G] [--create G [--orderly] [--retry-max N] [--consume-disable]]
+                  [--delete G [--clean-offset]]   (an extension)
+    replog proxy [--grpc-port P] [--listen HOST]   (RocketMQ 5's gRPC protocol over -s)
     replog status [--cluster]
     replog promote
     replog keys new NAME [-d DIR]   (a CURVE key pair: NAME.key, NAME.key_secret)
@@ -46,7 +48,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from common.cli import admin, cluster, consumers, drill, messages, security, timers, transactions
+from common.cli import (
+    admin,
+    cluster,
+    consumers,
+    drill,
+    messages,
+    proxy,
+    security,
+    timers,
+    transactions,
+)
 from common.cli.bootstrap import run_broker
 from common.cli.output import (
     EXIT_FAILED,
@@ -251,6 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = _client(sub, "acl", "the ACL a broker has in force (admin); --check FILE checks one")
     p.add_argument("--check", metavar="FILE", help="parse FILE here, as a broker would")
 
+    p = _client(sub, "proxy", "serve RocketMQ 5's gRPC protocol (the official clients) over "
+                "the cluster, until Ctrl-C")
+    p.add_argument("--grpc-port", type=int, default=8081, help="the gRPC port (RocketMQ's "
+                   "proxy default)")
+    p.add_argument("--listen", default="0.0.0.0", help="the interface it listens on")
+    p.add_argument("--max-body-size", type=int, default=4 * 1024 * 1024,
+                   help="the largest body it passes on (the brokers' maxMessageSize)")
+
     p = _client(sub, "status", "one broker's state (--cluster: every broker group's)")
     p.add_argument("--cluster", action="store_true",
                    help="every broker group of the cluster: master, epoch, set, topics")
@@ -305,6 +325,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "keys": security.cmd_keys,
     "acl": security.cmd_acl,
     "drill": drill.cmd_drill,
+    "proxy": proxy.cmd_proxy,
 }
 
 

@@ -26,6 +26,7 @@ from common.format.tables import (
     loads,
     parse_groups,
     parse_offsets,
+    parse_topic_attributes,
     parse_topics,
 )
 
@@ -246,6 +247,24 @@ class Admin(ClientBase):
                 return dict(resp.fields)
 
             out[name] = self._with_retries(attempt, cluster=cluster)
+        return out
+
+    def topic_attributes(self) -> dict[str, dict[str, str]]:
+        """topic -> its attributes (RocketMQ 5's ``message.type``, ...), as the masters'
+        topics.json hold them (the first master that names the topic)."""
+        out: dict[str, dict[str, str]] = {}
+        for _, cluster in self._groups():
+
+            def attempt(address: str, cluster: Cluster = cluster) -> dict[str, dict[str, str]]:
+                raw = self._config_document(cluster, RequestCode.GET_ALL_TOPIC_CONFIG, address)
+                source = f"topics.json of {address}"
+                try:
+                    return parse_topic_attributes(loads(raw, source), source)
+                except ValueError as e:
+                    raise BrokerError(ResponseCode.SYSTEM_ERROR, str(e)) from None
+
+            for topic, attrs in self._with_retries(attempt, cluster=cluster).items():
+                out.setdefault(topic, attrs)
         return out
 
     def master_address(self, broker_name: str | None = None) -> str:

@@ -55,6 +55,9 @@ class BrokerConfig:
     # starts while one of them is the master of a newer epoch joins that one as a slave.
     groupServers: str = ""
     metricsPort: int = 0  # 0: no Prometheus endpoint
+    # RocketMQ 5's gRPC protocol (RocketMQ's proxy key): 0 off; the interface it listens on
+    grpcServerPort: int = 0
+    grpcBindAddress: str = ""
     # replog: the interfaces the HA and metrics ports listen on. "": the HA port on every one
     # (with aclEnable CURVE admits replica accounts only), the metrics port on every one, or
     # on 127.0.0.1 only with aclEnable (nothing authenticates a scrape)
@@ -226,9 +229,11 @@ class BrokerConfig:
         _require(self.slaveConfigSyncIntervalMs >= 0, "slaveConfigSyncIntervalMs", "must be >= 0")
         _require(0 < self.diskMaxUsedSpaceRatio <= 95, "diskMaxUsedSpaceRatio", "must be in 1..95")
         _require(self.maxHashSlotNum > 0 and self.maxIndexNum > 1, "maxIndexNum", "must be > 1")
-        for key in ("listenPort", "haListenPort", "metricsPort"):
+        for key in ("listenPort", "haListenPort", "metricsPort", "grpcServerPort"):
             _require(0 <= getattr(self, key) <= 65535, key, "must be a port number")
-        for key in ("haBindAddress", "metricsBindAddress"):
+        _require(not (self.grpcServerPort and self.aclEnable), "grpcServerPort",
+                 "the gRPC front end does not authenticate yet: it cannot run with aclEnable")
+        for key in ("haBindAddress", "metricsBindAddress", "grpcBindAddress"):
             _require(_is_ipv4_or_empty(getattr(self, key)), key,
                      "must be an IPv4 address of this host (0.0.0.0: every interface), or empty")
         _require(0 < self.haTransferBatchSize <= HA_MAX_TRANSFER_BATCH, "haTransferBatchSize",

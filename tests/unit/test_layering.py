@@ -37,10 +37,12 @@ LOWER = {
     "client": {"core", "format", "client"},
     "pipeline": {"core", "format", "store", "client", "pipeline"},
     "drill": {"core", "format", "client", "drill"},
-    "broker": {"core", "format", "store", "ha", "client", "broker"},
+    "proxy": {"core", "format", "client", "proxy"},
+    "broker": {"core", "format", "store", "ha", "client", "proxy", "broker"},
     "master": {"core", "format", "store", "ha", "client", "broker", "master"},
     "slave": {"core", "format", "store", "ha", "client", "broker", "slave"},
-    "cli": {"core", "format", "store", "ha", "client", "pipeline", "broker", "drill", "cli"},
+    "cli": {"core", "format", "store", "ha", "client", "pipeline", "broker", "drill", "proxy",
+            "cli"},
     "public": {"core"},  # common/errors.py: the public import path of common.core.errors
     "spark": {"pipeline"},  # pyspark_replog: Spark's entry point to the data source
 }
