@@ -5,6 +5,7 @@ RocketMQ's proxy maps its broker's response codes)."""
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -45,6 +46,25 @@ def error_status(e: BrokerError) -> pb.Status:
     """A refusal: its gRPC code (INTERNAL_SERVER_ERROR for what the client may retry: no
     master now, a broker draining), replog's remark as the message."""
     return status(CODES.get(e.code, pb.INTERNAL_SERVER_ERROR), f"{e.code.name}: {e.remark}")
+
+
+def handle_status(e: BrokerError) -> pb.Status:
+    """An ack's or a change's refusal: a receipt handle that is not one, not the message's
+    newest, or never handed out is INVALID_RECEIPT_HANDLE (RocketMQ's proxy's answer)."""
+    if e.code in (ResponseCode.MESSAGE_ILLEGAL, ResponseCode.BAD_REQUEST):
+        return status(pb.INVALID_RECEIPT_HANDLE, f"{e.code.name}: {e.remark}")
+    return error_status(e)
+
+
+def overall(entries: list[Any]) -> pb.Status:
+    """The status of a request of several entries: theirs when they agree, else
+    MULTIPLE_RESULTS (the client reads each entry's)."""
+    codes = {e.status.code for e in entries}
+    if not entries:
+        return status(pb.BAD_REQUEST, "no entry")
+    if len(codes) == 1:
+        return entries[0].status
+    return status(pb.MULTIPLE_RESULTS, "the entries' results differ")
 
 
 def permission(perm: int) -> int:
@@ -103,3 +123,55 @@ def outgoing(msg: pb.Message) -> Outgoing:
                     keys=list(sp.keys), properties=properties,
                     shard_key=sp.message_group or None, deliver_at_ms=deliver_at,
                     message_type=sp.message_type, message_id=sp.message_id)
+
+
+# replog's and RocketMQ's system properties: carried in SystemProperties or not at all, never
+# among a received message's user properties
+SYSTEM_PROPERTIES = frozenset({
+    PROPERTY_UNIQ_KEY, "KEYS", "TAGS", "WAIT", "DELAY", "REAL_TOPIC", "REAL_QID", "RETRY_TOPIC",
+    "ORIGIN_MESSAGE_ID", "__SHARDINGKEY", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC",
+    "TIMER_DELAY_MS", "TIMER_OUT_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES",
+    "TIMER_DEL_UNIQKEY", "__TIMER_SRC", "__TIMER_TICK", "TRAN_MSG", "PGROUP",
+    "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS", "__TRAN_HALF", "__TRAN_STATE",
+    "__POP", "MSG_REGION", "TRACE_ON", "CLUSTER", "MAX_OFFSET", "MIN_OFFSET",
+})
+
+
+def ms(duration: Any) -> int:
+    """A protobuf Duration -> milliseconds."""
+    return int(duration.seconds) * 1000 + int(duration.nanos) // 1_000_000
+
+
+def timestamp(ms_value: int) -> Any:
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    return Timestamp(seconds=ms_value // 1000, nanos=(ms_value % 1000) * 1_000_000)
+
+
+def incoming(received: Any, fifo_group: str | None = None) -> pb.Message:
+    """A message replog handed out by POP (``common.client.Received``) -> the gRPC message the
+    official consumers read: the id the producer gave it, its CRC32 body digest, the
+    delivery attempt (hand-outs so far, this one included) and the receipt handle."""
+    msg = received.message
+    props = msg.properties
+    sp = pb.SystemProperties(
+        message_id=props.get(PROPERTY_UNIQ_KEY) or msg.msg_id,
+        body_digest=pb.Digest(type=pb.CRC32, checksum=format(zlib.crc32(msg.body), "08X")),
+        body_encoding=pb.IDENTITY,
+        born_timestamp=timestamp(msg.born_timestamp),
+        born_host=msg.born_host.rpartition(":")[0] or msg.born_host,
+        store_timestamp=timestamp(msg.store_timestamp),
+        store_host=msg.store_host,
+        receipt_handle=received.receipt_handle,
+        queue_id=msg.queue_id, queue_offset=msg.queue_offset,
+        delivery_attempt=msg.reconsume_times + 1,
+        message_type=pb.FIFO if props.get("__SHARDINGKEY") else pb.NORMAL)
+    if msg.tags:
+        sp.tag = msg.tags
+    sp.keys.extend(msg.key_list())
+    group = props.get("__SHARDINGKEY") or fifo_group
+    if group:
+        sp.message_group = group
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    return pb.Message(topic=pb.Resource(name=msg.topic), user_properties=user,
+                      system_properties=sp, body=msg.body)

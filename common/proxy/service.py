@@ -23,18 +23,22 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from common.client import Admin, Producer
+from common.client import Admin, Producer, SimpleConsumer
 from common.core.errors import BrokerError
+from common.format.tables import GroupConfig
 from common.proxy import convert
 
 log = logging.getLogger("replog.proxy")
 
 ATTRIBUTES_TTL_S = 5.0  # topics' message types are read from the masters at most this often
-UNSERVED = ("QueryAssignment", "AckMessage", "ForwardMessageToDeadLetterQueue", "UpdateOffset",
-            "GetOffset", "QueryOffset", "EndTransaction", "ChangeInvisibleDuration",
-            "RecallMessage", "SyncLiteSubscription")
-UNSERVED_STREAMS = {"ReceiveMessage": rpc.ReceiveMessageResponse,
-                    "PullMessage": rpc.PullMessageResponse}
+DEFAULT_INVISIBLE_MS = 30_000  # a receive that names no invisible duration (RocketMQ's proxy's)
+MAX_LONG_POLLING_MS = 30_000  # the longest a receive waits (the brokers' longPollingMaxMs)
+LONG_POLLING_MS = 20_000  # what the settings tell a push consumer to wait per receive
+GROUPS_TTL_S = 5.0  # consumer groups' configs are read from the masters at most this often
+UNSERVED = ("ForwardMessageToDeadLetterQueue", "UpdateOffset",
+            "GetOffset", "QueryOffset", "EndTransaction", "RecallMessage",
+            "SyncLiteSubscription")
+UNSERVED_STREAMS = {"PullMessage": rpc.PullMessageResponse}
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
@@ -43,8 +47,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def __init__(self, servers: list[str], max_body_size: int, timeout_ms: int = 5000):
         self.servers = servers
         self.max_body_size = max_body_size
+        self.timeout_ms = timeout_ms
         self.producer = Producer(servers, timeout_ms=timeout_ms)
         self.admin = Admin(servers, timeout_ms=timeout_ms)
+        self._consumers: dict[str, SimpleConsumer] = {}  # consumer group -> its POP client
+        self._consumers_lock = threading.Lock()
+        self._groups: dict[str, GroupConfig] = {}
+        self._groups_at = float("-inf")
         self._attrs: dict[str, dict[str, str]] = {}
         self._attrs_at = float("-inf")
         self._attrs_lock = threading.Lock()
@@ -52,6 +61,18 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def close(self) -> None:
         self.producer.close()
         self.admin.close()
+        with self._consumers_lock:
+            for consumer in self._consumers.values():
+                consumer.close()
+            self._consumers.clear()
+
+    def _consumer(self, group: str) -> SimpleConsumer:
+        with self._consumers_lock:
+            consumer = self._consumers.get(group)
+            if consumer is None:
+                consumer = self._consumers[group] = SimpleConsumer(
+                    self.servers, group, timeout_ms=self.timeout_ms)
+            return consumer
 
     # ---- routes -----------------------------------------------------------------------------
     async def QueryRoute(self, request: rpc.QueryRouteRequest,
@@ -79,6 +100,38 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if not table.queues(topic):
             table = self.admin.route_table(fresh=True)  # made since the table was read?
         return table, self._attributes(topic).get("message.type", "")
+
+    def _group(self, group: str) -> GroupConfig:
+        """The consumer group's config (subscriptionGroup.json; the defaults for a group not
+        made yet: its first POP makes it)."""
+        with self._attrs_lock:
+            if time.monotonic() - self._groups_at > GROUPS_TTL_S or group not in self._groups:
+                self._groups = {name: config for by_group in self.admin.group_configs().values()
+                                for name, config in by_group.items()}
+                self._groups_at = time.monotonic()
+            return self._groups.get(group) or GroupConfig(group)
+
+    async def QueryAssignment(self, request: rpc.QueryAssignmentRequest,
+                              context: Any) -> rpc.QueryAssignmentResponse:
+        """A push consumer's queues: one per broker group holding the topic (id -1: every
+        queue there; POP needs no rebalance), at the endpoint the client asked."""
+        topic = request.topic.name
+        try:
+            table, message_type = await asyncio.to_thread(self._route, topic)
+        except BrokerError as e:
+            return rpc.QueryAssignmentResponse(status=convert.error_status(e))
+        groups = sorted({mq.broker_name for mq in table.queues(topic)})
+        if not groups:
+            return rpc.QueryAssignmentResponse(status=convert.status(
+                pb.TOPIC_NOT_FOUND, f"no broker group of the cluster holds topic {topic}"))
+        accepted = convert.accepted_types(message_type)
+        return rpc.QueryAssignmentResponse(status=convert.status(pb.OK), assignments=[
+            pb.Assignment(message_queue=pb.MessageQueue(
+                topic=request.topic, id=-1,
+                permission=convert.permission(table.perm(topic, name)),
+                broker=pb.Broker(name=name, id=0, endpoints=request.endpoints),
+                accept_message_types=accepted))
+            for name in groups])
 
     def _attributes(self, topic: str) -> dict[str, str]:
         with self._attrs_lock:
@@ -108,7 +161,30 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 if settings.HasField("publishing"):
                     settings.publishing.max_body_size = self.max_body_size
                     settings.publishing.validate_message_type = True
+                if settings.HasField("subscription"):
+                    try:
+                        config = await asyncio.to_thread(self._group,
+                                                         settings.subscription.group.name)
+                    except BrokerError as e:
+                        yield rpc.TelemetryCommand(status=convert.error_status(e))
+                        continue
+                    self._consumer_settings(settings, config)
                 yield rpc.TelemetryCommand(status=convert.status(pb.OK), settings=settings)
+
+    @staticmethod
+    def _consumer_settings(settings: pb.Settings, config: GroupConfig) -> None:
+        """What RocketMQ's proxy tells a consumer: FIFO when its group is
+        consumeMessageOrderly, its deliveries before the DLQ (retryMaxTimes + 1), a batch and
+        a long-polling time per receive."""
+        sub = settings.subscription
+        sub.fifo = config.consume_message_orderly
+        sub.receive_batch_size = 32
+        sub.long_polling_timeout.seconds = LONG_POLLING_MS // 1000
+        policy = settings.backoff_policy
+        policy.max_attempts = config.retry_max_times + 1
+        policy.exponential_backoff.initial.seconds = 1
+        policy.exponential_backoff.max.seconds = 60
+        policy.exponential_backoff.multiplier = 2.0
 
     # ---- sends ----------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest,
@@ -143,6 +219,71 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             status=convert.status(convert.SEND_CODES[result.status], result.status.value),
             message_id=out.message_id or result.msg_id, offset=result.queue_offset,
             recall_handle=result.recall_handle)
+
+    # ---- consumers (POP) -------------------------------------------------------------------------
+    async def ReceiveMessage(self, request: rpc.ReceiveMessageRequest,
+                              context: Any) -> AsyncIterator[rpc.ReceiveMessageResponse]:
+        """POP from the broker group the request's queue names (every queue of the topic there),
+        waiting up to its long-polling timeout: the messages, then their delivery time and the
+        status (MESSAGE_NOT_FOUND when none came), as RocketMQ's proxy streams them."""
+        group, mq = request.group.name, request.message_queue
+        invisible = (convert.ms(request.invisible_duration)
+                     if request.HasField("invisible_duration") else DEFAULT_INVISIBLE_MS)
+        wait = (min(convert.ms(request.long_polling_timeout), MAX_LONG_POLLING_MS)
+                if request.HasField("long_polling_timeout") else 0)
+        expression = request.filter_expression
+        tags = sql = None
+        if expression.type == pb.SQL:
+            sql = expression.expression
+        elif expression.expression not in ("", "*"):
+            tags = expression.expression
+        consumer = self._consumer(group)
+        try:
+            got = await asyncio.to_thread(
+                consumer.receive, mq.topic.name, max(1, min(request.batch_size or 32, 32)),
+                invisible, wait, tags=tags, sql=sql, broker_name=mq.broker.name or None)
+        except BrokerError as e:
+            yield rpc.ReceiveMessageResponse(status=convert.error_status(e))
+            return
+        if not got:
+            yield rpc.ReceiveMessageResponse(status=convert.status(pb.MESSAGE_NOT_FOUND,
+                                                                   "no new message"))
+            return
+        yield rpc.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(int(time.time() * 1000)))
+        for received in got:
+            yield rpc.ReceiveMessageResponse(message=convert.incoming(received))
+        yield rpc.ReceiveMessageResponse(status=convert.status(pb.OK))
+
+
+    async def AckMessage(self, request: rpc.AckMessageRequest,
+                          context: Any) -> rpc.AckMessageResponse:
+        """Each entry acked by its receipt handle; a handle not the message's newest (it was handed
+        out again) or never handed out: INVALID_RECEIPT_HANDLE for that entry."""
+        consumer = self._consumer(request.group.name)
+        entries = []
+        for entry in request.entries:
+            try:
+                await asyncio.to_thread(consumer.ack, entry.receipt_handle)
+                code = convert.status(pb.OK)
+            except BrokerError as e:
+                code = convert.handle_status(e)
+            entries.append(rpc.AckMessageResultEntry(message_id=entry.message_id,
+                                                     receipt_handle=entry.receipt_handle,
+                                                     status=code))
+        return rpc.AckMessageResponse(status=convert.overall(entries), entries=entries)
+
+
+    async def ChangeInvisibleDuration(self, request: rpc.ChangeInvisibleDurationRequest,
+                                        context: Any) -> rpc.ChangeInvisibleDurationResponse:
+        consumer = self._consumer(request.group.name)
+        try:
+            handle = await asyncio.to_thread(consumer.change_invisible_duration,
+                                             request.receipt_handle,
+                                             convert.ms(request.invisible_duration))
+        except BrokerError as e:
+            return rpc.ChangeInvisibleDurationResponse(status=convert.handle_status(e))
+        return rpc.ChangeInvisibleDurationResponse(status=convert.status(pb.OK),
+                                                   receipt_handle=handle)
 
 
 def _unserved(name: str) -> Callable[..., Any]:

@@ -103,10 +103,13 @@ def test_what_is_not_served_answers_not_implemented_and_a_missing_topic_not_foun
         broker: Broker) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{broker.cfg.grpcServerPort}") as channel:
         stub = service_pb2_grpc.MessagingServiceStub(channel)
-        ack = stub.AckMessage(rpc.AckMessageRequest(), timeout=5)
-        assert ack.status.code == pb.NOT_IMPLEMENTED and "AckMessage" in ack.status.message
-        [first] = list(stub.ReceiveMessage(rpc.ReceiveMessageRequest(), timeout=5))
+        update = stub.UpdateOffset(rpc.UpdateOffsetRequest(), timeout=5)
+        assert update.status.code == pb.NOT_IMPLEMENTED
+        assert "UpdateOffset" in update.status.message
+        [first] = list(stub.PullMessage(rpc.PullMessageRequest(), timeout=5))
         assert first.status.code == pb.NOT_IMPLEMENTED
+        ack = stub.AckMessage(rpc.AckMessageRequest(), timeout=5)
+        assert ack.status.code == pb.BAD_REQUEST
         route = stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name="nope")),
                                 timeout=5)
         assert route.status.code == pb.TOPIC_NOT_FOUND

@@ -1,0 +1,139 @@
+"""RocketMQ 5's gRPC protocol (issue 41): the official Python client's SimpleConsumer and
+PushConsumer (``rocketmq-python-client`` from PyPI, unchanged) consume over POP from a broker
+with ``grpcServerPort``: what replog's own Producer sent, with its id, tag, keys and
+properties; an ack; a change of invisible duration; a message not acked comes back with its
+delivery attempt counted; a group made orderly is told FIFO; a stale handle is refused."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from helpers.brokers import addr, free_port
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    MessageListener,
+    PushConsumer,
+    SimpleConsumer,
+)
+
+from common.broker.broker import Broker
+from common.client import Admin, Consumer, Producer
+from common.core.message import PROPERTY_UNIQ_KEY
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def broker(make_broker: Callable[..., Broker]) -> Broker:
+    b = make_broker(real_store=True, brokerName="gb", grpcServerPort=free_port())
+    with Admin([addr(b)]) as admin:
+        admin.create_topic("jobs", 2)
+    return b
+
+
+def config(broker: Broker) -> ClientConfiguration:
+    return ClientConfiguration(f"127.0.0.1:{broker.cfg.grpcServerPort}", Credentials())
+
+
+@pytest.fixture
+def simple(broker: Broker) -> Iterator[Any]:
+    c = SimpleConsumer(config(broker), "workers", {"jobs": FilterExpression()},
+                       await_duration=2)
+    c.startup()
+    yield c
+    c.shutdown()
+
+
+def send(broker: Broker, n: int, **kw: Any) -> list[Any]:
+    with Producer([addr(broker)]) as p:
+        return [p.send("jobs", b"job-%d" % i, **kw) for i in range(n)]
+
+
+def receive_all(consumer: Any, n: int, invisible_s: int = 30, timeout_s: float = 20) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n and time.monotonic() < deadline:
+        got += consumer.receive(16, invisible_s)
+    return got
+
+
+def test_a_simple_consumer_receives_acks_and_sees_what_it_did_not_ack_again(
+        broker: Broker, simple: Any) -> None:
+    sent = send(broker, 4, tags="TagA", keys=["k"], properties={"region": "eu"})
+    got = receive_all(simple, 4, invisible_s=2)
+    assert sorted(m.body for m in got) == [b"job-0", b"job-1", b"job-2", b"job-3"]
+    first = got[0]
+    assert first.tag == "TagA" and first.keys == {"k"} and first.properties == {"region": "eu"}
+    assert first.delivery_attempt == 1 and not first.corrupted
+    with Consumer([addr(broker)]) as reader:  # the id its producer gave it (UNIQ_KEY)
+        stored = [m for q in range(2) for m in reader.pull("jobs", q, 0, 8).messages]
+    assert sorted(m.message_id for m in got) == sorted(
+        m.properties.get(PROPERTY_UNIQ_KEY) or m.msg_id for m in stored)  # else its msgId
+    assert len(sent) == 4
+    for m in got[1:]:
+        simple.ack(m)
+    again = receive_all(simple, 1, invisible_s=30, timeout_s=10)  # after its 2 s
+    assert [(m.body, m.delivery_attempt) for m in again] == [(first.body, 2)]
+    with pytest.raises(Exception, match="INVALID_RECEIPT_HANDLE|receipt"):
+        simple.ack(first)  # its old handle: handed out again since
+    simple.change_invisible_duration(again[0], 60)
+    time.sleep(0.2)
+    assert simple.receive(16, 30) == []  # hidden for a minute now
+    assert len(simple.receive(16, 30)) == 0
+
+
+def test_a_push_consumer_consumes_and_what_failed_comes_back(broker: Broker) -> None:
+    send(broker, 6)
+    seen: list[tuple[bytes, int]] = []
+    lock = threading.Lock()
+
+    class Listener(MessageListener):
+        def consume(self, message: Any) -> ConsumeResult:
+            with lock:
+                seen.append((message.body, message.delivery_attempt))
+            if message.body == b"job-0" and message.delivery_attempt == 1:
+                return ConsumeResult.FAILURE  # comes back
+            return ConsumeResult.SUCCESS
+
+    c = PushConsumer(config(broker), "pushers", Listener(), {"jobs": FilterExpression()},
+                     consumption_thread_count=2)
+    c.startup()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with lock:
+                done = {b for b, _ in seen} == {b"job-%d" % i for i in range(6)} and \
+                    (b"job-0", 2) in seen
+            if done:
+                break
+            time.sleep(0.2)
+    finally:
+        c.shutdown()
+    assert (b"job-0", 1) in seen and (b"job-0", 2) in seen
+    assert {b for b, _ in seen} == {b"job-%d" % i for i in range(6)}
+
+
+def test_an_orderly_group_is_told_fifo(broker: Broker) -> None:
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+
+    from common.proxy.service import MessagingService
+
+    with Admin([addr(broker)]) as admin:
+        admin.create_group("ordered", orderly=True, retry_max_times=3)
+    service = MessagingService([addr(broker)], 1024)
+    try:
+        settings = pb.Settings(subscription=pb.Subscription(group=pb.Resource(name="ordered")))
+        MessagingService._consumer_settings(settings, service._group("ordered"))
+        assert settings.subscription.fifo and settings.backoff_policy.max_attempts == 4
+        plain = pb.Settings(subscription=pb.Subscription(group=pb.Resource(name="new")))
+        MessagingService._consumer_settings(plain, service._group("new"))
+        assert not plain.subscription.fifo and plain.backoff_policy.max_attempts == 17
+    finally:
+        service.close()
