@@ -114,6 +114,7 @@ def batch_ack(role: MasterRole, req: Request) -> Reply:
     """BATCH_ACK_MESSAGE: one record per queue named; answered once the last is durable.
     ``failed``: the handles that acked nothing, each with why (the others are acked)."""
     by_key: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+    texts: dict[tuple[str, str, int], list[str]] = {}  # each entry's handle as sent
     failed: list[list[str]] = []
     group, topic = req.fields["group"], req.fields["topic"]
     for raw in req.bodies:
@@ -129,11 +130,12 @@ def batch_ack(role: MasterRole, req: Request) -> Reply:
             continue
         by_key.setdefault((group, topic, handle.queue_id), []).append(
             (handle.offset, handle.handle))
+        texts.setdefault((group, topic, handle.queue_id), []).append(text)
     last = None
     now = int(time.time() * 1000)
     for key, entries in by_key.items():
         errors, pending = role.store.pop.ack_many(key, entries, now, req.born_host)
-        failed += [["", e] for e in errors]
+        failed += [[texts[key][i][:200], why] for i, why in errors]
         if pending is not None:
             if not pending.result.ok:
                 return role.refused_put(req, pending)

@@ -192,12 +192,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if not request.messages:
             return rpc.SendMessageResponse(status=convert.status(
                 pb.BAD_REQUEST, "no message to send"))
-        entries = [await asyncio.to_thread(self._send_one, msg) for msg in request.messages]
+        entries = [await self._send_one(msg) for msg in request.messages]
         first_bad = next((e.status for e in entries if e.status.code != pb.OK), None)
         return rpc.SendMessageResponse(status=first_bad or convert.status(pb.OK),
                                        entries=entries)
 
-    def _send_one(self, msg: pb.Message) -> rpc.SendResultEntry:
+    async def _send_one(self, msg: pb.Message) -> rpc.SendResultEntry:
+        """A message to replog's Producer: ``send_async`` (sends under way to one queue
+        travel together, and no thread waits), ``send`` for a delayed one."""
         try:
             out = convert.outgoing(msg)
         except ValueError as e:
@@ -210,8 +212,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return rpc.SendResultEntry(status=convert.status(
                 pb.MESSAGE_BODY_TOO_LARGE, f"body of {len(out.body)} bytes: at most "
                 f"{self.max_body_size}"))
+        args = out.send_args()
         try:
-            result = self.producer.send(out.topic, out.body, **out.send_args())
+            if out.deliver_at_ms is None:
+                del args["deliver_at"]
+                result = await asyncio.wrap_future(
+                    self.producer.send_async(out.topic, out.body, **args))
+            else:
+                result = await asyncio.to_thread(self.producer.send, out.topic, out.body,
+                                                 **args)
         except BrokerError as e:
             return rpc.SendResultEntry(status=convert.error_status(e),
                                        message_id=out.message_id)
@@ -260,13 +269,21 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Each entry acked by its receipt handle; a handle not the message's newest (it was handed
         out again) or never handed out: INVALID_RECEIPT_HANDLE for that entry."""
         consumer = self._consumer(request.group.name)
+        handles = [e.receipt_handle for e in request.entries]
+        try:
+            failed: dict[str, str | BrokerError] = dict(
+                await asyncio.to_thread(consumer.ack_batch, handles))
+        except BrokerError as e:  # a handle that is not one, or no master: every entry
+            failed = {h: e for h in handles}
         entries = []
         for entry in request.entries:
-            try:
-                await asyncio.to_thread(consumer.ack, entry.receipt_handle)
+            why = failed.get(entry.receipt_handle)
+            if why is None:
                 code = convert.status(pb.OK)
-            except BrokerError as e:
-                code = convert.handle_status(e)
+            elif isinstance(why, BrokerError):
+                code = convert.handle_status(why)
+            else:
+                code = convert.status(pb.INVALID_RECEIPT_HANDLE, str(why))
             entries.append(rpc.AckMessageResultEntry(message_id=entry.message_id,
                                                      receipt_handle=entry.receipt_handle,
                                                      status=code))

@@ -73,9 +73,9 @@ class FakePop:
         return Resolved("the fake store hands nothing out", None)
 
     def ack_many(self, key: Key, entries: list[tuple[int, int]], now_ms: int,
-                 born_host: tuple[str, int] = ("0.0.0.0", 0)) -> tuple[list[str],
+                 born_host: tuple[str, int] = ("0.0.0.0", 0)) -> tuple[list[tuple[int, str]],
                                                                    PendingPut | None]:
-        return ["the fake store hands nothing out"] * len(entries), None
+        return [(i, "the fake store hands nothing out") for i in range(len(entries))], None
 
     def change(self, key: Key, offset: int, handle: int, invisible_ms: int, now_ms: int,
                born_host: tuple[str, int] = ("0.0.0.0", 0)) -> Resolved:

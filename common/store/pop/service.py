@@ -257,20 +257,22 @@ class PopStore:
             return Resolved("", pending)
 
     def ack_many(self, key: Key, entries: list[tuple[int, int]], now_ms: int,
-                 born_host: tuple[str, int] = ("0.0.0.0", 0)) -> tuple[list[str],
+                 born_host: tuple[str, int] = ("0.0.0.0", 0)) -> tuple[list[tuple[int, str]],
                                                                    PendingPut | None]:
-        """Ack several (offset, handle) of one queue with one record: (why each one that
-        could not be was not, the put made; None: nothing to write)."""
+        """Ack several (offset, handle) of one queue with one record: ((the index in
+        ``entries`` and why) of each one that could not be, the put made; None: nothing to
+        write)."""
         with self.lock:
             self.apply_tail()
             state = self.queues.get(key)
-            errors, good = [], []
-            for offset, handle in entries:
+            errors: list[tuple[int, str]] = []
+            good = []
+            for i, (offset, handle) in enumerate(entries):
                 error = _check_handle(state, key, offset, handle, records.ACK)
                 if error is None:
                     good.append((offset, handle))
                 elif error:
-                    errors.append(error)
+                    errors.append((i, error))
             self.stats["acks_stale"] += len(errors)
             if not good or state is None:
                 return errors, None

@@ -68,6 +68,7 @@ def test_a_batch_ack_acks_many_and_names_the_handles_it_could_not_use(
         c.ack(first[3])
         failed = c.ack_batch([first[3], first[4], "rp1 pb t 0 77 0 0 1000"])
         assert [why for _, why in failed] == [failed[0][1]] and "never" in failed[0][1]
+        assert failed[0][0] == "rp1 pb t 0 77 0 0 1000"  # the handle that failed, named
         assert c.receive("t", 5, INVISIBLE, wait_ms=1500) == []  # all five acked
 
 
