@@ -4,6 +4,7 @@ RocketMQ's proxy maps its broker's response codes)."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import zlib
 from typing import Any
@@ -174,4 +175,43 @@ def incoming(received: Any, fifo_group: str | None = None) -> pb.Message:
         sp.message_group = group
     user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
     return pb.Message(topic=pb.Resource(name=msg.topic), user_properties=user,
+                      system_properties=sp, body=msg.body)
+
+
+def transaction_id(broker: str, topic: str, commit_log_offset: int, queue_offset: int,
+                   msg_id: str, uniq: str) -> str:
+    """What an END needs, in the id the client hands back (RocketMQ's proxy encodes its
+    TransactionId the same way): no state is kept, so any proxy can end any transaction."""
+    raw = f"v1 {broker} {topic} {commit_log_offset} {queue_offset} {msg_id} {uniq}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def parse_transaction_id(text: str) -> tuple[str, str, int, int, str, str]:
+    """ValueError for what ``transaction_id`` did not make."""
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+        v, broker, topic, clo, qo, msg_id, uniq = raw.split(" ")
+        if v != "v1":
+            raise ValueError(v)
+        return broker, topic, int(clo), int(qo), msg_id, uniq
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"transaction id {text[:64]!r} is not one this front end made") \
+            from e
+
+
+def message_of(msg: Any, topic: str) -> pb.Message:
+    """A stored message (a half, for a check-back) -> the gRPC message, under ``topic``."""
+    props = msg.properties
+    sp = pb.SystemProperties(
+        message_id=props.get(PROPERTY_UNIQ_KEY) or msg.msg_id,
+        body_digest=pb.Digest(type=pb.CRC32, checksum=format(zlib.crc32(msg.body), "08X")),
+        body_encoding=pb.IDENTITY, message_type=pb.TRANSACTION,
+        born_timestamp=timestamp(msg.born_timestamp),
+        born_host=msg.born_host.rpartition(":")[0] or msg.born_host,
+        store_timestamp=timestamp(msg.store_timestamp), store_host=msg.store_host)
+    if msg.tags:
+        sp.tag = msg.tags
+    sp.keys.extend(msg.key_list())
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    return pb.Message(topic=pb.Resource(name=topic), user_properties=user,
                       system_properties=sp, body=msg.body)

@@ -1,18 +1,22 @@
 """The RPCs of ``apache.rocketmq.v2.MessagingService``, each translated into replog's requests
 by replog's clients (``convert.py`` maps the messages and answers).
 
-Served now: QueryRoute (every broker group's queues of the topic, with the endpoint the client
+Served: QueryRoute (every broker group's queues of the topic, with the endpoint the client
 asked and the queues' permissions and message types), Heartbeat, SendMessage (normal, FIFO by
-message group, delayed by delivery timestamp), Telemetry (the settings exchange: the client's
-settings are answered with the proxy's), NotifyClientTermination. Every other RPC answers
-NOT_IMPLEMENTED with a message naming it, never a hang (a streaming one: one response
-carrying that status). The client calls are blocking; they run on the event loop's executor
-(bounded), never on the loop.
+message group, delayed by delivery timestamp, transactional halves), RecallMessage,
+EndTransaction, Telemetry (the settings exchange, and the broker's transaction checks handed
+to a client as RecoverOrphanedTransactionCommand), NotifyClientTermination, QueryAssignment,
+ReceiveMessage (POP, long polling), AckMessage, ChangeInvisibleDuration. Every other RPC
+answers NOT_IMPLEMENTED with a message naming it, never a hang (a streaming one: one response
+carrying that status). Blocking client calls run on the event loop's bounded executor, never
+on the loop; sends go through ``Producer.send_async`` and hold no thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -24,7 +28,12 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from common.client import Admin, Producer, SimpleConsumer
-from common.core.errors import BrokerError
+from common.client.results import SendResult
+from common.client.transaction import HalfSent, TransactionProducer
+from common.core.errors import BrokerError, ResponseCode, SendStatus
+from common.core.message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY
+from common.core.transaction import TransactionState
+from common.format.protocol import ProtocolError, Request, RequestCode, Response, decode_record
 from common.format.tables import GroupConfig
 from common.proxy import convert
 
@@ -35,9 +44,11 @@ DEFAULT_INVISIBLE_MS = 30_000  # a receive that names no invisible duration (Roc
 MAX_LONG_POLLING_MS = 30_000  # the longest a receive waits (the brokers' longPollingMaxMs)
 LONG_POLLING_MS = 20_000  # what the settings tell a push consumer to wait per receive
 GROUPS_TTL_S = 5.0  # consumer groups' configs are read from the masters at most this often
+# the producer group of the halves a front end sends (any front end of the cluster answers
+# the broker's check of any of them, by asking a client of the half's topic)
+TRANSACTION_GROUP = "replog_proxy_tx"
 UNSERVED = ("ForwardMessageToDeadLetterQueue", "UpdateOffset",
-            "GetOffset", "QueryOffset", "EndTransaction", "RecallMessage",
-            "SyncLiteSubscription")
+            "GetOffset", "QueryOffset", "SyncLiteSubscription")
 UNSERVED_STREAMS = {"PullMessage": rpc.PullMessageResponse}
 
 
@@ -54,11 +65,24 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._consumers_lock = threading.Lock()
         self._groups: dict[str, GroupConfig] = {}
         self._groups_at = float("-inf")
+        # transactions: halves sent as TRANSACTION_GROUP; the broker's checks of them are
+        # handed to a client publishing the half's topic (RecoverOrphanedTransactionCommand on
+        # its telemetry stream), which ends the transaction by EndTransaction
+        self.tx = TransactionProducer(servers, TRANSACTION_GROUP,
+                                      lambda _half: TransactionState.UNKNOWN,
+                                      timeout_ms=timeout_ms)
+        self.tx.producer._transport.serve(RequestCode.CHECK_TRANSACTION_STATE, self._check_back)
+        self._streams: dict[int, _Stream] = {}
+        self._stream_ids = itertools.count()
+        self._streams_lock = threading.Lock()
+        self.checks_forwarded = 0
+        self.checks_unanswered = 0
         self._attrs: dict[str, dict[str, str]] = {}
         self._attrs_at = float("-inf")
         self._attrs_lock = threading.Lock()
 
     def close(self) -> None:
+        self.tx.close()
         self.producer.close()
         self.admin.close()
         with self._consumers_lock:
@@ -154,22 +178,44 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                         context: Any) -> AsyncIterator[rpc.TelemetryCommand]:
         """The settings exchange: each settings the client sends is answered with the
         proxy's (its own, with the largest body replog stores and message types checked)."""
-        async for command in request_iterator:
-            if command.HasField("settings"):
-                settings = pb.Settings()
-                settings.CopyFrom(command.settings)
-                if settings.HasField("publishing"):
-                    settings.publishing.max_body_size = self.max_body_size
-                    settings.publishing.validate_message_type = True
-                if settings.HasField("subscription"):
-                    try:
-                        config = await asyncio.to_thread(self._group,
-                                                         settings.subscription.group.name)
-                    except BrokerError as e:
-                        yield rpc.TelemetryCommand(status=convert.error_status(e))
-                        continue
-                    self._consumer_settings(settings, config)
-                yield rpc.TelemetryCommand(status=convert.status(pb.OK), settings=settings)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), set())
+        with self._streams_lock:
+            stream_id = next(self._stream_ids)
+            self._streams[stream_id] = stream
+
+        async def read() -> None:
+            try:
+                async for command in request_iterator:
+                    if command.HasField("settings"):
+                        await stream.out.put(await self._settings_reply(command.settings,
+                                                                        stream))
+            finally:
+                await stream.out.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await stream.out.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            with self._streams_lock:
+                self._streams.pop(stream_id, None)
+
+    async def _settings_reply(self, given: pb.Settings,
+                              stream: _Stream) -> rpc.TelemetryCommand:
+        settings = pb.Settings()
+        settings.CopyFrom(given)
+        if settings.HasField("publishing"):
+            settings.publishing.max_body_size = self.max_body_size
+            settings.publishing.validate_message_type = True
+            stream.topics = {t.name for t in settings.publishing.topics}
+        if settings.HasField("subscription"):
+            try:
+                config = await asyncio.to_thread(self._group, settings.subscription.group.name)
+            except BrokerError as e:
+                return rpc.TelemetryCommand(status=convert.error_status(e))
+            self._consumer_settings(settings, config)
+        return rpc.TelemetryCommand(status=convert.status(pb.OK), settings=settings)
 
     @staticmethod
     def _consumer_settings(settings: pb.Settings, config: GroupConfig) -> None:
@@ -204,14 +250,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             out = convert.outgoing(msg)
         except ValueError as e:
             return rpc.SendResultEntry(status=convert.status(pb.BAD_REQUEST, str(e)))
-        if out.message_type == pb.TRANSACTION:
-            return rpc.SendResultEntry(status=convert.status(
-                pb.NOT_IMPLEMENTED, "transactional messages over gRPC are not served yet "
-                "(replog's own Producer sends them: docs/contract.md)"))
         if len(out.body) > self.max_body_size:
             return rpc.SendResultEntry(status=convert.status(
                 pb.MESSAGE_BODY_TOO_LARGE, f"body of {len(out.body)} bytes: at most "
                 f"{self.max_body_size}"))
+        if out.message_type == pb.TRANSACTION:
+            return await self._send_half(out)
         args = out.send_args()
         try:
             if out.deliver_at_ms is None:
@@ -228,6 +272,86 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             status=convert.status(convert.SEND_CODES[result.status], result.status.value),
             message_id=out.message_id or result.msg_id, offset=result.queue_offset,
             recall_handle=result.recall_handle)
+
+    async def RecallMessage(self, request: rpc.RecallMessageRequest,
+                            context: Any) -> rpc.RecallMessageResponse:
+        """Cancel a delayed message not due yet, by the recall handle its send returned."""
+        try:
+            key = await asyncio.to_thread(self.producer.recall, request.topic.name,
+                                          request.recall_handle)
+        except BrokerError as e:
+            return rpc.RecallMessageResponse(status=convert.error_status(e))
+        return rpc.RecallMessageResponse(status=convert.status(pb.OK), message_id=key)
+
+    # ---- transactions -----------------------------------------------------------------------------
+    async def _send_half(self, out: convert.Outgoing) -> rpc.SendResultEntry:
+        try:
+            half = await asyncio.to_thread(self.tx.send_half, out.topic, out.body, out.tags,
+                                           out.keys or None, out.properties)
+        except BrokerError as e:
+            return rpc.SendResultEntry(status=convert.error_status(e),
+                                       message_id=out.message_id)
+        sent = half.send
+        return rpc.SendResultEntry(
+            status=convert.status(convert.SEND_CODES[sent.status], sent.status.value),
+            message_id=out.message_id or half.transaction_id, offset=sent.queue_offset,
+            transaction_id=convert.transaction_id(
+                sent.broker_name, half.topic, sent.commit_log_offset, sent.queue_offset,
+                sent.msg_id, half.transaction_id))
+
+    async def EndTransaction(self, request: rpc.EndTransactionRequest,
+                             context: Any) -> rpc.EndTransactionResponse:
+        """COMMIT or ROLLBACK a half by the transaction id its send (or its check) gave."""
+        try:
+            broker, topic, clo, qo, msg_id, uniq = convert.parse_transaction_id(
+                request.transaction_id)
+        except ValueError as e:
+            return rpc.EndTransactionResponse(status=convert.status(pb.INVALID_TRANSACTION_ID,
+                                                                    str(e)))
+        state = {pb.COMMIT: TransactionState.COMMIT,
+                 pb.ROLLBACK: TransactionState.ROLLBACK}.get(request.resolution)
+        if state is None:
+            return rpc.EndTransactionResponse(status=convert.status(
+                pb.BAD_REQUEST, "a resolution is COMMIT or ROLLBACK"))
+        half = HalfSent(topic, uniq, SendResult(SendStatus.SEND_OK, msg_id, 0, qo, clo, topic,
+                                                broker))
+        try:
+            await asyncio.to_thread(self.tx.end, half, state,
+                                    request.source == pb.SOURCE_SERVER_CHECK)
+        except BrokerError as e:
+            return rpc.EndTransactionResponse(status=convert.error_status(e))
+        return rpc.EndTransactionResponse(status=convert.status(pb.OK))
+
+    def _check_back(self, address: str, req: Request) -> Response:
+        """The broker asks what became of a half (on the transaction producer's requests
+        thread): handed to a client that publishes its topic, which answers by
+        EndTransaction; answered UNKNOWN here (the broker asks again later if no end came)."""
+        unknown = Response(ResponseCode.SUCCESS, req.opaque, "",
+                           {"state": TransactionState.UNKNOWN.value}, [])
+        try:
+            half = decode_record(req.bodies[0]) if req.bodies else None
+        except ProtocolError:
+            half = None
+        topic = half.properties.get(PROPERTY_REAL_TOPIC, "") if half is not None else ""
+        if half is None or not topic:
+            return unknown
+        with self._streams_lock:
+            streams = [s for s in self._streams.values() if topic in s.topics]
+        if not streams:
+            self.checks_unanswered += 1
+            return unknown
+        stream = streams[next(self._stream_ids) % len(streams)]
+        broker = self.tx.producer._routes.group_of_address(address)
+        command = rpc.TelemetryCommand(
+            status=convert.status(pb.OK),
+            recover_orphaned_transaction_command=rpc.RecoverOrphanedTransactionCommand(
+                message=convert.message_of(half, topic),
+                transaction_id=convert.transaction_id(
+                    broker, topic, half.commit_log_offset, half.queue_offset, half.msg_id,
+                    half.properties.get(PROPERTY_UNIQ_KEY, ""))))
+        stream.loop.call_soon_threadsafe(stream.out.put_nowait, command)
+        self.checks_forwarded += 1
+        return unknown
 
     # ---- consumers (POP) -------------------------------------------------------------------------
     async def ReceiveMessage(self, request: rpc.ReceiveMessageRequest,
@@ -301,6 +425,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return rpc.ChangeInvisibleDurationResponse(status=convert.handle_status(e))
         return rpc.ChangeInvisibleDurationResponse(status=convert.status(pb.OK),
                                                    receipt_handle=handle)
+
+
+@dataclasses.dataclass
+class _Stream:
+    """A client's telemetry stream: what is to be written on it, and the topics it
+    publishes (its settings say)."""
+
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue[rpc.TelemetryCommand | None]
+    topics: set[str]
 
 
 def _unserved(name: str) -> Callable[..., Any]:

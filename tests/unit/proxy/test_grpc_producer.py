@@ -159,3 +159,12 @@ def test_replog_proxy_serves_a_cluster_from_a_process_of_its_own(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_a_delayed_message_is_recalled_by_the_handle_its_send_gave(broker: Broker,
+                                                                   producer: Any) -> None:
+    receipt = producer.send(message("orders", b"never", delivery_timestamp=int(time.time()) + 2))
+    assert receipt.recall_handle
+    producer.recall_message("orders", receipt.recall_handle)
+    time.sleep(4)  # 2 s past its time: a message not recalled is delivered by then
+    assert read_all(broker, "orders") == []  # recalled: never delivered
