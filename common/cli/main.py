@@ -265,11 +265,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _client(sub, "proxy", "serve RocketMQ 5's gRPC protocol (the official clients) over "
                 "the cluster, until Ctrl-C")
-    p.add_argument("--grpc-port", type=int, default=8081, help="the gRPC port (RocketMQ's "
-                   "proxy default)")
-    p.add_argument("--listen", default="0.0.0.0", help="the interface it listens on")
-    p.add_argument("--max-body-size", type=int, default=4 * 1024 * 1024,
-                   help="the largest body it passes on (the brokers' maxMessageSize)")
+    p.add_argument("-c", "--config", metavar="FILE", help="a broker-style YAML file: its "
+                   "grpcServerPort, grpcBindAddress and maxMessageSize (the broker's keys)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config key, as for replog broker")
+    p.add_argument("--grpc-port", type=int, help="the gRPC port (default: grpcServerPort, "
+                   "else 8081, RocketMQ's proxy's)")
+    p.add_argument("--listen", help="the interface it listens on (default: grpcBindAddress, "
+                   "else 0.0.0.0)")
+    p.add_argument("--max-body-size", type=int, help="the largest body it passes on (default: "
+                   "maxMessageSize, 4 MiB: the brokers')")
 
     p = _client(sub, "status", "one broker's state (--cluster: every broker group's)")
     p.add_argument("--cluster", action="store_true",

@@ -124,7 +124,7 @@ def test_what_is_not_served_answers_not_implemented_and_a_missing_topic_not_foun
 def test_replog_proxy_serves_a_cluster_from_a_process_of_its_own(
         make_broker: Callable[..., Broker]) -> None:
     """``replog proxy`` (RocketMQ's Cluster mode): a process of its own over brokers that
-    serve no gRPC themselves; SIGTERM stops it, exit 0."""
+    serve no gRPC themselves, on the broker's key grpcServerPort; SIGTERM stops it, exit 0."""
     import os
     import signal
     import subprocess
@@ -135,8 +135,8 @@ def test_replog_proxy_serves_a_cluster_from_a_process_of_its_own(
         admin.create_topic("orders", 2)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "common.cli", "proxy", "-s", addr(broker), "--grpc-port",
-         str(port), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "common.cli", "proxy", "-s", addr(broker), "--set",
+         f"grpcServerPort={port}", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         assert proc.stdout is not None
