@@ -6,7 +6,8 @@ asked and the queues' permissions and message types), Heartbeat, SendMessage (no
 message group, delayed by delivery timestamp, transactional halves), RecallMessage,
 EndTransaction, Telemetry (the settings exchange, and the broker's transaction checks handed
 to a client as RecoverOrphanedTransactionCommand), NotifyClientTermination, QueryAssignment,
-ReceiveMessage (POP, long polling), AckMessage, ChangeInvisibleDuration. Every other RPC
+ReceiveMessage (POP, long polling), AckMessage, ChangeInvisibleDuration,
+ForwardMessageToDeadLetterQueue. Every other RPC
 answers NOT_IMPLEMENTED with a message naming it, never a hang (a streaming one: one response
 carrying that status). Blocking client calls run on the event loop's bounded executor, never
 on the loop; sends go through ``Producer.send_async`` and hold no thread.
@@ -32,6 +33,7 @@ from common.client.results import SendResult
 from common.client.transaction import HalfSent, TransactionProducer
 from common.core.errors import BrokerError, ResponseCode, SendStatus
 from common.core.message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY
+from common.core.pop import ReceiptHandle
 from common.core.transaction import TransactionState
 from common.format.protocol import ProtocolError, Request, RequestCode, Response, decode_record
 from common.format.tables import GroupConfig
@@ -47,8 +49,7 @@ GROUPS_TTL_S = 5.0  # consumer groups' configs are read from the masters at most
 # the producer group of the halves a front end sends (any front end of the cluster answers
 # the broker's check of any of them, by asking a client of the half's topic)
 TRANSACTION_GROUP = "replog_proxy_tx"
-UNSERVED = ("ForwardMessageToDeadLetterQueue", "UpdateOffset",
-            "GetOffset", "QueryOffset", "SyncLiteSubscription")
+UNSERVED = ("UpdateOffset", "GetOffset", "QueryOffset", "SyncLiteSubscription")
 UNSERVED_STREAMS = {"PullMessage": rpc.PullMessageResponse}
 
 
@@ -413,6 +414,34 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                                                      status=code))
         return rpc.AckMessageResponse(status=convert.overall(entries), entries=entries)
 
+
+    async def ForwardMessageToDeadLetterQueue(
+            self, request: rpc.ForwardMessageToDeadLetterQueueRequest,
+            context: Any) -> rpc.ForwardMessageToDeadLetterQueueResponse:
+        """A consumer gives a message up (a FIFO push consumer after its attempts): stored in
+        ``%DLQ%<group>`` (a send-back straight to the DLQ, as RocketMQ's proxy does), then
+        acked by its receipt handle. At least once: an ack that fails after the copy leaves
+        the message to come back, and be given up again."""
+        consumer = self._consumer(request.group.name)
+        try:
+            await asyncio.to_thread(self._forward, consumer, request.receipt_handle)
+        except ValueError as e:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=convert.status(
+                pb.INVALID_RECEIPT_HANDLE, str(e)))
+        except BrokerError as e:
+            return rpc.ForwardMessageToDeadLetterQueueResponse(
+                status=convert.handle_status(e))
+        return rpc.ForwardMessageToDeadLetterQueueResponse(status=convert.status(pb.OK))
+
+    @staticmethod
+    def _forward(consumer: SimpleConsumer, receipt_handle: str) -> None:
+        handle = ReceiptHandle.decode(receipt_handle)
+        found = consumer.pull(handle.topic, handle.queue_id, handle.offset, 1,
+                              broker_name=handle.broker_name).messages
+        if not found or found[0].queue_offset != handle.offset:
+            raise ValueError(f"the message of {receipt_handle!r} is no longer stored")
+        consumer.send_back(found[0], delay_level=-1)
+        consumer.ack(receipt_handle)
 
     async def ChangeInvisibleDuration(self, request: rpc.ChangeInvisibleDurationRequest,
                                         context: Any) -> rpc.ChangeInvisibleDurationResponse:

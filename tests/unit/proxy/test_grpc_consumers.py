@@ -137,3 +137,31 @@ def test_an_orderly_group_is_told_fifo(broker: Broker) -> None:
         assert not plain.subscription.fifo and plain.backoff_policy.max_attempts == 17
     finally:
         service.close()
+
+
+def test_a_message_given_up_goes_to_the_dlq_and_is_not_handed_out_again(
+        broker: Broker, simple: Any) -> None:
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as rpc
+    from rocketmq.grpc_protocol import service_pb2_grpc
+
+    from common.core.message import dlq_topic
+
+    send(broker, 1)
+    [m] = receive_all(simple, 1, invisible_s=2)
+    with grpc.insecure_channel(f"127.0.0.1:{broker.cfg.grpcServerPort}") as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        req = rpc.ForwardMessageToDeadLetterQueueRequest(
+            group=pb.Resource(name="workers"), topic=pb.Resource(name="jobs"),
+            receipt_handle=m.receipt_handle, message_id=m.message_id)
+        assert stub.ForwardMessageToDeadLetterQueue(req, timeout=10).status.code == pb.OK
+        bad = stub.ForwardMessageToDeadLetterQueue(
+            rpc.ForwardMessageToDeadLetterQueueRequest(
+                group=pb.Resource(name="workers"), receipt_handle="nonsense"), timeout=10)
+        assert bad.status.code == pb.INVALID_RECEIPT_HANDLE
+    with Consumer([addr(broker)]) as reader:
+        dead = reader.pull(dlq_topic("workers"), 0, 0, 8).messages
+    assert [d.body for d in dead] == [m.body]
+    time.sleep(2.5)  # past its invisible time: acked, so never handed out again
+    assert simple.receive(16, 30) == []
