@@ -129,8 +129,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def _group(self, group: str) -> GroupConfig:
         """The consumer group's config (subscriptionGroup.json; the defaults for a group not
         made yet: its first POP makes it)."""
-        with self._attrs_lock:
-            if time.monotonic() - self._groups_at > GROUPS_TTL_S or group not in self._groups:
+        with self._attrs_lock:  # a group made or changed is seen within GROUPS_TTL_S
+            if time.monotonic() - self._groups_at > GROUPS_TTL_S:
                 self._groups = {name: config for by_group in self.admin.group_configs().values()
                                 for name, config in by_group.items()}
                 self._groups_at = time.monotonic()
@@ -159,8 +159,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             for name in groups])
 
     def _attributes(self, topic: str) -> dict[str, str]:
+        """The topic's attributes, read again every ATTRIBUTES_TTL_S, or after a second for a
+        topic that had none (most have none: they are not read again at every route)."""
         with self._attrs_lock:
-            if time.monotonic() - self._attrs_at > ATTRIBUTES_TTL_S or topic not in self._attrs:
+            age = time.monotonic() - self._attrs_at
+            if age > ATTRIBUTES_TTL_S or (topic not in self._attrs and age > 1.0):
                 self._attrs = self.admin.topic_attributes()
                 self._attrs_at = time.monotonic()
             return self._attrs.get(topic, {})
