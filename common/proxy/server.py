@@ -2,8 +2,9 @@
 ``MessagingService`` (``service.py``) on ``host:port``.
 
 ``start`` returns once the port is bound (or raises: a port taken, no such address); ``stop``
-stops taking calls, gives the calls under way ``GRACE_S`` to finish, closes the clients and
-joins the thread. Blocking client calls run on the loop's default executor, bounded to
+stops taking calls, gives the calls under way ``GRACE_S`` to finish, waits out the blocking
+client calls still running (a receive's long poll ends within a second), closes the clients
+and joins the thread. Blocking client calls run on the loop's default executor, bounded to
 ``CALL_THREADS`` threads; a streaming call (telemetry) holds no thread while it waits.
 """
 
@@ -83,5 +84,8 @@ class GrpcProxy:
             await self._stopping.wait()
             await server.stop(GRACE_S)
         finally:
-            service.close()
+            # the blocking calls under way end first (a receive within one slice), then the
+            # clients they use are closed: never a client closed under a call
+            service.stopping.set()
             executor.shutdown(wait=True, cancel_futures=True)
+            service.close()

@@ -45,6 +45,7 @@ ATTRIBUTES_TTL_S = 5.0  # topics' message types are read from the masters at mos
 DEFAULT_INVISIBLE_MS = 30_000  # a receive that names no invisible duration (RocketMQ's proxy's)
 MAX_LONG_POLLING_MS = 30_000  # the longest a receive waits (the brokers' longPollingMaxMs)
 LONG_POLLING_MS = 20_000  # what the settings tell a push consumer to wait per receive
+RECEIVE_SLICE_MS = 1_000  # a receive's long poll, one blocking call at a time
 GROUPS_TTL_S = 5.0  # consumer groups' configs are read from the masters at most this often
 # the producer group of the halves a front end sends (any front end of the cluster answers
 # the broker's check of any of them, by asking a client of the half's topic)
@@ -78,11 +79,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._streams_lock = threading.Lock()
         self.checks_forwarded = 0
         self.checks_unanswered = 0
+        self.stopping = threading.Event()  # set before the calls under way are waited out
         self._attrs: dict[str, dict[str, str]] = {}
         self._attrs_at = float("-inf")
         self._attrs_lock = threading.Lock()
 
     def close(self) -> None:
+        """Close the clients: only once no call uses them (a ZeroMQ socket closed under a
+        thread that is using it aborts the process: the server waits its calls out first)."""
         self.tx.close()
         self.producer.close()
         self.admin.close()
@@ -375,10 +379,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         elif expression.expression not in ("", "*"):
             tags = expression.expression
         consumer = self._consumer(group)
+        deadline = time.monotonic() + wait / 1000
         try:
-            got = await asyncio.to_thread(
-                consumer.receive, mq.topic.name, max(1, min(request.batch_size or 32, 32)),
-                invisible, wait, tags=tags, sql=sql, broker_name=mq.broker.name or None)
+            while True:  # waited a slice at a time: a stopping front end waits out one slice
+                slice_ms = max(0, min(RECEIVE_SLICE_MS, int((deadline - time.monotonic())
+                                                            * 1000)))
+                got = await asyncio.to_thread(
+                    consumer.receive, mq.topic.name, max(1, min(request.batch_size or 32, 32)),
+                    invisible, slice_ms, tags=tags, sql=sql, broker_name=mq.broker.name or None)
+                if got or time.monotonic() >= deadline or self.stopping.is_set():
+                    break
         except BrokerError as e:
             yield rpc.ReceiveMessageResponse(status=convert.error_status(e))
             return
