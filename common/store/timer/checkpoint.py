@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from common.core.errors import StoreError
+from common.core.files import write_atomically
 from common.store.timer.layout import (
     CHECKPOINT,
     CHECKPOINT_SIZE,
@@ -40,10 +41,15 @@ class TimerCheckpoint:
 
     @classmethod
     def load(cls, path: Path) -> TimerCheckpoint:
-        """The file's values (zeros for a new one); a file of another size is refused."""
+        """The file's values (zeros for a new one); a file of another size is refused. An
+        empty file is a new one: a first checkpoint that never got its page (stores written
+        before the first page was made whole by a rename: a kill between the file's creation
+        and its write left 0 bytes); it claims nothing, as zeros do."""
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
+            return cls(path)
+        if not raw:
             return cls(path)
         if len(raw) != CHECKPOINT_SIZE:
             raise StoreError(f"{path} is {len(raw)} bytes, a timer checkpoint is "
@@ -73,11 +79,16 @@ class TimerCheckpoint:
         return bytes(page)
 
     def flush(self) -> None:
-        """Write the page in place and sync it (one 4 KiB page: written whole or not)."""
+        """Write the page in place and sync it (one 4 KiB page: written whole or not). The
+        first page is written to a new file renamed into place: a crash leaves no file, or a
+        whole page, never an empty one."""
         self.counter += 1
         self.timestamp = int(time.time() * 1000)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not self.path.exists():
+            write_atomically(self.path, self.encode())
+            return
+        fd = os.open(self.path, os.O_RDWR, 0o644)
         try:
             os.pwrite(fd, self.encode(), 0)
             os.fsync(fd)

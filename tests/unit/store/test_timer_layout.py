@@ -96,3 +96,23 @@ def test_timercheck_is_a_page_of_longs_at_rocketmqs_offsets(tmp_path: Path) -> N
     path.write_bytes(raw[:100])
     with pytest.raises(StoreError, match="a timer checkpoint is 4096"):
         TimerCheckpoint.load(path)
+
+
+def test_a_first_checkpoint_is_a_whole_page_or_none_and_an_empty_file_is_a_new_one(
+        tmp_path: Path) -> None:
+    """A kill between the file's creation and its first write left an empty timercheck, and the
+    broker refused to start on it (the clock-skew drill found it: a kill 1.5 s after a first
+    start). The first page is now renamed into place; an empty file reads as a new one (it
+    claims nothing); a later page is written in place."""
+    path = tmp_path / "config" / "timercheck"
+    path.parent.mkdir()
+    path.write_bytes(b"")  # what the old flush could leave
+    assert TimerCheckpoint.load(path).last_read_time_ms == 0
+    path.unlink()
+    cp = TimerCheckpoint(path, last_read_time_ms=5)
+    cp.flush()  # the first: a whole page, renamed into place
+    assert path.stat().st_size == 4096
+    cp.last_read_time_ms = 6
+    cp.flush()  # in place
+    assert TimerCheckpoint.load(path).last_read_time_ms == 6
+    assert sorted(p.name for p in path.parent.iterdir()) == ["timercheck"]  # no temp left
