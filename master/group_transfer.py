@@ -41,6 +41,7 @@ still unknown when the server's loop ends is answered FLUSH_DISK_TIMEOUT.
 
 from __future__ import annotations
 
+import abc
 import collections
 import concurrent.futures
 import functools
@@ -61,7 +62,7 @@ _ADMISSION_STATUS = {
 }
 
 
-class ReplicaPut(Deferred):
+class ReplicaPut(Deferred, abc.ABC):
     """A SYNC put held for its replica ack (and its flush); ``reply`` is the role's answer."""
 
     __slots__ = ("flush_status", "replica_status")
@@ -71,8 +72,9 @@ class ReplicaPut(Deferred):
         self.flush_status: PutStatus | None = None
         self.replica_status: PutStatus | None = None
 
+    @abc.abstractmethod
     def reply(self, status: PutStatus) -> Response:
-        raise NotImplementedError
+        """The role's answer to the put, given its final status (each kind of put its own)."""
 
     def answer(self) -> tuple[Deferred, Response]:
         flush = self.flush_status

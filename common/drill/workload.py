@@ -7,6 +7,7 @@ exactly what the broker (or the network) answered to that one attempt.
 
 from __future__ import annotations
 
+import abc
 import random
 import threading
 import time
@@ -46,7 +47,9 @@ def wait_for(
         event.wait(step_s)
 
 
-class Worker(threading.Thread):
+class Worker(threading.Thread, abc.ABC):
+    """A load thread of a drill; its ``body`` (each kind's own) runs until ``stop``."""
+
     def __init__(self, name: str):
         super().__init__(name=name, daemon=True)
         self.stop_event = threading.Event()
@@ -61,8 +64,10 @@ class Worker(threading.Thread):
         except BaseException as e:  # noqa: BLE001 - reported by the drill's finish
             self.error = e
 
+    @abc.abstractmethod
     def body(self) -> None:
-        raise NotImplementedError
+        """The load itself: runs until ``stop_event`` is set; an exception is kept in
+        ``error``."""
 
 
 class ProducerWorker(Worker):
