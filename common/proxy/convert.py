@@ -149,33 +149,20 @@ def timestamp(ms_value: int) -> Any:
     return Timestamp(seconds=ms_value // 1000, nanos=(ms_value % 1000) * 1_000_000)
 
 
-def incoming(received: Any, fifo_group: str | None = None) -> pb.Message:
+def incoming(received: Any) -> pb.Message:
     """A message replog handed out by POP (``common.client.Received``) -> the gRPC message the
-    official consumers read: the id the producer gave it, its CRC32 body digest, the
-    delivery attempt (hand-outs so far, this one included) and the receipt handle."""
+    official consumers read: ``message_of``'s, with the delivery attempt (hand-outs so far,
+    this one included), the receipt handle, its queue and offset, and its message group."""
     msg = received.message
-    props = msg.properties
-    sp = pb.SystemProperties(
-        message_id=props.get(PROPERTY_UNIQ_KEY) or msg.msg_id,
-        body_digest=pb.Digest(type=pb.CRC32, checksum=format(zlib.crc32(msg.body), "08X")),
-        body_encoding=pb.IDENTITY,
-        born_timestamp=timestamp(msg.born_timestamp),
-        born_host=msg.born_host.rpartition(":")[0] or msg.born_host,
-        store_timestamp=timestamp(msg.store_timestamp),
-        store_host=msg.store_host,
-        receipt_handle=received.receipt_handle,
-        queue_id=msg.queue_id, queue_offset=msg.queue_offset,
-        delivery_attempt=msg.reconsume_times + 1,
-        message_type=pb.FIFO if props.get("__SHARDINGKEY") else pb.NORMAL)
-    if msg.tags:
-        sp.tag = msg.tags
-    sp.keys.extend(msg.key_list())
-    group = props.get("__SHARDINGKEY") or fifo_group
+    group = msg.properties.get("__SHARDINGKEY")
+    out = message_of(msg, msg.topic, pb.FIFO if group else pb.NORMAL)
+    sp = out.system_properties
+    sp.receipt_handle = received.receipt_handle
+    sp.queue_id, sp.queue_offset = msg.queue_id, msg.queue_offset
+    sp.delivery_attempt = msg.reconsume_times + 1
     if group:
         sp.message_group = group
-    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
-    return pb.Message(topic=pb.Resource(name=msg.topic), user_properties=user,
-                      system_properties=sp, body=msg.body)
+    return out
 
 
 def transaction_id(broker: str, topic: str, commit_log_offset: int, queue_offset: int,
@@ -199,13 +186,15 @@ def parse_transaction_id(text: str) -> tuple[str, str, int, int, str, str]:
             from e
 
 
-def message_of(msg: Any, topic: str) -> pb.Message:
-    """A stored message (a half, for a check-back) -> the gRPC message, under ``topic``."""
+def message_of(msg: Any, topic: str, message_type: int) -> pb.Message:
+    """A stored message -> the gRPC message, under ``topic``: the id its producer gave it
+    (else its msgId), its CRC32 body digest, tag, keys, times and hosts, and its user
+    properties (replog's and RocketMQ's system properties left out)."""
     props = msg.properties
     sp = pb.SystemProperties(
         message_id=props.get(PROPERTY_UNIQ_KEY) or msg.msg_id,
         body_digest=pb.Digest(type=pb.CRC32, checksum=format(zlib.crc32(msg.body), "08X")),
-        body_encoding=pb.IDENTITY, message_type=pb.TRANSACTION,
+        body_encoding=pb.IDENTITY, message_type=message_type,
         born_timestamp=timestamp(msg.born_timestamp),
         born_host=msg.born_host.rpartition(":")[0] or msg.born_host,
         store_timestamp=timestamp(msg.store_timestamp), store_host=msg.store_host)

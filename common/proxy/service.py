@@ -353,7 +353,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         command = rpc.TelemetryCommand(
             status=convert.status(pb.OK),
             recover_orphaned_transaction_command=rpc.RecoverOrphanedTransactionCommand(
-                message=convert.message_of(half, topic),
+                message=convert.message_of(half, topic, pb.TRANSACTION),
                 transaction_id=convert.transaction_id(
                     broker, topic, half.commit_log_offset, half.queue_offset, half.msg_id,
                     half.properties.get(PROPERTY_UNIQ_KEY, ""))))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,6 +121,19 @@ class Group:
     def master(self, timeout_s: float = 30.0) -> BrokerProcess:
         index, _ = wait_master(self.statuses, timeout_s)
         return self.procs[index]
+
+    def kill_master(self, timeout_s: float = 30.0) -> float:
+        """SIGKILL the master, wait for another member to be elected, and start the old one
+        again (it rejoins as a slave); the seconds from the kill to the new master."""
+        master = self.master(timeout_s)
+        killed = time.monotonic()
+        os.kill(master.pid, signal.SIGKILL)
+        master.proc.wait(timeout_s)  # type: ignore[union-attr]
+        new = self.master(timeout_s)
+        took = time.monotonic() - killed
+        assert new is not master
+        master.start()
+        return round(took, 2)
 
     @property
     def addresses(self) -> list[str]:
