@@ -304,22 +304,45 @@ def test_a_call_whose_connection_drops_ends_at_once(blocking: bool) -> None:
         t.close()
 
 
+# A ZMTP 3.0 greeting announcing the CURVE mechanism (as a CURVE broker's): signature,
+# version 3.0, the mechanism padded to 20 bytes, as-server, filler
+CURVE_GREETING = (b"\xff" + b"\x00" * 8 + b"\x7f" + bytes([3, 0]) + b"CURVE".ljust(20, b"\x00")
+                  + b"\x01" + b"\x00" * 31)
+
+
 def test_a_handshake_that_failed_before_the_send_is_a_broker_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A plain client at a CURVE broker: when the handshake fails before the call's request is
     queued, libzmq has already ended the connection's pipe for good (no reconnect after a
     protocol error), and the send finds no pipe (zmq.Again). The call ends with a retriable
     BrokerError, not a raw zmq.Again (a loaded run saw that). The order is forced here: the send
-    waits until the socket has lost its pipe (no POLLOUT)."""
+    waits until the socket has lost its pipe (no POLLOUT).
+
+    The broker is a TCP server that sends a CURVE greeting and never closes: only the client
+    can see the mismatch, so its pipe ends at once. (A real CURVE ROUTER raced the client: when
+    it closed the connection first, the client saw a disconnect, kept the pipe and reconnected,
+    backing off to 1 s, until it won a race; the wait took 0.4 to over 15 s and failed this
+    test's 10 s deadline 2 times in 15.)"""
+    import socket
+
     from common.client import transport as transport_module
 
-    sctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    router = sctx.socket(zmq.ROUTER)
-    _, secret = zmq.curve_keypair()
-    router.curve_server = True
-    router.curve_secretkey = secret
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return  # closed: the test is over
+            conn.sendall(CURVE_GREETING)
+            accepted.append(conn)  # kept open: only the client ends it
+
+    threading.Thread(target=serve, name="curve-greeting", daemon=True).start()
     real_send = transport_module.send_frames
     waited: list[bool] = []
 
@@ -342,10 +365,12 @@ def test_a_handshake_that_failed_before_the_send_is_a_broker_error(
         # at this broker, within its deadline)
         with pytest.raises(BrokerError):
             t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=2000)
+        assert len(accepted) >= 2  # a second connection was made
     finally:
         t.close()
-        router.close()
-        sctx.term()
+        server.close()
+        for conn in accepted:
+            conn.close()
 
 
 def test_forgetting_the_master_does_not_wait_for_a_discovery(
