@@ -338,12 +338,25 @@ class Broker:
         cfg = self.cfg
         if not cfg.grpcServerPort:
             return
-        from common.proxy.server import GrpcProxy  # grpc is imported only when it is on
+        # grpc is imported only when it is on
+        from common.proxy.auth import GrpcAuth
+        from common.proxy.server import GrpcProxy, front_end_keys, load_tls
 
-        servers = [f"127.0.0.1:{cfg.listenPort}",
-                   *(s.strip() for s in cfg.groupServers.split(",") if s.strip())]
+        local = f"127.0.0.1:{cfg.listenPort}"
+        servers = [local, *(s.strip() for s in cfg.groupServers.split(",") if s.strip())]
+        tls = load_tls(cfg.tlsCertPath, cfg.tlsKeyPath) if cfg.tlsCertPath else None
+        auth = curve = None
+        security = self.security
+        if security.enabled:  # the calls are authorized by the front end, against this ACL
+            assert security.acl is not None and security.own is not None
+            peer = security.peer_keys()
+            assert peer is not None
+            acl = security.acl
+            curve = front_end_keys(cfg.grpcClientKeyFile, acl.current, peer.server_key,
+                                   {local: security.own.public})
+            auth = GrpcAuth(lambda: acl.current, security.audit.refused)
         self._grpc = GrpcProxy(servers, cfg.grpcBindAddress or "0.0.0.0", cfg.grpcServerPort,
-                               cfg.maxMessageSize)
+                               cfg.maxMessageSize, tls=tls, auth=auth, curve=curve)
         self._grpc.start()
 
     def shutdown(self) -> None:

@@ -205,6 +205,7 @@ class AclHolder:
         self.path = Path(path)
         self._lock = threading.Lock()  # one reload at a time (poller, SIGHUP, tests)
         self._stat: tuple[int, int, int] | None = None
+        self._mode = 0
         self.current: AclSnapshot = self._load_first()
         self.reloads = collections.Counter[str]()
         self.failing = ""  # the last reload's error while the file stays bad
@@ -212,7 +213,7 @@ class AclHolder:
     def _load_first(self) -> AclSnapshot:
         try:
             data, stat = self._read()
-            snapshot = parse_acl(data, str(self.path), version=1)
+            snapshot = self._parse(data, version=1)
         except (OSError, AclError) as e:
             raise ConfigError(f"config key 'aclFile': {e}") from None
         self._stat = stat
@@ -224,7 +225,17 @@ class AclHolder:
             if st.st_size > MAX_ACL_BYTES:
                 raise AclError(f"{self.path}: {st.st_size} bytes, at most {MAX_ACL_BYTES}")
             data = f.read(MAX_ACL_BYTES + 1)
-        return data, (st.st_mtime_ns, st.st_size, st.st_ino)
+        self._mode = st.st_mode
+        return data, (st.st_ctime_ns, st.st_size, st.st_ino)
+
+    def _parse(self, data: bytes, version: int) -> AclSnapshot:
+        """``parse_acl``, and a file holding secretKeys must be its owner's alone (as a
+        ``.key_secret``): anyone who reads it could sign as those accounts."""
+        snapshot = parse_acl(data, str(self.path), version)
+        if snapshot.has_secrets and self._mode & 0o077:
+            raise AclError(f"{self.path}: holds secretKeys, so group and others must not read "
+                           f"it (mode {self._mode & 0o777:o}): chmod 600 {self.path}")
+        return snapshot
 
     def poll(self, force: bool = False) -> bool:
         """Reload when the file changed (stat, then its sha256), or with ``force``; True when
@@ -232,7 +243,7 @@ class AclHolder:
         with self._lock:
             try:
                 st = os.stat(self.path)
-                stat = (st.st_mtime_ns, st.st_size, st.st_ino)
+                stat = (st.st_ctime_ns, st.st_size, st.st_ino)
                 if stat == self._stat and not force:
                     return False
                 data, stat = self._read()
@@ -240,7 +251,7 @@ class AclHolder:
                 if hashlib.sha256(data).hexdigest() == self.current.digest:
                     self._resolved()
                     return False
-                snapshot = parse_acl(data, str(self.path), self.current.version + 1)
+                snapshot = self._parse(data, self.current.version + 1)
             except (OSError, AclError) as e:
                 self.reloads["error"] += 1
                 why = str(e) if isinstance(e, AclError) else f"{self.path}: {e}"
@@ -554,7 +565,8 @@ class Security:
             "sha256": snap.digest,
             "reloadError": self.acl.failing,
             "reloads": dict(self.acl.reloads),
-            "accounts": [{"accessKey": a.access_key, "key": fingerprint(a.public_key),
+            "accounts": [{"accessKey": a.access_key, "key": fingerprint(a.public_key) if a.public_key else "-",
+             "grpc": a.secret_key is not None,
                           "admin": a.admin, "replica": a.replica, "enabled": a.enabled}
                          for a in snap.accounts],
         }

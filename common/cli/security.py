@@ -59,11 +59,11 @@ def cmd_acl(args: argparse.Namespace) -> int:
     if "aclVersion" in doc:
         title += f" version {doc['aclVersion']}"
     table = Table(title=title)
-    for col in ("accessKey", "key", "admin", "replica", "enabled"):
+    for col in ("accessKey", "key", "gRPC", "admin", "replica", "enabled"):
         table.add_column(col)
     for a in doc["accounts"]:
-        table.add_row(a["accessKey"], a["key"], str(a["admin"]), str(a["replica"]),
-                      str(a["enabled"]))
+        table.add_row(a["accessKey"], a["key"], str(a.get("grpc", False)), str(a["admin"]),
+                      str(a["replica"]), str(a["enabled"]))
     out.print(table)
     if doc.get("reloadError"):
         err.print(f"the file on disk is refused, this version stays: {doc['reloadError']}",
@@ -72,7 +72,8 @@ def cmd_acl(args: argparse.Namespace) -> int:
 
 
 def _account_doc(a: Any) -> dict[str, Any]:
-    return {"accessKey": a.access_key, "key": fingerprint(a.public_key), "admin": a.admin,
+    return {"accessKey": a.access_key, "key": fingerprint(a.public_key) if a.public_key else "-",
+             "grpc": a.secret_key is not None, "admin": a.admin,
             "replica": a.replica, "enabled": a.enabled,
             "defaultTopicPerm": perm_name(a.default_topic),
             "defaultGroupPerm": perm_name(a.default_group),

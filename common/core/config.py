@@ -58,6 +58,12 @@ class BrokerConfig:
     # RocketMQ 5's gRPC protocol (RocketMQ's proxy key): 0 off; the interface it listens on
     grpcServerPort: int = 0
     grpcBindAddress: str = ""
+    # the gRPC port's TLS (RocketMQ's proxy keys; PEM files): both or neither, required with
+    # aclEnable; and with aclEnable the .key_secret its calls reach the brokers with (an
+    # admin account: the front end authorizes each call itself, docs/security.md)
+    tlsCertPath: str = ""
+    tlsKeyPath: str = ""
+    grpcClientKeyFile: str = ""
     # replog: the interfaces the HA and metrics ports listen on. "": the HA port on every one
     # (with aclEnable CURVE admits replica accounts only), the metrics port on every one, or
     # on 127.0.0.1 only with aclEnable (nothing authenticates a scrape)
@@ -162,7 +168,7 @@ class BrokerConfig:
     # a slave pins its master's public key (.key); empty: this broker's own public key (the
     # group shares one key pair)
     haMasterPublicKeyFile: str = ""
-    aclReloadIntervalMs: int = 5000  # the ACL file is polled (mtime, then sha256) this often
+    aclReloadIntervalMs: int = 5000  # the ACL file is polled (ctime, then sha256) this often
     curveHandshakeTimeoutMs: int = 5000  # ZMQ_HANDSHAKE_IVL: a slow handshake is cut then
 
     # ---- derived values -------------------------------------------------------------------
@@ -231,8 +237,16 @@ class BrokerConfig:
         _require(self.maxHashSlotNum > 0 and self.maxIndexNum > 1, "maxIndexNum", "must be > 1")
         for key in ("listenPort", "haListenPort", "metricsPort", "grpcServerPort"):
             _require(0 <= getattr(self, key) <= 65535, key, "must be a port number")
-        _require(not (self.grpcServerPort and self.aclEnable), "grpcServerPort",
-                 "the gRPC front end does not authenticate yet: it cannot run with aclEnable")
+        _require(bool(self.tlsCertPath) == bool(self.tlsKeyPath),
+                 "tlsKeyPath" if self.tlsCertPath else "tlsCertPath",
+                 "TLS on the gRPC port needs both tlsCertPath and tlsKeyPath")
+        if self.grpcServerPort and self.aclEnable:
+            _require(bool(self.tlsCertPath), "tlsCertPath", "with aclEnable the gRPC port runs "
+                     "TLS only (the signatures must not travel in the clear): give "
+                     "tlsCertPath and tlsKeyPath")
+            _require(bool(self.grpcClientKeyFile), "grpcClientKeyFile", "with aclEnable the "
+                     "gRPC front end reaches the brokers with a key of its own (an admin "
+                     "account's .key_secret)")
         for key in ("haBindAddress", "metricsBindAddress", "grpcBindAddress"):
             _require(_is_ipv4_or_empty(getattr(self, key)), key,
                      "must be an IPv4 address of this host (0.0.0.0: every interface), or empty")

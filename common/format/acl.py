@@ -1,11 +1,12 @@
 """The ACL file and the permission check: pure functions over an immutable snapshot.
 
 The file is RocketMQ ACL 1.0's ``plain_acl.yml`` (``docs/security.md``), with a CURVE public key
-where RocketMQ has a ``secretKey``, and two keys of ours, ``replica`` and ``enabled``::
+beside RocketMQ's ``secretKey``, and two keys of ours, ``replica`` and ``enabled``::
 
     accounts:
       - accessKey: orders-app               # the account's name (audit lines, remarks)
         curvePublicKey: "<40 Z85 chars>"    # its .key file's public-key; the identity
+        secretKey: "<16+ characters>"       # the gRPC front end's ACL 2.0 signatures
         whiteRemoteAddress: 10.0.1.*        # optional: ALSO required, never a bypass
         admin: false                        # topic/group changes, promote, config, the ACL
         replica: false                      # may connect to the HA port as a slave
@@ -60,14 +61,14 @@ MAX_RULES = 200_000  # topicPerms + groupPerms entries of all accounts together
 MAX_NAME_LENGTH = 255
 MAX_ADDRESS_ENTRIES = 256
 
-ACCOUNT_KEYS = ("accessKey", "curvePublicKey", "whiteRemoteAddress", "admin", "replica",
+ACCOUNT_KEYS = ("accessKey", "curvePublicKey", "secretKey", "whiteRemoteAddress", "admin", "replica",
                 "brokerIds", "enabled", "defaultTopicPerm", "defaultGroupPerm", "topicPerms",
                 "groupPerms")
 _PERM_KEYS = ("defaultTopicPerm", "defaultGroupPerm", "topicPerms", "groupPerms")
 _ACCESS_KEY = re.compile(r"^[A-Za-z0-9._@-]{1,255}$")
+MIN_SECRET_LENGTH = 16  # RocketMQ asks 6; a secret signs every gRPC call of its account
+_SECRET_KEY = re.compile(rf"^[\x21-\x7e]{{{MIN_SECRET_LENGTH},255}}$")
 _REFUSED_KEYS = {
-    "secretKey": "replog authenticates an account by its curvePublicKey (CURVE), not by "
-                 "RocketMQ's secretKey signature: give the account's public key instead",
     "globalWhiteRemoteAddresses": "an address may only add a condition to an account "
                                   "(whiteRemoteAddress), never admit anyone by itself",
 }
@@ -203,7 +204,7 @@ class Account:
     """One ACL account, ready for O(1) checks."""
 
     access_key: str
-    public_key: str  # Z85
+    public_key: str | None  # Z85 (None: an account of the gRPC front end only)
     admin: bool = False
     replica: bool = False
     enabled: bool = True
@@ -214,6 +215,9 @@ class Account:
     addresses: AddressRule | None = None
     unrestricted: bool = False  # an admin account that sets no perm key at all
     broker_ids: frozenset[int] | None = None  # replica: the member ids it may be (None: any)
+    # RocketMQ's secretKey: the gRPC front end checks the account's ACL 2.0 signatures with it
+    # (None: the account cannot use gRPC). Never printed.
+    secret_key: str | None = dataclasses.field(default=None, repr=False)
 
     # -- resource checks: None when allowed --------------------------------------------------
     def may_topic(self, topic: str, need: int) -> Denial | None:
@@ -318,9 +322,15 @@ class AclSnapshot:
     digest: str  # sha256 of the file's bytes
     source: str
     version: int = 0  # 1 for the first file loaded, +1 per reload that changed it
+    by_access_key: Mapping[str, Account] = dataclasses.field(default_factory=dict)
 
     def account(self, public_key: str) -> Account | None:
         return self.by_key.get(public_key)
+
+    @property
+    def has_secrets(self) -> bool:
+        """Some account has a secretKey: the file must be readable by its owner only."""
+        return any(a.secret_key is not None for a in self.accounts)
 
 
 # ---- parsing ---------------------------------------------------------------------------------
@@ -360,13 +370,15 @@ def parse_acl(data: bytes, source: str, version: int = 1) -> AclSnapshot:
             raise AclError(f"{source}: accounts[{i}]: accessKey {acct.access_key!r} is also "
                            f"accounts[{names[acct.access_key]}]'s")
         names[acct.access_key] = i
+        if acct.public_key is None:
+            continue
         if acct.public_key in by_key:
             raise AclError(f"{source}: accounts[{i}] ({acct.access_key}): its curvePublicKey "
                            f"is also account {by_key[acct.public_key].access_key}'s (a key "
                            "names one account)")
         by_key[acct.public_key] = acct
     return AclSnapshot(tuple(accounts), by_key, hashlib.sha256(data).hexdigest(), source,
-                       version)
+                       version, {a.access_key: a for a in accounts})
 
 
 def _account(raw: Any, where: str, budget: list[int]) -> Account:
@@ -383,13 +395,22 @@ def _account(raw: Any, where: str, budget: list[int]) -> Account:
         if key not in ACCOUNT_KEYS:
             raise AclError(f"{where}: unknown key {key!r} (known: {', '.join(ACCOUNT_KEYS)})")
     key = raw.get("curvePublicKey")
-    if not isinstance(key, str):
-        raise AclError(f"{where}: curvePublicKey must be the 40-character Z85 public key of "
-                       "the account's .key file")
-    try:
-        check_public_key(key, f"{where}: curvePublicKey")
-    except KeyFileError as e:
-        raise AclError(str(e)) from None
+    secret = raw.get("secretKey")
+    if secret is not None and (not isinstance(secret, str) or not _SECRET_KEY.match(secret)):
+        raise AclError(f"{where}: secretKey must be {MIN_SECRET_LENGTH} to 255 printable "
+                       "characters without spaces (e.g. the output of python -c \"import "
+                       "secrets; print(secrets.token_urlsafe(24))\")")
+    if key is None and secret is None:
+        raise AclError(f"{where}: give a curvePublicKey (the 40-character Z85 public key of "
+                       "the account's .key file), a secretKey (gRPC's signatures), or both")
+    if key is not None:
+        if not isinstance(key, str):
+            raise AclError(f"{where}: curvePublicKey must be the 40-character Z85 public key "
+                           "of the account's .key file")
+        try:
+            check_public_key(key, f"{where}: curvePublicKey")
+        except KeyFileError as e:
+            raise AclError(str(e)) from None
     flags = {k: _flag(raw, k, default, where)
              for k, default in (("admin", False), ("replica", False), ("enabled", True))}
     topics = _rules(raw.get("topicPerms"), f"{where}: topicPerms", budget)
@@ -408,6 +429,7 @@ def _account(raw: Any, where: str, budget: list[int]) -> Account:
                                   f"{where}: whiteRemoteAddress"),
         unrestricted=flags["admin"] and not any(k in raw for k in _PERM_KEYS),
         broker_ids=_broker_ids(raw.get("brokerIds"), f"{where}: brokerIds"),
+        secret_key=secret,
     )
 
 

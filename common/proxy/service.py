@@ -32,12 +32,15 @@ from common.client import Admin, Producer, SimpleConsumer
 from common.client.results import SendResult
 from common.client.transaction import HalfSent, TransactionProducer
 from common.core.errors import BrokerError, ResponseCode, SendStatus
+from common.core.keys import ClientKeys
 from common.core.message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY
 from common.core.pop import ReceiptHandle
 from common.core.transaction import TransactionState
+from common.format.acl import PUB, SUB
 from common.format.protocol import ProtocolError, Request, RequestCode, Response, decode_record
 from common.format.tables import GroupConfig
 from common.proxy import convert
+from common.proxy.auth import GrpcAuth, Need
 
 log = logging.getLogger("replog.proxy")
 
@@ -57,12 +60,15 @@ UNSERVED_STREAMS = {"PullMessage": rpc.PullMessageResponse}
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """One proxy's RPCs over one replog cluster (``servers``: any of its brokers)."""
 
-    def __init__(self, servers: list[str], max_body_size: int, timeout_ms: int = 5000):
+    def __init__(self, servers: list[str], max_body_size: int, timeout_ms: int = 5000,
+                 auth: GrpcAuth | None = None, curve: ClientKeys | None = None):
         self.servers = servers
         self.max_body_size = max_body_size
         self.timeout_ms = timeout_ms
-        self.producer = Producer(servers, timeout_ms=timeout_ms)
-        self.admin = Admin(servers, timeout_ms=timeout_ms)
+        self.auth = auth  # aclEnable: every call signed and checked (auth.py)
+        self.curve = curve  # aclEnable: the key the front end reaches the brokers with
+        self.producer = Producer(servers, timeout_ms=timeout_ms, curve=curve)
+        self.admin = Admin(servers, timeout_ms=timeout_ms, curve=curve)
         self._consumers: dict[str, SimpleConsumer] = {}  # consumer group -> its POP client
         self._consumers_lock = threading.Lock()
         self._groups: dict[str, GroupConfig] = {}
@@ -72,7 +78,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         # its telemetry stream), which ends the transaction by EndTransaction
         self.tx = TransactionProducer(servers, TRANSACTION_GROUP,
                                       lambda _half: TransactionState.UNKNOWN,
-                                      timeout_ms=timeout_ms)
+                                      timeout_ms=timeout_ms, curve=curve)
         self.tx.producer._transport.serve(RequestCode.CHECK_TRANSACTION_STATE, self._check_back)
         self._streams: dict[int, _Stream] = {}
         self._stream_ids = itertools.count()
@@ -100,13 +106,20 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             consumer = self._consumers.get(group)
             if consumer is None:
                 consumer = self._consumers[group] = SimpleConsumer(
-                    self.servers, group, timeout_ms=self.timeout_ms)
+                    self.servers, group, timeout_ms=self.timeout_ms, curve=self.curve)
             return consumer
+
+    def _refused(self, context: Any, needs: list[Need]) -> pb.Status | None:
+        """With aclEnable: the status refusing the call (not signed by an account, or the
+        account lacks one of ``needs``), or None; without: None."""
+        return None if self.auth is None else self.auth.check(context, needs)
 
     # ---- routes -----------------------------------------------------------------------------
     async def QueryRoute(self, request: rpc.QueryRouteRequest,
                          context: Any) -> rpc.QueryRouteResponse:
         topic = request.topic.name
+        if refused := self._refused(context, [("topic", topic, PUB | SUB)]):
+            return rpc.QueryRouteResponse(status=refused)
         try:
             table, message_type = await asyncio.to_thread(self._route, topic)
         except BrokerError as e:
@@ -145,6 +158,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """A push consumer's queues: one per broker group holding the topic (id -1: every
         queue there; POP needs no rebalance), at the endpoint the client asked."""
         topic = request.topic.name
+        if refused := self._refused(context, [("topic", topic, SUB),
+                                              ("group", request.group.name, SUB)]):
+            return rpc.QueryAssignmentResponse(status=refused)
         try:
             table, message_type = await asyncio.to_thread(self._route, topic)
         except BrokerError as e:
@@ -175,17 +191,26 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # ---- clients ------------------------------------------------------------------------------
     async def Heartbeat(self, request: rpc.HeartbeatRequest,
                         context: Any) -> rpc.HeartbeatResponse:
+        if refused := self._refused(context, _group_need(request.group.name)):
+            return rpc.HeartbeatResponse(status=refused)
         return rpc.HeartbeatResponse(status=convert.status(pb.OK))
 
     async def NotifyClientTermination(
             self, request: rpc.NotifyClientTerminationRequest,
             context: Any) -> rpc.NotifyClientTerminationResponse:
+        if refused := self._refused(context, _group_need(request.group.name)):
+            return rpc.NotifyClientTerminationResponse(status=refused)
         return rpc.NotifyClientTerminationResponse(status=convert.status(pb.OK))
 
     async def Telemetry(self, request_iterator: AsyncIterator[rpc.TelemetryCommand],
                         context: Any) -> AsyncIterator[rpc.TelemetryCommand]:
         """The settings exchange: each settings the client sends is answered with the
-        proxy's (its own, with the largest body replog stores and message types checked)."""
+        proxy's (its own, with the largest body replog stores and message types checked); with
+        aclEnable a call not signed by an account ends at once, and settings asking for what
+        the account may not are answered with the refusal."""
+        if refused := self._refused(context, []):
+            yield rpc.TelemetryCommand(status=refused)
+            return
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), set())
         with self._streams_lock:
             stream_id = next(self._stream_ids)
@@ -194,7 +219,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         async def read() -> None:
             try:
                 async for command in request_iterator:
-                    if command.HasField("settings"):
+                    if not command.HasField("settings"):
+                        continue
+                    if refused := self._refused(context, _settings_needs(command.settings)):
+                        await stream.out.put(rpc.TelemetryCommand(status=refused))
+                    else:
                         await stream.out.put(await self._settings_reply(command.settings,
                                                                         stream))
             finally:
@@ -246,6 +275,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if not request.messages:
             return rpc.SendMessageResponse(status=convert.status(
                 pb.BAD_REQUEST, "no message to send"))
+        if refused := self._refused(context, [("topic", t, PUB) for t in
+                                              sorted({m.topic.name for m in request.messages})]):
+            return rpc.SendMessageResponse(status=refused)
         entries = [await self._send_one(msg) for msg in request.messages]
         first_bad = next((e.status for e in entries if e.status.code != pb.OK), None)
         return rpc.SendMessageResponse(status=first_bad or convert.status(pb.OK),
@@ -284,6 +316,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def RecallMessage(self, request: rpc.RecallMessageRequest,
                             context: Any) -> rpc.RecallMessageResponse:
         """Cancel a delayed message not due yet, by the recall handle its send returned."""
+        if refused := self._refused(context, [("topic", request.topic.name, PUB)]):
+            return rpc.RecallMessageResponse(status=refused)
         try:
             key = await asyncio.to_thread(self.producer.recall, request.topic.name,
                                           request.recall_handle)
@@ -314,8 +348,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             broker, topic, clo, qo, msg_id, uniq = convert.parse_transaction_id(
                 request.transaction_id)
         except ValueError as e:
+            if refused := self._refused(context, [("topic", request.topic.name, PUB)]):
+                return rpc.EndTransactionResponse(status=refused)
             return rpc.EndTransactionResponse(status=convert.status(pb.INVALID_TRANSACTION_ID,
                                                                     str(e)))
+        if refused := self._refused(context, [("topic", topic, PUB)]):
+            return rpc.EndTransactionResponse(status=refused)
         state = {pb.COMMIT: TransactionState.COMMIT,
                  pb.ROLLBACK: TransactionState.ROLLBACK}.get(request.resolution)
         if state is None:
@@ -368,6 +406,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         waiting up to its long-polling timeout: the messages, then their delivery time and the
         status (MESSAGE_NOT_FOUND when none came), as RocketMQ's proxy streams them."""
         group, mq = request.group.name, request.message_queue
+        if refused := self._refused(context, [("topic", mq.topic.name, SUB),
+                                              ("group", group, SUB)]):
+            yield rpc.ReceiveMessageResponse(status=refused)
+            return
         invisible = (convert.ms(request.invisible_duration)
                      if request.HasField("invisible_duration") else DEFAULT_INVISIBLE_MS)
         wait = (min(convert.ms(request.long_polling_timeout), MAX_LONG_POLLING_MS)
@@ -406,8 +448,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                           context: Any) -> rpc.AckMessageResponse:
         """Each entry acked by its receipt handle; a handle not the message's newest (it was handed
         out again) or never handed out: INVALID_RECEIPT_HANDLE for that entry."""
-        consumer = self._consumer(request.group.name)
         handles = [e.receipt_handle for e in request.entries]
+        if refused := self._refused(context, _handle_needs(request.group.name,
+                                                           request.topic.name, handles)):
+            return rpc.AckMessageResponse(status=refused)
+        consumer = self._consumer(request.group.name)
         try:
             failed: dict[str, str | BrokerError] = dict(
                 await asyncio.to_thread(consumer.ack_batch, handles))
@@ -435,6 +480,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         ``%DLQ%<group>`` (a send-back straight to the DLQ, as RocketMQ's proxy does), then
         acked by its receipt handle. At least once: an ack that fails after the copy leaves
         the message to come back, and be given up again."""
+        if refused := self._refused(context, _handle_needs(
+                request.group.name, request.topic.name, [request.receipt_handle])):
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=refused)
         consumer = self._consumer(request.group.name)
         try:
             await asyncio.to_thread(self._forward, consumer, request.receipt_handle)
@@ -458,6 +506,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def ChangeInvisibleDuration(self, request: rpc.ChangeInvisibleDurationRequest,
                                         context: Any) -> rpc.ChangeInvisibleDurationResponse:
+        if refused := self._refused(context, _handle_needs(
+                request.group.name, request.topic.name, [request.receipt_handle])):
+            return rpc.ChangeInvisibleDurationResponse(status=refused)
         consumer = self._consumer(request.group.name)
         try:
             handle = await asyncio.to_thread(consumer.change_invisible_duration,
@@ -479,10 +530,42 @@ class _Stream:
     topics: set[str]
 
 
+def _group_need(group: str) -> list[Need]:
+    return [("group", group, SUB)] if group else []
+
+
+def _settings_needs(settings: pb.Settings) -> list[Need]:
+    """A client's settings: PUB on each topic it publishes, SUB on each it subscribes and on
+    its group."""
+    needs: list[Need] = []
+    if settings.HasField("publishing"):
+        needs += [("topic", t.name, PUB) for t in settings.publishing.topics]
+    if settings.HasField("subscription"):
+        sub = settings.subscription
+        needs += [("topic", s.topic.name, SUB) for s in sub.subscriptions]
+        needs += [("group", sub.group.name, SUB)]
+    return needs
+
+
+def _handle_needs(group: str, topic: str, handles: list[str]) -> list[Need]:
+    """What an ack, change or forward takes: SUB on the group, on the topic the request
+    names and on each receipt handle's own (a handle that does not decode is refused by the
+    call itself)."""
+    topics = {topic} if topic else set()
+    for text in handles:
+        try:
+            topics.add(ReceiptHandle.decode(text).topic)
+        except ValueError:
+            continue
+    return [("group", group, SUB), *(("topic", t, SUB) for t in sorted(topics))]
+
+
 def _unserved(name: str) -> Callable[..., Any]:
     response = getattr(rpc, f"{name}Response")
 
     async def handler(self: MessagingService, request: Any, context: Any) -> Any:
+        if refused := self._refused(context, []):
+            return response(status=refused)
         return response(status=convert.status(
             pb.NOT_IMPLEMENTED, f"{name} is not served by replog's gRPC front end yet"))
 
@@ -493,6 +576,9 @@ def _unserved(name: str) -> Callable[..., Any]:
 def _unserved_stream(name: str, response: Any) -> Callable[..., Any]:
     async def handler(self: MessagingService, request: Any,
                       context: Any) -> AsyncIterator[Any]:
+        if refused := self._refused(context, []):
+            yield response(status=refused)
+            return
         yield response(status=convert.status(
             pb.NOT_IMPLEMENTED, f"{name} is not served by replog's gRPC front end yet"))
 

@@ -51,12 +51,17 @@ class Realm:
     def account(self, name: str, **fields: Any) -> dict[str, Any]:
         return {"accessKey": name, "curvePublicKey": self.pub(name), **fields}
 
-    def write_acl(self, accounts: list[dict[str, Any]]) -> None:
-        self.write_acl_text(yaml.safe_dump({"accounts": accounts}, sort_keys=False))
+    def write_acl(self, accounts: list[dict[str, Any]], mode: int = 0o644) -> None:
+        self.write_acl_text(yaml.safe_dump({"accounts": accounts}, sort_keys=False), mode)
 
-    def write_acl_text(self, text: str) -> None:
+    def write_acl_text(self, text: str, mode: int = 0o644) -> None:
+        """Written whole with ``mode`` (0600 for a file holding secretKeys), then renamed in."""
         temp = self.acl_path.with_name(self.acl_path.name + ".tmp")
-        temp.write_text(text)
+        temp.unlink(missing_ok=True)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(temp, mode)  # whatever the umask took away
         os.replace(temp, self.acl_path)
 
     def broker_fields(self, broker_key: str = "broker", master_key: str | None = None,

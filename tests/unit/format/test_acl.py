@@ -202,7 +202,8 @@ def test_file_level_refusals(body: str, message: str) -> None:
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"secretKey": "s3cr3t"}, "not by RocketMQ's secretKey"),
+    ({"secretKey": "s3cr3t"}, "secretKey must be 16 to 255 printable characters"),
+    ({"secretKey": '"sixteen chars but spaces"'}, "without spaces"),
     ({"admni": True}, "unknown key 'admni'"),
     ({"admin": '"yes"'}, "admin must be true or false"),
     ({"defaultTopicPerm": "PUBB"}, "not a permission"),
