@@ -39,7 +39,7 @@ from common.proxy.auth import DATE_HEADER, parse_authorization, peer_address, si
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
 
-from security_harness import Realm  # noqa: E402
+from security_harness import Realm
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -52,7 +52,7 @@ def make_certificate(directory: Path) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 and localhost, and its key (mode 0600)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "replog test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(hours=1))
@@ -141,8 +141,9 @@ def message(topic: str, body: bytes) -> Message:
 
 
 def signed(ak: str, sk: str, date_time: str = "20261128T101010Z") -> list[tuple[str, str]]:
-    return [(DATE_HEADER, date_time), ("authorization", f"MQv2-HMAC-SHA1 Credential={ak}, "
-                                       f"SignedHeaders={DATE_HEADER}, Signature={sign(sk, date_time)}")]
+    value = (f"MQv2-HMAC-SHA1 Credential={ak}, SignedHeaders={DATE_HEADER}, "
+             f"Signature={sign(sk, date_time)}")
+    return [(DATE_HEADER, date_time), ("authorization", value)]
 
 
 @pytest.fixture
@@ -365,7 +366,8 @@ def test_replog_proxy_authenticates_for_brokers_that_run_with_acl(
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     env.pop("REPLOG_KEY", None)
     env.pop("REPLOG_SERVER_KEY", None)
-    refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60,
+                             check=False)
     assert refused.returncode == 2 and "--key" in refused.stderr, refused.stderr[-2000:]
     keys = ["--key", str(realm.key("frontend")), "--server-key",
             str(realm.keys / "broker.key")]
