@@ -149,6 +149,7 @@ class TimerStore:
         # (pending, pending within 1m/1h/1d, when counted): counted every PENDING_EVERY_S
         self._pending: tuple[int, dict[str, int], int] = (0, {"1m": 0, "1h": 0, "1d": 0}, 0)
         self._pending_at = 0.0
+        self._pending_puts = -1  # the wheel's ``puts`` when last counted (-1: never)
 
     def set_clock(self, clock: Callable[[], float]) -> None:
         """Tests: the time the hook, the enqueue and the dequeue go by (before ``start``)."""
@@ -476,6 +477,13 @@ class TimerStore:
         wheel = self.wheel
         if wheel is None:
             return
+        if self._pending[0] == 0 and wheel.puts == self._pending_puts:
+            # nothing was pending and nothing was put since: still nothing (the scan costs
+            # ~0.1 s of a core a second, and most brokers hold no timer message at all)
+            self._pending = (0, self._pending[1], self.now_ms())
+            self._pending_at = time.monotonic()
+            return
+        puts = wheel.puts
         now = self.now_ms()
         read_time = self.read_time_ms
         horizon = read_time + self.roll_window_ms + self.precision_ms  # nothing waits past it
@@ -483,6 +491,7 @@ class TimerStore:
                   for name, span in (("1m", 60_000), ("1h", 3_600_000), ("1d", 86_400_000))}
         self._pending = (wheel.count(read_time, horizon), within, now)
         self._pending_at = time.monotonic()
+        self._pending_puts = puts
 
     def flush(self) -> None:
         """Prepare, flush the TimerLog, write the wheel, write the checkpoint: in that order."""

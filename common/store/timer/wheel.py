@@ -38,6 +38,7 @@ class TimerWheel:
             raise ValueError(f"a wheel of {slots} slots at {precision_ms} ms")
         self.path = path
         self.precision_ms = precision_ms
+        self.puts = 0  # slots written by ``put`` since the wheel was opened
         self.total = 2 * slots
         self.length = self.total * SLOT_SIZE
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,6 +73,7 @@ class TimerWheel:
         return Slot(tick * self.precision_ms, first, last, num, magic)
 
     def put(self, time_ms: int, first_pos: int, last_pos: int, num: int) -> None:
+        self.puts += 1  # a count of pending units must look again (``TimerService``)
         index = self.index(time_ms)
         SLOT.pack_into(self._mem, index * SLOT_SIZE, time_ms // self.precision_ms, first_pos,
                        last_pos, num, 0)
