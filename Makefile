@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast venv bench lint clean zookeeper
+.PHONY: run test test-fast venv bench lint clean zookeeper chromium
 
 $(STAMP): pyproject.toml setup.py common/format/_record_writer.c common/store/_reput_scan.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,12 +43,25 @@ zookeeper:
 	  fi; \
 	fi
 
+# The console's browser tests drive Debian's chromium headless, through its chromedriver
+# (Selenium is told both paths: nothing is downloaded). As root they are installed when missing.
+chromium:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium and chromium-driver (Debian's packages) for the console's browser tests"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null; }; \
+	  else \
+	    echo "chromium is not installed: as root, run 'apt-get install -y chromium chromium-driver' for the browser tests"; \
+	  fi; \
+	fi
+
 run: $(STAMP) zookeeper
 	$(BIN)/python -m common.cli.demo
 
 # Every test but the perf tier (rates and latencies judged against targets: `make bench`).
 # Died of a signal (status >= 128): name the test and the thread that crashed (tests/conftest.py).
-test: $(STAMP) zookeeper
+test: $(STAMP) zookeeper chromium
 	$(BIN)/python -m pytest -q -m "not perf" tests || { rc=$$?; [ $$rc -lt 128 ] || $(BIN)/python tests/fatal_report.py $$rc; exit $$rc; }
 
 # The inner loop: unit and property tests (in-process brokers; no broker processes, no JVM).

@@ -20,6 +20,7 @@
     replog groups [--group G] [--create G [--orderly] [--retry-max N] [--consume-disable]]
                   [--delete G [--clean-offset]]   (an extension)
     replog proxy [--grpc-port P] [--listen HOST]   (RocketMQ 5's gRPC protocol over -s)
+    replog console [--listen HOST:PORT] [--admin-password-file F]   (the web console)
     replog status [--cluster]
     replog promote
     replog keys new NAME [-d DIR]   (a CURVE key pair: NAME.key, NAME.key_secret)
@@ -51,6 +52,7 @@ from typing import Any
 from common.cli import (
     admin,
     cluster,
+    console,
     consumers,
     drill,
     messages,
@@ -276,6 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-size", type=int, help="the largest body it passes on (default: "
                    "maxMessageSize, 4 MiB: the brokers')")
 
+    p = _client(sub, "console", "serve the web console over the cluster, until Ctrl-C")
+    p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
+                   help="where it serves (default 127.0.0.1:8080)")
+    p.add_argument("--admin-password-file", metavar="FILE", help="a file (mode 0600) holding "
+                   "the admin password: changes need a login with it (default: read-only)")
+    p.add_argument("--refresh-ms", type=int, default=2000, help="how often it reads the "
+                   "cluster (default 2000)")
+
     p = _client(sub, "status", "one broker's state (--cluster: every broker group's)")
     p.add_argument("--cluster", action="store_true",
                    help="every broker group of the cluster: master, epoch, set, topics")
@@ -331,6 +341,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "acl": security.cmd_acl,
     "drill": drill.cmd_drill,
     "proxy": proxy.cmd_proxy,
+    "console": console.cmd_console,
 }
 
 

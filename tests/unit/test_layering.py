@@ -38,11 +38,12 @@ LOWER = {
     "pipeline": {"core", "format", "store", "client", "pipeline"},
     "drill": {"core", "format", "client", "drill"},
     "proxy": {"core", "format", "client", "proxy"},
+    "console": {"core", "format", "client", "console"},
     "broker": {"core", "format", "store", "ha", "client", "proxy", "broker"},
     "master": {"core", "format", "store", "ha", "client", "broker", "master"},
     "slave": {"core", "format", "store", "ha", "client", "broker", "slave"},
     "cli": {"core", "format", "store", "ha", "client", "pipeline", "broker", "drill", "proxy",
-            "cli"},
+            "console", "cli"},
     "public": {"core"},  # common/errors.py: the public import path of common.core.errors
     "spark": {"pipeline"},  # pyspark_replog: Spark's entry point to the data source
 }

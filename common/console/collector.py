@@ -1,0 +1,216 @@
+"""What the console shows, read from the cluster on one thread ("replog-console-poll").
+
+Every ``refresh_s`` it asks one broker for CLUSTER_INFO (in controller mode, the controller's
+view of ZooKeeper: every group's master, epoch and SyncStateSet) and each member for STATUS,
+the same requests ``replog status --cluster`` makes: at most ``CONCURRENCY`` at a time, each
+bounded by the client's timeout, so a console never piles requests onto a broker, and a
+broker that does not answer is shown as unreachable, never waited on twice in one round.
+
+It keeps the last snapshot (``snapshot``), an hour of each group's figures (``history``: put
+and get rates, the largest replication lag of its slaves in bytes), and a timeline of what
+changed between two rounds (``timeline``): a group's master or epoch, its SyncStateSet, a
+member becoming unreachable or reachable again, a group appearing or going.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from common.client import Admin
+from common.core.errors import BrokerError
+from common.core.logs import log_event
+
+log = logging.getLogger("replog.console")
+
+CONCURRENCY = 4  # STATUS requests in flight at once, over the whole cluster
+HISTORY_S = 3600
+TIMELINE_MAX = 1000
+STATUS_KEYS = ("role", "epoch", "brokerId", "maxPhyOffset", "minPhyOffset", "putTps",
+               "getTps", "putTotal", "inflight", "fencedWrites", "diskUsedRatio",
+               "putLatencyP99Ms", "flushLagBytes", "reputLagBytes", "uptimeMs")
+
+
+class Collector:
+    def __init__(self, admin: Admin, refresh_s: float = 2.0,
+                 clock: Callable[[], float] = time.time):
+        self.admin = admin
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.snapshot: dict[str, Any] = {"cluster": "", "groups": [], "updatedAtMs": 0,
+                                         "error": "not read yet"}
+        points = max(2, int(HISTORY_S / refresh_s))
+        self.history: dict[str, collections.deque[dict[str, Any]]] = \
+            collections.defaultdict(lambda: collections.deque(maxlen=points))
+        self.timeline: collections.deque[dict[str, Any]] = collections.deque(maxlen=TIMELINE_MAX)
+        self.rounds = 0
+        self._known: dict[str, dict[str, None]] = {}  # group -> every member address seen
+        self._pool = concurrent.futures.ThreadPoolExecutor(CONCURRENCY, "replog-console-status")
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="replog-console-poll",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def refresh_now(self) -> None:
+        """Read again at once (after a change made from the console)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception as e:  # noqa: BLE001 - one bad round is shown, never fatal
+                log_event(log, "console_poll_failed", logging.WARNING, error=repr(e))
+                with self.lock:
+                    self.snapshot = {**self.snapshot, "error": f"{type(e).__name__}: {e}"}
+            self._wake.wait(self.refresh_s)
+            self._wake.clear()
+
+    # ---- one round ------------------------------------------------------------------------------
+    def poll(self) -> dict[str, Any]:
+        now_ms = int(self.clock() * 1000)
+        try:
+            info = self._cluster_info()
+        except BrokerError as e:
+            with self.lock:
+                self.snapshot = {**self.snapshot, "error": f"no broker answered: {e.remark}",
+                                 "updatedAtMs": now_ms}
+            return self.snapshot
+        for g in info.get("groups", []):  # a member seen once stays shown (down: unreachable)
+            known = self._known.setdefault(g["brokerName"], {})
+            known.update(dict.fromkeys(_addresses(g)))
+            g["knownMembers"] = list(known)
+        members = [(g["brokerName"], address) for g in info.get("groups", [])
+                   for address in g["knownMembers"]]
+        futures = {address: self._pool.submit(self.admin.status, address)
+                   for _, address in members}
+        statuses: dict[str, dict[str, Any] | str] = {}
+        for address, future in futures.items():
+            try:
+                statuses[address] = future.result()
+            except BrokerError as e:
+                statuses[address] = e.remark or e.code.name
+            except concurrent.futures.CancelledError:
+                statuses[address] = "stopped"
+        groups = [self._group(g, statuses) for g in sorted(info.get("groups", []),
+                                                            key=lambda g: g["brokerName"])]
+        snapshot = {"cluster": info.get("cluster", ""), "controller": info.get("controller",
+                                                                                False),
+                    "groups": groups, "updatedAtMs": now_ms, "error": ""}
+        with self.lock:
+            self._changes(self.snapshot, snapshot, now_ms)
+            for g in groups:
+                self.history[g["brokerName"]].append(_point(g, now_ms))
+            self.snapshot = snapshot
+            self.rounds += 1
+        return snapshot
+
+    def _cluster_info(self) -> dict[str, Any]:
+        last: BrokerError | None = None
+        for address in self.admin.servers:  # the first that answers with groups
+            try:
+                info = self.admin.cluster_info(address)
+            except BrokerError as e:
+                last = e
+                continue
+            if info.get("groups"):
+                return info
+        raise last or BrokerError("SYSTEM_ERROR", "no broker knows a group yet", True)
+
+    @staticmethod
+    def _group(g: dict[str, Any], statuses: dict[str, dict[str, Any] | str]) -> dict[str, Any]:
+        members: list[dict[str, Any]] = []
+        for address in g.get("knownMembers") or _addresses(g):
+            st = statuses.get(address)
+            if isinstance(st, dict):
+                members.append({"address": address, "reachable": True,
+                                **{k: st.get(k) for k in STATUS_KEYS},
+                                "slaves": st.get("slaves") or []})
+            else:
+                members.append({"address": address, "reachable": False, "error": st or ""})
+        master: dict[str, Any] = next(
+            (m for m in members if m["address"] == g.get("master")), {})
+        lags = [s.get("lagBytes") or 0 for s in master.get("slaves") or []]
+        return {"brokerName": g["brokerName"], "master": g.get("master") or "",
+                "masterEpoch": g.get("masterEpoch", 0),
+                "syncStateSet": g.get("syncStateSet") or [],
+                "topics": len(g.get("topics") or {}), "members": members,
+                "putTps": master.get("putTps"), "getTps": master.get("getTps"),
+                "replicationLagBytes": max(lags) if lags else 0}
+
+    def _changes(self, old: dict[str, Any], new: dict[str, Any], now_ms: int) -> None:
+        if not self.rounds:
+            return  # the first round is the baseline, not a change
+        before = {g["brokerName"]: g for g in old.get("groups", [])}
+        after = {g["brokerName"]: g for g in new.get("groups", [])}
+        for name in sorted(after.keys() - before.keys()):
+            self._event(now_ms, name, "group", f"group {name} appeared")
+        for name in sorted(before.keys() - after.keys()):
+            self._event(now_ms, name, "group", f"group {name} is gone")
+        for name in sorted(after.keys() & before.keys()):
+            a, b = before[name], after[name]
+            if (a["master"], a["masterEpoch"]) != (b["master"], b["masterEpoch"]):
+                what = (f"master {a['master'] or 'none'} -> {b['master'] or 'none'}, epoch "
+                        f"{a['masterEpoch']} -> {b['masterEpoch']}")
+                self._event(now_ms, name, "election", what)
+            if a["syncStateSet"] != b["syncStateSet"]:
+                self._event(now_ms, name, "syncStateSet", f"SyncStateSet {a['syncStateSet']} "
+                            f"-> {b['syncStateSet']}")
+            reach = {m["address"]: m["reachable"] for m in a["members"]}
+            for m in b["members"]:
+                was = reach.get(m["address"])
+                if was is not None and was != m["reachable"]:
+                    self._event(now_ms, name, "member", f"{m['address']} "
+                                f"{'answers again' if m['reachable'] else 'does not answer'}")
+
+    def _event(self, at_ms: int, group: str, kind: str, text: str) -> None:
+        self.timeline.append({"atMs": at_ms, "group": group, "kind": kind, "text": text})
+        log_event(log, "console_change", group=group, kind=kind, text=text)
+
+    # ---- what the pages read ------------------------------------------------------------------
+    def view(self) -> dict[str, Any]:
+        with self.lock:
+            return {**self.snapshot, "refreshMs": int(self.refresh_s * 1000),
+                    "timeline": list(self.timeline)[-200:][::-1]}
+
+    def series(self) -> dict[str, list[dict[str, Any]]]:
+        with self.lock:
+            return {name: list(points) for name, points in self.history.items()}
+
+
+def _addresses(group: dict[str, Any]) -> list[str]:
+    """The group's members: its master, its slaves, and in controller mode every member
+    ZooKeeper knows (a member that is down is still one)."""
+    seen: dict[str, None] = {}
+    for address in [group.get("master") or "", *(group.get("slaves") or [])]:
+        if address:
+            seen[address] = None
+    for record in (group.get("members") or {}).values():
+        address = record.get("address") if isinstance(record, dict) else None
+        if address:
+            seen[address] = None
+    return list(seen)
+
+
+def _point(g: dict[str, Any], now_ms: int) -> dict[str, Any]:
+    return {"atMs": now_ms, "putTps": g["putTps"] or 0.0, "getTps": g["getTps"] or 0.0,
+            "lagBytes": g["replicationLagBytes"]}

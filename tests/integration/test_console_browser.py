@@ -1,0 +1,140 @@
+"""The web console in a real browser (issue 42): headless Chromium (Debian's ``chromium``,
+driven by Selenium through Debian's ``chromedriver``; nothing is downloaded) against
+``replog console`` and a master and a slave, each a process of its own. It loads the cluster
+page, logs in, makes a topic, sends a message and finds it by id, and sees the slave it
+SIGKILLs shown unreachable, and that change in the timeline.
+
+Without chromium the test skips, unless ``REPLOG_REQUIRE_BROWSER=1`` (``.ci/run``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from broker_harness import REPO, BrokerProcess, brokers, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+PASSWORD = "console admin password"
+WAIT_S = 20
+
+
+def browser_missing() -> str:
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(DRIVER, os.X_OK)):
+        return f"{CHROMIUM} and {DRIVER} are needed (apt-get install chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (the dev extra)"
+    return ""
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    why = browser_missing()
+    if why:
+        if os.environ.get("REPLOG_REQUIRE_BROWSER") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,900"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def console_process(tmp_path: Path) -> Iterator[tuple[str, BrokerProcess, BrokerProcess]]:
+    master = BrokerProcess(tmp_path / "m", brokerName="web", brokerRole="SYNC_MASTER")
+    slave = BrokerProcess(tmp_path / "s", brokerName="web", brokerRole="SLAVE", brokerId=1,
+                          haMasterAddress=f"127.0.0.1:{master.port + 1}")
+    password_file = tmp_path / "console.password"
+    password_file.write_text(PASSWORD + "\n")
+    password_file.chmod(0o600)
+    port = free_port(1)
+    with brokers(master, slave):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REPLOG_")}
+        env["PYTHONPATH"] = str(REPO)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "common.cli", "console", "-s",
+             f"{master.address},{slave.address}", "--listen", f"127.0.0.1:{port}",
+             "--admin-password-file", str(password_file), "--refresh-ms", "500", "--json"],
+            stdout=subprocess.PIPE, stderr=(tmp_path / "console.err").open("w"), cwd=REPO,
+            env=env)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().decode()
+            assert f"127.0.0.1:{port}" in line, (tmp_path / "console.err").read_text()[-2000:]
+            yield f"http://127.0.0.1:{port}/", master, slave
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_the_console_in_a_browser(browser: Any,
+                                  console_process: tuple[str, BrokerProcess,
+                                                         BrokerProcess]) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    url, master, slave = console_process
+    wait = WebDriverWait(browser, WAIT_S)
+    browser.get(url)
+    # the cluster page: the group, its master, its slave
+    row = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, 'tr[data-group="web"]')))
+    wait.until(lambda _d: master.address in row.text and slave.address in row.text)
+    assert "SYNC_MASTER" in row.text
+    # log in; make a topic; send a test message
+    browser.find_element(By.ID, "password").send_keys(PASSWORD)
+    browser.find_element(By.CSS_SELECTOR, "#login-form button").click()
+    wait.until(lambda d: d.find_element(By.ID, "who").text == "admin")
+    browser.get(url + "#topics")
+    browser.find_element(By.ID, "new-topic").send_keys("from-the-browser")
+    queues = browser.find_element(By.ID, "new-queues")
+    queues.clear()
+    queues.send_keys("3")
+    browser.find_element(By.CSS_SELECTOR, "#create-topic button").click()
+    made = wait.until(ec.presence_of_element_located(
+        (By.CSS_SELECTOR, 'tr[data-topic="from-the-browser"]')))
+    assert "3" in made.text
+    browser.find_element(By.ID, "send-topic").send_keys("from-the-browser")
+    browser.find_element(By.ID, "send-keys").send_keys("k-1")
+    browser.find_element(By.ID, "send-body").send_keys("hello from chromium")
+    browser.find_element(By.CSS_SELECTOR, "#send-form button").click()
+    result = browser.find_element(By.ID, "send-result")
+    wait.until(lambda _d: "SEND_OK" in result.text)
+    msg_id = result.get_attribute("data-msgid")
+    # find it by id
+    browser.get(url + "#messages")
+    browser.find_element(By.ID, "find-msgid").send_keys(msg_id)
+    browser.find_element(By.CSS_SELECTOR, "#find-form button").click()
+    found = wait.until(ec.presence_of_element_located(
+        (By.CSS_SELECTOR, f'div.message[data-msgid="{msg_id}"]')))
+    assert "hello from chromium" in found.find_element(By.CSS_SELECTOR, "pre.body").text
+    assert "k-1" in found.text
+    # the slave dies: shown unreachable, and the change is in the timeline
+    browser.get(url + "#cluster")
+    os.kill(slave.pid, signal.SIGKILL)
+    wait.until(lambda d: "unreachable" in d.find_element(
+        By.CSS_SELECTOR, f'tr[data-group="web"] div[data-address="{slave.address}"]').text)
+    wait.until(lambda d: f"{slave.address} does not answer" in d.find_element(
+        By.ID, "timeline").text)

@@ -1,0 +1,186 @@
+"""The console's HTTP API (issue 42) against an in-process broker: the cluster page's data,
+topics, a test message sent and found by id and by key; every change needs an admin session
+and its CSRF token, and a refused change changes nothing."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from helpers.brokers import addr
+
+from common.broker.broker import Broker
+from common.client import Admin
+from common.console.actions import Actions
+from common.console.collector import Collector
+from common.console.server import Console
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+PASSWORD = "correct horse battery"
+
+
+class Page:
+    """A browser's view of the console: its cookie jar of one session cookie."""
+
+    def __init__(self, console: Console):
+        self.host, port = console.address.rsplit(":", 1)
+        self.port = int(port)
+        self.cookie = ""
+        self.csrf = ""
+
+    def call(self, method: str, path: str, body: Any = None,
+             headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+        try:
+            h = {"Content-Type": "application/json", **(headers or {})}
+            if self.cookie:
+                h["Cookie"] = self.cookie
+            data = None if body is None else json.dumps(body).encode()
+            conn.request(method, path, data, h)
+            resp = conn.getresponse()
+            raw = resp.read()
+            cookie = resp.getheader("Set-Cookie")
+            if cookie:
+                self.cookie = cookie.split(";", 1)[0]
+            kind = resp.getheader("Content-Type") or ""
+            return resp.status, json.loads(raw) if "json" in kind else raw
+        finally:
+            conn.close()
+
+    def login(self, password: str = PASSWORD) -> int:
+        status, doc = self.call("POST", "/api/login", {"password": password})
+        if status == 200:
+            self.csrf = doc["csrf"]
+        return status
+
+    def change(self, path: str, body: Any, **headers: str) -> tuple[int, Any]:
+        return self.call("POST", path, body, {"X-CSRF-Token": self.csrf, **headers})
+
+
+@pytest.fixture
+def broker(make_broker: Callable[..., Broker]) -> Broker:
+    return make_broker(real_store=True, brokerName="cons", defaultTopicQueueNums=2)
+
+
+def start_console(broker: Broker, password: str | None) -> Console:
+    admin = Admin([addr(broker)], timeout_ms=3000, retries=0)
+    console = Console(Collector(admin, 0.5), Actions(admin), "127.0.0.1", 0, password)
+    console.start()
+    return console
+
+
+@pytest.fixture
+def console(broker: Broker) -> Iterator[Console]:
+    c = start_console(broker, PASSWORD)
+    yield c
+    c.stop()
+    c.actions.close()
+    c.collector.admin.close()
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout_s: float = 10) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (got := cond()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return got
+
+
+def test_the_pages_are_served_from_the_package(console: Console) -> None:
+    page = Page(console)
+    status, html = page.call("GET", "/")
+    assert status == 200 and b"<script src=\"/app.js\"" in html
+    for path in ("/app.js", "/app.css"):
+        assert page.call("GET", path)[0] == 200
+    assert page.call("GET", "/api/nothing")[0] == 404
+
+
+def test_the_cluster_page_shows_the_group_and_its_master(console: Console,
+                                                         broker: Broker) -> None:
+    page = Page(console)
+    cluster = wait_for(lambda: (doc := page.call("GET", "/api/cluster")[1])["groups"] and doc,
+                       "a round")
+    [group] = cluster["groups"]
+    assert group["brokerName"] == "cons" and group["master"] == addr(broker)
+    [member] = group["members"]
+    assert member["reachable"] and member["role"] in ("ASYNC_MASTER", "SYNC_MASTER")
+    history = wait_for(lambda: page.call("GET", "/api/history")[1].get("cons"), "history")
+    assert {"atMs", "putTps", "getTps", "lagBytes"} <= set(history[-1])
+
+
+def test_a_change_needs_an_admin_session_and_its_csrf_token(console: Console,
+                                                             broker: Broker) -> None:
+    page = Page(console)
+    body = {"topic": "made-here", "queues": 3}
+    assert page.change("/api/topics", body)[0] == 403  # not logged in
+    assert page.login("wrong password!") == 403
+    assert page.login() == 200
+    csrf, page.csrf = page.csrf, ""
+    status, doc = page.change("/api/topics", body)  # the session cookie alone is not enough
+    assert status == 403 and "CSRF" in doc["error"]
+    page.csrf = csrf
+    status, doc = page.change("/api/topics", body, Origin="http://evil.example")
+    assert status == 403 and "another origin" in doc["error"]
+    with Admin([addr(broker)]) as admin:
+        assert "made-here" not in admin.topics()  # nothing refused changed anything
+    status, doc = page.change("/api/topics", body)
+    assert status == 200, doc
+    topics = {t["topic"]: t for t in page.call("GET", "/api/topics")[1]["topics"]}
+    assert topics["made-here"]["queues"] == 3
+    assert page.change("/api/topics", {"topic": "bad name!", "queues": 1})[0] == 400
+    assert page.change("/api/topics", {"topic": "x", "queues": 0})[0] == 400
+    page.change("/api/logout", {})
+    assert page.change("/api/topics", body)[0] == 403
+
+
+def test_a_test_message_is_sent_and_found_by_id_and_by_key(console: Console) -> None:
+    page = Page(console)
+    assert page.login() == 200
+    status, sent = page.change("/api/send", {"topic": "orders", "keys": "order-7",
+                                             "body": '{"amount": 7}'})
+    assert status == 200 and sent["status"] == "SEND_OK", sent
+    status, found = page.call("GET", f"/api/messages?msgId={sent['msgId']}")
+    [m] = found["messages"]
+    assert m["bodyKind"] == "json" and json.loads(m["body"]) == {"amount": 7}
+    assert m["properties"]["KEYS"] == "order-7" and m["queueOffset"] == sent["queueOffset"]
+    by_key = wait_for(lambda: page.call("GET", "/api/messages?topic=orders&key=order-7")[1]
+                      ["messages"], "the key indexed")
+    assert [x["msgId"] for x in by_key] == [sent["msgId"]]
+    assert page.call("GET", "/api/messages")[0] == 400
+
+
+def test_a_console_without_a_password_is_read_only(broker: Broker) -> None:
+    console = start_console(broker, None)
+    try:
+        page = Page(console)
+        assert page.call("GET", "/api/session")[1] == {"writable": False, "admin": False,
+                                                      "csrf": ""}
+        assert page.login() == 403
+        status, doc = page.change("/api/topics", {"topic": "t", "queues": 1})
+        assert status == 403 and "read-only" in doc["error"]
+    finally:
+        console.stop()
+        console.actions.close()
+        console.collector.admin.close()
+
+
+def test_a_broker_that_stops_answering_is_shown_and_the_change_is_in_the_timeline(
+        make_broker: Callable[..., Broker]) -> None:
+    b = make_broker(real_store=True, brokerName="gone")
+    console = start_console(b, None)
+    try:
+        page = Page(console)
+        wait_for(lambda: page.call("GET", "/api/cluster")[1]["groups"], "a round")
+        b.shutdown()
+        doc = wait_for(lambda: (d := page.call("GET", "/api/cluster")[1])["error"] and d,
+                       "the broker shown as not answering")
+        assert "no broker answered" in doc["error"]
+    finally:
+        console.stop()
+        console.actions.close()
+        console.collector.admin.close()
