@@ -87,6 +87,7 @@ LIBZMQ_MIN = (4, 3, 2)  # CVE-2019-13132: a remote buffer overflow in CURVE befo
 AUDIT_BURST = 5  # refusal lines per key before the rate limit
 AUDIT_PER_S = 1.0  # then this many a second per key
 AUDIT_MAX_KEYS = 4096  # keys whose rate is tracked (the oldest is forgotten past that)
+AUDIT_RECENT = 100  # refusal lines kept for GET_BROKER_CLUSTER_ACL_INFO
 JOIN_TIMEOUT_S = 5.0
 _HANDSHAKE_EVENTS: dict[int, str] = {
     int(zmq.EVENT_HANDSHAKE_SUCCEEDED): "ok",
@@ -288,6 +289,8 @@ class Audit:
         self.handshakes = collections.Counter[tuple[str, str]]()  # (port, result)
         self.lines = 0
         self.suppressed = 0
+        # the last refusal lines, for admins (GET_BROKER_CLUSTER_ACL_INFO, the console)
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=AUDIT_RECENT)
 
     def refused(self, port: str, address: str, key: str, denial: Denial, version: int) -> None:
         with self._lock:
@@ -297,6 +300,10 @@ class Audit:
                 self.suppressed += 1
                 return
             self.lines += 1
+            self.recent.append({"atMs": int(time.time() * 1000), "port": port,
+                                "ip": address or "?", "account": denial.account,
+                                "op": denial.op, "resource": denial.resource,
+                                "reason": denial.reason, "suppressed": suppressed})
         log_event(audit_log, "refused", logging.INFO, port=port, ip=address or "?",
                   key=fingerprint(key) if key else "-", account=denial.account, op=denial.op,
                   resource=denial.resource, reason=denial.reason, reasonKind=denial.kind,
@@ -565,6 +572,9 @@ class Security:
             "sha256": snap.digest,
             "reloadError": self.acl.failing,
             "reloads": dict(self.acl.reloads),
+            "refusals": [{"port": port, "op": op, "reason": kind, "count": n}
+                         for (port, op, kind), n in sorted(self.audit.counts()[1].items())],
+            "recentRefusals": list(self.audit.recent)[::-1],
             "accounts": [{"accessKey": a.access_key, "key": fingerprint(a.public_key) if a.public_key else "-",
              "grpc": a.secret_key is not None,
                           "admin": a.admin, "replica": a.replica, "enabled": a.enabled}

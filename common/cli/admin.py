@@ -11,13 +11,12 @@ from rich.table import Table
 
 from common.cli.output import EXIT_OK, UsageError, curve_args, emit_json, key_value_table, out
 from common.client import Admin, Consumer
+from common.client.group_progress import POP_FIGURES, describe_groups
 from common.core.errors import BrokerError, ResponseCode
 
 PEER_TIMEOUT_MS = 2000  # controller status: a member named by an answer, not by -s, gets this
 
 PROMOTE_TIMEOUT_MS = 30_000
-# a group's POP figures, summed over the masters (status ``pop.groups``)
-POP_FIGURES = ("inFlight", "due", "redelivered", "backlog")
 
 
 def _attributes(given: list[str] | None) -> dict[str, str] | None:
@@ -205,60 +204,9 @@ def cmd_groups(args: argparse.Namespace) -> int:
     changed = _group_change(args)
     if changed is not None:
         return changed
-    with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
-        configs: dict[str, dict[str, Any]] = {}  # the first master's that has the group
-        for by_group in admin.group_configs().values():
-            for name, config in by_group.items():
-                configs.setdefault(name, config.to_json())
-        multi = len(admin.route_table().groups) > 1
-        if multi:
-            by_broker = admin.group_offsets_by_broker()
-            statuses = admin.status_of_masters()
-        else:
-            by_broker = {"": admin.group_offsets()}
-            statuses = {"": admin.status(admin.master_address())}
-    members: dict[str, int] = {}
-    dead: dict[str, int] = {}
-    popping: dict[str, dict[str, int]] = {}  # POP: in flight, due, redelivered, backlog
-    for status in statuses.values():
-        for name, figures in ((status.get("pop") or {}).get("groups") or {}).items():
-            mine = popping.setdefault(name, dict.fromkeys(POP_FIGURES, 0))
-            for k in mine:
-                mine[k] += int(figures.get(k, 0))
-    for status in statuses.values():  # every member heartbeats every master: the most seen
-        for name, n in (status.get("consumerGroups") or {}).items():
-            members[name] = max(members.get(name, 0), int(n))
-        for name, n in (status.get("deadLetters") or {}).items():
-            dead[name] = dead.get(name, 0) + int(n)
-    names = sorted({g for offsets in by_broker.values() for g in offsets}
-                   | {*members, *dead, *popping, *configs})
-    if args.group is not None:
-        if args.group not in names:
-            raise BrokerError(ResponseCode.QUERY_NOT_FOUND,
-                              f"no consumer group {args.group} on the master"
-                              + ("s" if multi else ""), False)
-        names = [args.group]
-    groups = []
-    with Consumer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
-        for name in names:
-            per_topic: dict[str, list[dict[str, Any]]] = {}
-            for broker, offsets in sorted(by_broker.items()):
-                for topic, committed in sorted(offsets.get(name, {}).items()):
-                    for q, offset in sorted(committed.items()):
-                        b = broker or None
-                        low = consumer.min_offset(topic, q, broker_name=b)
-                        high = consumer.max_offset(topic, q, broker_name=b)
-                        row: dict[str, Any] = {"brokerName": broker} if multi else {}
-                        row.update(queueId=q, committedOffset=offset, maxOffset=high,
-                                   lag=max(0, high - max(offset, low)))
-                        per_topic.setdefault(topic, []).append(row)
-            topics = [{"topic": t, "lag": sum(r["lag"] for r in qs), "queues": qs}
-                      for t, qs in sorted(per_topic.items())]
-            pop = popping.get(name, dict.fromkeys(POP_FIGURES, 0))
-            groups.append({"group": name, "members": members.get(name, 0),
-                           "deadLetters": dead.get(name, 0),
-                           "lag": sum(t["lag"] for t in topics), "topics": topics,
-                           "pop": pop, "config": configs.get(name)})
+    with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin, \
+            Consumer(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
+        groups = describe_groups(admin, consumer, args.group)
     if args.json:
         emit_json({"groups": groups})
         return EXIT_OK

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from common.cli.output import EXIT_OK, UsageError, curve_args, emit_json, err, out
 from common.client import Consumer, Producer
+from common.client.group_progress import topic_queues
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -40,18 +41,7 @@ def cmd_offsets(args: argparse.Namespace) -> int:
     timestamp = parse_time_ms(args.time) if args.time is not None else None
     with Consumer(args.servers, group=args.group or "replog-cli",
                   timeout_ms=args.timeout_ms, **curve_args(args)) as consumer:
-        multi = len(consumer.route_table().groups) > 1
-        queues: list[tuple[str | None, int]]
-        if not multi:  # one broker group: its queue ids, as always
-            queues = [(args.broker_name, args.queue)] if args.queue is not None else [
-                (args.broker_name, q) for q in range(consumer.queue_nums(
-                    args.topic, broker_name=args.broker_name))]
-        else:
-            queues = [(q.broker_name, q.queue_id) for q in consumer.queues(args.topic)
-                      if args.broker_name in (None, q.broker_name)
-                      and args.queue in (None, q.queue_id)]
-            if not queues and args.broker_name is not None and args.queue is not None:
-                queues = [(args.broker_name, args.queue)]
+        multi, queues = topic_queues(consumer, args.topic, args.broker_name, args.queue)
         rows = []
         for name, q in queues:
             row: dict[str, Any] = {"brokerName": name} if multi else {}

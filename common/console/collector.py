@@ -51,6 +51,10 @@ class Collector:
         self.timeline: collections.deque[dict[str, Any]] = collections.deque(maxlen=TIMELINE_MAX)
         self.rounds = 0
         self._known: dict[str, dict[str, None]] = {}  # group -> every member address seen
+        self._answered = ""  # the broker whose CLUSTER_INFO was read last
+        self._last_statuses: dict[str, dict[str, Any] | str] = {}
+        self._final: dict[str, Any] = {"groups": []}  # the last round's, members' figures in
+        self._asked: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}  # STATUS out
         self._pool = concurrent.futures.ThreadPoolExecutor(CONCURRENCY, "replog-console-status")
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -99,42 +103,84 @@ class Collector:
             known = self._known.setdefault(g["brokerName"], {})
             known.update(dict.fromkeys(_addresses(g)))
             g["knownMembers"] = list(known)
-        members = [(g["brokerName"], address) for g in info.get("groups", [])
-                   for address in g["knownMembers"]]
-        futures = {address: self._pool.submit(self.admin.status, address)
-                   for _, address in members}
+        addresses = [a for g in info.get("groups", []) for a in g["knownMembers"]]
+        ordered = sorted(info.get("groups", []), key=lambda g: g["brokerName"])
+        # first what CLUSTER_INFO says (a new master, epoch, SyncStateSet: shown at once, with
+        # the members' figures of the last round), then the members' STATUS
+        with self.lock:
+            early = {"cluster": info.get("cluster", ""),
+                     "controller": info.get("controller", False),
+                     "groups": [self._group(g, self._last_statuses) for g in ordered],
+                     "updatedAtMs": now_ms, "error": ""}
+            self._changes(self.snapshot, early, now_ms, members=False)
+            self.snapshot = early
+        statuses = self._statuses(addresses)
+        snapshot = {**early, "groups": [self._group(g, statuses) for g in ordered]}
+        with self.lock:
+            self._changes(self._final, snapshot, now_ms, groups=False)
+            self._final = snapshot
+            for g in snapshot["groups"]:
+                self.history[g["brokerName"]].append(_point(g, now_ms))
+            self.snapshot = snapshot
+            self._last_statuses = statuses
+            self.rounds += 1
+        return snapshot
+
+    def _statuses(self, addresses: list[str]) -> dict[str, dict[str, Any] | str]:
+        """STATUS of each member, waited at most the round's time (``refresh_s``, at least a
+        second): a member that has not answered by then is shown as not answering this round,
+        and is not asked again while that request is still out (a dead broker never holds a
+        round, nor gets a pile of requests)."""
+        for address in addresses:
+            pending = self._asked.get(address)
+            if pending is None or pending.done():
+                self._asked[address] = self._pool.submit(self.admin.status, address)
+        futures = {a: self._asked[a] for a in addresses}
+        concurrent.futures.wait(futures.values(), timeout=max(1.0, self.refresh_s))
         statuses: dict[str, dict[str, Any] | str] = {}
         for address, future in futures.items():
+            if not future.done():
+                statuses[address] = "no answer yet"
+                continue
             try:
                 statuses[address] = future.result()
             except BrokerError as e:
                 statuses[address] = e.remark or e.code.name
             except concurrent.futures.CancelledError:
                 statuses[address] = "stopped"
-        groups = [self._group(g, statuses) for g in sorted(info.get("groups", []),
-                                                            key=lambda g: g["brokerName"])]
-        snapshot = {"cluster": info.get("cluster", ""), "controller": info.get("controller",
-                                                                                False),
-                    "groups": groups, "updatedAtMs": now_ms, "error": ""}
-        with self.lock:
-            self._changes(self.snapshot, snapshot, now_ms)
-            for g in groups:
-                self.history[g["brokerName"]].append(_point(g, now_ms))
-            self.snapshot = snapshot
-            self.rounds += 1
-        return snapshot
+        return statuses
 
     def _cluster_info(self) -> dict[str, Any]:
+        """CLUSTER_INFO of a broker that answers with groups: two asked at once (the one read
+        last time and the next member known), the first good answer taken, so a broker that
+        just died costs a round nothing; then the others in turn."""
+        order = [a for a in dict.fromkeys([self._answered, *self._members_seen(),
+                                           *self.admin.servers]) if a]
+        first, rest = order[:2], order[2:]
         last: BrokerError | None = None
-        for address in self.admin.servers:  # the first that answers with groups
+        futures = [self._pool.submit(self.admin.cluster_info, a) for a in first]
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                info = future.result()
+            except BrokerError as e:
+                last = e
+                continue
+            if info.get("groups"):
+                self._answered = first[futures.index(future)]
+                return info
+        for address in rest:
             try:
                 info = self.admin.cluster_info(address)
             except BrokerError as e:
                 last = e
                 continue
             if info.get("groups"):
+                self._answered = address
                 return info
         raise last or BrokerError("SYSTEM_ERROR", "no broker knows a group yet", True)
+
+    def _members_seen(self) -> list[str]:
+        return [a for known in self._known.values() for a in known]
 
     @staticmethod
     def _group(g: dict[str, Any], statuses: dict[str, dict[str, Any] | str]) -> dict[str, Any]:
@@ -145,8 +191,10 @@ class Collector:
                 members.append({"address": address, "reachable": True,
                                 **{k: st.get(k) for k in STATUS_KEYS},
                                 "slaves": st.get("slaves") or []})
+            elif st is None:  # not asked yet (a round's first look): neither up nor down
+                members.append({"address": address, "reachable": None, "error": ""})
             else:
-                members.append({"address": address, "reachable": False, "error": st or ""})
+                members.append({"address": address, "reachable": False, "error": st})
         master: dict[str, Any] = next(
             (m for m in members if m["address"] == g.get("master")), {})
         lags = [s.get("lagBytes") or 0 for s in master.get("slaves") or []]
@@ -157,28 +205,32 @@ class Collector:
                 "putTps": master.get("putTps"), "getTps": master.get("getTps"),
                 "replicationLagBytes": max(lags) if lags else 0}
 
-    def _changes(self, old: dict[str, Any], new: dict[str, Any], now_ms: int) -> None:
+    def _changes(self, old: dict[str, Any], new: dict[str, Any], now_ms: int,
+                 groups: bool = True, members: bool = True) -> None:
+        """Timeline entries for what differs: ``groups`` (appearing, going, master, epoch,
+        SyncStateSet), ``members`` (answering or not)."""
         if not self.rounds:
             return  # the first round is the baseline, not a change
         before = {g["brokerName"]: g for g in old.get("groups", [])}
         after = {g["brokerName"]: g for g in new.get("groups", [])}
-        for name in sorted(after.keys() - before.keys()):
-            self._event(now_ms, name, "group", f"group {name} appeared")
-        for name in sorted(before.keys() - after.keys()):
-            self._event(now_ms, name, "group", f"group {name} is gone")
+        if groups:
+            for name in sorted(after.keys() - before.keys()):
+                self._event(now_ms, name, "group", f"group {name} appeared")
+            for name in sorted(before.keys() - after.keys()):
+                self._event(now_ms, name, "group", f"group {name} is gone")
         for name in sorted(after.keys() & before.keys()):
             a, b = before[name], after[name]
-            if (a["master"], a["masterEpoch"]) != (b["master"], b["masterEpoch"]):
+            if groups and (a["master"], a["masterEpoch"]) != (b["master"], b["masterEpoch"]):
                 what = (f"master {a['master'] or 'none'} -> {b['master'] or 'none'}, epoch "
                         f"{a['masterEpoch']} -> {b['masterEpoch']}")
                 self._event(now_ms, name, "election", what)
-            if a["syncStateSet"] != b["syncStateSet"]:
+            if groups and a["syncStateSet"] != b["syncStateSet"]:
                 self._event(now_ms, name, "syncStateSet", f"SyncStateSet {a['syncStateSet']} "
                             f"-> {b['syncStateSet']}")
-            reach = {m["address"]: m["reachable"] for m in a["members"]}
+            reach = {m["address"]: m["reachable"] for m in a["members"]} if members else {}
             for m in b["members"]:
                 was = reach.get(m["address"])
-                if was is not None and was != m["reachable"]:
+                if was is not None and m["reachable"] is not None and was != m["reachable"]:
                     self._event(now_ms, name, "member", f"{m['address']} "
                                 f"{'answers again' if m['reachable'] else 'does not answer'}")
 

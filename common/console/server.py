@@ -147,6 +147,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._json(console.actions.topics())
             if url.path == "/api/messages":
                 return self._json(console.actions.find(query))
+            if url.path == "/api/groups":
+                return self._json(console.actions.groups())
+            if url.path == "/api/dlq":
+                return self._json(console.actions.dead_letters(query))
+            if url.path == "/api/acl":
+                return self._json(console.actions.acl())
         except ActionError as e:
             return self._json({"error": str(e)}, e.status)
         return self._json({"error": f"no such page: {url.path}"}, HTTPStatus.NOT_FOUND)
@@ -180,6 +186,13 @@ class _Handler(BaseHTTPRequestHandler):
                 result = console.actions.create_topic(body)
             elif url.path == "/api/send":
                 result = console.actions.send(body)
+            elif url.path == "/api/groups/reset":
+                result = console.actions.reset_offsets(body)
+            elif url.path == "/api/dlq/resend":
+                result = console.actions.resend_dead_letters(body)
+            elif url.path == "/api/switchover":
+                result = console.actions.switchover({**body,
+                                                     "_cluster": console.collector.view()})
             else:
                 return self._json({"error": f"no such action: {url.path}"},
                                   HTTPStatus.NOT_FOUND)

@@ -18,44 +18,11 @@ from typing import Any
 
 import pytest
 from broker_harness import REPO, BrokerProcess, brokers, free_port
+from browser_harness import PASSWORD, browser, text_of  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-PASSWORD = "console admin password"
 WAIT_S = 20
-
-
-def browser_missing() -> str:
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(DRIVER, os.X_OK)):
-        return f"{CHROMIUM} and {DRIVER} are needed (apt-get install chromium chromium-driver)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (the dev extra)"
-    return ""
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    why = browser_missing()
-    if why:
-        if os.environ.get("REPLOG_REQUIRE_BROWSER") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,900"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
@@ -89,7 +56,7 @@ def console_process(tmp_path: Path) -> Iterator[tuple[str, BrokerProcess, Broker
                 proc.wait(10)
 
 
-def test_the_console_in_a_browser(browser: Any,
+def test_the_console_in_a_browser(browser: Any,  # noqa: F811
                                   console_process: tuple[str, BrokerProcess,
                                                          BrokerProcess]) -> None:
     from selenium.webdriver.common.by import By
@@ -100,9 +67,9 @@ def test_the_console_in_a_browser(browser: Any,
     wait = WebDriverWait(browser, WAIT_S)
     browser.get(url)
     # the cluster page: the group, its master, its slave
-    row = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, 'tr[data-group="web"]')))
-    wait.until(lambda _d: master.address in row.text and slave.address in row.text)
-    assert "SYNC_MASTER" in row.text
+    row = 'tr[data-group="web"]'
+    wait.until(lambda d: master.address in text_of(d, row) and slave.address in text_of(d, row))
+    assert "SYNC_MASTER" in text_of(browser, row)
     # log in; make a topic; send a test message
     browser.find_element(By.ID, "password").send_keys(PASSWORD)
     browser.find_element(By.CSS_SELECTOR, "#login-form button").click()
@@ -113,9 +80,8 @@ def test_the_console_in_a_browser(browser: Any,
     queues.clear()
     queues.send_keys("3")
     browser.find_element(By.CSS_SELECTOR, "#create-topic button").click()
-    made = wait.until(ec.presence_of_element_located(
-        (By.CSS_SELECTOR, 'tr[data-topic="from-the-browser"]')))
-    assert "3" in made.text
+    made = 'tr[data-topic="from-the-browser"]'
+    wait.until(lambda d: "3" in text_of(d, made))
     browser.find_element(By.ID, "send-topic").send_keys("from-the-browser")
     browser.find_element(By.ID, "send-keys").send_keys("k-1")
     browser.find_element(By.ID, "send-body").send_keys("hello from chromium")
@@ -134,7 +100,6 @@ def test_the_console_in_a_browser(browser: Any,
     # the slave dies: shown unreachable, and the change is in the timeline
     browser.get(url + "#cluster")
     os.kill(slave.pid, signal.SIGKILL)
-    wait.until(lambda d: "unreachable" in d.find_element(
-        By.CSS_SELECTOR, f'tr[data-group="web"] div[data-address="{slave.address}"]').text)
-    wait.until(lambda d: f"{slave.address} does not answer" in d.find_element(
-        By.ID, "timeline").text)
+    wait.until(lambda d: "unreachable" in text_of(
+        d, f'tr[data-group="web"] div[data-address="{slave.address}"]'))
+    wait.until(lambda d: f"{slave.address} does not answer" in text_of(d, "#timeline"))

@@ -88,9 +88,15 @@ async function refreshCluster() {
   body.replaceChildren(...c.groups.map((g) => {
     const members = el("td");
     for (const m of g.members) {
-      const label = `${m.address} ${m.reachable ? (m.role || "") : "unreachable"}`;
-      members.append(el("div", { class: m.reachable ? (m.address === g.master ? "master" : "") : "down",
-                                 "data-address": m.address }, label));
+      const label = `${m.address} ${m.reachable ? (m.role || "") : (m.reachable === null ? "..." : "unreachable")}`;
+      const line = el("div", { class: m.reachable !== false ? (m.address === g.master ? "master" : "") : "down",
+                               "data-address": m.address }, label);
+      if (m.reachable && m.address !== g.master) {
+        const button = el("button", { class: "switch admin-only", "data-switch": m.address }, "make master");
+        button.addEventListener("click", () => switchover(g.brokerName, m.address));
+        line.append(button);
+      }
+      members.append(line);
     }
     return el("tr", { "data-group": g.brokerName },
       el("td", {}, g.brokerName), el("td", { class: g.master ? "master" : "down" }, g.master || "no master"),
@@ -100,11 +106,25 @@ async function refreshCluster() {
   }));
   $("#timeline").replaceChildren(...c.timeline.map((e) =>
     el("li", { "data-kind": e.kind }, `${new Date(e.atMs).toLocaleTimeString()} ${e.group}: ${e.text}`)));
-  drawChart(await api("/api/history"));
+  const history = await api("/api/history");
+  drawChart("#chart-put", "put/s", history, "putTps", (x) => `${x.toFixed(0)}/s`);
+  drawChart("#chart-get", "get/s", history, "getTps", (x) => `${x.toFixed(0)}/s`);
+  drawChart("#chart-lag", "replication lag", history, "lagBytes", fmtBytes);
 }
 
-function drawChart(series) {
-  const W = 720, H = 160, pad = 30;
+async function switchover(group, address) {
+  const typed = window.prompt(`Make ${address} the master of ${group}? Its clients will follow it. Type the group's name to confirm.`);
+  if (typed === null) return;
+  try {
+    const r = await api("/api/switchover", { address, confirm: typed });
+    banner("");
+    $("#cluster-updated").textContent = `switched over: ${r.address} is the master of ${r.group} (epoch ${r.epoch})`;
+    await refreshCluster();
+  } catch (e) { banner(e.message); }
+}
+
+function drawChart(where, title, series, key, fmt) {
+  const W = 420, H = 150, pad = 26;
   const names = Object.keys(series).sort();
   const all = names.flatMap((n) => series[n]);
   const svgNS = "http://www.w3.org/2000/svg";
@@ -112,10 +132,10 @@ function drawChart(series) {
   svg.setAttribute("width", W); svg.setAttribute("height", H);
   if (all.length) {
     const t0 = Math.min(...all.map((p) => p.atMs)), t1 = Math.max(...all.map((p) => p.atMs), t0 + 1);
-    const ymax = Math.max(1, ...all.map((p) => p.putTps));
+    const ymax = Math.max(1, ...all.map((p) => p[key]));
     const colors = ["#2f6fde", "#d9480f", "#2b8a3e", "#862e9c", "#e67700"];
     names.forEach((n, i) => {
-      const pts = series[n].map((p) => `${pad + (p.atMs - t0) / (t1 - t0) * (W - 2 * pad)},${H - pad - p.putTps / ymax * (H - 2 * pad)}`);
+      const pts = series[n].map((p) => `${pad + (p.atMs - t0) / (t1 - t0) * (W - 2 * pad)},${H - pad - p[key] / ymax * (H - 2 * pad)}`);
       const line = document.createElementNS(svgNS, "polyline");
       line.setAttribute("points", pts.join(" "));
       line.setAttribute("fill", "none");
@@ -130,10 +150,73 @@ function drawChart(series) {
     });
     const top = document.createElementNS(svgNS, "text");
     top.setAttribute("x", 2); top.setAttribute("y", pad); top.setAttribute("font-size", "11");
-    top.textContent = `${ymax.toFixed(0)}/s`;
+    top.textContent = fmt(ymax);
     svg.append(top);
   }
-  $("#chart").replaceChildren(svg);
+  $(where).replaceChildren(el("h4", {}, title), svg);
+}
+
+async function refreshGroups() {
+  const g = await api("/api/groups");
+  $("#consumer-groups tbody").replaceChildren(...g.groups.map((x) => {
+    const queues = el("td");
+    for (const t of x.topics) {
+      queues.append(el("div", {}, `${t.topic}: lag ${t.lag}`));
+      for (const q of t.queues) {
+        queues.append(el("div", { class: "muted" }, `${q.brokerName ? q.brokerName + " " : ""}queue ${q.queueId}: committed ${q.committedOffset} of ${q.maxOffset} (lag ${q.lag})`));
+      }
+    }
+    const cfg = x.config ? [x.config.consumeMessageOrderly ? "FIFO" : "", `retryMaxTimes ${x.config.retryMaxTimes}`, x.config.consumeEnable === false ? "disabled" : ""].filter(Boolean).join(", ") : "";
+    return el("tr", { "data-group": x.group }, el("td", {}, x.group), el("td", {}, x.members),
+      el("td", {}, x.lag), queues, el("td", {}, x.deadLetters), el("td", {}, x.pop.inFlight), el("td", {}, cfg));
+  }));
+}
+
+$("#reset-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const at = new Date($("#reset-time").value).getTime();
+  try {
+    const r = await api("/api/groups/reset", { group: $("#reset-group").value, topic: $("#reset-topic").value, timestampMs: at });
+    $("#reset-result").textContent = `${r.group} on ${r.topic}: ` + r.queues.map((q) => `queue ${q.queueId} ${q.previousOffset} -> ${q.committedOffset}`).join(", ");
+    banner("");
+    await refreshGroups();
+  } catch (e) { banner(e.message); }
+});
+
+async function showDeadLetters() {
+  const r = await api(`/api/dlq?group=${encodeURIComponent($("#dlq-group").value)}`);
+  $("#dlq").replaceChildren(r.letters.length ? el("p", { class: "muted" }, `${r.letters.length} dead letter(s) of ${r.group}`) : el("p", { class: "muted" }, `no dead letter of ${r.group}`),
+    ...r.letters.map((m) => el("div", { class: "letter", "data-msgid": m.msgId }, el("strong", {}, m.msgId), " ",
+      el("span", { class: "muted" }, `DLQ offset ${m.dlqOffset}, first topic ${m.properties.RETRY_TOPIC || m.topic}`), el("pre", {}, m.body))));
+}
+
+$("#dlq-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  try { await showDeadLetters(); banner(""); } catch (e) { banner(e.message); }
+});
+
+$("#dlq-resend").addEventListener("click", async () => {
+  try {
+    const r = await api("/api/dlq/resend", { group: $("#dlq-group").value });
+    banner("");
+    await showDeadLetters();
+    $("#dlq").prepend(el("p", { class: "muted", id: "dlq-resent" }, `${r.resent} resent to ${r.group}`));
+  } catch (e) { banner(e.message); }
+});
+
+async function refreshSecurity() {
+  const a = await api("/api/acl");
+  if (!a.aclEnable) {
+    $("#acl-summary").textContent = "aclEnable is off: no ACL, nothing is checked";
+    $("#accounts tbody").replaceChildren();
+    return;
+  }
+  $("#acl-summary").textContent = `${a.aclFile}, version ${a.aclVersion}${a.reloadError ? " (the file on disk is refused: " + a.reloadError + ")" : ""}`;
+  $("#accounts tbody").replaceChildren(...a.accounts.map((x) => el("tr", { "data-account": x.accessKey },
+    el("td", {}, x.accessKey), el("td", {}, x.key), el("td", {}, x.grpc ? "yes" : ""), el("td", {}, x.admin ? "yes" : ""),
+    el("td", {}, x.replica ? "yes" : ""), el("td", {}, x.enabled ? "yes" : "no"))));
+  $("#refusals tbody").replaceChildren(...(a.refusals || []).map((r) => el("tr", {}, el("td", {}, r.port), el("td", {}, r.op), el("td", {}, r.reason), el("td", {}, r.count))));
+  $("#recent-refusals").replaceChildren(...(a.recentRefusals || []).map((r) => el("li", {}, `${new Date(r.atMs).toLocaleTimeString()} ${r.port} ${r.ip} ${r.account}: ${r.op} ${r.resource}: ${r.reason}`)));
 }
 
 async function refreshTopics() {
@@ -175,6 +258,7 @@ $("#find-form").addEventListener("submit", async (ev) => {
       el("h3", {}, m.msgId),
       el("p", { class: "muted" }, `${m.topic} · ${m.brokerName} queue ${m.queueId} offset ${m.queueOffset} · stored ${new Date(m.storeTimestamp).toLocaleString()} · ${m.bodyBytes} bytes (${m.bodyKind})`),
       el("table", {}, ...Object.entries(m.properties).map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v)))),
+      el("ul", { class: "delivery" }, ...(m.delivery || []).map((d) => el("li", { "data-group": d.group }, `${d.group}: ${d.state} (committed ${d.committedOffset})`))),
       el("pre", { class: "body" }, m.body))));
   } catch (e) { banner(e.message); }
 });
@@ -186,8 +270,12 @@ async function refresh() {
   try {
     if (state.page === "cluster") await refreshCluster();
     else if (state.page === "topics") await refreshTopics();
+    else if (state.page === "groups") await refreshGroups();
+    else if (state.page === "security") await refreshSecurity();
   } catch (e) { banner(`the console does not answer: ${e.message}`); }
-  timer = setTimeout(refresh, state.refreshMs);
+  // the cluster page asks twice per round of the console's (it answers from memory), so a
+  // change shows within one round of the console having read it
+  timer = setTimeout(refresh, state.page === "cluster" ? state.refreshMs / 2 : state.refreshMs);
 }
 
 loadSession().then(() => show(location.hash.slice(1) || "cluster"));

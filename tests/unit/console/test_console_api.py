@@ -103,8 +103,8 @@ def test_the_pages_are_served_from_the_package(console: Console) -> None:
 def test_the_cluster_page_shows_the_group_and_its_master(console: Console,
                                                          broker: Broker) -> None:
     page = Page(console)
-    cluster = wait_for(lambda: (doc := page.call("GET", "/api/cluster")[1])["groups"] and doc,
-                       "a round")
+    cluster = wait_for(lambda: (doc := page.call("GET", "/api/cluster")[1])["groups"] and
+                       doc["groups"][0]["members"][0]["reachable"] and doc, "a whole round")
     [group] = cluster["groups"]
     assert group["brokerName"] == "cons" and group["master"] == addr(broker)
     [member] = group["members"]
@@ -184,3 +184,95 @@ def test_a_broker_that_stops_answering_is_shown_and_the_change_is_in_the_timelin
         console.stop()
         console.actions.close()
         console.collector.admin.close()
+
+
+def test_groups_lag_a_reset_to_a_time_and_dead_letters_resent(console: Console,
+                                                              broker: Broker) -> None:
+    from common.client import Consumer, Producer
+
+    with Producer([addr(broker)]) as p:
+        sent = [p.send("orders", b"order %d" % i, queue_id=0) for i in range(5)]
+    with Consumer([addr(broker)], group="billing") as c:
+        c.commit_offset("orders", 0, 5)
+        first = c.pull("orders", 0, 0, 1).messages[0]
+        c.send_back(first, delay_level=-1)  # straight to %DLQ%billing
+    page = Page(console)
+    assert page.login() == 200
+
+    def billing() -> dict[str, Any]:
+        groups = {g["group"]: g for g in page.call("GET", "/api/groups")[1]["groups"]}
+        return groups.get("billing") or {}
+
+    group = wait_for(lambda: billing().get("topics") and billing(), "billing's offsets")
+    [orders] = [t for t in group["topics"] if t["topic"] == "orders"]
+    assert orders["lag"] == 0 and orders["queues"][0]["committedOffset"] == 5
+    # the message's delivery state: billing is past it
+    found = page.call("GET", f"/api/messages?msgId={sent[2].msg_id}")[1]["messages"][0]
+    assert {"group": "billing", "committedOffset": 5, "state": "consumed"} in found["delivery"]
+    # reset to a time before the first message: everything is to be read again
+    status, reset = page.change("/api/groups/reset", {"group": "billing", "topic": "orders",
+                                                      "timestampMs": 0})
+    assert status == 200, reset
+    assert {"queueId": 0, "previousOffset": 5, "committedOffset": 0} in reset["queues"]
+    assert wait_for(lambda: [t for t in billing()["topics"] if t["topic"] == "orders"][0]
+                    ["lag"] == 5, "the lag after the reset")
+    found = page.call("GET", f"/api/messages?msgId={sent[2].msg_id}")[1]["messages"][0]
+    assert {"group": "billing", "committedOffset": 0,
+            "state": "not consumed yet"} in found["delivery"]
+    assert page.change("/api/groups/reset", {"group": "billing", "topic": "orders",
+                                             "timestampMs": "yesterday"})[0] == 400
+    # the dead letter: listed, resent once to the group's retry topic, then gone
+    letters = page.call("GET", "/api/dlq?group=billing")[1]["letters"]
+    assert [m["body"] for m in letters] == ["order 0"]
+    status, resent = page.change("/api/dlq/resend", {"group": "billing"})
+    assert status == 200 and resent == {"group": "billing", "resent": 1}
+    assert page.call("GET", "/api/dlq?group=billing")[1]["letters"] == []
+    assert page.change("/api/dlq/resend", {"group": "billing"})[1]["resent"] == 0
+
+
+def test_the_security_page_without_acl_and_a_switchover_that_is_not_confirmed(
+        console: Console, broker: Broker) -> None:
+    page = Page(console)
+    assert page.call("GET", "/api/acl")[1] == {"aclEnable": False}
+    assert page.login() == 200
+    wait_for(lambda: page.call("GET", "/api/cluster")[1]["groups"], "a round")
+    status, doc = page.change("/api/switchover", {"address": addr(broker), "confirm": "nope"})
+    assert status == 400 and "confirm with the group's name (cons)" in doc["error"]
+    status, doc = page.change("/api/switchover", {"address": "10.9.9.9:1", "confirm": "cons"})
+    assert status == 400 and "not a member" in doc["error"]
+
+
+def test_the_security_page_shows_the_accounts_and_the_refusals(
+        make_broker: Callable[..., Broker], tmp_path: Any) -> None:
+    import sys
+    from pathlib import Path
+
+    from common.client import Producer
+    from common.core.errors import BrokerError
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
+    from security_harness import Realm
+
+    realm = Realm(tmp_path / "realm", ["app"])
+    realm.write_acl([realm.account("broker", replica=True), realm.account("admin", admin=True),
+                     realm.account("app", topicPerms=["orders=SUB"])])
+    b = make_broker(real_store=True, brokerName="sec", **realm.broker_fields())
+    admin = Admin([addr(b)], timeout_ms=3000, retries=0, **realm.curve("admin"))
+    console = Console(Collector(admin, 0.5), Actions(admin, realm.curve("admin")), "127.0.0.1",
+                      0, None)
+    console.start()
+    try:
+        with Producer([addr(b)], **realm.curve("app")) as p, pytest.raises(BrokerError):
+            p.send("orders", b"x")
+        doc = Page(console).call("GET", "/api/acl")[1]
+        assert doc["aclEnable"] is True
+        accounts = {a["accessKey"]: a for a in doc["accounts"]}
+        assert accounts["admin"]["admin"] and accounts["broker"]["replica"]
+        assert "curvePublicKey" not in accounts["app"] and len(accounts["app"]["key"]) == 12
+        assert any(r["op"] == "PUB" and r["count"] >= 1 for r in doc["refusals"])
+        [line] = [r for r in doc["recentRefusals"] if r["account"] == "app"]
+        assert line["resource"] == "Topic:orders" and "SUB" in line["reason"]
+    finally:
+        console.stop()
+        console.actions.close()
+        admin.close()
