@@ -214,7 +214,7 @@ def test_groups_lag_a_reset_to_a_time_and_dead_letters_resent(console: Console,
                                                       "timestampMs": 0})
     assert status == 200, reset
     assert {"queueId": 0, "previousOffset": 5, "committedOffset": 0} in reset["queues"]
-    assert wait_for(lambda: [t for t in billing()["topics"] if t["topic"] == "orders"][0]
+    assert wait_for(lambda: next(t for t in billing()["topics"] if t["topic"] == "orders")
                     ["lag"] == 5, "the lag after the reset")
     found = page.call("GET", f"/api/messages?msgId={sent[2].msg_id}")[1]["messages"][0]
     assert {"group": "billing", "committedOffset": 0,
