@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast venv bench lint clean zookeeper chromium
+.PHONY: run test test-fast venv bench lint clean zookeeper chromium console-shots
 
 $(STAMP): pyproject.toml setup.py common/format/_record_writer.c common/store/_reput_scan.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -59,6 +59,10 @@ chromium:
 run: $(STAMP) zookeeper
 	$(BIN)/python -m common.cli.demo
 
+# Screenshots of every page of the web console, into docs/console/ (the README links them).
+console-shots: $(STAMP) zookeeper chromium
+	$(BIN)/python tools/console_shots.py
+
 # Every test but the perf tier (rates and latencies judged against targets: `make bench`).
 # Died of a signal (status >= 128): name the test and the thread that crashed (tests/conftest.py).
 test: $(STAMP) zookeeper chromium
@@ -74,7 +78,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pytest -q -m perf -rA tests || rc=1; exit $$rc
 
 lint: $(STAMP)
-	$(BIN)/ruff check common master slave tests bench
+	$(BIN)/ruff check common master slave tests bench tools
 	$(BIN)/mypy common master slave tests/helpers
 
 clean:

@@ -31,6 +31,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -106,6 +107,8 @@ class BrokerStatus:
     flushLagBytes: int
     reputLagBytes: int
     topics: int
+    diskUsedRatio: float | None  # % of the store's filesystem in use (None: not known)
+    commitLogBytes: int  # the CommitLog's bytes kept (max - min physical offset)
     server: dict[str, Any]
     store: dict[str, Any]
     replication: dict[str, Any]  # a slave's view of its master: state, lagBytes, resyncs...
@@ -562,6 +565,8 @@ class Broker:
             flushLagBytes=max(0, max_phy - flushed),
             reputLagBytes=max(0, max_phy - dispatched),
             topics=len(self.topics.topics()),
+            diskUsedRatio=_disk_used_percent(self.cfg.store_root),
+            commitLogBytes=max(0, max_phy - int(store.min_phy_offset)),
             server={**self.server.stats.figures(),
                     "clientRequests": self.server.client_requests.figures()},
             store=_plain(store.snapshot()),
@@ -901,3 +906,12 @@ class Broker:
         return reply(req, ResponseCode.SYSTEM_ERROR,
                      "the controller named this broker master but it is not serving yet",
                      self.status())
+
+
+def _disk_used_percent(path: Any) -> float | None:
+    """The used share (%) of the filesystem holding the store (statvfs: microseconds)."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return None
+    return round(100.0 * usage.used / usage.total, 1) if usage.total else None

@@ -33,6 +33,7 @@ from typing import Any, Self
 from rich.table import Table
 
 from common.cli import zookeeper
+from common.cli.console_child import ConsoleChild
 from common.cli.output import EXIT_OK, UsageError, emit_json, err, out
 from common.cli.zookeeper import Ensemble
 from common.client import Admin
@@ -45,6 +46,7 @@ READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 CLUSTER_SEGMENT_BYTES = 128 * 1024 * 1024
 ZK_PORT_OFFSET = 90  # the local ZooKeeper's client port: base port + 90 (11001 by default)
+CONSOLE_PORT_OFFSET = 88  # the web console: base port + 88 (10999 by default)
 ZK_TICK_MS = 500  # sessions of 1..10 s
 LOCAL_SESSION_MS = 4000  # a local group fails over in about this long (brokers default: 10 s)
 GROUP_PORT_STRIDE = 100  # group g's brokers listen from base port + 100g
@@ -453,17 +455,41 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     with StopSignals() as stop:
         cluster.force_stop = stop.forced
         with running_cluster(cluster):
-            _announce(args, cluster)
-            _watch(args, cluster, stop)
+            console = _start_console(args, cluster)
+            try:
+                _announce(args, cluster, console)
+                _watch(args, cluster, stop)
+            finally:
+                if console is not None:
+                    console.stop()
     if not args.json:
         out.print("cluster stopped")
     return EXIT_OK
 
 
-def _announce(args: argparse.Namespace, cluster: LocalCluster) -> None:
+def _start_console(args: argparse.Namespace, cluster: LocalCluster) -> ConsoleChild | None:
+    """The web console over the cluster (``--no-console``: none); a console that cannot start
+    (its port taken) is reported and the cluster runs on without it."""
+    if args.no_console:
+        return None
+    port = args.console_port or args.base_port + CONSOLE_PORT_OFFSET
+    console = ConsoleChild(cluster.directory, [c.address for c in cluster.children], port,
+                           cluster.client_curve(), broker_env(), die_with_parent())
+    try:
+        console.start()
+    except RuntimeError as e:
+        err.print(f"no console: {e}", soft_wrap=True)
+        return None
+    return console
+
+
+def _announce(args: argparse.Namespace, cluster: LocalCluster,
+              console: ConsoleChild | None = None) -> None:
     if args.json:
         doc: dict[str, Any] = {"dir": str(cluster.directory),
                                "brokers": [c.to_json() for c in cluster.children]}
+        if console is not None:
+            doc["console"] = console.to_json()
         if cluster.zookeeper is not None:
             doc["zookeeper"] = [{"address": n.address, "pid": n.pid}
                                 for n in cluster.zookeeper.nodes]
@@ -501,6 +527,9 @@ def _announce(args: argparse.Namespace, cluster: LocalCluster) -> None:
         curve = cluster.client_curve()
         out.print(f"CURVE and ACL on ({cluster.acl_path}); the CLI needs its key:")
         out.print(f"  export REPLOG_KEY={curve['key']} REPLOG_SERVER_KEY={curve['server_key']}",
+                  soft_wrap=True)
+    if console is not None:
+        out.print(f"console: {console.url} (admin password in {console.password_file})",
                   soft_wrap=True)
     out.print(f"ready: every group has a master. try: replog send -s {first} -t orders -b hello; "
               f"replog status -s {first}   (Ctrl-C stops the cluster)", soft_wrap=True)

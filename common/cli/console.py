@@ -78,3 +78,4 @@ def cmd_console(args: argparse.Namespace) -> int:
         actions.close()
         admin.close()
     return EXIT_OK
+

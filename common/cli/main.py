@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="controller session timeout of the local group (default %(default)s)")
     p.add_argument("--secure", action="store_true",
                    help="CURVE and an ACL: keys and acl.yml made under --dir")
+    p.add_argument("--console-port", type=int, default=0,
+                   help="the web console's port on 127.0.0.1 (default: base port + 88)")
+    p.add_argument("--no-console", action="store_true", help="no web console")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("keys", formatter_class=HELP_FORMAT, help="make a CURVE key pair")

@@ -33,7 +33,8 @@ HISTORY_S = 3600
 TIMELINE_MAX = 1000
 STATUS_KEYS = ("role", "epoch", "brokerId", "maxPhyOffset", "minPhyOffset", "putTps",
                "getTps", "putTotal", "inflight", "fencedWrites", "diskUsedRatio",
-               "putLatencyP99Ms", "flushLagBytes", "reputLagBytes", "uptimeMs")
+               "commitLogBytes", "putLatencyP99Ms", "flushLagBytes", "reputLagBytes",
+               "uptimeS")
 
 
 class Collector:
@@ -54,6 +55,7 @@ class Collector:
         self._answered = ""  # the broker whose CLUSTER_INFO was read last
         self._last_statuses: dict[str, dict[str, Any] | str] = {}
         self._final: dict[str, Any] = {"groups": []}  # the last round's, members' figures in
+        self._ends: dict[str, collections.deque[tuple[int, int]]] = {}  # group: (ms, master end)
         self._asked: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}  # STATUS out
         self._pool = concurrent.futures.ThreadPoolExecutor(CONCURRENCY, "replog-console-status")
         self._stop = threading.Event()
@@ -116,6 +118,8 @@ class Collector:
             self.snapshot = early
         statuses = self._statuses(addresses)
         snapshot = {**early, "groups": [self._group(g, statuses) for g in ordered]}
+        for g in snapshot["groups"]:
+            self._lag_in_time(g, now_ms)
         with self.lock:
             self._changes(self._final, snapshot, now_ms, groups=False)
             self._final = snapshot
@@ -203,7 +207,30 @@ class Collector:
                 "syncStateSet": g.get("syncStateSet") or [],
                 "topics": len(g.get("topics") or {}), "members": members,
                 "putTps": master.get("putTps"), "getTps": master.get("getTps"),
-                "replicationLagBytes": max(lags) if lags else 0}
+                "replicationLagBytes": max(lags) if lags else 0, "replicationLagMs": 0}
+
+    def _lag_in_time(self, group: dict[str, Any], now_ms: int) -> None:
+        """Each slave's lag in time: how long ago the master's log ended where the slave's
+        acknowledged offset is now (from the master's end offset at each round: an upper
+        bound, to a round; None past the hour kept)."""
+        master = next((m for m in group["members"] if m["address"] == group["master"]
+                       and m["reachable"]), None)
+        if master is None or master.get("maxPhyOffset") is None:
+            return
+        samples = self._ends.setdefault(group["brokerName"], collections.deque(
+            maxlen=max(2, int(HISTORY_S / self.refresh_s))))
+        samples.append((now_ms, int(master["maxPhyOffset"])))
+        worst: int | None = 0
+        for slave in master.get("slaves") or []:
+            ack = int(slave.get("ackOffset") or 0)
+            if ack >= samples[-1][1]:
+                slave["lagMs"] = 0
+                continue
+            since = next((at for at, end in reversed(samples) if end <= ack), None)
+            slave["lagMs"] = None if since is None else now_ms - since
+            worst = None if worst is None or slave["lagMs"] is None else \
+                max(worst, slave["lagMs"])
+        group["replicationLagMs"] = worst
 
     def _changes(self, old: dict[str, Any], new: dict[str, Any], now_ms: int,
                  groups: bool = True, members: bool = True) -> None:
@@ -265,4 +292,4 @@ def _addresses(group: dict[str, Any]) -> list[str]:
 
 def _point(g: dict[str, Any], now_ms: int) -> dict[str, Any]:
     return {"atMs": now_ms, "putTps": g["putTps"] or 0.0, "getTps": g["getTps"] or 0.0,
-            "lagBytes": g["replicationLagBytes"]}
+            "lagBytes": g["replicationLagBytes"], "lagMs": g.get("replicationLagMs")}

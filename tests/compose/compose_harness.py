@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
 REQUIRE_ENV = "REPLOG_REQUIRE_DOCKER"
 BASE_IMAGES = ("python:3.11-slim", "zookeeper:3.8")
-GROUP_A_PORTS = (10911, 10913, 10921, 10923, 10931, 10933)
+GROUP_A_PORTS = (10911, 10913, 10921, 10923, 10931, 10933, 8080)  # 8080: the console
 GROUP_B_PORTS = (10941, 10943, 10951, 10953, 10961, 10963)
 UP_TIMEOUT_S = 240
 TIMINGS = REPO / "build" / "compose-timings.json"
@@ -162,7 +162,7 @@ def compose_cluster() -> Iterator[ComposeCluster]:
         t2 = time.monotonic()
         cluster.compose("up", "-d", "--wait", "--wait-timeout", str(UP_TIMEOUT_S),
                         "zk1", "zk2", "zk3", "broker-a-1", "broker-a-2", "broker-a-3",
-                        timeout_s=UP_TIMEOUT_S + 60)
+                        "console", timeout_s=UP_TIMEOUT_S + 60)
         t3 = time.monotonic()
         cluster.record(wheels_s=round(t1 - t0, 1), image_build_s=round(t2 - t1, 1),
                        up_to_healthy_s=round(t3 - t2, 1))

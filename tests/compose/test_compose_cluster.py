@@ -270,3 +270,27 @@ def test_an_image_build_before_the_wheels_says_what_to_run(tmp_path: Any) -> Non
                    check=False)
     assert done.returncode != 0
     assert "run compose/build-wheels.sh first" in done.stdout + done.stderr, done.stdout[-2000:]
+
+
+@pytest.mark.timeout(300)
+def test_the_console_service_shows_the_group(compose_cluster: ComposeCluster) -> None:
+    """The compose cluster's console (service ``console``, http://127.0.0.1:8080/): its page
+    is served, and its cluster view names broker-a's master and all three members, each
+    answering (it reads them over the containers' network)."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen("http://127.0.0.1:8080/", timeout=10) as resp:
+        assert b"replog console" in resp.read()
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen("http://127.0.0.1:8080/api/cluster", timeout=10) as resp:
+            doc = json.loads(resp.read())
+        groups = {g["brokerName"]: g for g in doc["groups"]}
+        group = groups.get("broker-a")
+        if group and group["master"] and len(group["members"]) == 3 and all(
+                m["reachable"] for m in group["members"]):
+            break
+        assert time.monotonic() < deadline, doc
+        time.sleep(1)
+    assert group["master"].startswith("broker-a-") and group["syncStateSet"]

@@ -33,7 +33,7 @@ def replog(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[s
 def _base() -> int:
     for _ in range(50):
         base = free_port(3)
-        if all(ports.is_free(base + off) for off in (10, 11, 12, 20, 21, 22)):
+        if all(ports.is_free(base + off) for off in (10, 11, 12, 20, 21, 22, 88)):
             return base
     raise RuntimeError("no free port range")
 
@@ -63,7 +63,9 @@ class ClusterUp:
 
     @property
     def pids(self) -> list[int]:
-        return [b["pid"] for b in self.doc.get("brokers", [])]
+        console = self.doc.get("console") or {}
+        return [b["pid"] for b in self.doc.get("brokers", [])] + \
+            ([console["pid"]] if console.get("pid") else [])
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -89,8 +91,10 @@ def _alive(pid: int) -> bool:
 
 def test_a_killed_cluster_up_takes_its_brokers_with_it(tmp_path: Path) -> None:
     with ClusterUp(tmp_path / "c") as up:
-        pids = [b["pid"] for b in up.ready()["brokers"]]
-        assert all(_alive(p) for p in pids)
+        up.ready()
+        pids = up.pids  # the brokers and the console
+        assert up.doc["console"]["url"] == f"http://127.0.0.1:{up.base + 88}/"
+        assert all(_alive(p) for p in pids) and len(pids) == 3
         assert up.proc is not None
         up.proc.kill()  # SIGKILL: no chance to stop them itself
         up.proc.wait(10)

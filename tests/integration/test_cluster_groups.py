@@ -288,7 +288,8 @@ def test_cluster_up_runs_several_groups_on_one_zookeeper(tmp_path: Path) -> None
     try:
         assert proc.stdout is not None
         doc = json.loads(proc.stdout.readline())
-        pids = [b["pid"] for b in doc["brokers"]] + [z["pid"] for z in doc["zookeeper"]]
+        pids = [b["pid"] for b in doc["brokers"]] + [z["pid"] for z in doc["zookeeper"]] + \
+            [doc["console"]["pid"]]
         brokers = {b["name"]: b for b in doc["brokers"]}
         assert set(brokers) == {"broker-a-0", "broker-a-1", "broker-b-0", "broker-b-1"}
         assert brokers["broker-a-0"]["address"] == f"127.0.0.1:{base}"
@@ -332,6 +333,6 @@ def _free_base() -> int:
     for _ in range(50):
         base = free_port(3)
         if base + 200 < ports.unassigned_range()[1] and all(ports.is_free(base + off) for off in (
-                10, 11, 12, 90, 100, 101, 102, 110, 111, 112)):
+                10, 11, 12, 88, 90, 100, 101, 102, 110, 111, 112)):
             return base
     raise RuntimeError("no free port range for a two-group cluster")

@@ -76,6 +76,11 @@ function fmtBytes(n) {
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
+function fmtLag(ms) {
+  if (ms === null || ms === undefined) return "over an hour behind";
+  return ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(1)} s`;
+}
+
 function fmtRate(x) { return x === null || x === undefined ? "" : Number(x).toFixed(0); }
 
 async function refreshCluster() {
@@ -102,7 +107,8 @@ async function refreshCluster() {
       el("td", {}, g.brokerName), el("td", { class: g.master ? "master" : "down" }, g.master || "no master"),
       el("td", {}, g.masterEpoch), el("td", {}, `[${g.syncStateSet.join(", ")}]`), members,
       el("td", {}, g.topics), el("td", {}, fmtRate(g.putTps)), el("td", {}, fmtRate(g.getTps)),
-      el("td", {}, fmtBytes(g.replicationLagBytes)));
+      el("td", {}, `${fmtBytes(g.replicationLagBytes)}, ${fmtLag(g.replicationLagMs)}`),
+      el("td", { class: "pre" }, g.members.filter((m) => m.reachable).map((m) => `${m.address.split(":").pop()}: ${fmtBytes(m.commitLogBytes)} log, ${m.diskUsedRatio ?? "?"}% disk`).join("\n")));
   }));
   $("#timeline").replaceChildren(...c.timeline.map((e) =>
     el("li", { "data-kind": e.kind }, `${new Date(e.atMs).toLocaleTimeString()} ${e.group}: ${e.text}`)));
@@ -142,18 +148,20 @@ function drawChart(where, title, series, key, fmt) {
       line.setAttribute("stroke", colors[i % colors.length]);
       line.setAttribute("stroke-width", "1.5");
       svg.append(line);
-      const label = document.createElementNS(svgNS, "text");
-      label.setAttribute("x", W - pad - 90); label.setAttribute("y", 14 + 14 * i);
-      label.setAttribute("fill", colors[i % colors.length]); label.setAttribute("font-size", "12");
-      label.textContent = n;
-      svg.append(label);
     });
     const top = document.createElementNS(svgNS, "text");
     top.setAttribute("x", 2); top.setAttribute("y", pad); top.setAttribute("font-size", "11");
     top.textContent = fmt(ymax);
     svg.append(top);
   }
-  $(where).replaceChildren(el("h4", {}, title), svg);
+  const colors = ["#2f6fde", "#d9480f", "#2b8a3e", "#862e9c", "#e67700"];
+  const legend = el("div", { class: "legend" });
+  names.forEach((n, i) => {
+    const key = el("span", {}, `\u25A0 ${n}`);
+    key.style.color = colors[i % colors.length];
+    legend.append(key);
+  });
+  $(where).replaceChildren(el("h4", {}, title), svg, legend);
 }
 
 async function refreshGroups() {

@@ -276,3 +276,29 @@ def test_the_security_page_shows_the_accounts_and_the_refusals(
         console.stop()
         console.actions.close()
         admin.close()
+
+
+def test_a_slaves_lag_in_time_is_how_long_ago_the_master_ended_at_its_offset() -> None:
+    """From the master's end offset at each round: a slave acknowledged up to where the
+    master's log ended 3 rounds ago is 3 rounds behind; one caught up, 0; one behind
+    everything kept, unknown (None)."""
+    collector = Collector(None, refresh_s=1.0)  # type: ignore[arg-type] - no cluster asked
+    ends = [(1000, 100), (2000, 200), (3000, 300), (4000, 400)]
+
+    def group(now_ms: int, end: int, acks: list[int]) -> dict[str, Any]:
+        slaves = [{"address": f"s{i}", "ackOffset": a} for i, a in enumerate(acks)]
+        return {"brokerName": "g", "master": "m", "members": [
+            {"address": "m", "reachable": True, "maxPhyOffset": end, "slaves": slaves}]}
+
+    for at, end in ends[:-1]:
+        collector._lag_in_time(group(at, end, []), at)
+    g = group(4000, 400, [400, 150, 50])
+    collector._lag_in_time(g, 4000)
+    slaves = g["members"][0]["slaves"]
+    assert [s["lagMs"] for s in slaves] == [0, 3000, None]
+    assert g["replicationLagMs"] is None  # the worst: behind everything kept
+    g = group(5000, 500, [500, 350])
+    collector._lag_in_time(g, 5000)
+    assert [s["lagMs"] for s in g["members"][0]["slaves"]] == [0, 2000]
+    assert g["replicationLagMs"] == 2000
+    collector._pool.shutdown()
