@@ -288,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the admin password: changes need a login with it (default: read-only)")
     p.add_argument("--refresh-ms", type=int, default=2000, help="how often it reads the "
                    "cluster (default 2000)")
+    p.set_defaults(timeout_ms=3000)  # per request: a member that does not answer by then is
+    # shown unreachable
 
     p = _client(sub, "status", "one broker's state (--cluster: every broker group's)")
     p.add_argument("--cluster", action="store_true",

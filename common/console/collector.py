@@ -29,6 +29,7 @@ from common.core.logs import log_event
 log = logging.getLogger("replog.console")
 
 CONCURRENCY = 4  # STATUS requests in flight at once, over the whole cluster
+STATUS_WAIT = 0.8  # of a round: how long its STATUS answers are waited for
 HISTORY_S = 3600
 TIMELINE_MAX = 1000
 STATUS_KEYS = ("role", "epoch", "brokerId", "maxPhyOffset", "minPhyOffset", "putTps",
@@ -81,6 +82,9 @@ class Collector:
         self._wake.set()
 
     def _run(self) -> None:
+        """A round every ``refresh_s`` on a fixed schedule (a slow round shortens the pause
+        after it, never moves the next one later than its time, unless it overran it)."""
+        due = time.monotonic()
         while not self._stop.is_set():
             try:
                 self.poll()
@@ -88,7 +92,9 @@ class Collector:
                 log_event(log, "console_poll_failed", logging.WARNING, error=repr(e))
                 with self.lock:
                     self.snapshot = {**self.snapshot, "error": f"{type(e).__name__}: {e}"}
-            self._wake.wait(self.refresh_s)
+            due = max(due + self.refresh_s, time.monotonic())
+            if self._wake.wait(max(0.0, due - time.monotonic())):
+                due = time.monotonic()  # asked for a round now: the schedule starts again
             self._wake.clear()
 
     # ---- one round ------------------------------------------------------------------------------
@@ -131,20 +137,23 @@ class Collector:
         return snapshot
 
     def _statuses(self, addresses: list[str]) -> dict[str, dict[str, Any] | str]:
-        """STATUS of each member, waited at most the round's time (``refresh_s``, at least a
-        second): a member that has not answered by then is shown as not answering this round,
-        and is not asked again while that request is still out (a dead broker never holds a
-        round, nor gets a pile of requests)."""
+        """STATUS of each member, waited at most most of a round (``STATUS_WAIT`` of
+        ``refresh_s``): a member whose answer has not come by then keeps what it showed last
+        round (its request, bounded by the client's timeout, stays out, and it is not asked
+        again meanwhile); it is shown unreachable once that request fails. A dead broker never
+        holds a round, nor gets a pile of requests."""
         for address in addresses:
             pending = self._asked.get(address)
             if pending is None or pending.done():
                 self._asked[address] = self._pool.submit(self.admin.status, address)
         futures = {a: self._asked[a] for a in addresses}
-        concurrent.futures.wait(futures.values(), timeout=max(1.0, self.refresh_s))
+        concurrent.futures.wait(futures.values(), timeout=STATUS_WAIT * self.refresh_s)
         statuses: dict[str, dict[str, Any] | str] = {}
         for address, future in futures.items():
             if not future.done():
-                statuses[address] = "no answer yet"
+                last = self._last_statuses.get(address)
+                if last is not None:
+                    statuses[address] = last
                 continue
             try:
                 statuses[address] = future.result()

@@ -89,9 +89,10 @@ def test_a_switchover_and_a_killed_master_in_the_browser(
     elected = time.monotonic()
     wait.until(lambda d: shown_master(d) == new.address)
     shown_after = time.monotonic() - elected
-    # one refresh, plus the page's own poll of the console (the same period) and a margin
-    # for this 2-core machine: the page never lags the cluster by more than that
-    assert shown_after <= 2 * REFRESH_MS / 1000 + 3.0, shown_after
+    # one round of the console (rounds keep their schedule while a member is dead), the
+    # page's poll of the console (half a round) and a second of margin for this 2-core
+    # machine (measured: 0.5-1.0 s)
+    assert shown_after <= 1.5 * REFRESH_MS / 1000 + 1.0, shown_after
     wait.until(lambda d: f"{target.address} -> {new.address}" in text_of(d, "#timeline"))
     print(f"the new master {new.address} was shown {shown_after:.2f} s after it was elected")
     target.start()  # it rejoins as a slave: the harness stops it by pid with the others
