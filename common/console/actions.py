@@ -95,6 +95,29 @@ class Actions:
             raise ActionError(f"the topics could not be read: {e.remark}",
                               HTTPStatus.BAD_GATEWAY) from None
 
+    def topic(self, query: dict[str, str]) -> dict[str, Any]:
+        """One topic: each queue's group, master and offsets (min, max), and its routes' perm."""
+        topic = _topic(query.get("topic"))
+        reader = self._reader()
+        try:
+            table = self.admin.route_table()
+            queues: list[dict[str, Any]] = []
+            for mq in reader.queues(topic):
+                name = mq.broker_name if len(table.groups) > 1 else None
+                queues.append({"brokerName": mq.broker_name, "queueId": mq.queue_id,
+                               "minOffset": reader.min_offset(topic, mq.queue_id, name),
+                               "maxOffset": reader.max_offset(topic, mq.queue_id, name)})
+        except BrokerError as e:
+            raise ActionError(f"{topic}: {e.remark}", HTTPStatus.BAD_GATEWAY) from None
+        masters: dict[str, str] = {}
+        for name in sorted({str(q["brokerName"]) for q in queues}):
+            try:
+                masters[name] = self.admin.master_address(name)
+            except BrokerError:
+                masters[name] = ""
+        return {"topic": topic, "queues": queues, "masters": masters,
+                "messages": sum(q["maxOffset"] - q["minOffset"] for q in queues)}
+
     def groups(self) -> dict[str, Any]:
         """Every consumer group: members, lag per topic and queue, dead letters, POP, config."""
         try:
@@ -129,16 +152,20 @@ class Actions:
         return info
 
     def find(self, query: dict[str, str]) -> dict[str, Any]:
-        """``msgId``, or ``topic`` and ``key``: the messages found, with their properties and
-        their body as text, JSON or hex."""
+        """``msgId``; ``topic`` and ``key``; or ``topic``, ``fromMs`` and ``toMs`` (the first
+        ``MAX_FOUND`` stored in that range, over every queue): the messages found, with their
+        properties, their body as text, JSON or hex, and their delivery state per group."""
         try:
-            if query.get("msgId"):
+            if query.get("topic") and query.get("fromMs"):
+                messages = self._in_range(_topic(query["topic"]), _ms(query.get("fromMs")),
+                                          _ms(query.get("toMs") or str(2**62)))
+            elif query.get("msgId"):
                 found = self.admin.query_by_msg_id(query["msgId"].strip())
                 messages = [found] if found is not None else []
             elif query.get("topic") and query.get("key"):
                 messages = self.admin.query_by_key(query["topic"], query["key"], MAX_FOUND)
             else:
-                raise ActionError("give msgId, or topic and key")
+                raise ActionError("give msgId; topic and key; or topic, fromMs and toMs")
         except BrokerError as e:
             raise ActionError(f"the look-up failed: {e.remark}", HTTPStatus.BAD_GATEWAY) \
                 from None
@@ -146,6 +173,30 @@ class Actions:
             raise ActionError(str(e)) from None
         return {"messages": [{**message_doc(m), "delivery": self._delivery(m)}
                              for m in messages]}
+
+    def _in_range(self, topic: str, from_ms: int, to_ms: int) -> list[MessageExt]:
+        reader = self._reader()
+        multi = len(self.admin.route_table().groups) > 1
+        found: list[MessageExt] = []
+        for mq in reader.queues(topic):
+            name = mq.broker_name if multi else None
+            start = reader.search_offset(topic, mq.queue_id, from_ms, broker_name=name)
+            end = reader.max_offset(topic, mq.queue_id, broker_name=name)
+            while start < end and len(found) < MAX_FOUND:
+                got = reader.pull(topic, mq.queue_id, start, min(32, MAX_FOUND),
+                                  broker_name=name).messages
+                if not got:
+                    break
+                for m in got:
+                    if m.store_timestamp >= to_ms:
+                        start = end
+                        break
+                    if m.store_timestamp >= from_ms:
+                        found.append(m)
+                else:
+                    start = got[-1].queue_offset + 1
+        found.sort(key=lambda m: m.store_timestamp)
+        return found[:MAX_FOUND]
 
     def _delivery(self, m: MessageExt) -> list[dict[str, Any]]:
         """Per consumer group that has an offset on the message's queue: consumed (its
@@ -251,6 +302,16 @@ class Actions:
         self.forget()
         return {"address": address, "group": groups[address], "role": status.get("role"),
                 "epoch": status.get("epoch")}
+
+
+def _ms(text: str | None) -> int:
+    try:
+        value = int(text or "")
+    except ValueError:
+        raise ActionError(f"{text!r} is not a time in ms since the epoch") from None
+    if value < 0:
+        raise ActionError("a time is >= 0")
+    return value
 
 
 def _name(value: Any, what: str) -> str:

@@ -147,6 +147,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._json(console.actions.topics())
             if url.path == "/api/messages":
                 return self._json(console.actions.find(query))
+            if url.path == "/api/topic":
+                return self._json(console.actions.topic(query))
             if url.path == "/api/groups":
                 return self._json(console.actions.groups())
             if url.path == "/api/dlq":

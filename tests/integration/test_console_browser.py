@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from broker_harness import REPO, BrokerProcess, brokers, free_port
-from browser_harness import PASSWORD, browser, text_of  # noqa: F401 - the fixture
+from browser_harness import PASSWORD, browser, click, text_of  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -97,6 +97,15 @@ def test_the_console_in_a_browser(browser: Any,  # noqa: F811
         (By.CSS_SELECTOR, f'div.message[data-msgid="{msg_id}"]')))
     assert "hello from chromium" in found.find_element(By.CSS_SELECTOR, "pre.body").text
     assert "k-1" in found.text
+    # every other page loads: a topic's queues, the groups, the security page
+    browser.get(url + "#topics")
+    wait.until(lambda d: click(d, 'tr[data-topic="from-the-browser"] a'))
+    wait.until(lambda d: "1 messages kept" in text_of(d, "#topic-detail"))
+    browser.get(url + "#groups")
+    wait.until(lambda d: d.find_element(By.ID, "page-groups").is_displayed())
+    browser.get(url + "#security")
+    wait.until(lambda d: "aclEnable is off" in text_of(d, "#acl-summary"))
+    assert not browser.find_element(By.ID, "banner").is_displayed()  # no page failed
     # the slave dies: shown unreachable, and the change is in the timeline
     browser.get(url + "#cluster")
     os.kill(slave.pid, signal.SIGKILL)

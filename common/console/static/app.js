@@ -230,9 +230,26 @@ async function refreshSecurity() {
 async function refreshTopics() {
   const t = await api("/api/topics");
   $("#topics tbody").replaceChildren(...t.topics.map((x) => el("tr", { "data-topic": x.topic },
-    el("td", {}, x.topic), el("td", {}, x.queues),
+    link(x.topic, () => showTopic(x.topic)), el("td", {}, x.queues),
     el("td", {}, Object.entries(x.groups).map(([g, n]) => `${g}: ${n}`).join(", ")),
     el("td", {}, Object.entries(x.attributes).map(([k, v]) => `${k}=${v}`).join(", ")))));
+}
+
+function link(text, onclick) {
+  const a = el("a", { href: "#topics" }, text);
+  a.addEventListener("click", (ev) => { ev.preventDefault(); onclick(); });
+  return el("td", {}, a);
+}
+
+async function showTopic(topic) {
+  try {
+    const d = await api(`/api/topic?topic=${encodeURIComponent(topic)}`);
+    $("#topic-detail").replaceChildren(el("h3", {}, `${d.topic}: ${d.messages} messages kept`),
+      el("p", { class: "muted" }, Object.entries(d.masters).map(([g, m]) => `${g}: master ${m || "none"}`).join(" · ")),
+      el("table", { id: "topic-queues" }, el("tr", {}, el("th", {}, "group"), el("th", {}, "queue"), el("th", {}, "min offset"), el("th", {}, "max offset")),
+        ...d.queues.map((q) => el("tr", { "data-queue": `${q.brokerName}/${q.queueId}` }, el("td", {}, q.brokerName), el("td", {}, q.queueId), el("td", {}, q.minOffset), el("td", {}, q.maxOffset)))));
+    banner("");
+  } catch (e) { banner(e.message); }
 }
 
 $("#create-topic").addEventListener("submit", async (ev) => {
@@ -258,7 +275,11 @@ $("#find-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   const q = new URLSearchParams();
   if ($("#find-msgid").value) q.set("msgId", $("#find-msgid").value);
-  else { q.set("topic", $("#find-topic").value); q.set("key", $("#find-key").value); }
+  else if ($("#find-from").value) {
+    q.set("topic", $("#find-topic").value);
+    q.set("fromMs", new Date($("#find-from").value).getTime());
+    if ($("#find-to").value) q.set("toMs", new Date($("#find-to").value).getTime());
+  } else { q.set("topic", $("#find-topic").value); q.set("key", $("#find-key").value); }
   try {
     const r = await api(`/api/messages?${q}`);
     banner(r.messages.length ? "" : "no such message");

@@ -302,3 +302,26 @@ def test_a_slaves_lag_in_time_is_how_long_ago_the_master_ended_at_its_offset() -
     assert [s["lagMs"] for s in g["members"][0]["slaves"]] == [0, 2000]
     assert g["replicationLagMs"] == 2000
     collector._pool.shutdown()
+
+
+def test_a_topics_queues_and_its_messages_in_a_time_range(console: Console,
+                                                          broker: Broker) -> None:
+    from common.client import Producer
+
+    with Producer([addr(broker)]) as p:
+        early = [p.send("ranged", b"early %d" % i, queue_id=i % 2) for i in range(4)]
+        time.sleep(0.05)
+        middle = int(time.time() * 1000)
+        time.sleep(0.05)
+        late = [p.send("ranged", b"late %d" % i, queue_id=i % 2) for i in range(3)]
+    page = Page(console)
+    detail = page.call("GET", "/api/topic?topic=ranged")[1]
+    assert detail["messages"] == 7 and detail["masters"] == {"cons": addr(broker)}
+    assert sorted((q["queueId"], q["minOffset"], q["maxOffset"]) for q in detail["queues"]) \
+        == [(0, 0, 4), (1, 0, 3)]
+    found = page.call("GET", f"/api/messages?topic=ranged&fromMs={middle}")[1]["messages"]
+    assert sorted(m["msgId"] for m in found) == sorted(r.msg_id for r in late)
+    found = page.call("GET", f"/api/messages?topic=ranged&fromMs=0&toMs={middle}")[1]
+    assert sorted(m["msgId"] for m in found["messages"]) == sorted(r.msg_id for r in early)
+    assert page.call("GET", "/api/messages?topic=ranged&fromMs=soon")[0] == 400
+    assert page.call("GET", "/api/topic?topic=no%20such")[0] == 400
