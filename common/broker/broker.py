@@ -108,6 +108,7 @@ class BrokerStatus:
     reputLagBytes: int
     topics: int
     diskUsedRatio: float | None  # % of the store's filesystem in use (None: not known)
+    epochHistory: list[list[int]]  # [epoch, start offset] of the last 32 terms, oldest first
     commitLogBytes: int  # the CommitLog's bytes kept (max - min physical offset)
     server: dict[str, Any]
     store: dict[str, Any]
@@ -189,7 +190,7 @@ class Broker:
         self._housekeeper: threading.Thread | None = None
         self._metrics_server: Any = None
         self._grpc: Any = None  # common.proxy.server.GrpcProxy with grpcServerPort
-        self._epoch_cache: tuple[float, int] = (-1.0, 0)
+        self._epoch_cache: tuple[float, epochs.EpochHistory] = (-1.0, ())
         # the YAML's role (promotion.json compares it with the one a promotion was made under)
         self._configured = (cfg.brokerRole, cfg.haMasterAddress or "")
         self._orphan_since: float | None = None  # a slave not replicating since (no controller)
@@ -566,6 +567,9 @@ class Broker:
             reputLagBytes=max(0, max_phy - dispatched),
             topics=len(self.topics.topics()),
             diskUsedRatio=_disk_used_percent(self.cfg.store_root),
+            # the terms this broker's log holds: [epoch, first offset], the last 32
+            epochHistory=[[e.epoch, e.start_phy_offset]
+                          for e in (self.epoch_history() or ())[-32:]],
             commitLogBytes=max(0, max_phy - int(store.min_phy_offset)),
             server={**self.server.stats.figures(),
                     "clientRequests": self.server.client_requests.figures()},
@@ -589,18 +593,25 @@ class Broker:
         )
 
     def epoch(self) -> int:
-        """The newest epoch in ``epochFileCheckpoint`` (0 before the first term is recorded)."""
+        """The newest epoch in ``epochFileCheckpoint`` (0 before the first term is recorded;
+        -1 when the file cannot be read)."""
+        history = self.epoch_history()
+        return -1 if history is None else epochs.last_epoch(history)
+
+    def epoch_history(self) -> epochs.EpochHistory | None:
+        """Every term of ``epochFileCheckpoint``, oldest first (read again when the file
+        changed); None when it cannot be read."""
         path = epochs.epoch_file_path(self.cfg.store_root)
         try:
             mtime = path.stat().st_mtime
         except FileNotFoundError:
-            return 0
+            return ()
         if mtime != self._epoch_cache[0]:
             try:
-                self._epoch_cache = (mtime, epochs.last_epoch(epochs.load(self.cfg.store_root)))
+                self._epoch_cache = (mtime, epochs.load(self.cfg.store_root))
             except epochs.EpochFileError as e:
                 log_event(log, "epoch_file_unreadable", logging.ERROR, error=str(e))
-                return -1
+                return None
         return self._epoch_cache[1]
 
     def topic_queue_nums(self, topic: str) -> tuple[int, bool]:

@@ -35,7 +35,7 @@ TIMELINE_MAX = 1000
 STATUS_KEYS = ("role", "epoch", "brokerId", "maxPhyOffset", "minPhyOffset", "putTps",
                "getTps", "putTotal", "inflight", "fencedWrites", "diskUsedRatio",
                "commitLogBytes", "putLatencyP99Ms", "flushLagBytes", "reputLagBytes",
-               "uptimeS")
+               "uptimeS", "epochHistory")
 
 
 class Collector:
@@ -216,7 +216,8 @@ class Collector:
                 "syncStateSet": g.get("syncStateSet") or [],
                 "topics": len(g.get("topics") or {}), "members": members,
                 "putTps": master.get("putTps"), "getTps": master.get("getTps"),
-                "replicationLagBytes": max(lags) if lags else 0, "replicationLagMs": 0}
+                "replicationLagBytes": max(lags) if lags else 0, "replicationLagMs": 0,
+                "terms": _terms(master.get("epochHistory") or [])}
 
     def _lag_in_time(self, group: dict[str, Any], now_ms: int) -> None:
         """Each slave's lag in time: how long ago the master's log ended where the slave's
@@ -297,6 +298,13 @@ def _addresses(group: dict[str, Any]) -> list[str]:
         if address:
             seen[address] = None
     return list(seen)
+
+
+def _terms(history: list[list[int]]) -> list[dict[str, Any]]:
+    """The master's epoch file as the group's elections, newest first: each term's epoch, the
+    member that opened it (the epoch's low 8 bits) and the log offset it began writing at."""
+    return [{"epoch": epoch, "memberId": epoch & 0xFF, "startOffset": start}
+            for epoch, start in reversed(history)]
 
 
 def _point(g: dict[str, Any], now_ms: int) -> dict[str, Any]:

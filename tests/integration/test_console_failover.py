@@ -95,4 +95,9 @@ def test_a_switchover_and_a_killed_master_in_the_browser(
     assert shown_after <= 1.5 * REFRESH_MS / 1000 + 1.0, shown_after
     wait.until(lambda d: f"{target.address} -> {new.address}" in text_of(d, "#timeline"))
     print(f"the new master {new.address} was shown {shown_after:.2f} s after it was elected")
+    # the terms, from the new master's epoch file, newest first: this election's (a term that
+    # wrote nothing is replaced by the next one in the file, so no older one is asked for)
+    member = group.procs.index(new) + 1
+    wait.until(lambda d: text_of(d, '#terms p[data-group="web"]').split("\u2190")[0]
+               .strip().endswith(f"(member {member}) from offset 0"))
     target.start()  # it rejoins as a slave: the harness stops it by pid with the others

@@ -112,6 +112,9 @@ async function refreshCluster() {
   }));
   $("#timeline").replaceChildren(...c.timeline.map((e) =>
     el("li", { "data-kind": e.kind }, `${new Date(e.atMs).toLocaleTimeString()} ${e.group}: ${e.text}`)));
+  $("#terms").replaceChildren(...c.groups.map((g) => el("p", { "data-group": g.brokerName },
+    el("strong", {}, `${g.brokerName}: `),
+    (g.terms || []).map((t) => `epoch ${t.epoch} (member ${t.memberId}) from offset ${t.startOffset}`).join(" \u2190 ") || "no term recorded")));
   const history = await api("/api/history");
   drawChart("#chart-put", "put/s", history, "putTps", (x) => `${x.toFixed(0)}/s`);
   drawChart("#chart-get", "get/s", history, "getTps", (x) => `${x.toFixed(0)}/s`);
