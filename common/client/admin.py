@@ -286,6 +286,20 @@ class Admin(ClientBase):
         """broker group -> ``group_offsets`` of its master, for every group of the cluster."""
         return {name: self._group_offsets(cluster) for name, cluster in self._groups()}
 
+    def consumer_members(self, group: str) -> list[str]:
+        """The consumer group's live members (client ids) over every broker group's master
+        (GET_CONSUMER_CONNECTION_LIST; a master that does not answer is skipped)."""
+        members: set[str] = set()
+        for _name, cluster in self._groups():
+            try:
+                resp = cluster.request(cluster.master(), RequestCode.GET_CONSUMER_CONNECTION_LIST,
+                                       {"group": group})
+            except BrokerError:
+                continue
+            if resp.ok:
+                members.update(resp.fields.get("members") or [])
+        return sorted(members)
+
     def status_of_masters(self) -> dict[str, dict[str, Any]]:
         """broker group -> its master's status, for every group that has a master now."""
         out = {}

@@ -18,7 +18,7 @@ POP_FIGURES = ("inFlight", "due", "redelivered", "backlog")
 def describe_groups(admin: Admin, consumer: Consumer,
                     group: str | None = None) -> list[dict[str, Any]]:
     """Every consumer group the masters know (or ``group``: QUERY_NOT_FOUND when none
-    does): ``{group, members, deadLetters, lag, topics: [{topic, lag, queues: [{brokerName?,
+    does): ``{group, members, memberIds (client ids), deadLetters, lag, topics: [{topic, lag, queues: [{brokerName?,
     queueId, committedOffset, maxOffset, lag}]}], pop, config}``; ``brokerName`` only with
     several broker groups. ``consumer``: any consumer of the cluster (its offsets are read,
     never its group's)."""
@@ -69,7 +69,8 @@ def describe_groups(admin: Admin, consumer: Consumer,
                     per_topic.setdefault(topic, []).append(row)
         topics = [{"topic": t, "lag": sum(r["lag"] for r in qs), "queues": qs}
                   for t, qs in sorted(per_topic.items())]
-        groups.append({"group": name, "members": members.get(name, 0),
+        ids = admin.consumer_members(name) if members.get(name) else []
+        groups.append({"group": name, "members": members.get(name, 0), "memberIds": ids,
                        "deadLetters": dead.get(name, 0),
                        "lag": sum(t["lag"] for t in topics), "topics": topics,
                        "pop": popping.get(name, dict.fromkeys(POP_FIGURES, 0)),

@@ -93,6 +93,7 @@ class RequestCode(enum.IntEnum):
     GET_MIN_OFFSET = 31  # a queue's min offset (the oldest message still held)
     UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200  # make or change a consumer group's config
     GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201  # subscriptionGroup.json, a body frame (slaves sync)
+    GET_CONSUMER_CONNECTION_LIST = 203  # a consumer group's live members (admin)
     GET_PRODUCER_CONNECTION_LIST = 204  # a producer group's live producers (admin)
     DELETE_SUBSCRIPTIONGROUP = 207  # forget a consumer group's config (and its offsets)
     GET_CLIENT_RUNNING_INFO = 307  # broker -> client: its running figures (RocketMQ's 307 asks
@@ -400,6 +401,9 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "clientId": Field("str", required=True, lo=1, hi=255),
         "leave": Field("int", lo=0, hi=1, default=0),
     }, Permission(group=True), peer=True),
+    RequestCode.GET_CONSUMER_CONNECTION_LIST: RequestSpec({
+        "group": Field("group", required=True),
+    }, _ADMIN),
     RequestCode.GET_PRODUCER_CONNECTION_LIST: RequestSpec({
         "group": Field("group", required=True),
         "runningInfo": Field("int", lo=0, hi=1, default=0),  # 1: ask each producer its figures

@@ -10,7 +10,7 @@ code of ``SPECS`` has one (checked at import).
 | module       | codes                                                                  |
 |--------------|------------------------------------------------------------------------|
 | produce.py   | SEND, SEND_BATCH, CONSUMER_SEND_MSG_BACK, CREATE_TOPIC (to the master)  |
-| consume.py   | PULL (long polling), offsets, TOPIC_ROUTE, CONSUMER_HEARTBEAT          |
+| consume.py   | PULL (long polling), offsets, TOPIC_ROUTE, CONSUMER_HEARTBEAT, GET_CONSUMER_CONNECTION_LIST |
 | query.py     | QUERY_BY_KEY, QUERY_BY_MSG_ID, QUERY_BY_OFFSET                         |
 | admin.py     | STATUS, CLUSTER_INFO, PROMOTE, CLEAR_ELECTION_FAULT, LOG_CHECKSUM,     |
 |              | GET_ALL_*, GET_BROKER_CLUSTER_ACL_INFO, QUERY_GIVEN_UP_TRANSACTIONS,   |

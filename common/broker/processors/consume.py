@@ -203,7 +203,16 @@ def consumer_heartbeat(ctx: Context, req: Request) -> Response:
     return reply(req, fields={"members": members})
 
 
+def consumer_connections(ctx: Context, req: Request) -> Response:
+    """GET_CONSUMER_CONNECTION_LIST: the group's members whose heartbeats are live here
+    (RocketMQ's consumerConnection, by client id)."""
+    group = req.fields["group"]
+    return reply(req, fields={"group": group,
+                              "members": ctx.services.consumer_groups.members(group)})
+
+
 HANDLERS = {
+    RequestCode.GET_CONSUMER_CONNECTION_LIST: consumer_connections,
     RequestCode.PULL: pull,
     RequestCode.TOPIC_ROUTE: topic_route,
     RequestCode.COMMIT_OFFSET: commit_offset,

@@ -178,7 +178,7 @@ async function refreshGroups() {
       }
     }
     const cfg = x.config ? [x.config.consumeMessageOrderly ? "FIFO" : "", `retryMaxTimes ${x.config.retryMaxTimes}`, x.config.consumeEnable === false ? "disabled" : ""].filter(Boolean).join(", ") : "";
-    return el("tr", { "data-group": x.group }, el("td", {}, x.group), el("td", {}, x.members),
+    return el("tr", { "data-group": x.group }, el("td", {}, x.group), el("td", { class: "pre" }, [x.members, ...(x.memberIds || [])].join("\n")),
       el("td", {}, x.lag), queues, el("td", {}, x.deadLetters), el("td", {}, x.pop.inFlight), el("td", {}, cfg));
   }));
 }

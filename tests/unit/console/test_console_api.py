@@ -325,3 +325,21 @@ def test_a_topics_queues_and_its_messages_in_a_time_range(console: Console,
     assert sorted(m["msgId"] for m in found["messages"]) == sorted(r.msg_id for r in early)
     assert page.call("GET", "/api/messages?topic=ranged&fromMs=soon")[0] == 400
     assert page.call("GET", "/api/topic?topic=no%20such")[0] == 400
+
+
+def test_a_groups_members_are_listed_by_client_id(console: Console, broker: Broker) -> None:
+    from common.client.group_consumer import GroupConsumer
+
+    with GroupConsumer([addr(broker)], group="readers", topics=["orders"],
+                       start="earliest") as c:
+        c.poll(timeout_ms=200)
+        page = Page(console)
+
+        def readers() -> dict[str, Any]:
+            groups = {g["group"]: g for g in page.call("GET", "/api/groups")[1]["groups"]}
+            return groups.get("readers") or {}
+
+        group = wait_for(lambda: readers().get("memberIds") and readers(), "the member")
+        assert group["members"] == 1 and len(group["memberIds"]) == 1
+    with Admin([addr(broker)]) as admin:
+        assert admin.consumer_members("readers") == []  # it left
