@@ -1,7 +1,9 @@
 """``replog console``: the web console over the cluster of ``-s`` (``common/console/``), on
 ``--listen`` (default 127.0.0.1:8080) until SIGINT or SIGTERM. Read-only unless
-``--admin-password-file`` names a file holding the admin password (mode 0600); with
-``aclEnable`` brokers, ``--key``/``--server-key`` are the key it reads (and changes) with."""
+``--admin-password-file`` names a file holding the admin password (mode 0600), or
+``--acl-file`` the brokers' ACL (a login is then an admin account's access key and secret
+key); with ``aclEnable`` brokers, ``--key``/``--server-key`` are the key it reads (and changes)
+with."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import stat
 from common.cli.cluster import StopSignals
 from common.cli.output import EXIT_OK, UsageError, curve_args, emit_json, out
 from common.client import Admin
-from common.core.errors import BrokerError
+from common.core.errors import BrokerError, ConfigError
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
@@ -42,12 +44,24 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def cmd_console(args: argparse.Namespace) -> int:
+    from common.broker.security import AclHolder, Security
     from common.console.actions import Actions
     from common.console.collector import Collector
     from common.console.server import Console
 
     host, port = parse_listen(args.listen)
+    if args.admin_password_file and args.acl_file:
+        raise UsageError("give --admin-password-file or --acl-file, not both")
     password = read_password(args.admin_password_file) if args.admin_password_file else None
+    security = Security()
+    acl_current = None
+    if args.acl_file:
+        try:
+            holder = AclHolder(os.path.expanduser(args.acl_file))
+        except ConfigError as e:
+            raise UsageError(f"--acl-file: {e}") from None
+        security = Security(True, acl=holder)  # its thread reloads the file as a broker does
+        acl_current = lambda: holder.current  # the snapshot in force at each login
     if args.refresh_ms < 500:
         raise UsageError("--refresh-ms must be at least 500")
     keys = curve_args(args)
@@ -56,23 +70,28 @@ def cmd_console(args: argparse.Namespace) -> int:
     try:
         try:
             console = Console(Collector(admin, args.refresh_ms / 1000), actions, host, port,
-                              password)
+                              password, acl_current)
         except OSError as e:
             raise BrokerError("SYSTEM_ERROR", f"replog console: cannot listen on "
                               f"{host}:{port}: {e.strerror or e}", False) from None
         console.start()
+        security.start()
         try:
             url = f"http://{console.address}/"
             if args.json:
-                emit_json({"url": url, "servers": admin.servers, "writable": bool(password)})
+                emit_json({"url": url, "servers": admin.servers,
+                           "writable": console.sessions.writable,
+                           "login": console.sessions.mode})
             else:
                 out.print(f"replog console on {url} over {', '.join(admin.servers)}"
-                          f"{'' if password else ' (read-only)'} (Ctrl-C stops)",
+                          f"{'' if console.sessions.writable else ' (read-only)'} "
+                          "(Ctrl-C stops)",
                           soft_wrap=True)
             with StopSignals() as stop:
                 while not stop.wait(1.0):
                     pass
         finally:
+            security.stop()
             console.stop()
     finally:
         actions.close()

@@ -286,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where it serves (default 127.0.0.1:8080)")
     p.add_argument("--admin-password-file", metavar="FILE", help="a file (mode 0600) holding "
                    "the admin password: changes need a login with it (default: read-only)")
+    p.add_argument("--acl-file", metavar="FILE", help="the brokers' ACL (aclEnable): a login "
+                   "is an enabled admin account's accessKey and secretKey")
     p.add_argument("--refresh-ms", type=int, default=2000, help="how often it reads the "
                    "cluster (default 2000)")
     p.set_defaults(timeout_ms=3000)  # per request: a member that does not answer by then is

@@ -8,7 +8,12 @@ Reading needs nothing; every change (``POST``) needs an admin session and its CS
   in constant time) opens a session: a random id in a cookie (``HttpOnly``,
   ``SameSite=Strict``) and a random CSRF token the page sends back in ``X-CSRF-Token``;
   a change without both, or from another ``Origin``, is refused 403 and changes nothing;
-* without a password file the console is read-only (every change: 403, saying so).
+* with ``--acl-file`` (brokers that run with ``aclEnable``) the login is an account of that
+  ACL instead: an enabled admin with a ``secretKey``, by its access key and secret key;
+* without either the console is read-only (every change: 403, saying so).
+
+Every change is logged (``event=console_action``: who, from where, what), and every refused
+login (``event=console_login_refused``).
 
 Every call to the cluster goes through one ``Admin`` client (its timeouts bound each) and the
 collector (``collector.py``) reads the figures on its own thread: a page never waits on a
@@ -23,6 +28,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -32,6 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 from common.console.actions import ActionError, Actions
 from common.console.collector import Collector
 from common.core.logs import log_event
+from common.format.acl import AclSnapshot
 
 log = logging.getLogger("replog.console")
 
@@ -44,36 +51,64 @@ STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
 
 
 class Sessions:
-    """Admin sessions: id -> (CSRF token, expiry)."""
+    """Admin sessions: id -> (CSRF token, who, expiry). A login is the console's admin
+    password, or (``acl``: the brokers' ACL in force) an account of it that is an enabled
+    admin with a ``secretKey``, its access key and secret key (compared in constant time)."""
 
-    def __init__(self, password: str | None):
+    def __init__(self, password: str | None, acl: Callable[[], AclSnapshot] | None = None):
         self.password = password
+        self.acl = acl
         self._lock = threading.Lock()
-        self._by_id: dict[str, tuple[str, float]] = {}
+        self._by_id: dict[str, tuple[str, str, float]] = {}
 
     @property
     def writable(self) -> bool:
-        return self.password is not None
+        return self.password is not None or self.acl is not None
 
-    def login(self, password: str) -> tuple[str, str] | None:
-        if self.password is None or not hmac.compare_digest(password.encode(),
-                                                            self.password.encode()):
+    @property
+    def mode(self) -> str:
+        return "acl" if self.acl is not None else "password" if self.password else "none"
+
+    def login(self, password: str, account: str = "") -> tuple[str, str] | None:
+        who = self._check(password, account)
+        if who is None:
             return None
         sid, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         with self._lock:
             now = time.monotonic()
-            self._by_id = {k: v for k, v in self._by_id.items() if v[1] > now}
-            self._by_id[sid] = (csrf, now + SESSION_TTL_S)
+            self._by_id = {k: v for k, v in self._by_id.items() if v[2] > now}
+            self._by_id[sid] = (csrf, who, now + SESSION_TTL_S)
         return sid, csrf
 
-    def csrf_of(self, sid: str | None) -> str | None:
+    def _check(self, password: str, account: str) -> str | None:
+        if self.acl is not None:
+            acct = self.acl().by_access_key.get(account)
+            secret = acct.secret_key if acct is not None else None
+            ok = hmac.compare_digest(password.encode(), (secret or "\0").encode())
+            if acct is None or secret is None or not ok or not acct.enabled or not acct.admin:
+                return None
+            return account
+        if self.password is None or not hmac.compare_digest(password.encode(),
+                                                            self.password.encode()):
+            return None
+        return "admin"
+
+    def _entry(self, sid: str | None) -> tuple[str, str, float] | None:
         if not sid:
             return None
         with self._lock:
             entry = self._by_id.get(sid)
-        if entry is None or entry[1] < time.monotonic():
+        if entry is None or entry[2] < time.monotonic():
             return None
-        return entry[0]
+        return entry
+
+    def csrf_of(self, sid: str | None) -> str | None:
+        entry = self._entry(sid)
+        return entry[0] if entry else None
+
+    def who(self, sid: str | None) -> str:
+        entry = self._entry(sid)
+        return entry[1] if entry else ""
 
     def logout(self, sid: str | None) -> None:
         with self._lock:
@@ -84,9 +119,9 @@ class Console:
     """The server, its collector and its actions; ``start`` binds, ``stop`` ends all three."""
 
     def __init__(self, collector: Collector, actions: Actions, host: str, port: int,
-                 password: str | None = None):
+                 password: str | None = None, acl: Callable[[], AclSnapshot] | None = None):
         self.collector, self.actions = collector, actions
-        self.sessions = Sessions(password)
+        self.sessions = Sessions(password, acl)
         console = self
 
         class Handler(_Handler):
@@ -142,7 +177,9 @@ class _Handler(BaseHTTPRequestHandler):
             if url.path == "/api/session":
                 csrf = console.sessions.csrf_of(self._sid())
                 return self._json({"writable": console.sessions.writable,
-                                   "admin": csrf is not None, "csrf": csrf or ""})
+                                   "admin": csrf is not None, "csrf": csrf or "",
+                                   "login": console.sessions.mode,
+                                   "who": console.sessions.who(self._sid())})
             if url.path == "/api/topics":
                 return self._json(console.actions.topics())
             if url.path == "/api/messages":
@@ -168,10 +205,15 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as e:
             return self._json({"error": str(e)}, HTTPStatus.BAD_REQUEST)
         if url.path == "/api/login":
-            opened = console.sessions.login(str(body.get("password", "")))
+            opened = console.sessions.login(str(body.get("password", "")),
+                                            str(body.get("account", "")))
             if opened is None:
-                why = ("this console is read-only (started without --admin-password-file)"
-                       if not console.sessions.writable else "wrong password")
+                why = ("this console is read-only (started without --admin-password-file or "
+                       "--acl-file)" if not console.sessions.writable else
+                       "not an enabled admin account with that secret key"
+                       if console.sessions.mode == "acl" else "wrong password")
+                log_event(log, "console_login_refused", logging.WARNING,
+                          ip=self.client_address[0], account=str(body.get("account", ""))[:64])
                 return self._json({"error": why}, HTTPStatus.FORBIDDEN)
             sid, csrf = opened
             cookie = (f"{SESSION_COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/; "
@@ -200,6 +242,10 @@ class _Handler(BaseHTTPRequestHandler):
                                   HTTPStatus.NOT_FOUND)
         except ActionError as e:
             return self._json({"error": str(e)}, e.status)
+        # every change, who made it and what (the audit trail of the console)
+        log_event(log, "console_action", who=console.sessions.who(self._sid()),
+                  ip=self.client_address[0], action=url.path,
+                  detail=json.dumps({k: v for k, v in body.items() if k != "body"})[:300])
         console.collector.refresh_now()
         return self._json(result)
 
@@ -208,7 +254,8 @@ class _Handler(BaseHTTPRequestHandler):
         and no foreign Origin."""
         sessions = self.owner.sessions
         if not sessions.writable:
-            return "this console is read-only (started without --admin-password-file)"
+            return ("this console is read-only (started without --admin-password-file or "
+                    "--acl-file)")
         csrf = sessions.csrf_of(self._sid())
         if csrf is None:
             return "log in as the console's admin first"

@@ -31,14 +31,18 @@ function banner(text) {
 // ---- session ------------------------------------------------------------------------------
 async function loadSession() {
   const s = await api("/api/session");
-  setSession(s.admin, s.csrf, s.writable);
+  if (s.login === "acl") {  // an account of the brokers' ACL: its access key and secret key
+    $("#account").hidden = false;
+    $("#password").placeholder = "secret key";
+  }
+  setSession(s.admin, s.csrf, s.writable, s.who);
 }
 
-function setSession(admin, csrf, writable = true) {
+function setSession(admin, csrf, writable = true, who = "admin") {
   state.admin = admin;
   state.csrf = csrf || "";
   document.body.classList.toggle("admin", admin);
-  $("#who").textContent = admin ? "admin" : (writable ? "read-only (log in to change)" : "read-only console");
+  $("#who").textContent = admin ? (who || "admin") : (writable ? "read-only (log in to change)" : "read-only console");
   $("#login-form").hidden = admin || !writable;
   $("#logout").hidden = !admin;
 }
@@ -46,9 +50,9 @@ function setSession(admin, csrf, writable = true) {
 $("#login-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   try {
-    const s = await api("/api/login", { password: $("#password").value });
+    const s = await api("/api/login", { password: $("#password").value, account: $("#account").value });
     $("#password").value = "";
-    setSession(true, s.csrf);
+    setSession(true, s.csrf, true, $("#account").value || "admin");
     banner("");
   } catch (e) { banner(e.message); }
 });

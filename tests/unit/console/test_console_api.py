@@ -52,8 +52,9 @@ class Page:
         finally:
             conn.close()
 
-    def login(self, password: str = PASSWORD) -> int:
-        status, doc = self.call("POST", "/api/login", {"password": password})
+    def login(self, password: str = PASSWORD, account: str = "") -> int:
+        status, doc = self.call("POST", "/api/login", {"password": password,
+                                                       "account": account})
         if status == 200:
             self.csrf = doc["csrf"]
         return status
@@ -159,7 +160,7 @@ def test_a_console_without_a_password_is_read_only(broker: Broker) -> None:
     try:
         page = Page(console)
         assert page.call("GET", "/api/session")[1] == {"writable": False, "admin": False,
-                                                      "csrf": ""}
+                                                      "csrf": "", "login": "none", "who": ""}
         assert page.login() == 403
         status, doc = page.change("/api/topics", {"topic": "t", "queues": 1})
         assert status == 403 and "read-only" in doc["error"]
@@ -343,3 +344,42 @@ def test_a_groups_members_are_listed_by_client_id(console: Console, broker: Brok
         assert group["members"] == 1 and len(group["memberIds"]) == 1
     with Admin([addr(broker)]) as admin:
         assert admin.consumer_members("readers") == []  # it left
+
+
+def test_with_the_brokers_acl_a_login_is_an_admin_accounts_secret_key(
+        broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    """``--acl-file``: the console's admin is any enabled admin account of the brokers' ACL
+    that has a secretKey; another account, a wrong secret, or a disabled admin is refused;
+    every change is logged with the account that made it."""
+    import logging
+
+    from common.format.acl import parse_acl
+
+    text = ("accounts:\n"
+            "  - {accessKey: ops, secretKey: ops-secret-0123456789, admin: true}\n"
+            "  - {accessKey: app, secretKey: app-secret-0123456789, topicPerms: [orders=PUB]}\n"
+            "  - {accessKey: old, secretKey: old-secret-0123456789, admin: true, "
+            "enabled: false}\n")
+    snapshot = parse_acl(text.encode(), "acl.yml")
+    admin = Admin([addr(broker)], timeout_ms=3000, retries=0)
+    console = Console(Collector(admin, 0.5), Actions(admin), "127.0.0.1", 0, None,
+                      lambda: snapshot)
+    console.start()
+    try:
+        page = Page(console)
+        session = page.call("GET", "/api/session")[1]
+        assert session["login"] == "acl" and session["writable"]
+        assert page.login("app-secret-0123456789", "app") == 403  # not an admin
+        assert page.login("old-secret-0123456789", "old") == 403  # disabled
+        assert page.login("wrong-secret-0123456789", "ops") == 403
+        assert page.login("ops-secret-0123456789", "nobody") == 403
+        assert page.login("ops-secret-0123456789", "ops") == 200
+        assert page.call("GET", "/api/session")[1]["who"] == "ops"
+        with caplog.at_level(logging.INFO, logger="replog.console"):
+            assert page.change("/api/topics", {"topic": "by-ops", "queues": 1})[0] == 200
+        assert any("event=console_action" in r.getMessage() and "who=ops" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        console.stop()
+        console.actions.close()
+        admin.close()
