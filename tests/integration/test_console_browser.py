@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from broker_harness import REPO, BrokerProcess, brokers, free_port
+from broker_harness import BrokerProcess, brokers, free_port
 from browser_harness import PASSWORD, browser, click, text_of  # noqa: F401 - the fixture
+from helpers.children import replog_child
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -34,26 +33,12 @@ def console_process(tmp_path: Path) -> Iterator[tuple[str, BrokerProcess, Broker
     password_file.write_text(PASSWORD + "\n")
     password_file.chmod(0o600)
     port = free_port(1)
-    with brokers(master, slave):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("REPLOG_")}
-        env["PYTHONPATH"] = str(REPO)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "common.cli", "console", "-s",
-             f"{master.address},{slave.address}", "--listen", f"127.0.0.1:{port}",
-             "--admin-password-file", str(password_file), "--refresh-ms", "500", "--json"],
-            stdout=subprocess.PIPE, stderr=(tmp_path / "console.err").open("w"), cwd=REPO,
-            env=env)
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline().decode()
-            assert f"127.0.0.1:{port}" in line, (tmp_path / "console.err").read_text()[-2000:]
-            yield f"http://127.0.0.1:{port}/", master, slave
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(20) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+    with brokers(master, slave), \
+            replog_child("console", "-s", f"{master.address},{slave.address}", "--listen",
+                         f"127.0.0.1:{port}", "--admin-password-file", str(password_file),
+                         "--refresh-ms", "500", "--json", ready=f"127.0.0.1:{port}",
+                         log=tmp_path / "console.err"):
+        yield f"http://127.0.0.1:{port}/", master, slave
 
 
 def test_the_console_in_a_browser(browser: Any,  # noqa: F811

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from broker_harness import REPO, free_port
+from broker_harness import free_port
 from browser_harness import PASSWORD, browser, click, text_of  # noqa: F401 - the fixture
 from controller_harness import Group, chroot, running_zookeeper, wait_sync_state_set
+from helpers.children import replog_child
 
 pytestmark = [pytest.mark.integration, pytest.mark.drill, pytest.mark.timeout(300)]
 
@@ -33,27 +32,11 @@ def group_and_console(tmp_path: Path) -> Iterator[tuple[str, Group]]:
         password_file.write_text(PASSWORD + "\n")
         password_file.chmod(0o600)
         port = free_port(1)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("REPLOG_")}
-        env["PYTHONPATH"] = str(REPO)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "common.cli", "console", "-s",
-             ",".join(group.addresses), "--listen", f"127.0.0.1:{port}",
-             "--admin-password-file", str(password_file), "--refresh-ms",
-             str(REFRESH_MS), "--timeout-ms", "2000", "--json"],
-            stdout=subprocess.PIPE, stderr=(tmp_path / "console.err").open("w"),
-            cwd=REPO, env=env)
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline().decode()
-            assert f"127.0.0.1:{port}" in line, \
-                (tmp_path / "console.err").read_text()[-2000:]
+        with replog_child("console", "-s", ",".join(group.addresses), "--listen",
+                          f"127.0.0.1:{port}", "--admin-password-file", str(password_file),
+                          "--refresh-ms", str(REFRESH_MS), "--timeout-ms", "2000", "--json",
+                          ready=f"127.0.0.1:{port}", log=tmp_path / "console.err"):
             yield f"http://127.0.0.1:{port}/", group
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
 
 
 def shown_master(driver: Any) -> str:

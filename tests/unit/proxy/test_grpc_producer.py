@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from helpers.brokers import addr, free_port
+from helpers.children import replog_child
 from rocketmq import ClientConfiguration, Credentials, Message
 from rocketmq import Producer as OfficialProducer
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -122,26 +124,15 @@ def test_what_is_not_served_answers_not_implemented_and_a_missing_topic_not_foun
 
 
 def test_replog_proxy_serves_a_cluster_from_a_process_of_its_own(
-        make_broker: Callable[..., Broker]) -> None:
+        make_broker: Callable[..., Broker], tmp_path: Path) -> None:
     """``replog proxy`` (RocketMQ's Cluster mode): a process of its own over brokers that
     serve no gRPC themselves, on the broker's key grpcServerPort; SIGTERM stops it, exit 0."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     broker = make_broker(real_store=True, brokerName="pa")
     with Admin([addr(broker)]) as admin:
         admin.create_topic("orders", 2)
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "common.cli", "proxy", "-s", addr(broker), "--set",
-         f"grpcServerPort={port}", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": os.getcwd()})
-    try:
-        assert proc.stdout is not None
-        ready = proc.stdout.readline()  # printed once the port is bound
-        assert str(port) in ready.decode(), proc.stderr.read() if proc.stderr else ""
+    with replog_child("proxy", "-s", addr(broker), "--set", f"grpcServerPort={port}", "--json",
+                      ready=str(port), log=tmp_path / "proxy.err"):
         p = OfficialProducer(ClientConfiguration(f"127.0.0.1:{port}", Credentials()),
                              ("orders",))
         p.startup()
@@ -153,12 +144,6 @@ def test_replog_proxy_serves_a_cluster_from_a_process_of_its_own(
             found = [m for q in range(2) for m in c.pull("orders", q, 0, 8).messages]
         assert [m.body for m in found] == [b"via the proxy"]
         assert found[0].properties[PROPERTY_UNIQ_KEY] == receipt.message_id
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_a_delayed_message_is_recalled_by_the_handle_its_send_gave(broker: Broker,

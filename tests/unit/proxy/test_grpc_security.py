@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from helpers.brokers import addr, free_port
+from helpers.children import replog_child
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message
 from rocketmq import Producer as OfficialProducer
 from rocketmq import SimpleConsumer as OfficialSimpleConsumer
@@ -352,32 +353,26 @@ def test_replog_proxy_authenticates_for_brokers_that_run_with_acl(
         certificate: tuple[Path, Path]) -> None:
     """``replog proxy`` over a secure cluster: the same ACL file and TLS keys, its own admin
     key to the brokers; without its key it refuses to start (exit 2, the flags named)."""
-    import signal
     import subprocess
 
     b = make_broker(real_store=True, brokerName="ps", **realm.broker_fields())
     with Admin([addr(b)], **realm.curve("admin")) as admin:
         admin.create_topic("orders", 2)
     port = free_port()
-    command = [sys.executable, "-m", "common.cli", "proxy", "-s", addr(b), "--json",
+    command = ["proxy", "-s", addr(b), "--json",
                "--set", f"grpcServerPort={port}", "--set", "aclEnable=true",
                "--set", f"aclFile={realm.acl_path}", "--set", f"tlsCertPath={certificate[0]}",
                "--set", f"tlsKeyPath={certificate[1]}"]
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    env.pop("REPLOG_KEY", None)
-    env.pop("REPLOG_SERVER_KEY", None)
-    refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60,
-                             check=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPLOG_")}
+    refused = subprocess.run([sys.executable, "-m", "common.cli", *command],
+                             capture_output=True, text=True, timeout=60, check=False,
+                             env={**env, "PYTHONPATH": os.getcwd()})
     assert refused.returncode == 2 and "--key" in refused.stderr, refused.stderr[-2000:]
     keys = ["--key", str(realm.key("frontend")), "--server-key",
             str(realm.keys / "broker.key")]
-    proc = subprocess.Popen(command + keys, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env)
-    try:
-        assert proc.stdout is not None
-        ready = proc.stdout.readline().decode()
-        assert str(port) in ready and '"acl": true' in ready, \
-            proc.stderr.read() if proc.stderr else ""
+    with replog_child(*command, *keys, ready=str(port),
+                      log=realm.root / "proxy.err") as (_proc, ready):
+        assert '"acl": true' in ready
         p = OfficialProducer(ClientConfiguration(f"127.0.0.1:{port}",
                                                  Credentials("orders-app", ORDERS_SK)),
                              ("orders",), tls_enable=True)
@@ -389,9 +384,3 @@ def test_replog_proxy_authenticates_for_brokers_that_run_with_acl(
         with SimpleConsumer([addr(b)], "billing", **realm.curve("admin")) as c:
             got = c.receive("orders", 16, 30_000, 2_000)
         assert [r.message.body for r in got] == [b"via the secure proxy"]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
