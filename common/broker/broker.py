@@ -46,6 +46,7 @@ from common.broker.metrics import (
     SecurityCollector,
     StatusCollector,
     dead_letters,
+    lag_by_group,
 )
 from common.broker.processors.context import Writer
 from common.broker.producer_groups import ProducerGroups
@@ -109,6 +110,7 @@ class BrokerStatus:
     topics: int
     diskUsedRatio: float | None  # % of the store's filesystem in use (None: not known)
     epochHistory: list[list[int]]  # [epoch, start offset] of the last 32 terms, oldest first
+    consumerLag: dict[str, dict[str, int]]  # group -> {lag, committed} (offset table here)
     commitLogBytes: int  # the CommitLog's bytes kept (max - min physical offset)
     server: dict[str, Any]
     store: dict[str, Any]
@@ -582,6 +584,7 @@ class Broker:
             consumerGroups=self.consumer_groups.groups(),
             producerGroups=self.producer_groups.groups(),
             deadLetters=dead_letters(store),
+            consumerLag=lag_by_group(self.offsets, store),
             controller=controller,
             fencedWrites=int(role_fields.get("fencedWrites", 0)),
             security=self.security.status(),

@@ -35,7 +35,7 @@ TIMELINE_MAX = 1000
 STATUS_KEYS = ("role", "epoch", "brokerId", "maxPhyOffset", "minPhyOffset", "putTps",
                "getTps", "putTotal", "inflight", "fencedWrites", "diskUsedRatio",
                "commitLogBytes", "putLatencyP99Ms", "flushLagBytes", "reputLagBytes",
-               "uptimeS", "epochHistory")
+               "uptimeS", "epochHistory", "consumerLag")
 
 
 class Collector:
@@ -51,6 +51,9 @@ class Collector:
         self.history: dict[str, collections.deque[dict[str, Any]]] = \
             collections.defaultdict(lambda: collections.deque(maxlen=points))
         self.timeline: collections.deque[dict[str, Any]] = collections.deque(maxlen=TIMELINE_MAX)
+        # consumer group -> its lag and consumption over the whole cluster, an hour of rounds
+        self.consumer_history: dict[str, collections.deque[dict[str, Any]]] = \
+            collections.defaultdict(lambda: collections.deque(maxlen=points))
         self.rounds = 0
         self._known: dict[str, dict[str, None]] = {}  # group -> every member address seen
         self._answered = ""  # the broker whose CLUSTER_INFO was read last
@@ -126,11 +129,20 @@ class Collector:
         snapshot = {**early, "groups": [self._group(g, statuses) for g in ordered]}
         for g in snapshot["groups"]:
             self._lag_in_time(g, now_ms)
+        consumers = _consumers(snapshot["groups"])
         with self.lock:
             self._changes(self._final, snapshot, now_ms, groups=False)
             self._final = snapshot
             for g in snapshot["groups"]:
                 self.history[g["brokerName"]].append(_point(g, now_ms))
+            for name, figures in consumers.items():
+                points = self.consumer_history[name]
+                rate = 0.0
+                if points and now_ms > points[-1]["atMs"]:
+                    rate = max(0, figures["committed"] - points[-1]["committed"]) * 1000 / \
+                        (now_ms - points[-1]["atMs"])
+                points.append({"atMs": now_ms, "lag": figures["lag"],
+                               "committed": figures["committed"], "ratePerS": round(rate, 1)})
             self.snapshot = snapshot
             self._last_statuses = statuses
             self.rounds += 1
@@ -285,6 +297,12 @@ class Collector:
         with self.lock:
             return {name: list(points) for name, points in self.history.items()}
 
+    def consumer_series(self) -> dict[str, list[dict[str, Any]]]:
+        """Consumer group -> ``{atMs, lag, committed, ratePerS}`` per round (the masters'
+        offset tables: lag in messages, consumed per second since the round before)."""
+        with self.lock:
+            return {name: list(points) for name, points in self.consumer_history.items()}
+
 
 def _addresses(group: dict[str, Any]) -> list[str]:
     """The group's members: its master, its slaves, and in controller mode every member
@@ -305,6 +323,19 @@ def _terms(history: list[list[int]]) -> list[dict[str, Any]]:
     member that opened it (the epoch's low 8 bits) and the log offset it began writing at."""
     return [{"epoch": epoch, "memberId": epoch & 0xFF, "startOffset": start}
             for epoch, start in reversed(history)]
+
+
+def _consumers(groups: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Each consumer group's lag and committed total over the broker groups' masters."""
+    out: dict[str, dict[str, int]] = {}
+    for g in groups:
+        master = next((m for m in g["members"] if m["address"] == g["master"]
+                       and m["reachable"]), None)
+        for name, figures in ((master or {}).get("consumerLag") or {}).items():
+            mine = out.setdefault(name, {"lag": 0, "committed": 0})
+            mine["lag"] += int(figures.get("lag", 0))
+            mine["committed"] += int(figures.get("committed", 0))
+    return out
 
 
 def _point(g: dict[str, Any], now_ms: int) -> dict[str, Any]:

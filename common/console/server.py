@@ -174,6 +174,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._json(console.collector.view())
             if url.path == "/api/history":
                 return self._json(console.collector.series())
+            if url.path == "/api/consumer-history":
+                return self._json(console.collector.consumer_series())
             if url.path == "/api/session":
                 csrf = console.sessions.csrf_of(self._sid())
                 return self._json({"writable": console.sessions.writable,

@@ -123,6 +123,10 @@ async function refreshCluster() {
   drawChart("#chart-put", "put/s", history, "putTps", (x) => `${x.toFixed(0)}/s`);
   drawChart("#chart-get", "get/s", history, "getTps", (x) => `${x.toFixed(0)}/s`);
   drawChart("#chart-lag", "replication lag", history, "lagBytes", fmtBytes);
+  const consumers = await api("/api/consumer-history");
+  drawChart("#chart-consumer-lag", "consumer lag (messages)", consumers, "lag", (x) => x.toFixed(0));
+  drawChart("#chart-consumed", "consumed/s", consumers, "ratePerS", (x) => `${x.toFixed(0)}/s`);
+  state.consumers = consumers;
 }
 
 async function switchover(group, address) {
@@ -173,6 +177,7 @@ function drawChart(where, title, series, key, fmt) {
 
 async function refreshGroups() {
   const g = await api("/api/groups");
+  const rates = await api("/api/consumer-history");
   $("#consumer-groups tbody").replaceChildren(...g.groups.map((x) => {
     const queues = el("td");
     for (const t of x.topics) {
@@ -183,7 +188,7 @@ async function refreshGroups() {
     }
     const cfg = x.config ? [x.config.consumeMessageOrderly ? "FIFO" : "", `retryMaxTimes ${x.config.retryMaxTimes}`, x.config.consumeEnable === false ? "disabled" : ""].filter(Boolean).join(", ") : "";
     return el("tr", { "data-group": x.group }, el("td", {}, x.group), el("td", { class: "pre" }, [x.members, ...(x.memberIds || [])].join("\n")),
-      el("td", {}, x.lag), queues, el("td", {}, x.deadLetters), el("td", {}, x.pop.inFlight), el("td", {}, cfg));
+      el("td", {}, x.lag), el("td", {}, ((rates[x.group] || []).slice(-1)[0] || {}).ratePerS ?? ""), queues, el("td", {}, x.deadLetters), el("td", {}, x.pop.inFlight), el("td", {}, cfg));
   }));
 }
 

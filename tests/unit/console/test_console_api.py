@@ -383,3 +383,22 @@ def test_with_the_brokers_acl_a_login_is_an_admin_accounts_secret_key(
         console.stop()
         console.actions.close()
         admin.close()
+
+
+def test_a_consumer_groups_lag_and_rate_are_charted(console: Console, broker: Broker) -> None:
+    """From the masters' STATUS (``consumerLag``: each group's lag and committed total): a
+    group 6 behind, then 2 behind after it commits 4 more, consumed at a rate above 0."""
+    from common.client import Consumer, Producer
+
+    with Producer([addr(broker)]) as p:
+        for i in range(8):
+            p.send("charted", b"%d" % i, queue_id=0)
+    page = Page(console)
+    with Consumer([addr(broker)], group="charts") as c:
+        c.commit_offset("charted", 0, 2)
+        wait_for(lambda: (page.call("GET", "/api/consumer-history")[1].get("charts") or
+                          [{}])[-1].get("lag") == 6, "lag 6")
+        c.commit_offset("charted", 0, 6)
+        points = wait_for(lambda: [p for p in page.call("GET", "/api/consumer-history")[1]
+                                   ["charts"] if p["lag"] == 2], "lag 2")
+    assert points[0]["committed"] == 6 and points[0]["ratePerS"] > 0
