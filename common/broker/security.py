@@ -72,6 +72,7 @@ from common.format.acl import (
     AclSnapshot,
     Denial,
     parse_acl,
+    perm_name,
     unknown_key,
 )
 
@@ -575,10 +576,7 @@ class Security:
             "refusals": [{"port": port, "op": op, "reason": kind, "count": n}
                          for (port, op, kind), n in sorted(self.audit.counts()[1].items())],
             "recentRefusals": list(self.audit.recent)[::-1],
-            "accounts": [{"accessKey": a.access_key, "key": fingerprint(a.public_key) if a.public_key else "-",
-             "grpc": a.secret_key is not None,
-                          "admin": a.admin, "replica": a.replica, "enabled": a.enabled}
-                         for a in snap.accounts],
+            "accounts": [account_doc(a) for a in snap.accounts],
         }
 
     # -- the thread ------------------------------------------------------------------------------
@@ -630,3 +628,18 @@ def _drain(fd: int) -> None:
             pass
     except (BlockingIOError, OSError):
         pass
+
+
+def account_doc(a: Account) -> dict[str, Any]:
+    """An account as admins see it (GET_BROKER_CLUSTER_ACL_INFO, ``replog acl``, the console):
+    its flags and permissions, a fingerprint of its CURVE key, whether it may sign gRPC calls;
+    never a key or a secret."""
+    return {"accessKey": a.access_key,
+            "key": fingerprint(a.public_key) if a.public_key else "-",
+            "grpc": a.secret_key is not None, "admin": a.admin, "replica": a.replica,
+            "enabled": a.enabled, "unrestricted": a.unrestricted,
+            "defaultTopicPerm": perm_name(a.default_topic),
+            "defaultGroupPerm": perm_name(a.default_group),
+            "topicPerms": {t: perm_name(p) for t, p in sorted(a.topics.items())},
+            "groupPerms": {g: perm_name(p) for g, p in sorted(a.groups.items())},
+            "whiteRemoteAddress": a.addresses.text if a.addresses is not None else ""}

@@ -8,10 +8,11 @@ from typing import Any
 
 from rich.table import Table
 
+from common.broker.security import account_doc
 from common.cli.output import EXIT_FAILED, EXIT_OK, UsageError, curve_args, emit_json, err, out
 from common.client import Admin
 from common.core.keys import KeyFileError, fingerprint, load_public, new_key_pair
-from common.format.acl import AclError, parse_acl, perm_name
+from common.format.acl import AclError, parse_acl
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -45,7 +46,7 @@ def cmd_acl(args: argparse.Namespace) -> int:
             err.print(f"replog acl: {e}", soft_wrap=True)
             return EXIT_FAILED
         doc: dict[str, Any] = {"aclFile": args.check, "sha256": snapshot.digest,
-                               "accounts": [_account_doc(a) for a in snapshot.accounts]}
+                               "accounts": [account_doc(a) for a in snapshot.accounts]}
     else:
         with Admin(args.servers, timeout_ms=args.timeout_ms, **curve_args(args)) as admin:
             doc = admin.acl_info()
@@ -70,12 +71,3 @@ def cmd_acl(args: argparse.Namespace) -> int:
                   soft_wrap=True)
     return EXIT_OK
 
-
-def _account_doc(a: Any) -> dict[str, Any]:
-    return {"accessKey": a.access_key, "key": fingerprint(a.public_key) if a.public_key else "-",
-             "grpc": a.secret_key is not None, "admin": a.admin,
-            "replica": a.replica, "enabled": a.enabled,
-            "defaultTopicPerm": perm_name(a.default_topic),
-            "defaultGroupPerm": perm_name(a.default_group),
-            "topicPerms": {t: perm_name(p) for t, p in a.topics.items()},
-            "groupPerms": {g: perm_name(p) for g, p in a.groups.items()}}

@@ -234,7 +234,11 @@ async function refreshSecurity() {
   $("#acl-summary").textContent = `${a.aclFile}, version ${a.aclVersion}${a.reloadError ? " (the file on disk is refused: " + a.reloadError + ")" : ""}`;
   $("#accounts tbody").replaceChildren(...a.accounts.map((x) => el("tr", { "data-account": x.accessKey },
     el("td", {}, x.accessKey), el("td", {}, x.key), el("td", {}, x.grpc ? "yes" : ""), el("td", {}, x.admin ? "yes" : ""),
-    el("td", {}, x.replica ? "yes" : ""), el("td", {}, x.enabled ? "yes" : "no"))));
+    el("td", {}, x.replica ? "yes" : ""), el("td", {}, x.enabled ? "yes" : "no"),
+    el("td", { class: "pre" }, x.unrestricted ? "everything (admin without perm keys)" : [
+      `topics: ${Object.entries(x.topicPerms || {}).map(([t, p]) => `${t}=${p}`).join(", ") || "-"} (default ${x.defaultTopicPerm})`,
+      `groups: ${Object.entries(x.groupPerms || {}).map(([g, p]) => `${g}=${p}`).join(", ") || "-"} (default ${x.defaultGroupPerm})`,
+      x.whiteRemoteAddress ? `from ${x.whiteRemoteAddress}` : ""].filter(Boolean).join("\n")))));
   $("#refusals tbody").replaceChildren(...(a.refusals || []).map((r) => el("tr", {}, el("td", {}, r.port), el("td", {}, r.op), el("td", {}, r.reason), el("td", {}, r.count))));
   $("#recent-refusals").replaceChildren(...(a.recentRefusals || []).map((r) => el("li", {}, `${new Date(r.atMs).toLocaleTimeString()} ${r.port} ${r.ip} ${r.account}: ${r.op} ${r.resource}: ${r.reason}`)));
 }

@@ -270,6 +270,8 @@ def test_the_security_page_shows_the_accounts_and_the_refusals(
         accounts = {a["accessKey"]: a for a in doc["accounts"]}
         assert accounts["admin"]["admin"] and accounts["broker"]["replica"]
         assert "curvePublicKey" not in accounts["app"] and len(accounts["app"]["key"]) == 12
+        assert accounts["app"]["topicPerms"] == {"orders": "SUB"}
+        assert accounts["app"]["defaultTopicPerm"] == "DENY" and accounts["admin"]["unrestricted"]
         assert any(r["op"] == "PUB" and r["count"] >= 1 for r in doc["refusals"])
         [line] = [r for r in doc["recentRefusals"] if r["account"] == "app"]
         assert line["resource"] == "Topic:orders" and "SUB" in line["reason"]
