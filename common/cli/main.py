@@ -392,8 +392,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "broker":
             return run_broker(args.config, args.set)
-        if isinstance(getattr(args, "servers", None), str) and not getattr(args, "check", None):
-            _require_listener(args.servers)  # (acl --check reads a file, no broker)
+        # (acl --check reads a file, no broker; a console or a proxy starts before its brokers
+        # and shows, or answers, that none is there until one is)
+        if isinstance(getattr(args, "servers", None), str) and not getattr(args, "check", None) \
+                and args.command not in ("console", "proxy"):
+            _require_listener(args.servers)
         return COMMANDS[args.command](args)
     except UsageError as e:
         parser.error(str(e))  # exits 2

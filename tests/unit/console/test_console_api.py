@@ -27,8 +27,9 @@ PASSWORD = "correct horse battery"
 class Page:
     """A browser's view of the console: its cookie jar of one session cookie."""
 
-    def __init__(self, console: Console):
-        self.host, port = console.address.rsplit(":", 1)
+    def __init__(self, console: Console | str):
+        address = console.address if isinstance(console, Console) else console
+        self.host, port = address.rsplit(":", 1)
         self.port = int(port)
         self.cookie = ""
         self.csrf = ""
@@ -404,3 +405,19 @@ def test_a_consumer_groups_lag_and_rate_are_charted(console: Console, broker: Br
         points = wait_for(lambda: [p for p in page.call("GET", "/api/consumer-history")[1]
                                    ["charts"] if p["lag"] == 2], "lag 2")
     assert points[0]["committed"] == 6 and points[0]["ratePerS"] > 0
+
+
+def test_a_console_starts_before_its_brokers_and_says_none_answers(tmp_path: Any) -> None:
+    """``replog console`` over brokers not up yet starts anyway (the compose cluster starts it
+    beside them) and its cluster page says that no broker answers."""
+    from helpers.brokers import free_port
+    from helpers.children import replog_child
+
+    port, nobody = free_port(), free_port()
+    with replog_child("console", "-s", f"127.0.0.1:{nobody}", "--listen", f"127.0.0.1:{port}",
+                      "--timeout-ms", "500", "--refresh-ms", "500", "--json", ready=str(port),
+                      log=tmp_path / "console.err"):
+        page = Page(f"127.0.0.1:{port}")
+        doc = wait_for(lambda: (d := page.call("GET", "/api/cluster")[1])["error"].startswith(
+            "no broker answered") and d, "the error")
+        assert doc["groups"] == []
