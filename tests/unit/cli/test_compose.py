@@ -174,7 +174,7 @@ def test_volumes_are_named_and_declared() -> None:
     doc = document()
     declared = set(doc["volumes"])
     for name, svc in doc["services"].items():
-        for v in svc["volumes"]:
+        for v in svc.get("volumes", []):  # the console has none
             source = v.split(":")[0]
             if not source.startswith("."):
                 assert source in declared, (name, v)
