@@ -209,16 +209,16 @@ def lag_by_group(offsets: ConsumerOffsetTable, store: ReadStore) -> dict[str, di
     out: dict[str, dict[str, int]] = {}
     for (group, topic), queues in offsets.snapshot().items():
         mine = out.setdefault(group, {"lag": 0, "committed": 0})
-        for queue_id, committed in queues.items():
-            start = max(committed, store.min_queue_offset(topic, queue_id))
-            mine["lag"] += max(0, store.max_queue_offset(topic, queue_id) - start)
-            mine["committed"] += max(0, committed)
+        mine["lag"] += group_lag(store, topic, queues, oldest_time=False)[0]
+        mine["committed"] += sum(max(0, committed) for committed in queues.values())
     return out
 
 
-def group_lag(store: ReadStore, topic: str, queues: dict[int, int]) -> tuple[int, int | None]:
+def group_lag(store: ReadStore, topic: str, queues: dict[int, int],
+              oldest_time: bool = True) -> tuple[int, int | None]:
     """(messages behind, store time of the oldest of them or None) over ``queues``
-    (queue id -> committed offset; -1 or an offset below the queue's min counts from its min)."""
+    (queue id -> committed offset; -1 or an offset below the queue's min counts from its min);
+    ``oldest_time`` False: no store time is looked up (None)."""
     behind, oldest = 0, None
     for queue_id, committed in queues.items():
         start = max(committed, store.min_queue_offset(topic, queue_id))
@@ -226,6 +226,8 @@ def group_lag(store: ReadStore, topic: str, queues: dict[int, int]) -> tuple[int
         if n <= 0:
             continue
         behind += n
+        if not oldest_time:
+            continue
         ts = store.store_timestamp_of(topic, queue_id, start)
         if ts is not None and (oldest is None or ts < oldest):
             oldest = ts

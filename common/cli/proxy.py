@@ -45,8 +45,6 @@ def cmd_proxy(args: argparse.Namespace) -> int:
             if not key or not args.server_key:
                 raise UsageError("with aclEnable give --key (the proxy's admin account's "
                                  ".key_secret) and --server-key (the brokers' .key)")
-            if not cfg.aclFile:
-                raise ConfigError("config key 'aclFile': aclEnable needs the brokers' ACL")
             acl = AclHolder(os.path.expanduser(cfg.aclFile))
             security = Security(True, acl=acl, reload_interval_ms=cfg.aclReloadIntervalMs)
             try:
