@@ -35,6 +35,8 @@ from controller_harness import (
 from tx_producer import TOPIC, final
 
 from common.client import TransactionProducer, TransactionState
+from common.core.message import PROPERTY_UNIQ_KEY
+from common.core.transaction import HALF_ORIGIN
 from common.store.transaction.service import TransactionStore
 
 pytestmark = pytest.mark.integration
@@ -54,6 +56,15 @@ def start_producer(addresses: list[str], first: int, logs: Path) -> subprocess.P
 
 def read_all(addresses: list[str]) -> list[int]:
     return [BODY.unpack_from(m.body)[0] for m in read_queue(addresses, TOPIC)]
+
+
+def copies(addresses: list[str], seqs: list[int]) -> list[dict[str, object]]:
+    """What tells the copies of a message consumed twice apart: their half (origin), their
+    transaction id (the half's uniq key: equal when the client sent the half twice), where."""
+    return [{"seq": BODY.unpack_from(m.body)[0], "origin": m.properties.get(HALF_ORIGIN),
+             "uniq": m.properties.get(PROPERTY_UNIQ_KEY), "phy": m.commit_log_offset,
+             "half_phy": m.prepared_transaction_offset}
+            for m in read_queue(addresses, TOPIC) if BODY.unpack_from(m.body)[0] in seqs]
 
 
 def logged(logs: Path) -> tuple[set[int], set[int]]:
@@ -137,11 +148,12 @@ def test_transactions_survive_producer_and_master_kills(tmp_path: Path) -> None:
         time.sleep(2.0)  # anything decided twice would show by now
         consumed = read_all(g.addresses)
         status = g.master().status()
+        duplicated = sorted({s for s in consumed if consumed.count(s) > 1})
+        twice = copies(g.addresses, duplicated[:5]) if duplicated else []
         checker.close()
     seen = set(consumed)
     rolled_back_consumed = sorted(s for s in seen if final(s) == "ROLLBACK")
     committed_lost = sorted(to_commit - seen)
-    duplicated = sorted(s for s in seen if consumed.count(s) > 1)
     summary = {"drill": "transaction-failover", "master_kills": kinds, "failover_s": failovers,
                "acked_halves": len(acked), "unsure_halves": len(unsure),
                "to_commit": len(to_commit), "consumed": len(consumed),
@@ -152,4 +164,4 @@ def test_transactions_survive_producer_and_master_kills(tmp_path: Path) -> None:
     assert len(acked) > 100, summary
     assert not rolled_back_consumed, f"{summary}; rolled back, consumed: {rolled_back_consumed[:10]}"
     assert not committed_lost, f"{summary}; to commit, never consumed: {committed_lost[:10]}"
-    assert not duplicated, f"{summary}; consumed twice: {duplicated[:10]}"
+    assert not duplicated, f"{summary}; consumed twice: {duplicated[:10]}, copies {twice}"

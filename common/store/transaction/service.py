@@ -7,6 +7,14 @@ not dispatched yet (past the confirmed offset), and first a memory of the ends d
 lately. No op map is loaded or kept in order (RocketMQ's, whose load and backlog lost or
 stalled halves): a state is one look-up, wherever and whenever its records were written.
 
+A half sent twice (the client's retry after an answer lost to a failover: the first copy was
+stored, and replicated) is a second half of the same transaction, with its own origin but the
+same transaction id (its producer group and uniq key, set once by the client). A commit of
+either decides both: before writing the real message, the look-up also searches the real topic
+for a commit of that id (by the uniq key, indexed; then the records not dispatched), and if
+one is there the end writes only this half's op. A transaction committed is consumed once,
+however many times its half was sent.
+
 An end is decided under one lock: look up, then write the commit (if a commit, and none is
 there) and the op. Once an op is written, a different end is refused and the same one is
 answered without a write: a final state is final.
@@ -27,13 +35,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from common.core.message import PROPERTY_REAL_TOPIC, MessageExt
+from common.core.message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY, MessageExt
 from common.core.transaction import (
     CHECK_MAX_TOPIC,
     HALF_ORIGIN,
     HALF_TOPIC,
     OP_STATE,
     OP_TOPIC,
+    PRODUCER_GROUP,
     SYSFLAG_TRANSACTION_MASK,
     TRANSACTION_COMMIT_TYPE,
     TransactionState,
@@ -51,7 +60,7 @@ log = logging.getLogger("replog.transaction")
 
 RECENT = 65_536  # ends remembered (the look-up's first stop; the index holds them all)
 FIGURES = ("commits", "rollbacks", "repeated", "refused_conflicts", "ops_repaired", "fresh",
-           "op_batches", "ops_dropped")
+           "op_batches", "ops_dropped", "halves_sent_twice")
 NEVER = 2**63  # no shortcut: every look-up reads the index
 TAIL_KEPT = 4096  # ends read past the dispatched offset, kept until reput passed them
 NOT_AN_END = (HALF_TOPIC, CHECK_MAX_TOPIC)  # records of a transaction that decide nothing
@@ -90,6 +99,7 @@ class TransactionStore:
         self.lock = threading.RLock()
         self._scanned = 0  # the records not dispatched are read from here on (``_in_tail``)
         self._tail: dict[int, tuple[Decided, int]] = {}  # origin -> (its end, record offset)
+        self._tail_ids: dict[tuple[str, str], int] = {}  # commits there: id -> record offset
         self.hook = HalfHook(indexed=False)
         self._recent: collections.OrderedDict[int, Decided] = collections.OrderedDict()
         # a master's: a transaction whose half is at or past this offset, and not in _recent,
@@ -131,7 +141,7 @@ class TransactionStore:
                 return Decided(TransactionState.COMMIT, True)
             if origin >= self._fresh_from:  # no one but this store ended it, and it did not
                 self.stats["fresh"] += 1
-                return Decided(None, False)
+                return self._committed_as(half)
         key = HALF_ORIGIN + str(origin)
         real_topic = half.properties[PROPERTY_REAL_TOPIC]
         committed = False
@@ -149,12 +159,44 @@ class TransactionStore:
             in_tail = self._in_tail(origin)
         if in_tail is not None and (in_tail.op or not committed):
             return in_tail
-        return Decided(TransactionState.COMMIT if committed else None, False)
+        if committed:
+            return Decided(TransactionState.COMMIT, False)
+        return self._committed_as(half)
+
+    def _committed_as(self, half: MessageExt) -> Decided:
+        """For a half whose own origin has no end: COMMIT (op not written) if another half of
+        the same transaction (the same producer group and uniq key: the client sent it twice)
+        was committed, in the index or in the records not dispatched; else undecided."""
+        ident = transaction_id(half.properties)
+        if ident is None:
+            return Decided(None, False)
+        real_topic = half.properties[PROPERTY_REAL_TOPIC]
+        index = self.store.index
+        found = index is not None and any(
+            _is_commit_of_id(self.store.entry_message(offset), real_topic, ident)
+            for offset in index.query(real_topic, ident[1], 16, 0, 2**62))
+        if not found:
+            with self.lock:
+                self._scan_tail()
+                found = ident in self._tail_ids
+        if not found:
+            return Decided(None, False)
+        self.stats["halves_sent_twice"] += 1
+        log.info("event=transaction_half_sent_twice origin=%d transactionId=%s: committed "
+                 "by another half of it; this one gets its op only", records.origin_of(half),
+                 ident[1])
+        return Decided(TransactionState.COMMIT, False)
 
     def _in_tail(self, origin: int) -> Decided | None:
         """Under the lock: the end of ``origin`` among the records reput has not dispatched
-        (so not indexed) yet. Each record is read once: what was read is kept, by origin,
-        until reput has passed it."""
+        (so not indexed) yet."""
+        self._scan_tail()
+        found = self._tail.get(origin)
+        return found[0] if found is not None else None
+
+    def _scan_tail(self) -> None:
+        """Under the lock: read the records not dispatched yet that were not read before. What
+        was read is kept (ends by origin, commits by transaction id) until reput passed it."""
         store = self.store
         dispatched = store.dispatched_phy_offset
         start = max(self._scanned, dispatched)
@@ -172,14 +214,17 @@ class TransactionStore:
                             ended.append(int(text))
                         for origin_ in ended:
                             self._tail[origin_] = (Decided(state, True), req.phy_offset)
-                elif text.isdigit() and int(text) not in self._tail:  # a commit, in its topic
-                    self._tail[int(text)] = (Decided(TransactionState.COMMIT, False),
-                                             req.phy_offset)
+                elif text.isdigit():  # a commit, in its real topic
+                    if int(text) not in self._tail:
+                        self._tail[int(text)] = (Decided(TransactionState.COMMIT, False),
+                                                 req.phy_offset)
+                    ident = transaction_id(req.properties)
+                    if ident is not None:
+                        self._tail_ids.setdefault(ident, req.phy_offset)
             self._scanned = start
-        if len(self._tail) > TAIL_KEPT:  # reput indexed them meanwhile: the index has them
+        if len(self._tail) + len(self._tail_ids) > TAIL_KEPT:  # reput indexed them meanwhile
             self._tail = {k: v for k, v in self._tail.items() if v[1] >= dispatched}
-        found = self._tail.get(origin)
-        return found[0] if found is not None else None
+            self._tail_ids = {k: v for k, v in self._tail_ids.items() if v >= dispatched}
 
     @staticmethod
     def _op_state(msg: MessageExt | None, origin: int) -> TransactionState | None:
@@ -290,6 +335,7 @@ class TransactionStore:
         with self.lock:
             self._recent.clear()
             self._tail.clear()
+            self._tail_ids.clear()
             self._scanned = 0
             self._fresh_from = NEVER
 
@@ -364,6 +410,19 @@ def _state(text: str | None) -> TransactionState | None:
     except ValueError:
         return None
     return None if state is TransactionState.UNKNOWN else state
+
+
+def transaction_id(properties: dict[str, str]) -> tuple[str, str] | None:
+    """A transaction's identity across the halves the client sent for it: (producer group,
+    uniq key), None when the half has no uniq key."""
+    uniq = properties.get(PROPERTY_UNIQ_KEY)
+    return (properties.get(PRODUCER_GROUP, ""), uniq) if uniq else None
+
+
+def _is_commit_of_id(msg: MessageExt | None, topic: str, ident: tuple[str, str]) -> bool:
+    return (msg is not None and msg.topic == topic and HALF_ORIGIN in msg.properties
+            and msg.sys_flag & SYSFLAG_TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
+            and transaction_id(msg.properties) == ident)
 
 
 def _is_commit_of(msg: MessageExt | None, topic: str, origin: int) -> bool:

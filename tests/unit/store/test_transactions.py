@@ -331,3 +331,68 @@ def test_a_batch_lost_to_a_crash_loses_no_decision(tmp_path: Path) -> None:
         assert tx.stats["ops_repaired"] == 1
     finally:
         store.shutdown()
+
+
+def test_a_half_sent_twice_is_committed_once(store: MessageStore) -> None:
+    """The client's retry of a half whose answer was lost (a failover) stores a second half
+    with the same transaction id: a commit of either decides the other, so the transaction is
+    consumed once. The other's end writes its op only; a rollback of it is refused."""
+    tx = store.transactions
+    first, second = put_half(store, b"x", "T1"), put_half(store, b"x", "T1")
+    assert records.origin_of(first) != records.origin_of(second)
+    assert tx.end(first, COMMIT, HOST).pending is not None
+    assert tx.decided(second) == (COMMIT, False)
+    assert tx.end(second, ROLLBACK, HOST) == (COMMIT, None)
+    assert tx.end(second, COMMIT, HOST).conflict is None
+    assert tx.decided(second) == (COMMIT, True)
+    tx.flush_ops()
+    assert [m.body for m in messages(store, "orders", 2)] == [b"x"]
+    assert tx.stats["halves_sent_twice"] >= 1 and tx.stats["commits"] == 1
+    # another transaction, and the same uniq key from another producer group: their own
+    other = store.put(half_message(b"y", "T1", group="pg2"), 2)
+    assert other.ok
+    store.reput.catch_up()
+    half = tx.half_at(other.phy_offset)
+    assert half is not None and tx.decided(half) == (None, False)
+    assert tx.end(half, COMMIT, HOST).pending is not None
+    assert [m.body for m in messages(store, "orders", 2)] == [b"x", b"y"]
+
+
+def test_a_half_sent_twice_finds_a_commit_not_dispatched_yet(store: MessageStore) -> None:
+    """The commit of the first half is past the confirmed offset (not indexed): the second
+    half's end finds it in the records not dispatched."""
+    tx = store.transactions
+    first, second = put_half(store, b"x", "T1"), put_half(store, b"x", "T1")
+    store.confirm_phy_offset = store.dispatched_phy_offset  # reput stops here
+    try:
+        assert tx.end(first, COMMIT, HOST).pending is not None
+        tx.forget()  # nothing in memory: only the records tell
+        assert store.dispatched_phy_offset < store.commit_log.max_offset
+        assert tx.decided(second) == (COMMIT, False)
+    finally:
+        store.set_confirm_offset(None)
+    assert tx.end(second, COMMIT, HOST).conflict is None
+    assert len(messages(store, "orders", 2)) == 1
+
+
+def test_a_half_sent_twice_across_a_restart_is_committed_once(tmp_path: Path) -> None:
+    """The first half committed by the master before a failover (indexed); the second,
+    stored after the new master took over (a fresh half, which skips its own look-up),
+    still finds that commit."""
+    root = tmp_path / "s"
+    store = open_store(root)
+    first = put_half(store, b"x", "T1")
+    assert store.transactions.end(first, COMMIT, HOST).pending is not None
+    store.transactions.flush_ops()
+    store.shutdown()
+    store = open_store(root)
+    try:
+        tx = store.transactions
+        second = put_half(store, b"x", "T1")
+        fresh = tx.stats["fresh"]
+        assert tx.decided(second) == (COMMIT, False)
+        assert tx.stats["fresh"] == fresh + 1  # the shortcut was taken, and still found it
+        assert tx.end(second, COMMIT, HOST).conflict is None
+        assert len(messages(store, "orders", 2)) == 1
+    finally:
+        store.shutdown()
