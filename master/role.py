@@ -53,6 +53,7 @@ from common.core.subscription import Subscription
 from common.core.transaction import TransactionState
 from common.format.protocol import SCHEMAS, Request, RequestCode, Response
 from common.store.api import WriteStore
+from common.store.flush import FLUSHED
 from common.store.schedule import born_host_of
 from common.store.timer import recall
 from master import pop, send_back
@@ -114,7 +115,8 @@ class MasterRole:
         self.replica_waits = replica_waits
         self.ha_service = ha_service
         # controller mode: "" while this master may take writes, else why not (a fresh lease,
-        # still the elected master, no switchover under way: common/broker/controller.py)
+        # still the elected master, no switchover under way: common/broker/controller.py);
+        # None without a controller (nothing to ask per write)
         self._write_gate = write_gate
         self.fenced_writes = 0
         self.replication_stopped = True  # a master replicates into nothing
@@ -145,7 +147,7 @@ class MasterRole:
                                   "fencedWrites": self.fenced_writes}
         if self.transaction_check is not None:
             fields["transactionCheck"] = self.transaction_check.status()
-        if self._write_gate is not None and self.ha_service is not None:
+        if self.ha_service is not None:
             fields["syncStateSet"] = self.ha_service.sync_state_set()
         return fields
 
@@ -176,29 +178,16 @@ class MasterRole:
             return refusal
         f = req.fields
         props = dict(f.get("properties") or {})
-        delay = f["delayLevel"] or _delay_property(props)
-        if delay is None:
-            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
-                         f"property {PROPERTY_DELAY}={props[PROPERTY_DELAY]!r} is not a "
-                         "delay level (an integer 0-64)")
+        delay = f["delayLevel"]
         extra = None
-        half = transactions.is_half(props)
-        if f["sysFlag"] & SYSFLAG_TRANSACTION_PREPARED and not half:
-            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
-                         f"sysFlag TRANSACTION_PREPARED without {transactions.TRAN_MSG}=true: a "
-                         "half message carries both")
+        if delay or f["sysFlag"] & SYSFLAG_TRANSACTION_PREPARED \
+                or not _SPECIAL_PROPERTIES.isdisjoint(props):
+            checked = self._special_send(req, props)
+            if isinstance(checked, Response):
+                return checked
+            delay, extra = checked
         if PROPERTY_SHARDING_KEY not in props and self.topics.message_type(f["topic"]) == "FIFO":
             return _no_message_group(req, f["topic"])
-        if props:
-            reserved = _broker_only(props)
-            if reserved is not None:
-                return reply(req, ResponseCode.MESSAGE_ILLEGAL,
-                             f"property {reserved} is set by the broker, not by a producer")
-            if recall.is_timer_send(props, delay):
-                stamped = recall.stamp(props, int(time.time() * 1000))
-                if stamped is not None:
-                    handle = recall.RecallHandle(f["topic"], self.cfg.brokerName, *stamped)
-                    extra = {"recallHandle": handle.encode()}
         msg = Message(
             f["topic"],
             req.bodies[0],
@@ -213,6 +202,32 @@ class MasterRole:
                                         born_timestamp=f.get("bornTimestamp")
                                         or int(time.time() * 1000))
         return self._after_append(req, pending, extra)
+
+    def _special_send(self, req: Request,
+                      props: dict[str, str]) -> tuple[int, dict[str, str] | None] | Response:
+        """A SEND with a delay, a transaction or a timer (or a property only the broker sets):
+        its delay level and the answer's extra fields, or its refusal."""
+        f = req.fields
+        delay = f["delayLevel"] or _delay_property(props)
+        if delay is None:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"property {PROPERTY_DELAY}={props[PROPERTY_DELAY]!r} is not a "
+                         "delay level (an integer 0-64)")
+        if f["sysFlag"] & SYSFLAG_TRANSACTION_PREPARED and not transactions.is_half(props):
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"sysFlag TRANSACTION_PREPARED without {transactions.TRAN_MSG}=true: a "
+                         "half message carries both")
+        reserved = _broker_only(props)
+        if reserved is not None:
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"property {reserved} is set by the broker, not by a producer")
+        extra = None
+        if recall.is_timer_send(props, delay):
+            stamped = recall.stamp(props, int(time.time() * 1000))
+            if stamped is not None:
+                handle = recall.RecallHandle(f["topic"], self.cfg.brokerName, *stamped)
+                extra = {"recallHandle": handle.encode()}
+        return delay, extra
 
     def recall(self, req: Request) -> Reply:
         """RECALL_MESSAGE: a delete marker for the timer message the handle names (see
@@ -464,6 +479,8 @@ class MasterRole:
             put = _SyncPut(waits, req, fields)
             status = waits.admit(put, end, flushed)
             return put if status is None else _put_reply(req, status, fields)
+        if flushed is FLUSHED:  # ASYNC_FLUSH: nothing to wait for
+            return self._after_flush(req, PutStatus.PUT_OK, fields)
         if flushed.done():
             return self._after_flush(req, _status_of(flushed), fields)
         out: concurrent.futures.Future[Response] = concurrent.futures.Future()
@@ -540,6 +557,10 @@ MAX_DELAY_LEVEL = SCHEMAS[RequestCode.SEND]["delayLevel"].hi
 # properties only the broker sets: a forged one would resolve a transaction, or tell slaves
 # that timer ticks were delivered
 BROKER_ONLY = (*timer_messages.RESERVED, *transactions.RESERVED)
+# a SEND whose properties hold none of these (and with no delay level, no prepared sysflag)
+# is a plain one: ``_special_send``'s checks are skipped, one set look-up instead
+_SPECIAL_PROPERTIES = frozenset((PROPERTY_DELAY, transactions.TRAN_MSG,
+                                 *timer_messages.REQUESTED, *BROKER_ONLY))
 
 
 def _no_message_group(req: Request, topic: str) -> Response:

@@ -36,7 +36,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 
@@ -683,13 +683,13 @@ class Broker:
     def writer(self, req: Request) -> Writer | Response:
         """The master role that takes the write ``req`` (its processor calls it), or the
         refusal: a broker still starting, a slave, a fenced master."""
-        role = self.role
+        role = self.roles.role
         if role is None:
             return reply(req, ResponseCode.SERVICE_NOT_AVAILABLE, "broker is starting")
         refusal = role.refusal(req)
         if refusal is not None:
             return refusal
-        return cast(Writer, role)  # only a master takes writes
+        return role  # type: ignore[return-value]  # only a master takes writes
 
     def acl_info(self) -> dict[str, Any]:
         return self.security.acl_info()

@@ -105,7 +105,7 @@ from common.format.protocol import (
     error_response,
     is_response,
 )
-from common.format.zmq_frames import NOBLOCK, peer_address, readable, send_frames
+from common.format.zmq_frames import NOBLOCK, peer_address, readable, recv_rest, send_frames
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
@@ -410,7 +410,7 @@ class RequestServer:
                 first = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            frames = sock.recv_multipart(zmq.NOBLOCK) if first.more else []
+            frames = recv_rest(sock, first)
             if not frames:
                 continue  # no routing identity or no header: cannot be answered
             self._serve(sock, first.bytes, frames, first)
@@ -434,9 +434,7 @@ class RequestServer:
                 head = sock.recv(NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            frames = []
-            while sock.getsockopt(RCVMORE):
-                frames.append(sock.recv(NOBLOCK))
+            frames = recv_rest(sock, head)
             if not frames:
                 continue  # no header: cannot be answered
             self._serve(sock, head.bytes, frames, head)
@@ -514,7 +512,8 @@ class RequestServer:
             )
             return
         if req.code in _PEER and head is not None:
-            req = req._replace(born_host=self._born_host(identity, head))
+            req = Request(req.code, req.opaque, req.fields, req.bodies,
+                          self._born_host(identity, head))
         self._dispatch(sock, identity, req, started, caller)
 
     def _refuse(self, sock: zmq.Socket[bytes], identity: bytes, opaque: int, user: str,

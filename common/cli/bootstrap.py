@@ -46,8 +46,9 @@ def make_role(state: RoleState, broker: Broker) -> Role:
     check = TransactionCheck(cfg, broker.store, broker.producer_groups,
                              broker.server.client_requests.ask, broker.offsets,
                              gate=broker.write_refusal)
+    gate = broker.write_refusal if broker.controller is not None else None
     return MasterRole(cfg, broker.store, broker.topics, state.name, waiter, service,
-                      write_gate=broker.write_refusal, transaction_check=check)
+                      write_gate=gate, transaction_check=check)
 
 
 def run_broker(config_path: str, overrides: Sequence[str]) -> int:

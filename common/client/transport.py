@@ -64,7 +64,7 @@ from common.format.protocol import (
     error_response,
     is_request,
 )
-from common.format.zmq_frames import POLLIN, POLLOUT, readable, send_frames
+from common.format.zmq_frames import POLLIN, POLLOUT, readable, recv_message, send_frames
 
 DEFAULT_TIMEOUT_MS = 10_000
 DEFAULT_SPIN_US = 300  # call_sync polls without sleeping this long while answers come sooner
@@ -356,7 +356,7 @@ class Transport:
                 wait_ms = left_ms
                 sock.setsockopt(zmq.RCVTIMEO, wait_ms)
             try:
-                frames = sock.recv_multipart()
+                frames = recv_message(sock, 0)
             except zmq.Again:
                 lost = self._connection_dropped(sock, address)
                 if not lost and self._is_down(sock) and time.monotonic() - started > DOWN_WAIT_S:
@@ -393,7 +393,7 @@ class Transport:
                     return None
                 continue
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_message(sock)
             except zmq.Again:
                 continue
             try:
@@ -781,7 +781,7 @@ class Transport:
             if not readable(sock):
                 return
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_message(sock)
             except zmq.Again:
                 return
             if is_request(frames):

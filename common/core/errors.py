@@ -27,6 +27,10 @@ class PutStatus(enum.Enum):
     WHEEL_TIMER_MSG_ILLEGAL = "WHEEL_TIMER_MSG_ILLEGAL"  # a time too far, or not a time
     WHEEL_TIMER_NOT_ENABLE = "WHEEL_TIMER_NOT_ENABLE"  # timerWheelEnable is off
 
+    # members are singletons compared by identity: hashed by it too, in C (Enum's own
+    # __hash__ is a Python call, on every put's status look-up)
+    __hash__ = object.__hash__
+
     @property
     def stored(self) -> bool:
         """True when the message is in the CommitLog (possibly not yet flushed or replicated)."""

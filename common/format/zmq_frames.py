@@ -55,7 +55,30 @@ def send_frames(sock: zmq.Socket[Any], frames: Sequence[Frame], first: Frame | N
 def readable(sock: zmq.Socket[Any]) -> bool:
     """Whether a whole message waits in ``sock`` (``ZMQ_EVENTS``: level-triggered, and it also
     processes the socket's pending commands, as a ``recv`` would)."""
-    return bool(cast(int, sock.getsockopt(EVENTS)) & POLLIN)
+    return bool(sock.getsockopt(EVENTS) & POLLIN)  # type: ignore[operator]  # an int
+
+
+def recv_rest(sock: zmq.Socket[Any], first: zmq.Frame) -> list[bytes]:
+    """The frames after ``first`` (received with ``copy=False``) of the same message, as
+    bytes, without blocking: each read uncopied and its ``more`` flag taken from the frame.
+    ``recv_multipart`` asks ``ZMQ_RCVMORE`` after every frame, and pyzmq's ``getsockopt`` maps
+    the option through its enum in Python each time: 9.7 -> 5.3 us for a 3-frame request here.
+    A message's frames are all there once its first is (ZeroMQ delivers it whole)."""
+    frames = []
+    more = first.more
+    recv = sock.recv
+    while more:
+        frame = recv(NOBLOCK, copy=False)
+        frames.append(frame.bytes)
+        more = frame.more
+    return frames
+
+
+def recv_message(sock: zmq.Socket[Any], flags: int = NOBLOCK) -> list[bytes]:
+    """A whole message as bytes (``recv_multipart(flags)``, through ``recv_rest``); raises
+    zmq.Again as ``recv`` does (nothing was taken)."""
+    first = sock.recv(flags, copy=False)
+    return [first.bytes, *recv_rest(sock, first)]
 
 
 UNKNOWN_PEER = ("0.0.0.0", 0)

@@ -60,6 +60,10 @@ class DispatchRequest(NamedTuple):
 
 class PutHook(Protocol):
     name: str
+    # the properties that make it act (it also sees every message with a delay level); a
+    # hook without ``triggers`` sees every message. A message carrying none of the hooks'
+    # triggers and no delay level passes them all with one set look-up (the common put).
+    triggers: frozenset[str]
 
     def before_put(self, msg: Message, queue_id: int) -> tuple[Message, int] | PutResult | None:
         """None: unchanged; (message, queue id): store that instead; a PutResult: refused."""
@@ -100,6 +104,8 @@ class StoreExtensions:
 
     def __init__(self) -> None:
         self.put_hooks: list[PutHook] = []
+        # every put hook's triggers together; None once a hook sees every message
+        self.put_hook_triggers: frozenset[str] | None = frozenset()
         self.dispatchers: list[RecordDispatcher] = []
         self.tags_code_rules: dict[str, TagsCodeRule] = {}
         self.master_services: dict[str, Callable[[], MasterService]] = {}
@@ -113,6 +119,11 @@ class StoreExtensions:
 
     def add_put_hook(self, hook: PutHook) -> None:
         self.put_hooks.append(hook)
+        triggers = getattr(hook, "triggers", None)
+        if triggers is None or self.put_hook_triggers is None:
+            self.put_hook_triggers = None
+        else:
+            self.put_hook_triggers = self.put_hook_triggers | triggers
 
     def add_dispatcher(self, dispatcher: RecordDispatcher) -> None:
         self.dispatchers.append(dispatcher)

@@ -40,6 +40,11 @@ def done_future(status: PutStatus) -> Future[PutStatus]:
     return f
 
 
+# the ``flushed`` of a put with nothing to wait for (ASYNC_FLUSH), shared: a done Future never
+# changes. ``flushed is FLUSHED`` tells a caller so without the Future's lock (three calls).
+FLUSHED = done_future(PutStatus.PUT_OK)
+
+
 class GroupCommitService:
     """Batches flush requests: one msync covers every put waiting when it starts."""
 

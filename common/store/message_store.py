@@ -44,7 +44,13 @@ from common.store.cleanup import CleanService
 from common.store.commit_log import CommitLog, PutResult, RecoveryReport, to_message
 from common.store.consume_queue import ConsumeQueueStore
 from common.store.extensions import MasterService, StoreExtensions
-from common.store.flush import FlushWatcher, GroupCommitService, PeriodicFlushService, done_future
+from common.store.flush import (
+    FLUSHED,
+    FlushWatcher,
+    GroupCommitService,
+    PeriodicFlushService,
+    done_future,
+)
 from common.store.index import IndexDispatcher, IndexService
 from common.store.pop.service import PopStore
 from common.store.reput import (
@@ -93,7 +99,6 @@ class PendingPut(NamedTuple):
     flushed: Future[PutStatus]
 
 
-_FLUSHED = done_future(PutStatus.PUT_OK)  # shared: a done Future never changes
 _cached_host = functools.lru_cache(maxsize=4096)(host_bytes)
 CHECKSUM_READ_BYTES = 1024 * 1024  # log_checksum copies and hashes this much at a time
 
@@ -584,7 +589,9 @@ class MessageStore:
 
     # ---- puts -----------------------------------------------------------------------------------
     def _run_put_hooks(self, msg: Message, queue_id: int) -> tuple[Message, int] | PutResult:
-        """The message and queue the put hooks say to store, or the refusal one of them made."""
+        """The message and queue the put hooks say to store, or the refusal one of them made.
+        Called for a message with a delay level or a property some hook triggers on (a put
+        carrying neither is stored as it is, without a call per hook)."""
         for hook in self.extensions.put_hooks:
             out = hook.before_put(msg, queue_id)
             if out is None:
@@ -598,10 +605,12 @@ class MessageStore:
 
     def put_nowait(self, msg: Message, queue_id: int, born_host: tuple[str, int] = ("127.0.0.1", 0),
                    born_timestamp: int = 0) -> PendingPut:
-        hooked = self._run_put_hooks(msg, queue_id)
-        if isinstance(hooked, PutResult):
-            return self._pending(hooked, False)
-        msg, queue_id = hooked
+        screen = self.extensions.put_hook_triggers
+        if screen is None or msg.delay_level or not screen.isdisjoint(msg.properties):
+            hooked = self._run_put_hooks(msg, queue_id)
+            if isinstance(hooked, PutResult):
+                return self._pending(hooked, False)
+            msg, queue_id = hooked
         result = self.commit_log.put(msg, queue_id, _cached_host(born_host[0]), born_host[1],
                                      born_timestamp)
         return self._pending(result, msg.properties.get(PROPERTY_WAIT) != "false")
@@ -620,10 +629,10 @@ class MessageStore:
         self.puts += result.msg_count
         if self._group_commit is not None and wait:
             return PendingPut(result, self._group_commit.request(result.end_phy_offset))
-        return PendingPut(result, _FLUSHED)
+        return PendingPut(result, FLUSHED)
 
     def wait_flushed(self, pending: PendingPut) -> PutResult:
-        if pending.flushed is _FLUSHED:
+        if pending.flushed is FLUSHED:
             return pending.result
         if pending.flushed.done():
             status = pending.flushed.result()
@@ -641,11 +650,13 @@ class MessageStore:
         if self._group_commit is None:
             # ASYNC_FLUSH: nothing to wait for, so no PendingPut to build and unwrap (what
             # put_nowait + wait_flushed return here, at ~10% less per put)
-            hooked = self._run_put_hooks(msg, queue_id)
-            if isinstance(hooked, PutResult):
-                self.put_failures += 1
-                return hooked
-            msg, queue_id = hooked
+            screen = self.extensions.put_hook_triggers
+            if screen is None or msg.delay_level or not screen.isdisjoint(msg.properties):
+                hooked = self._run_put_hooks(msg, queue_id)
+                if isinstance(hooked, PutResult):
+                    self.put_failures += 1
+                    return hooked
+                msg, queue_id = hooked
             result = self.commit_log.put(msg, queue_id, _cached_host(born_host[0]),
                                          born_host[1], born_timestamp)
             if result.status is PutStatus.PUT_OK:

@@ -91,6 +91,7 @@ class DelayLevels:
     slave copies from its master)."""
 
     name = "delay-levels"
+    triggers: frozenset[str] = frozenset()  # acts on a delay level, which every hook sees
 
     def __init__(self, store: MessageStore, levels_ms: list[int]):
         self._store = store

@@ -6,22 +6,18 @@ still starting, a fenced master refuse it there, before anything reaches the sto
 from __future__ import annotations
 
 from common.broker.processors.consume import consumer_group
-from common.broker.processors.context import Context, Writer
+from common.broker.processors.context import Context
 from common.broker.replies import Reply
 from common.format.protocol import Request, RequestCode, Response
 
 
-def _write(ctx: Context, req: Request) -> Writer | Response:
-    return ctx.services.writer(req)
-
-
 def send(ctx: Context, req: Request) -> Reply:
-    w = _write(ctx, req)
+    w = ctx.services.writer(req)
     return w if isinstance(w, Response) else w.send(req)
 
 
 def send_batch(ctx: Context, req: Request) -> Reply:
-    w = _write(ctx, req)
+    w = ctx.services.writer(req)
     return w if isinstance(w, Response) else w.send_batch(req)
 
 
@@ -29,7 +25,7 @@ def send_back(ctx: Context, req: Request) -> Reply:
     """CONSUMER_SEND_MSG_BACK: retried ``maxReconsumeTimes`` times (-1: the group's
     ``retryMaxTimes``) before the DLQ; a group not in subscriptionGroup.json while
     autoCreateSubscriptionGroup is off is refused, as RocketMQ refuses it."""
-    w = _write(ctx, req)
+    w = ctx.services.writer(req)
     if isinstance(w, Response):
         return w
     config = consumer_group(ctx.services, req, req.fields["group"], consuming=False)
@@ -40,17 +36,17 @@ def send_back(ctx: Context, req: Request) -> Reply:
 
 
 def create_topic(ctx: Context, req: Request) -> Reply:
-    w = _write(ctx, req)
+    w = ctx.services.writer(req)
     return w if isinstance(w, Response) else w.create_topic(req)
 
 
 def recall(ctx: Context, req: Request) -> Reply:
-    w = _write(ctx, req)
+    w = ctx.services.writer(req)
     return w if isinstance(w, Response) else w.recall(req)
 
 
 def end_transaction(ctx: Context, req: Request) -> Reply:
-    w = _write(ctx, req)
+    w = ctx.services.writer(req)
     return w if isinstance(w, Response) else w.end_transaction(req)
 
 

@@ -71,6 +71,7 @@ class TimerHook:
     """The put hook (``common/store/extensions.py``); registered after delay levels'."""
 
     name = "timer"
+    triggers = frozenset(REQUESTED)
 
     def __init__(self, enabled: bool, precision_ms: int, max_delay_s: int,
                  congested: Callable[[int], bool], clock: Callable[[], float] = time.time):

@@ -16,6 +16,7 @@ from common.core.transaction import (
     HALF_TOPIC,
     PRODUCER_GROUP,
     SYSFLAG_TRANSACTION_MASK,
+    TRAN_MSG,
     TRANSACTION_ID,
     is_half,
 )
@@ -26,6 +27,7 @@ BROKERS_OWN = (HALF_TOPIC, CHECK_MAX_TOPIC)
 
 class HalfHook:
     name = "transaction"
+    triggers = frozenset((TRAN_MSG,))
 
     def __init__(self, indexed: bool):
         self.indexed = indexed  # the IndexFile is on: a transaction's records can be found

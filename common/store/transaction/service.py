@@ -32,6 +32,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -412,7 +413,7 @@ def _state(text: str | None) -> TransactionState | None:
     return None if state is TransactionState.UNKNOWN else state
 
 
-def transaction_id(properties: dict[str, str]) -> tuple[str, str] | None:
+def transaction_id(properties: Mapping[str, str]) -> tuple[str, str] | None:
     """A transaction's identity across the halves the client sent for it: (producer group,
     uniq key), None when the half has no uniq key."""
     uniq = properties.get(PROPERTY_UNIQ_KEY)

@@ -113,6 +113,42 @@ def test_a_hook_may_not_claim_a_put_it_stopped_succeeded(tmp_path: Path) -> None
         s.shutdown()
 
 
+def test_a_hook_with_triggers_sees_only_the_messages_that_carry_them(tmp_path: Path) -> None:
+    """The common put skips the hooks with one set look-up: a hook that names its triggers
+    is called for a message carrying one of them, or a delay level, and for no other; a hook
+    without triggers sees every message."""
+
+    class Counting:
+        name = "counting"
+        triggers = frozenset(("COLOUR",))
+
+        def __init__(self) -> None:
+            self.seen: list[bytes] = []
+
+        def before_put(self, msg: Message, queue_id: int) -> None:
+            self.seen.append(msg.body)
+
+    s = _store(tmp_path)
+    counting = Counting()
+    s.extensions.add_put_hook(counting)
+    s.start()
+    try:
+        for put in (s.put, lambda m, q: s.wait_flushed(s.put_nowait(m, q))):
+            counting.seen.clear()
+            assert put(Message("t", b"plain", properties={"OTHER": "1"}), 0).ok
+            assert put(Message("t", b"coloured", properties={"COLOUR": "red"}), 0).ok
+            assert put(Message("t", b"delayed", delay_level=2), 0).ok
+            assert counting.seen == [b"coloured", b"delayed"]
+        assert s.extensions.put_hook_triggers is not None
+        s.extensions.add_put_hook(Renamer())  # no triggers: every message from now on
+        assert s.extensions.put_hook_triggers is None
+        counting.seen.clear()
+        assert s.put(Message("a", b"plain"), 0).queue_id == 1
+        assert counting.seen == [b"plain"]
+    finally:
+        s.shutdown()
+
+
 def test_a_dispatcher_gets_the_records_carrying_what_it_watches(tmp_path: Path) -> None:
     s = _store(tmp_path)
     watcher = Watcher()

@@ -1,0 +1,203 @@
+"""Python calls per sync send, in the broker and in the client: the per-request cost without
+the machine's noise.
+
+    .venv/bin/python bench/calls_per_message.py [--count 2000] [--top 40] [--repo PATH]
+                                                [--against PATH]
+
+CPU time per message (``bench/cpu_per_message.py``) swings by a third from one run to the next
+on these VMs, more than a regression of a tenth that one commit adds. Function calls do not:
+the request path of one checkout makes the same calls every run. So this is the instrument
+for bisecting the per-request cost (issue 43) and for checking that a change to the put path
+took calls out. It starts a broker of the checkout ``--repo`` (default: this one; ASYNC_MASTER,
+ASYNC_FLUSH) with ``bench/calls_site/sitecustomize.py`` counting every call on every thread,
+sends ``--count`` 128 B messages one at a time with that checkout's ``Producer`` (after 500
+unmeasured), and prints calls per message: Python functions, and C functions called from
+Python; each total is the broker's (every thread: the I/O thread's request path, reput, the
+flush and the timers, so a background thread that grew shows too) and the client's (its
+sending thread and its I/O thread). ``--against PATH`` measures a second checkout in the same
+run and prints the functions whose calls per message differ most. The counting slows the
+broker several times; the rate it prints is not a figure of anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _support
+
+HERE = Path(__file__).resolve().parent
+SITE = HERE / "calls_site"
+
+CLIENT = r"""
+import json, os, sys, threading
+sys.path.insert(0, os.environ["REPLOG_CALLS_SITE"])
+import sitecustomize as counting  # the same counter, in this process
+from common.client import Producer
+address, count, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+threading.setprofile(counting._profile)
+sys.setprofile(counting._profile)
+os.environ["REPLOG_CALLS_OUT"] = out
+producer = Producer([address])
+body = b"x" * 128
+for _ in range(500):
+    producer.send("calls", body)
+print("ready", flush=True)
+sys.stdin.readline()
+import time
+counting._start()
+began = time.monotonic()
+for _ in range(count):
+    producer.send("calls", body)
+elapsed = time.monotonic() - began
+counting._stop()
+sys.setprofile(None)
+threading.setprofile(None)
+print(f"done {elapsed}", flush=True)
+producer.close()
+"""
+
+Counts = collections.Counter[tuple[str, str, str]]  # (thread, file, function)
+
+
+def _load(path: Path) -> Counts:
+    counts: Counts = collections.Counter()
+    for thread, where, name, n in json.loads(path.read_text()):
+        counts[(thread, where, name)] += n
+    return counts
+
+
+def _dump(broker: subprocess.Popen[str] | subprocess.Popen[bytes], path: Path) -> Counts:
+    """Stop the broker's counting; its counts, once written."""
+    broker.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            counts = _load(path)
+        except (FileNotFoundError, ValueError):  # not there yet, or not whole yet
+            time.sleep(0.05)
+            continue
+        path.unlink()  # the next dump goes to the same path
+        return counts
+    raise RuntimeError(f"the broker wrote no counts to {path}")
+
+
+def measure(repo: Path, count: int) -> tuple[Counts, Counts]:
+    """(broker's counts, client's counts) for ``count`` sync sends against ``repo``."""
+    with tempfile.TemporaryDirectory(prefix="replog-calls-") as tmp:
+        home = Path(tmp)
+        port = _support.free_port(2)
+        (home / "broker.yaml").write_text(
+            f"listenPort: {port}\nhaListenPort: {port + 1}\nstorePathRootDir: {home}/store\n"
+            "brokerRole: ASYNC_MASTER\nflushDiskType: ASYNC_FLUSH\n"
+            "mappedFileSizeCommitLog: 16777216\n")
+        env = {**os.environ, "PYTHONPATH": f"{SITE}{os.pathsep}{repo}", "PYTHONHASHSEED": "0",
+               "REPLOG_CALLS_OUT": str(home / "broker.json"), "REPLOG_CALLS_SITE": str(SITE)}
+        with open(home / "broker.log", "wb") as log:
+            broker = subprocess.Popen(
+                [sys.executable, "-m", "common.cli", "broker", "-c", str(home / "broker.yaml")],
+                cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
+        client_env = {**env, "PYTHONPATH": str(repo)}
+        client = subprocess.Popen(
+            [sys.executable, "-c", CLIENT, f"127.0.0.1:{port}", str(count),
+             str(home / "client.json")],
+            cwd=repo, env=client_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert client.stdin is not None and client.stdout is not None
+            if client.stdout.readline().strip() != "ready":
+                raise RuntimeError((home / "broker.log").read_text()[-3000:])
+            broker.send_signal(signal.SIGUSR1)
+            time.sleep(0.2)
+            client.stdin.write("\n")
+            client.stdin.flush()
+            done = client.stdout.readline().split()
+            if not done or done[0] != "done":
+                raise RuntimeError("the client did not finish")
+            elapsed = float(done[1])
+            busy = _dump(broker, home / "broker.json")
+            client.wait(30)
+            # the broker's calls made by time, not by message (timers, idle loop turns): the
+            # same span without traffic, taken off
+            broker.send_signal(signal.SIGUSR1)
+            time.sleep(elapsed)
+            idle = _dump(broker, home / "broker.json")
+            busy.subtract(idle)
+            return busy, _load(home / "client.json")
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait(10)
+            _support.stop(broker)
+
+
+def totals(counts: Counts, n: int) -> tuple[float, float]:
+    py = sum(v for k, v in counts.items() if k[1] != "C")
+    c = sum(v for k, v in counts.items() if k[1] == "C")
+    return py / n, c / n
+
+
+def by_thread(counts: Counts, n: int) -> list[tuple[str, float, float]]:
+    """(thread, Python calls, C calls) per message, busiest first, those of 0.5 and more."""
+    py: collections.Counter[str] = collections.Counter()
+    c: collections.Counter[str] = collections.Counter()
+    for (thread, where, _), v in counts.items():
+        (c if where == "C" else py)[thread] += v
+    return [(t, v / n, c[t] / n) for t, v in py.most_common() if v / n >= 0.5]
+
+
+def by_function(counts: Counts) -> Counts:
+    """The counts of every thread together, by (file, function)."""
+    out: Counts = collections.Counter()
+    for (_, where, name), v in counts.items():
+        out[("", where, name)] += v
+    return out
+
+
+def report(label: str, broker: Counts, client: Counts, n: int) -> None:
+    for who, counts in (("broker", broker), ("client", client)):
+        py, c = totals(counts, n)
+        print(f"{label} {who}: {py:.1f} Python calls and {c:.1f} C calls per message")
+        for thread, tpy, tc in by_thread(counts, n):
+            print(f"    {thread:<28} {tpy:7.1f} {tc:7.1f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, default=2000)
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--repo", type=Path, default=_support.REPO)
+    ap.add_argument("--against", type=Path, default=None)
+    args = ap.parse_args()
+    n = args.count
+    broker, client = measure(args.repo.resolve(), n)
+    print(f"{n} sync sends of 128 B, one in flight; calls per message (Python, C), each "
+          "process's total and its threads' (the broker's: less those of as long a span idle)")
+    report(str(args.repo), broker, client, n)
+    funcs = by_function(broker)
+    if args.top:
+        print(f"broker, the {args.top} Python functions called most per message:")
+        python = [(k, v) for k, v in funcs.items() if k[1] != "C"]
+        for (_, where, name), v in sorted(python, key=lambda kv: -kv[1])[: args.top]:
+            print(f"  {v / n:7.2f}  {where}:{name}")
+    if args.against is not None:
+        other, other_client = measure(args.against.resolve(), n)
+        report(str(args.against), other, other_client, n)
+        theirs = by_function(other)
+        print("broker functions whose calls per message differ most (this checkout, the other):")
+        keys = set(funcs) | set(theirs)
+        for k in sorted(keys, key=lambda k: -abs(funcs[k] - theirs[k]))[: args.top]:
+            if abs(funcs[k] - theirs[k]) >= n * 0.5:
+                print(f"  {funcs[k] / n:7.2f} {theirs[k] / n:7.2f}  {k[1]}:{k[2]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
