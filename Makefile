@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast venv bench lint clean zookeeper chromium console-shots
+.PHONY: run test test-fast venv bench lint clean zookeeper chromium console-shots bench-servers
 
 $(STAMP): pyproject.toml setup.py common/format/_record_writer.c common/store/_reput_scan.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -72,8 +72,21 @@ test: $(STAMP) zookeeper chromium
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not perf" tests/unit tests/property
 
+# The servers the benchmarks compare replog with: Debian's redis-server and nats-server
+# (bench/broker_put.py, bench/concurrency.py ...); as root they are installed when missing.
+bench-servers:
+	@if ! command -v redis-server >/dev/null || [ ! -x /usr/sbin/nats-server ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing redis-server and nats-server (Debian's packages) for the benchmarks' references"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server nats-server >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server nats-server >/dev/null; }; \
+	  else \
+	    echo "redis-server or nats-server is not installed: as root, run 'apt-get install -y redis-server nats-server'; their rows are skipped"; \
+	  fi; \
+	fi
+
 # The benchmark scripts, then the perf tier; every part runs, the status says if any failed.
-bench: $(STAMP)
+bench: $(STAMP) bench-servers
 	rc=0; for f in bench/[!_]*.py; do $(BIN)/python $$f || rc=1; done; \
 	$(BIN)/python -m pytest -q -m perf -rA tests || rc=1; exit $$rc
 
