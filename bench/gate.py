@@ -14,6 +14,12 @@ same machine (the bare transport, Redis), so the machine's speed of the day canc
 |                        | 1 KiB, master + 1 slave             | (``bench/replication.py``)        |
 | sync_master_batch_vs_relay | SYNC_MASTER ``send_batch`` x64  | the relay of 64-body frames       |
 
+Besides the ratios, the Python calls per sync send of the broker and of the client
+(``bench/calls_per_message.py``: counted, not timed, the same every run within 1%) are kept
+and may not grow by more than ``--calls-tolerance`` (5%): the per-request cost that lost a
+third against Redis between 2026-11-24 and 11-27 added 20 calls per send, one commit at a
+time, each within the rates' noise; counted, each would have shown.
+
 Every row is measured ``--rounds`` times (default 9), in short legs, the replog figure and its reference back
 to back in each round, and the median of the rounds' ratios is compared with the kept one: a
 median more than ``--tolerance`` (15%) below it fails the gate (exit 1), unless the rounds'
@@ -41,12 +47,14 @@ from pathlib import Path
 
 import _support
 import broker_put as bp
+import calls_per_message as cpm
 import replication as rp
 
 from common.client import Producer
 
 KEPT = Path(__file__).resolve().parent / "ratios.json"
 SYNC_COUNT, ASYNC_COUNT, BATCH_COUNT = 2500, 20_000, 60_000  # per leg of a round
+CALLS_COUNT = 1000  # sync sends counted
 
 
 def put_rows(rounds: int) -> dict[str, list[float]]:
@@ -132,8 +140,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--tolerance", type=float, default=0.15,
                     help="how far below a kept ratio a median may fall")
+    ap.add_argument("--calls-tolerance", type=float, default=0.05,
+                    help="how far above a kept count of calls per send a count may rise")
     ap.add_argument("--update", action="store_true", help="keep this run's medians")
     args = ap.parse_args()
+    broker_calls, client_calls = cpm.measure(_support.REPO, CALLS_COUNT)
+    calls = {"broker_calls_per_send": round(cpm.totals(broker_calls, CALLS_COUNT)[0], 1),
+             "client_calls_per_send": round(cpm.totals(client_calls, CALLS_COUNT)[0], 1)}
     rows = {**put_rows(args.rounds), **sync_master_rows(args.rounds)}
     medians = {k: round(statistics.median(v), 3) for k, v in rows.items()}
     kept = json.loads(KEPT.read_text()) if KEPT.exists() else {"ratios": {}}
@@ -155,15 +168,27 @@ def main() -> int:
             verdict = "ok"
         print(f"  {name:<28} {median:>7.3f}  kept {ref if ref is not None else '-':>7}  "
               f"[{rounds}]  {verdict}")
+    for name, count in calls.items():
+        ref = kept.get("calls", {}).get(name)
+        if ref is None:
+            verdict = "new"
+        elif count > ref * (1 + args.calls_tolerance):
+            verdict = f"FAILED: more than {args.calls_tolerance:.0%} above"
+            failed.append(name)
+        else:
+            verdict = "ok"
+        print(f"  {name:<28} {count:>7.1f}  kept {ref if ref is not None else '-':>7}  "
+              f"(Python calls per sync send, counted)  {verdict}")
     if args.update:
         KEPT.write_text(json.dumps({
             "commit": commit(), "date": datetime.datetime.now(datetime.UTC).strftime(
                 "%Y-%m-%d %H:%M UTC"), "rounds": args.rounds,
             "machine": f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
-            "ratios": medians}, indent=2) + "\n")
+            "ratios": medians, "calls": calls,
+            "calls_kept": f"{commit()}: this run's counts"}, indent=2) + "\n")
         print(f"kept in {KEPT}")
         return 0
-    print(f"{len(medians) - len(failed)} passed, {len(failed)} failed")
+    print(f"{len(medians) + len(calls) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 
 
