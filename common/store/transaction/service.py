@@ -9,8 +9,8 @@ stalled halves): a state is one look-up, wherever and whenever its records were 
 
 A half sent twice (the client's retry after an answer lost to a failover: the first copy was
 stored, and replicated) is a second half of the same transaction, with its own origin but the
-same transaction id (its producer group and uniq key, set once by the client). A commit of
-either decides both: before writing the real message, the look-up also searches the real topic
+same transaction id (its producer group and uniq key, set once by the client) and the same
+body. A commit of either decides both: before writing the real message, the look-up also searches the real topic
 for a commit of that id (by the uniq key, indexed; then the records not dispatched), and if
 one is there the end writes only this half's op. A transaction committed is consumed once,
 however many times its half was sent.
@@ -173,13 +173,16 @@ class TransactionStore:
             return Decided(None, False)
         real_topic = half.properties[PROPERTY_REAL_TOPIC]
         index = self.store.index
+        entry = self.store.entry_message
         found = index is not None and any(
-            _is_commit_of_id(self.store.entry_message(offset), real_topic, ident)
+            _is_commit_of_id(entry(offset), real_topic, ident, half.body)
             for offset in index.query(real_topic, ident[1], 16, 0, 2**62))
         if not found:
             with self.lock:
                 self._scan_tail()
-                found = ident in self._tail_ids
+                offset = self._tail_ids.get(ident)
+            found = offset is not None and _is_commit_of_id(entry(offset), real_topic, ident,
+                                                            half.body)
         if not found:
             return Decided(None, False)
         self.stats["halves_sent_twice"] += 1
@@ -420,10 +423,14 @@ def transaction_id(properties: Mapping[str, str]) -> tuple[str, str] | None:
     return (properties.get(PRODUCER_GROUP, ""), uniq) if uniq else None
 
 
-def _is_commit_of_id(msg: MessageExt | None, topic: str, ident: tuple[str, str]) -> bool:
+def _is_commit_of_id(msg: MessageExt | None, topic: str, ident: tuple[str, str],
+                     body: bytes) -> bool:
+    """A commit of the transaction ``ident``: the same producer group and uniq key, and the
+    same body (a half sent again carries the one it had; an application that reused an id
+    for another message is not taken for a retry)."""
     return (msg is not None and msg.topic == topic and HALF_ORIGIN in msg.properties
             and msg.sys_flag & SYSFLAG_TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
-            and transaction_id(msg.properties) == ident)
+            and transaction_id(msg.properties) == ident and msg.body == body)
 
 
 def _is_commit_of(msg: MessageExt | None, topic: str, origin: int) -> bool:

@@ -348,14 +348,18 @@ def test_a_half_sent_twice_is_committed_once(store: MessageStore) -> None:
     tx.flush_ops()
     assert [m.body for m in messages(store, "orders", 2)] == [b"x"]
     assert tx.stats["halves_sent_twice"] >= 1 and tx.stats["commits"] == 1
-    # another transaction, and the same uniq key from another producer group: their own
+    # the same uniq key from another producer group, or with another body (an application
+    # that reused the id): other transactions, committed on their own
+    reused = put_half(store, b"z", "T1")
+    assert tx.decided(reused) == (None, False)
+    assert tx.end(reused, COMMIT, HOST).pending is not None
     other = store.put(half_message(b"y", "T1", group="pg2"), 2)
     assert other.ok
     store.reput.catch_up()
     half = tx.half_at(other.phy_offset)
     assert half is not None and tx.decided(half) == (None, False)
     assert tx.end(half, COMMIT, HOST).pending is not None
-    assert [m.body for m in messages(store, "orders", 2)] == [b"x", b"y"]
+    assert [m.body for m in messages(store, "orders", 2)] == [b"x", b"z", b"y"]
 
 
 def test_a_half_sent_twice_finds_a_commit_not_dispatched_yet(store: MessageStore) -> None:
