@@ -9,6 +9,9 @@ the echo).
   (RocketMQ's Cluster mode: the front end does not share the broker's interpreter).
 * **replog**: the same broker through replog's own clients: ``Producer.send``, and
   ``SimpleConsumer.receive`` (32) + ``ack_batch``.
+* **floor** (sends only): replog's gRPC front end (``common/proxy``, its own process) whose
+  producer answers every send at once, with no broker behind it: the most any path to the
+  store could reach, beside the echo.
 * **echo**: a gRPC server of the same stack (grpc.aio, in its own process) whose SendMessage
   answers OK at once and whose ReceiveMessage streams 32 canned messages: what gRPC in Python
   costs with nothing behind it.
@@ -86,6 +89,40 @@ async def serve_echo(port: int) -> None:
     await server.start()
     print("ready", flush=True)
     await server.wait_for_termination()
+
+
+def serve_floor(port: int, servers: list[str]) -> None:
+    """replog's front end with a producer that answers at once (``--floor PORT SERVERS``)."""
+    import concurrent.futures as cf
+
+    import common.proxy.server as server_module
+    from common.client.results import SendResult
+    from common.core.errors import SendStatus
+    from common.proxy.service import MessagingService
+
+    class Instant:
+        def send_async(self, topic: str, body: bytes, **_args: object) -> cf.Future[SendResult]:
+            done: cf.Future[SendResult] = cf.Future()
+            done.set_result(SendResult(SendStatus.SEND_OK, "", 0, 0, 0, topic, "bench"))
+            return done
+
+        def close(self) -> None:
+            pass
+
+    class Floor(MessagingService):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            self.producer.close()
+            self.producer = Instant()  # type: ignore[assignment]
+
+    server_module.MessagingService = Floor  # type: ignore[misc]
+    proxy = server_module.GrpcProxy(servers, "127.0.0.1", port, 4 * 1024 * 1024)
+    proxy.start()
+    print("ready", flush=True)
+    try:
+        sys.stdin.read()  # until the benchmark ends (kills it, or closes our stdin)
+    finally:
+        proxy.stop()
 
 
 # ---- callers --------------------------------------------------------------------------------
@@ -177,6 +214,10 @@ def main() -> int:
         grpcServerPort=grpc_port, mappedFileSizeCommitLog=256 * 1024 * 1024)
     echo = subprocess.Popen([sys.executable, __file__, "--echo", str(echo_port)],
                             stdout=subprocess.PIPE, cwd=_support.REPO, env=_support.broker_env())
+    floor_port = _support.free_port()
+    floor = subprocess.Popen([sys.executable, __file__, "--floor", str(floor_port), address],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=_support.REPO,
+                             env=_support.broker_env())
     proxy_port = _support.free_port()
     proxy = subprocess.Popen([sys.executable, "-m", "common.cli", "proxy", "-s", address,
                               "--grpc-port", str(proxy_port), "--json"],
@@ -184,6 +225,7 @@ def main() -> int:
     try:
         assert echo.stdout is not None and echo.stdout.readline().strip() == b"ready"
         assert proxy.stdout is not None and str(proxy_port).encode() in proxy.stdout.readline()
+        assert floor.stdout is not None and floor.stdout.readline().strip() == b"ready"
         print(f"gRPC benchmark, {os.cpu_count()} CPUs, {SENDS} sends and {RECEIVES} receives "
               f"per round x {ROUNDS} rounds, {SIZE} B bodies; broker at {address}, its gRPC "
               f"port {grpc_port}, the echo at {echo_port}")
@@ -196,6 +238,7 @@ def main() -> int:
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch, \
                 grpc.insecure_channel(f"127.0.0.1:{echo_port}") as ech, \
                 grpc.insecure_channel(f"127.0.0.1:{proxy_port}") as pch, \
+                grpc.insecure_channel(f"127.0.0.1:{floor_port}") as fch, \
                 Producer([address]) as producer, \
                 SimpleConsumer([address], "bench-own") as consumer:
             stub = service_pb2_grpc.MessagingServiceStub(ch)
@@ -203,6 +246,8 @@ def main() -> int:
             proxy_stub = service_pb2_grpc.MessagingServiceStub(pch)
             callers = {
                 "send": {"echo": grpc_send(echo_stub, "bench-send"),
+                         "floor": grpc_send(service_pb2_grpc.MessagingServiceStub(fch),
+                                            "bench-send"),
                          "grpc": grpc_send(stub, "bench-send"),
                          "proxy": grpc_send(proxy_stub, "bench-send"),
                          "replog": replog_send(producer, "bench-send")},
@@ -230,6 +275,12 @@ def main() -> int:
                     print(merged["grpc"].line(merged["echo"], width=22))
                     print(merged["proxy"].line(merged["echo"], width=22))
                     print(merged["replog"].line(merged["echo"], width=22))
+                    if "floor" in merged:
+                        print(merged["floor"].line(merged["echo"], width=22))
+                        alone = statistics.median(f.rate / e.rate for f, e in zip(
+                            rounds["floor"], rounds["echo"], strict=True))
+                        print(f"  the front end alone (no broker) / echo, median of {ROUNDS} "
+                              f"rounds: {alone:.2f}x: the most a path to the store could reach")
                     ratios = sorted(g.rate / e.rate for g, e in
                                     zip(rounds["grpc"], rounds["echo"], strict=True))
                     ratio = statistics.median(ratios)
@@ -243,7 +294,7 @@ def main() -> int:
                           f"{'met' if apart >= TARGET else 'MISSED'}); in the broker / "
                           f"replog's protocol: {own:.2f}x")
     finally:
-        for child in (echo, proxy):
+        for child in (echo, proxy, floor):
             child.kill()
             child.wait(10)
         _support.stop(broker)
@@ -253,5 +304,8 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--echo":
         asyncio.run(serve_echo(int(sys.argv[2])))
+        sys.exit(0)
+    if len(sys.argv) == 4 and sys.argv[1] == "--floor":
+        serve_floor(int(sys.argv[2]), [sys.argv[3]])
         sys.exit(0)
     sys.exit(main())
