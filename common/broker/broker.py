@@ -728,12 +728,14 @@ class Broker:
             return reply(req, fields=self.status(), remark=f"already {current.name}")
         root = self.cfg.store_root
         opened: list[int] = []
+        starts: list[int] = []
 
         def open_term(history: epochs.EpochHistory, max_phy: int) -> epochs.EpochHistory:
             # numbered after every epoch this store has seen, also one learned from a master's
             # HELLO_REPLY before any of its bytes arrived (term.py's learned marker)
             newest = max(epochs.last_epoch(history), term.learned_epoch(root) or 0)
             opened.append(epochs.next_epoch(newest, self.roles.state.broker_id))
+            starts.append(max_phy)
             return epochs.append_epoch(history, opened[-1], max_phy)
 
         def record_term(history: epochs.EpochHistory) -> None:
@@ -752,8 +754,10 @@ class Broker:
                 self.status(),
             )
         log_event(log, "broker_promoted", role=target, epoch=opened[-1],
-                  maxPhyOffset=self.store.max_phy_offset)
-        return reply(req, fields=self.status())
+                  epochStartOffset=starts[-1])
+        # the term's first offset, as its epoch records it: the status's maxPhyOffset, read
+        # after, may already hold writes the new master took meanwhile
+        return reply(req, fields={**self.status(), "epochStartOffset": starts[-1]})
 
     # -- controller mode (common/broker/controller.py calls these on its thread) ----------------
     def write_refusal(self) -> str:

@@ -70,7 +70,7 @@ def test_async_loss_window_is_measured_and_explained(tmp_path: Path) -> None:
             master.kill()
             t_kill = drill.history.now()
             doc = drill.promote(slave, role="ASYNC_MASTER")
-            epoch_start = doc["maxPhyOffset"]
+            epoch_start = doc["epochStartOffset"]
             master.start("SLAVE", master=slave)
             old_max = _recovered_max(master)
             kills.append({"cycle": cycle, "old": master.address, "from": term_from,

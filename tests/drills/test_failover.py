@@ -107,7 +107,7 @@ def test_sync_paused_master_is_fenced(tmp_path: Path) -> None:
         _random_wait(drill, 0.5, 2.0)
         a.pause()
         doc = drill.promote(b)
-        new_epoch, epoch_start = doc["epoch"], doc["maxPhyOffset"]
+        new_epoch, epoch_start = doc["epoch"], doc["epochStartOffset"]
         t_promoted = drill.history.now()
         # the new master takes writes (SLAVE_NOT_AVAILABLE until a slave joins: stored, info)
         wait_for(
@@ -220,7 +220,7 @@ def test_async_old_master_rejoins_with_divergent_tail(tmp_path: Path) -> None:
         a.kill()
         link_dropped = link.dropped_bytes
         doc = drill.promote(b, role="ASYNC_MASTER")
-        epoch_start, new_epoch = doc["maxPhyOffset"], doc["epoch"]
+        epoch_start, new_epoch = doc["epochStartOffset"], doc["epoch"]
         assert a_max - epoch_start >= 256 * 1024, (a_max, epoch_start, link_dropped)
         divergent = {e["msg_id"] for e in tail if e.get("handler") == a.address}
         divergent |= {
@@ -397,7 +397,7 @@ def test_writes_to_a_slave_are_refused_also_during_promotion(tmp_path: Path) -> 
                 t_promote = drill.history.now()
                 doc = drill.promote(s1)
                 t_promoted = drill.history.now()
-                epoch_start = doc["maxPhyOffset"]
+                epoch_start = doc["epochStartOffset"]
                 wait_for(
                     lambda: len(log) >= 1000 and sum(1 for e in log if e[0] > t_promoted) >= 200,
                     60,

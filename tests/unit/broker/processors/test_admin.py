@@ -30,6 +30,8 @@ def test_promote_slave_then_writes_succeed(make_broker: Callable[..., Broker]) -
     with Admin([addr(broker)]) as a:
         status = a.promote(addr(broker), role="ASYNC_MASTER")
     assert status["role"] == "ASYNC_MASTER" and status["epoch"] == 256 + 1  # next_epoch(0, id 1)
+    # the term's first offset, as the epoch file has it (maxPhyOffset may count later writes)
+    assert ep.load(broker.cfg.store_root)[-1] == (status["epoch"], status["epochStartOffset"])
     assert broker.store.promotions == 1  # the store continued its queue offsets
     with Producer([addr(broker)]) as p:
         assert p.send("t", b"x").status == SendStatus.SEND_OK
