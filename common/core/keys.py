@@ -37,7 +37,7 @@ PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
 Z85_KEY_LENGTH = 40  # a 32-byte Curve25519 key in Z85
 MAX_KEY_FILE_BYTES = 64 * 1024
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 _Z85_CHARS = frozenset(
     b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 )

@@ -65,9 +65,9 @@ ACCOUNT_KEYS = ("accessKey", "curvePublicKey", "secretKey", "whiteRemoteAddress"
                 "brokerIds", "enabled", "defaultTopicPerm", "defaultGroupPerm", "topicPerms",
                 "groupPerms")
 _PERM_KEYS = ("defaultTopicPerm", "defaultGroupPerm", "topicPerms", "groupPerms")
-_ACCESS_KEY = re.compile(r"^[A-Za-z0-9._@-]{1,255}$")
+_ACCESS_KEY = re.compile(r"^[A-Za-z0-9._@-]{1,255}\Z")
 MIN_SECRET_LENGTH = 16  # RocketMQ asks 6; a secret signs every gRPC call of its account
-_SECRET_KEY = re.compile(rf"^[\x21-\x7e]{{{MIN_SECRET_LENGTH},255}}$")
+_SECRET_KEY = re.compile(rf"^[\x21-\x7e]{{{MIN_SECRET_LENGTH},255}}\Z")
 _REFUSED_KEYS = {
     "globalWhiteRemoteAddresses": "an address may only add a condition to an account "
                                   "(whiteRemoteAddress), never admit anyone by itself",

@@ -74,7 +74,7 @@ MAX_TAGS_LENGTH = 255
 MAX_SUBSCRIPTION_LENGTH = 4096  # a subscription expression (a SQL92 one is parsed up to this)
 UNKNOWN_OPAQUE = -1  # in a response to a frame whose opaque could not be read
 
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")  # RocketMQ's valid topic/group characters
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+\Z")  # RocketMQ's valid topic/group characters
 
 
 class RequestCode(enum.IntEnum):

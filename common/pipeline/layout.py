@@ -188,7 +188,7 @@ def check_walk_end(sl: Slice, stop: str, end: int, reason: str) -> None:
 
 
 # ---- several broker groups -------------------------------------------------------------------
-_GROUP_NAME = re.compile(r"^[A-Za-z0-9_.%|-]{1,127}$")
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9_.%|-]{1,127}\Z")
 
 
 def parse_stores(text: str) -> list[tuple[str, str]]:

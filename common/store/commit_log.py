@@ -42,7 +42,7 @@ from common.store.mapped_file_queue import MappedFileQueue
 log = logging.getLogger("replog.store")
 
 assert record.HEADER.size == 88  # _write copies the body at +88
-TOPIC_PATTERN = re.compile(r"^(?!\.)[%|a-zA-Z0-9_.\-]+$")  # no leading dot: ".", ".." and ".x" are not queue directories
+TOPIC_PATTERN = re.compile(r"^(?!\.)[%|a-zA-Z0-9_.\-]+\Z")  # no leading dot: ".", ".." and ".x" are not queue directories
 LOCALHOST = b"\x7f\x00\x00\x01"
 
 
