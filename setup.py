@@ -1,5 +1,6 @@
-"""The compiled modules: the CommitLog's record writer (common/format/record_writer.py) and
-reput's record scan (common/store/reput.py); see common/core/accel.py.
+"""The compiled modules: the CommitLog's record writer (common/format/record_writer.py), the
+client protocol's request and answer checks (common/format/protocol.py) and reput's record scan
+(common/store/reput.py); see common/core/accel.py.
 
 ``optional=True``: where no C compiler, Python headers or zlib headers are found, the build
 goes on without it and the pure-Python writer runs (the same bytes, slower).
@@ -13,6 +14,12 @@ setup(
             "common.format._record_writer",
             sources=["common/format/_record_writer.c"],
             libraries=["z"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "common.format._codec",
+            sources=["common/format/_codec.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

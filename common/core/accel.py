@@ -1,7 +1,9 @@
 """The C extensions, where built: ``load(name)`` is the module or None.
 
-Three hot loops have a C version beside their Python one: the CommitLog's record writer
-(``common.format._record_writer``, see ``common/format/record_writer.py``), reput's record
+Four hot loops have a C version beside their Python one: the CommitLog's record writer
+(``common.format._record_writer``, see ``common/format/record_writer.py``), the client
+protocol's decode and checks of a plain request or answer (``common.format._codec``, see
+``decode_request`` in ``common/format/protocol.py``), reput's record
 scan and its merge of write digests (``common.store._reput_scan``, see ``common/store/reput.py``
 and ``CommitLog.take_digest_run``). ``pip install`` builds them
 where gcc and the Python and zlib headers are found (``setup.py``: optional extensions); where

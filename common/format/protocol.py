@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from common.core import accel
 from common.core.errors import ResponseCode
 from common.core.message import (
     CLIENT_SYSFLAGS,
@@ -528,7 +529,18 @@ def decode_request(frames: Sequence[bytes], limits: Limits) -> Request:
     The nesting depth is looked at only when some check fails: a header that passes the
     schema is at most ``MAX_DEPTH`` deep by construction (every field's type is checked,
     properties hold only strings), and one that is deeper is refused for its depth first.
+
+    Where the C codec is built (``_codec.c``) a plain request is decoded there; anything it does
+    not take for plain comes here, the reference, which accepts it the same way or says why not.
     """
+    if _native is not None:
+        req = _native.decode_request(frames, limits)
+        if req is not None:
+            return req
+    return _decode_request_py(frames, limits)
+
+
+def _decode_request_py(frames: Sequence[bytes], limits: Limits) -> Request:
     _check_envelope(frames, limits, limits.max_batch_count + 1)
     header = _unpack_header(frames[0], limits, check_depth=False)
     try:
@@ -573,7 +585,16 @@ def _decode_request(header: Any, frames: Sequence[bytes], limits: Limits) -> Req
 
 
 def decode_response(frames: Sequence[bytes], limits: Limits) -> Response:
-    """Check and decode a response (the client side); raises ProtocolError."""
+    """Check and decode a response (the client side); raises ProtocolError. As
+    ``decode_request``: plain answers in C where built, the rest here."""
+    if _native is not None:
+        resp = _native.decode_response(frames, limits)
+        if resp is not None:
+            return resp
+    return _decode_response_py(frames, limits)
+
+
+def _decode_response_py(frames: Sequence[bytes], limits: Limits) -> Response:
     _check_envelope(frames, limits, limits.max_batch_count + 1)
     header = _unpack_header(frames[0], limits)
     if type(header) is not list or len(header) != 5:
@@ -595,6 +616,41 @@ def decode_response(frames: Sequence[bytes], limits: Limits) -> Response:
 
 _REQUEST_CODES: dict[int, RequestCode] = {int(c): c for c in RequestCode}
 _RESPONSE_CODES: dict[int, ResponseCode] = {int(c): c for c in ResponseCode}
+
+# The C codec's view of the field kinds (``_codec.c``): the kinds it checks itself; any other
+# (meta, sizes) sends the request to the Python path.
+_NATIVE_KINDS = {"int": 0, "str": 1, "topic": 2, "group": 3, "props": 4, "sysflag": 5, "role": 6}
+_NATIVE_OTHER = 7
+
+
+def _native_tables() -> dict[str, Any]:
+    """What ``_codec.configure`` takes: each request code's schema as kinds and bounds, in the
+    order ``_check_fields`` applies them, and the types and constants of this module."""
+    schemas = {}
+    for code, spec in SPECS.items():
+        fields = {name: (_NATIVE_KINDS.get(f.kind, _NATIVE_OTHER), f.lo, f.hi)
+                  for name, f in spec.fields.items()}
+        compiled = _compiled(spec.fields)
+        lo, hi = spec.bodies
+        schemas[int(code)] = (fields, compiled.required, compiled.defaults, lo,
+                              -1 if hi is None else hi)
+    return {
+        "schemas": schemas,
+        "request_codes": _REQUEST_CODES,
+        "response_codes": _RESPONSE_CODES,
+        "request_type": Request,
+        "response_type": Response,
+        "born_host_default": Request._field_defaults["born_host"],
+        "unpackb": msgpack.unpackb,
+        "unpack_kwargs_of": _unpack_kwargs,
+        "protocol_version": PROTOCOL_VERSION,
+        "max_offset": MAX_OFFSET,
+        "max_group_length": MAX_GROUP_LENGTH,
+        "max_properties_bytes": record.MAX_PROPERTIES_BYTES,
+        "client_sysflags": CLIENT_SYSFLAGS,
+        "unknown_opaque": UNKNOWN_OPAQUE,
+    }
+
 
 
 def _is_int(value: Any) -> bool:
@@ -968,3 +1024,9 @@ def decode_record(raw: bytes, max_inflated_bytes: int = MAX_INFLATED_BYTES) -> M
         except ValueError as e:
             raise ProtocolError("record.body", str(e)) from None
     return msg
+
+
+# last: the tables it takes are all defined above
+_native = accel.load("common.format._codec")
+if _native is not None:
+    _native.configure(_native_tables())

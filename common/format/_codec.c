@@ -1,0 +1,479 @@
+/* The request and response checks of common/format/protocol.py in C: decode_request and
+ * decode_response for well-formed frames, without a Python-level step per field.
+ *
+ * This is the first piece of the native request path (docs/architecture.md, "A request path
+ * outside the interpreter"): the broker's decode and check of every request header, and the
+ * client's of every answer. The Python functions stay the reference and the only source of
+ * errors: whenever anything here is not plainly valid (a type, a bound, a name's characters,
+ * a field kind this file does not check, such as a SEND_BATCH's meta and sizes), the function
+ * answers None and the caller runs the Python path, which accepts it the same way or raises the
+ * ProtocolError naming the field. So a result from here is always the Python path's result:
+ * tests/unit/format/test_native_codec.py holds the two to that, field by field, on generated
+ * and malformed headers.
+ *
+ * configure() is called once by protocol.py with its tables (the request schemas as kinds and
+ * bounds, the code -> enum maps, the Request and Response types, msgpack.unpackb and the
+ * constants); limits are read from a Limits object once and kept by identity.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { K_INT = 0, K_STR, K_TOPIC, K_GROUP, K_PROPS, K_SYSFLAG, K_ROLE, K_OTHER };
+
+typedef struct {
+    PyObject *limits;  /* strong: the Limits object these were read from */
+    PyObject *unpack_kwargs;
+    long long max_batch_count, max_frame_bytes, max_header_bytes, max_body_bytes, max_topic_length;
+} LimitsEntry;
+
+#define LIMITS_CACHE 4
+
+static struct {
+    int ready;
+    PyObject *schemas;        /* {code int: (fields {name: (kind, lo, hi)}, required, defaults, body_lo, body_hi)} */
+    PyObject *request_codes;  /* {int: RequestCode} */
+    PyObject *response_codes; /* {int: ResponseCode} */
+    PyObject *request_type, *response_type;
+    PyObject *born_host_default;
+    PyObject *unpackb;
+    PyObject *unpack_kwargs_of; /* protocol._unpack_kwargs(max_batch_count) */
+    PyObject *str_sync_master, *str_async_master;
+    long long protocol_version, max_offset, max_group_length, max_properties_bytes;
+    long long client_sysflags, unknown_opaque;
+    LimitsEntry cache[LIMITS_CACHE];
+    int cache_next;
+} S;
+
+static int read_ll(PyObject *obj, const char *name, long long *out) {
+    PyObject *v = PyObject_GetAttrString(obj, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* The bounds of ``limits`` (read once per Limits object), or NULL with an exception set. */
+static LimitsEntry *limits_of(PyObject *limits) {
+    for (int i = 0; i < LIMITS_CACHE; i++)
+        if (S.cache[i].limits == limits) return &S.cache[i];
+    LimitsEntry fresh;
+    if (read_ll(limits, "max_batch_count", &fresh.max_batch_count) < 0 ||
+        read_ll(limits, "max_frame_bytes", &fresh.max_frame_bytes) < 0 ||
+        read_ll(limits, "max_header_bytes", &fresh.max_header_bytes) < 0 ||
+        read_ll(limits, "max_body_bytes", &fresh.max_body_bytes) < 0 ||
+        read_ll(limits, "max_topic_length", &fresh.max_topic_length) < 0)
+        return NULL;
+    fresh.unpack_kwargs = PyObject_CallFunction(S.unpack_kwargs_of, "L", fresh.max_batch_count);
+    if (fresh.unpack_kwargs == NULL) return NULL;
+    if (!PyDict_Check(fresh.unpack_kwargs)) {
+        Py_DECREF(fresh.unpack_kwargs);
+        PyErr_SetString(PyExc_TypeError, "_unpack_kwargs must answer a dict");
+        return NULL;
+    }
+    Py_INCREF(limits);
+    fresh.limits = limits;
+    LimitsEntry *slot = &S.cache[S.cache_next];
+    S.cache_next = (S.cache_next + 1) % LIMITS_CACHE;
+    Py_XDECREF(slot->limits);
+    Py_XDECREF(slot->unpack_kwargs);
+    *slot = fresh;
+    return slot;
+}
+
+/* The frames as the Python path checks them first (_check_envelope): 1 on a plain envelope,
+ * 0 when the Python path must look (it may refuse), -1 on an error. */
+static int envelope_ok(PyObject *frames, const LimitsEntry *lim) {
+    if (!PyList_CheckExact(frames)) return 0;
+    Py_ssize_t n = PyList_GET_SIZE(frames);
+    if (n < 1 || n > lim->max_batch_count + 1) return 0;
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *f = PyList_GET_ITEM(frames, i);
+        if (!PyBytes_CheckExact(f)) return 0;
+        total += PyBytes_GET_SIZE(f);
+    }
+    if (total > lim->max_frame_bytes) return 0;
+    Py_ssize_t head = PyBytes_GET_SIZE(PyList_GET_ITEM(frames, 0));
+    return head > 0 && head <= lim->max_header_bytes;
+}
+
+/* msgpack.unpackb(frames[0], raw=False, **kwargs), or NULL (no exception: not plain). */
+static PyObject *unpack(PyObject *raw, const LimitsEntry *lim) {
+    PyObject *args = PyTuple_Pack(1, raw);
+    if (args == NULL) return NULL;
+    PyObject *value = PyObject_Call(S.unpackb, args, lim->unpack_kwargs);
+    Py_DECREF(args);
+    if (value == NULL) PyErr_Clear();  /* the Python path names what is wrong */
+    return value;
+}
+
+/* An exact int in [lo, hi]: 1, else 0. */
+static int int_in(PyObject *v, long long lo, long long hi, long long *out) {
+    if (!PyLong_CheckExact(v)) return 0;
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (x < lo || x > hi) return 0;
+    if (out) *out = x;
+    return 1;
+}
+
+/* The UTF-8 size of a str, or -1 (no exception) where it has none. */
+static Py_ssize_t utf8_size(PyObject *s) {
+    if (PyUnicode_IS_ASCII(s)) return PyUnicode_GET_LENGTH(s);
+    Py_ssize_t size;
+    if (PyUnicode_AsUTF8AndSize(s, &size) == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    return size;
+}
+
+/* RocketMQ's topic and group characters, [%|a-zA-Z0-9_-], one or more. */
+static int good_name(PyObject *s, long long max_length) {
+    if (!PyUnicode_CheckExact(s) || !PyUnicode_IS_ASCII(s)) return 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    if (n < 1 || n > max_length) return 0;
+    const unsigned char *p = PyUnicode_1BYTE_DATA(s);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '%' || c == '|' || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static int has_separator(PyObject *s) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c == 1 || c == 2) return 1;
+    }
+    return 0;
+}
+
+/* _check_props: a dict of non-empty str -> str without separators, within the size. */
+static int props_ok(PyObject *v) {
+    if (!PyDict_CheckExact(v)) return 0;
+    PyObject *key, *item;
+    Py_ssize_t pos = 0;
+    long long size = 0;
+    while (PyDict_Next(v, &pos, &key, &item)) {
+        if (!PyUnicode_CheckExact(key) || !PyUnicode_CheckExact(item)) return 0;
+        if (PyUnicode_GET_LENGTH(key) == 0) return 0;
+        if (has_separator(key) || has_separator(item)) return 0;
+        size += PyUnicode_GET_LENGTH(key) + PyUnicode_GET_LENGTH(item) + 2;
+    }
+    return size <= S.max_properties_bytes;
+}
+
+/* One field's value, as _check_value accepts it: 1, else 0. */
+static int value_ok(PyObject *spec, PyObject *v, const LimitsEntry *lim) {
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+    long long lo = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 1));
+    long long hi = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 2));
+    switch (kind) {
+    case K_INT:
+        return int_in(v, lo, hi, NULL);
+    case K_STR: {
+        if (!PyUnicode_CheckExact(v)) return 0;
+        Py_ssize_t size = utf8_size(v);
+        return size >= 0 && size >= lo && size <= hi;
+    }
+    case K_TOPIC:
+        return good_name(v, lim->max_topic_length);
+    case K_GROUP:
+        return good_name(v, S.max_group_length);
+    case K_PROPS:
+        return props_ok(v);
+    case K_SYSFLAG: {
+        long long x;
+        return int_in(v, 0, 0x7FFFFFFF, &x) && (x & ~S.client_sysflags) == 0;
+    }
+    case K_ROLE:
+        return PyUnicode_CheckExact(v) &&
+               (PyUnicode_Compare(v, S.str_sync_master) == 0 ||
+                PyUnicode_Compare(v, S.str_async_master) == 0);
+    default:
+        return 0;  /* meta, sizes: the Python path checks those */
+    }
+}
+
+/* _check_fields for a plain header: the checked dict (new reference), or NULL (no exception)
+ * when the Python path must look. */
+static PyObject *checked_fields(PyObject *schema, PyObject *fields, const LimitsEntry *lim) {
+    if (!PyDict_CheckExact(fields)) return NULL;
+    PyObject *specs = PyTuple_GET_ITEM(schema, 0);
+    PyObject *required = PyTuple_GET_ITEM(schema, 1);
+    PyObject *defaults = PyTuple_GET_ITEM(schema, 2);
+    PyObject *out = PyDict_New();
+    if (out == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *name, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(fields, &pos, &name, &value)) {
+        if (!PyUnicode_CheckExact(name)) goto not_plain;
+        PyObject *spec = PyDict_GetItemWithError(specs, name);
+        if (spec == NULL) goto not_plain;  /* unknown field (or an error: cleared below) */
+        if (value == Py_None) continue;
+        if (!value_ok(spec, value, lim)) goto not_plain;
+        if (PyDict_SetItem(out, name, value) < 0) goto not_plain;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(required); i++) {
+        PyObject *req = PyTuple_GET_ITEM(required, i);
+        if (PyDict_GetItemWithError(out, req) == NULL) goto not_plain;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(defaults); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(defaults, i);
+        PyObject *dname = PyTuple_GET_ITEM(pair, 0);
+        if (PyDict_GetItemWithError(out, dname) == NULL) {
+            if (PyErr_Occurred()) goto not_plain;
+            if (PyDict_SetItem(out, dname, PyTuple_GET_ITEM(pair, 1)) < 0) goto not_plain;
+        }
+    }
+    return out;
+not_plain:
+    PyErr_Clear();
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *new_tuple_of(PyObject *type, PyObject *items) {
+    PyObject *args = PyTuple_Pack(1, items);
+    if (args == NULL) return NULL;
+    PyObject *obj = PyTuple_Type.tp_new((PyTypeObject *)type, args, NULL);
+    Py_DECREF(args);
+    return obj;
+}
+
+/* decode_request(frames, limits) -> Request | None */
+static PyObject *decode_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "decode_request(frames, limits)");
+        return NULL;
+    }
+    if (!S.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() first");
+        return NULL;
+    }
+    PyObject *frames = args[0];
+    LimitsEntry *lim = limits_of(args[1]);
+    if (lim == NULL) return NULL;
+    if (!envelope_ok(frames, lim)) Py_RETURN_NONE;
+    PyObject *header = unpack(PyList_GET_ITEM(frames, 0), lim);
+    if (header == NULL) Py_RETURN_NONE;
+    PyObject *result = NULL, *checked = NULL, *bodies = NULL;
+    if (!PyList_CheckExact(header) || PyList_GET_SIZE(header) != 4) goto not_plain;
+    if (!int_in(PyList_GET_ITEM(header, 0), S.protocol_version, S.protocol_version, NULL))
+        goto not_plain;
+    PyObject *code = PyList_GET_ITEM(header, 1);
+    if (!int_in(PyList_GET_ITEM(header, 2), 0, S.max_offset, NULL)) goto not_plain;
+    if (!PyLong_CheckExact(code)) goto not_plain;
+    PyObject *req_code = PyDict_GetItemWithError(S.request_codes, code);
+    PyObject *schema = req_code ? PyDict_GetItemWithError(S.schemas, code) : NULL;
+    if (schema == NULL) goto not_plain;
+    checked = checked_fields(schema, PyList_GET_ITEM(header, 3), lim);
+    if (checked == NULL) goto not_plain;
+    Py_ssize_t n_bodies = PyList_GET_SIZE(frames) - 1;
+    long long body_lo = PyLong_AsLongLong(PyTuple_GET_ITEM(schema, 3));
+    long long body_hi = PyLong_AsLongLong(PyTuple_GET_ITEM(schema, 4));
+    if (body_hi < 0) body_hi = lim->max_batch_count;
+    if (n_bodies < body_lo || n_bodies > body_hi) goto not_plain;
+    for (Py_ssize_t i = 1; i <= n_bodies; i++)
+        if (PyBytes_GET_SIZE(PyList_GET_ITEM(frames, i)) > lim->max_body_bytes) goto not_plain;
+    bodies = PyList_GetSlice(frames, 1, n_bodies + 1);
+    if (bodies == NULL) goto not_plain;
+    PyObject *items = PyTuple_Pack(5, req_code, PyList_GET_ITEM(header, 2), checked, bodies,
+                                   S.born_host_default);
+    if (items == NULL) goto not_plain;
+    result = new_tuple_of(S.request_type, items);
+    Py_DECREF(items);
+    if (result == NULL) goto not_plain;
+    Py_DECREF(header);
+    Py_DECREF(checked);
+    Py_DECREF(bodies);
+    return result;
+not_plain:
+    PyErr_Clear();
+    Py_XDECREF(checked);
+    Py_XDECREF(bodies);
+    Py_DECREF(header);
+    Py_RETURN_NONE;
+}
+
+/* decode_response(frames, limits) -> Response | None */
+static PyObject *decode_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "decode_response(frames, limits)");
+        return NULL;
+    }
+    if (!S.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() first");
+        return NULL;
+    }
+    PyObject *frames = args[0];
+    LimitsEntry *lim = limits_of(args[1]);
+    if (lim == NULL) return NULL;
+    if (!envelope_ok(frames, lim)) Py_RETURN_NONE;
+    PyObject *header = unpack(PyList_GET_ITEM(frames, 0), lim);
+    if (header == NULL) Py_RETURN_NONE;
+    PyObject *bodies = NULL;
+    /* _unpack_header's depth check: a plain answer is [.., {name: scalar or [scalars]}] */
+    if (!PyList_CheckExact(header) || PyList_GET_SIZE(header) != 5) goto not_plain;
+    PyObject *code = PyList_GET_ITEM(header, 1), *remark = PyList_GET_ITEM(header, 3);
+    PyObject *fields = PyList_GET_ITEM(header, 4);
+    if (!int_in(PyList_GET_ITEM(header, 0), S.protocol_version, S.protocol_version, NULL))
+        goto not_plain;
+    if (!PyLong_CheckExact(code)) goto not_plain;
+    PyObject *resp_code = PyDict_GetItemWithError(S.response_codes, code);
+    if (resp_code == NULL) goto not_plain;
+    if (!int_in(PyList_GET_ITEM(header, 2), S.unknown_opaque, LLONG_MAX, NULL)) goto not_plain;
+    if (!PyUnicode_CheckExact(remark) || !PyDict_CheckExact(fields)) goto not_plain;
+    PyObject *name, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(fields, &pos, &name, &value)) {
+        if (PyDict_Check(value)) goto not_plain;  /* nested: the Python path checks depth */
+        if (PyList_Check(value)) {
+            if (!PyList_CheckExact(value)) goto not_plain;
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(value); i++) {
+                PyObject *item = PyList_GET_ITEM(value, i);
+                if (PyList_Check(item) || PyDict_Check(item)) goto not_plain;
+            }
+        }
+    }
+    bodies = PyList_GetSlice(frames, 1, PyList_GET_SIZE(frames));
+    if (bodies == NULL) goto not_plain;
+    PyObject *items = PyTuple_Pack(5, resp_code, PyList_GET_ITEM(header, 2), remark, fields,
+                                   bodies);
+    if (items == NULL) goto not_plain;
+    PyObject *result = new_tuple_of(S.response_type, items);
+    Py_DECREF(items);
+    if (result == NULL) goto not_plain;
+    Py_DECREF(bodies);
+    Py_DECREF(header);
+    return result;
+not_plain:
+    PyErr_Clear();
+    Py_XDECREF(bodies);
+    Py_DECREF(header);
+    Py_RETURN_NONE;
+}
+
+static int take(PyObject *dict, const char *name, PyObject **out) {
+    PyObject *v = PyDict_GetItemString(dict, name);
+    if (v == NULL) {
+        PyErr_Format(PyExc_KeyError, "configure: %s missing", name);
+        return -1;
+    }
+    Py_INCREF(v);
+    Py_XSETREF(*out, v);
+    return 0;
+}
+
+static int take_ll(PyObject *dict, const char *name, long long *out) {
+    PyObject *v = PyDict_GetItemString(dict, name);
+    if (v == NULL) {
+        PyErr_Format(PyExc_KeyError, "configure: %s missing", name);
+        return -1;
+    }
+    *out = PyLong_AsLongLong(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* configure(tables: dict) -- see protocol.py's _configure_native */
+static PyObject *configure(PyObject *self, PyObject *tables) {
+    if (!PyDict_Check(tables)) {
+        PyErr_SetString(PyExc_TypeError, "configure(tables: dict)");
+        return NULL;
+    }
+    S.ready = 0;
+    if (take(tables, "schemas", &S.schemas) < 0 || take(tables, "request_codes", &S.request_codes) < 0 ||
+        take(tables, "response_codes", &S.response_codes) < 0 ||
+        take(tables, "request_type", &S.request_type) < 0 ||
+        take(tables, "response_type", &S.response_type) < 0 ||
+        take(tables, "born_host_default", &S.born_host_default) < 0 ||
+        take(tables, "unpackb", &S.unpackb) < 0 ||
+        take(tables, "unpack_kwargs_of", &S.unpack_kwargs_of) < 0 ||
+        take_ll(tables, "protocol_version", &S.protocol_version) < 0 ||
+        take_ll(tables, "max_offset", &S.max_offset) < 0 ||
+        take_ll(tables, "max_group_length", &S.max_group_length) < 0 ||
+        take_ll(tables, "max_properties_bytes", &S.max_properties_bytes) < 0 ||
+        take_ll(tables, "client_sysflags", &S.client_sysflags) < 0 ||
+        take_ll(tables, "unknown_opaque", &S.unknown_opaque) < 0)
+        return NULL;
+    if (!PyDict_Check(S.schemas) || !PyDict_Check(S.request_codes) ||
+        !PyDict_Check(S.response_codes) || !PyType_Check(S.request_type) ||
+        !PyType_IsSubtype((PyTypeObject *)S.request_type, &PyTuple_Type) ||
+        !PyType_Check(S.response_type) ||
+        !PyType_IsSubtype((PyTypeObject *)S.response_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "configure: wrong table types");
+        return NULL;
+    }
+    /* every schema row: (fields {str: (kind, lo, hi)}, required tuple, defaults tuple of pairs,
+     * body_lo, body_hi (-1: the batch bound)) */
+    PyObject *key, *row;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(S.schemas, &pos, &key, &row)) {
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 5 ||
+            !PyDict_CheckExact(PyTuple_GET_ITEM(row, 0)) ||
+            !PyTuple_CheckExact(PyTuple_GET_ITEM(row, 1)) ||
+            !PyTuple_CheckExact(PyTuple_GET_ITEM(row, 2))) {
+            PyErr_SetString(PyExc_TypeError, "configure: a schema row is not (fields, required, "
+                                             "defaults, body_lo, body_hi)");
+            return NULL;
+        }
+        PyObject *name, *spec;
+        Py_ssize_t p2 = 0;
+        while (PyDict_Next(PyTuple_GET_ITEM(row, 0), &p2, &name, &spec)) {
+            if (!PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) != 3) {
+                PyErr_SetString(PyExc_TypeError, "configure: a field spec is not (kind, lo, hi)");
+                return NULL;
+            }
+        }
+        PyObject *defaults = PyTuple_GET_ITEM(row, 2);
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(defaults); i++) {
+            PyObject *pair = PyTuple_GET_ITEM(defaults, i);
+            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                PyErr_SetString(PyExc_TypeError, "configure: a default is not (name, value)");
+                return NULL;
+            }
+        }
+    }
+    Py_XSETREF(S.str_sync_master, PyUnicode_FromString("SYNC_MASTER"));
+    Py_XSETREF(S.str_async_master, PyUnicode_FromString("ASYNC_MASTER"));
+    if (S.str_sync_master == NULL || S.str_async_master == NULL) return NULL;
+    for (int i = 0; i < LIMITS_CACHE; i++) {
+        Py_CLEAR(S.cache[i].limits);
+        Py_CLEAR(S.cache[i].unpack_kwargs);
+    }
+    S.ready = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)configure, METH_O, "configure(tables)"},
+    {"decode_request", (PyCFunction)(void (*)(void))decode_request, METH_FASTCALL,
+     "decode_request(frames, limits) -> Request | None (None: take the Python path)"},
+    {"decode_response", (PyCFunction)(void (*)(void))decode_response, METH_FASTCALL,
+     "decode_response(frames, limits) -> Response | None (None: take the Python path)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_codec",
+    "protocol.py's decode_request and decode_response for plain frames, in C", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__codec(void) { return PyModule_Create(&module); }

@@ -1,0 +1,295 @@
+"""The C request and answer checks (``common/format/_codec.c``) against the Python ones.
+
+``protocol.decode_request`` and ``decode_response`` take a plain request or answer from the C
+codec where it is built, and anything else from the Python path, the reference. What the C
+codec answers must be exactly what the Python path answers (the same fields, in the same order,
+with the same defaults); where the Python path refuses, the C codec must answer None, so the
+refusal (and its field and reason) still comes from the reference. These tests hold the two to
+that on headers made from every request code's schema, on near misses of each check, and on
+arbitrary msgpack; and check that the usual requests and answers do take the C path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.core.errors import ResponseCode
+from common.format import protocol
+from common.format.protocol import (
+    MAX_GROUP_LENGTH,
+    PROTOCOL_VERSION,
+    SPECS,
+    Limits,
+    ProtocolError,
+    RequestCode,
+    encode_request,
+    encode_response,
+)
+
+pytestmark = pytest.mark.unit
+
+native = pytest.importorskip("common.format._codec", reason="the C codec is not built here")
+
+LIMITS = Limits(max_frame_bytes=64 * 1024, max_body_bytes=4096, max_batch_count=16,
+                max_topic_length=40)
+CLIENT_LIMITS = LIMITS.for_responses()
+
+
+def _python_request(frames: list[Any], limits: Limits = LIMITS) -> Any:
+    try:
+        return protocol._decode_request_py(frames, limits)
+    except ProtocolError as e:
+        return e
+
+
+def _python_response(frames: list[Any], limits: Limits = CLIENT_LIMITS) -> Any:
+    try:
+        return protocol._decode_response_py(frames, limits)
+    except ProtocolError as e:
+        return e
+
+
+def _same_request(frames: list[Any], limits: Limits = LIMITS) -> Any:
+    """The C answer, checked against the reference; returns it (None: the Python path's)."""
+    ours = native.decode_request(frames, limits)
+    ref = _python_request(frames, limits)
+    if ours is not None:
+        assert not isinstance(ref, ProtocolError), (frames, ref)
+        assert ours == ref
+        assert type(ours) is protocol.Request
+        assert list(ours.fields) == list(ref.fields)  # the same order, defaults last
+        assert type(ours.bodies) is list
+    return ours
+
+
+def _same_response(frames: list[Any], limits: Limits = CLIENT_LIMITS) -> Any:
+    ours = native.decode_response(frames, limits)
+    ref = _python_response(frames, limits)
+    if ours is not None:
+        assert not isinstance(ref, ProtocolError), (frames, ref)
+        assert ours == ref
+        assert type(ours) is protocol.Response
+    return ours
+
+
+# ---- values that pass each field kind's check --------------------------------------------------
+
+_NAME_CHARS = st.sampled_from("abcXYZ019%|_-")
+
+
+def _good_value(kind: str, lo: int, hi: int) -> st.SearchStrategy[Any]:
+    if kind == "int":
+        return st.integers(lo, hi)
+    if kind == "str":
+        return st.text(max_size=min(hi, 30)).filter(
+            lambda s: lo <= len(s.encode("utf-8")) <= hi)
+    if kind == "topic":
+        return st.text(_NAME_CHARS, min_size=1, max_size=LIMITS.max_topic_length)
+    if kind == "group":
+        return st.text(_NAME_CHARS, min_size=1, max_size=MAX_GROUP_LENGTH)
+    if kind == "props":
+        text = st.text(st.characters(blacklist_characters="\x01\x02",
+                                     blacklist_categories=("Cs",)), max_size=12)
+        return st.dictionaries(text.filter(bool), text, max_size=4)
+    if kind == "sysflag":
+        return st.sampled_from([0, 1, 4, 5])
+    if kind == "role":
+        return st.sampled_from(["SYNC_MASTER", "ASYNC_MASTER"])
+    raise AssertionError(kind)
+
+
+_PLAIN = {code: spec for code, spec in SPECS.items()
+          if all(f.kind not in ("meta", "sizes") for f in spec.fields.values())}
+
+
+@st.composite
+def _plain_request(draw: st.DrawFn) -> list[bytes]:
+    code = draw(st.sampled_from(sorted(_PLAIN)))
+    spec = SPECS[code]
+    fields: dict[str, Any] = {}
+    names = list(spec.fields)
+    for name in draw(st.permutations(names)):
+        field = spec.fields[name]
+        if field.required or draw(st.booleans()):
+            fields[name] = draw(_good_value(field.kind, field.lo, field.hi))
+        elif draw(st.integers(0, 5)) == 0:
+            fields[name] = None  # an explicit nil: as if left out
+    lo, hi = spec.bodies
+    hi = LIMITS.max_batch_count if hi is None else hi
+    bodies = draw(st.lists(st.binary(max_size=64), min_size=lo, max_size=min(hi, 3)))
+    opaque = draw(st.integers(0, (1 << 63) - 1))
+    return encode_request(code, opaque, fields, bodies)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_plain_request())
+def test_every_plain_request_is_decoded_in_c_as_the_reference_does(frames: list[bytes]) -> None:
+    assert _same_request(frames) is not None
+
+
+def _send(fields: dict[str, Any], bodies: list[Any] | None = None, version: Any = PROTOCOL_VERSION,
+          opaque: Any = 9, code: Any = int(RequestCode.SEND)) -> list[Any]:
+    base = {"topic": "orders", "queueId": 1}
+    base.update(fields)
+    return [msgpack.packb([version, code, opaque, base]), *(bodies if bodies is not None else [b"x"])]
+
+
+NEAR_MISSES = {
+    "topic with a final newline": _send({"topic": "orders\n"}),
+    "topic with a dot": _send({"topic": "a.b"}),
+    "topic too long": _send({"topic": "t" * 41}),
+    "topic empty": _send({"topic": ""}),
+    "topic not ASCII": _send({"topic": "ordér"}),
+    "topic an int": _send({"topic": 5}),
+    "topic nil (required)": _send({"topic": None}),
+    "queueId a bool": _send({"queueId": True}),
+    "queueId a float": _send({"queueId": 1.0}),
+    "queueId negative": _send({"queueId": -1}),
+    "queueId over the bound": _send({"queueId": 1 << 31}),
+    "queueId a huge int": _send({"queueId": (1 << 64) - 1}),
+    "flag at int32's low end": _send({"flag": -(1 << 31)}),
+    "flag below int32": _send({"flag": -(1 << 31) - 1}),
+    "tags over 255 bytes of UTF-8": _send({"tags": "é" * 128}),
+    "tags at 255 bytes": _send({"tags": "é" * 127 + "a"}),
+    "keys bytes": _send({"keys": b"k"}),
+    "unknown field": _send({"nope": 1}),
+    "properties with \\x01": _send({"properties": {"a\x01": "b"}}),
+    "properties with \\x02 in a value": _send({"properties": {"a": "b\x02"}}),
+    "properties empty name": _send({"properties": {"": "b"}}),
+    "properties an int value": _send({"properties": {"a": 1}}),
+    "properties nested": _send({"properties": {"a": {"b": "c"}}}),
+    "properties at the size bound": _send({"properties": {"k": "v" * 32764}}),
+    "properties over the size bound": _send({"properties": {"k": "v" * 32765}}),
+    "sysFlag a broker bit": _send({"sysFlag": 8}),
+    "sysFlag negative": _send({"sysFlag": -1}),
+    "sysFlag a bool": _send({"sysFlag": True}),
+    "delayLevel over 64": _send({"delayLevel": 65}),
+    "version True": _send({}, version=True),
+    "version 1.0": _send({}, version=1.0),
+    "version 2": _send({}, version=2),
+    "opaque negative": _send({}, opaque=-1),
+    "opaque 2^63": _send({}, opaque=1 << 63),
+    "opaque a bool": _send({}, opaque=False),
+    "code unknown": _send({}, code=999),
+    "code a string": _send({}, code="10"),
+    "no body": _send({}, bodies=[]),
+    "two bodies": _send({}, bodies=[b"a", b"b"]),
+    "body at the bound": _send({}, bodies=[b"b" * 4096]),
+    "body over the bound": _send({}, bodies=[b"b" * 4097]),
+    "body a memoryview": _send({}, bodies=[memoryview(b"x")]),
+    "header a map": [msgpack.packb({"a": 1}), b"x"],
+    "header 5 long": [msgpack.packb([1, 10, 1, {}, 5]), b"x"],
+    "fields a list": [msgpack.packb([1, 10, 1, []]), b"x"],
+    "trailing bytes": [msgpack.packb([1, 10, 1, {"topic": "t", "queueId": 0}]) + b"\x00", b"x"],
+    "not msgpack": [b"\xc1\xc1", b"x"],
+    "empty header": [b"", b"x"],
+    "bin key": [msgpack.packb([1, 10, 1, {b"topic": "t", "queueId": 0}]), b"x"],
+    "frames over the total": _send({}, bodies=[b"b" * 4000] * 17),
+    "a batch with sizes": [msgpack.packb([1, int(RequestCode.SEND_BATCH), 1,
+                                          {"topic": "t", "queueId": 0, "sizes": [1, 1]}]), b"ab"],
+    "role neither": [msgpack.packb([1, int(RequestCode.PROMOTE), 1, {"role": "SLAVE"}])],
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEAR_MISSES))
+def test_a_near_miss_gets_the_reference_answer(case: str) -> None:
+    frames = NEAR_MISSES[case]
+    ours = _same_request(frames)
+    ref = _python_request(frames)
+    if isinstance(ref, ProtocolError):
+        assert ours is None
+        with pytest.raises(ProtocolError) as info:  # the caller's path: the reference's error
+            protocol.decode_request(frames, LIMITS)
+        assert (info.value.field, str(info.value)) == (ref.field, str(ref))
+
+
+def test_the_near_misses_the_reference_accepts_are_taken_in_c_where_plain() -> None:
+    for case in ("tags at 255 bytes", "properties at the size bound", "body at the bound",
+                 "flag at int32's low end"):
+        assert native.decode_request(NEAR_MISSES[case], LIMITS) is not None, case
+    for case in ("version True", "version 1.0"):  # equal to 1 for Python: the reference's
+        assert native.decode_request(NEAR_MISSES[case], LIMITS) is None
+        assert not isinstance(_python_request(NEAR_MISSES[case]), ProtocolError)
+
+
+_ANY = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 64) - 1) | st.floats()
+    | st.text(max_size=12) | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                               max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.sampled_from([1, 1.0, True, 0, 2]),
+       st.sampled_from([int(c) for c in RequestCode] + [0, 999]),
+       st.integers(-2, (1 << 64) - 1),
+       st.dictionaries(st.sampled_from(sorted({n for s in SPECS.values() for n in s.fields})
+                                       + ["x"]), _ANY, max_size=6),
+       st.lists(st.binary(max_size=40), max_size=3))
+def test_arbitrary_headers_get_the_reference_answer(version: Any, code: int, opaque: int,
+                                                    fields: dict[str, Any],
+                                                    bodies: list[bytes]) -> None:
+    _same_request([msgpack.packb([version, code, opaque, fields]), *bodies])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=60), st.lists(st.binary(max_size=20), max_size=2))
+def test_arbitrary_bytes_get_the_reference_answer(header: bytes, bodies: list[bytes]) -> None:
+    _same_request([header, *bodies])
+    _same_response([header, *bodies])
+
+
+# ---- answers ------------------------------------------------------------------------------------
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(list(ResponseCode)), st.integers(-1, (1 << 63) - 1),
+       st.text(max_size=20),
+       st.dictionaries(st.text(max_size=8),
+                       st.none() | st.integers(-(1 << 63), (1 << 63) - 1) | st.text(max_size=8)
+                       | st.lists(st.integers(0, 99) | st.text(max_size=4), max_size=4),
+                       max_size=6),
+       st.lists(st.binary(max_size=50), max_size=3))
+def test_every_plain_answer_is_decoded_in_c_as_the_reference_does(
+        code: ResponseCode, opaque: int, remark: str, fields: dict[str, Any],
+        bodies: list[bytes]) -> None:
+    assert _same_response(encode_response(code, opaque, remark, fields, bodies)) is not None
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.sampled_from([1, 1.0, True, 2]), st.sampled_from([int(c) for c in ResponseCode] + [999]),
+       st.integers(-3, (1 << 64) - 1), _ANY, _ANY, st.lists(st.binary(max_size=20), max_size=2))
+def test_arbitrary_answers_get_the_reference_answer(version: Any, code: int, opaque: int,
+                                                    remark: Any, fields: Any,
+                                                    bodies: list[bytes]) -> None:
+    _same_response([msgpack.packb([version, code, opaque, remark, fields]), *bodies])
+
+
+def test_a_deep_answer_goes_to_the_reference_and_is_refused_there() -> None:
+    deep: Any = "x"
+    for _ in range(8):
+        deep = [deep]
+    frames = encode_response(ResponseCode.SUCCESS, 1, "", {"a": deep})
+    assert native.decode_response(frames, CLIENT_LIMITS) is None
+    with pytest.raises(ProtocolError, match="nesting"):
+        protocol.decode_response(frames, CLIENT_LIMITS)
+
+
+def test_limits_are_read_per_limits_object() -> None:
+    frames = encode_request(RequestCode.SEND, 1, {"topic": "t" * 30, "queueId": 0}, [b"x"])
+    assert native.decode_request(frames, LIMITS) is not None
+    tight = Limits(max_frame_bytes=64 * 1024, max_body_bytes=4096, max_batch_count=16,
+                   max_topic_length=20)
+    assert native.decode_request(frames, tight) is None
+    with pytest.raises(ProtocolError, match="topic"):
+        protocol.decode_request(frames, tight)
+    for i in range(10):  # more Limits than the codec keeps: each still read right
+        limits = Limits(max_topic_length=25 + i)
+        assert (native.decode_request(frames, limits) is not None) == (30 <= 25 + i)
