@@ -183,10 +183,11 @@ def main() -> int:
     report(str(args.repo), broker, client, n)
     funcs = by_function(broker)
     if args.top:
-        print(f"broker, the {args.top} Python functions called most per message:")
-        python = [(k, v) for k, v in funcs.items() if k[1] != "C"]
-        for (_, where, name), v in sorted(python, key=lambda kv: -kv[1])[: args.top]:
-            print(f"  {v / n:7.2f}  {where}:{name}")
+        for who, counts in (("broker", funcs), ("client", by_function(client))):
+            print(f"{who}, the {args.top} Python functions called most per message:")
+            python = [(k, v) for k, v in counts.items() if k[1] != "C"]
+            for (_, where, name), v in sorted(python, key=lambda kv: -kv[1])[: args.top]:
+                print(f"  {v / n:7.2f}  {where}:{name}")
     if args.against is not None:
         other, other_client = measure(args.against.resolve(), n)
         report(str(args.against), other, other_client, n)

@@ -38,7 +38,7 @@ static struct {
     PyObject *response_codes; /* {int: ResponseCode} */
     PyObject *request_type, *response_type;
     PyObject *born_host_default;
-    PyObject *unpackb;
+    PyObject *unpackb, *packer_type, *str_pack, *version_obj, *no_bodies, *no_remark;
     PyObject *unpack_kwargs_of; /* protocol._unpack_kwargs(max_batch_count) */
     PyObject *str_sync_master, *str_async_master;
     long long protocol_version, max_offset, max_group_length, max_properties_bytes;
@@ -370,6 +370,114 @@ not_plain:
     Py_RETURN_NONE;
 }
 
+/* [packb(header), *bodies]: the frames of a request (4 header items) or an answer (5), packed
+ * as protocol.py's encode_request and encode_response pack them: the code as a plain int, the
+ * fields a dict. NULL with an exception when packing fails (as the Python functions raise). */
+static PyObject *frames_of(PyObject *items, PyObject *bodies) {
+    /* msgpack.packb(items) is Packer().pack(items), the Packer and its pack compiled */
+    PyObject *packer = PyObject_CallNoArgs(S.packer_type);
+    if (packer == NULL) return NULL;
+    PyObject *header = PyObject_CallMethodOneArg(packer, S.str_pack, items);
+    Py_DECREF(packer);
+    if (header == NULL) return NULL;
+    PyObject *seq = PySequence_Fast(bodies, "bodies must be iterable");
+    if (seq == NULL) {
+        Py_DECREF(header);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n + 1);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        Py_DECREF(header);
+        return NULL;
+    }
+    PyList_SET_ITEM(out, 0, header);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *body = PySequence_Fast_GET_ITEM(seq, i);
+        Py_INCREF(body);
+        PyList_SET_ITEM(out, i + 1, body);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* A dict to pack: ``fields`` itself when it is one, {} for None, else dict(fields). */
+static PyObject *fields_dict(PyObject *fields) {
+    if (fields == Py_None) return PyDict_New();
+    if (PyDict_CheckExact(fields)) {
+        Py_INCREF(fields);
+        return fields;
+    }
+    int truth = PyObject_IsTrue(fields);  /* dict(fields or {}) */
+    if (truth < 0) return NULL;
+    return truth ? PyObject_CallOneArg((PyObject *)&PyDict_Type, fields) : PyDict_New();
+}
+
+/* encode_request(code, opaque, fields, bodies) -> frames */
+static PyObject *encode_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "encode_request(code, opaque, fields=None, bodies=())");
+        return NULL;
+    }
+    PyObject *code = PyNumber_Long(args[0]);  /* int(code) */
+    if (code == NULL) return NULL;
+    PyObject *fields = fields_dict(nargs > 2 ? args[2] : Py_None);
+    if (fields == NULL) {
+        Py_DECREF(code);
+        return NULL;
+    }
+    PyObject *items = PyList_New(4);
+    if (items == NULL) {
+        Py_DECREF(code);
+        Py_DECREF(fields);
+        return NULL;
+    }
+    Py_INCREF(S.version_obj);
+    PyList_SET_ITEM(items, 0, S.version_obj);
+    PyList_SET_ITEM(items, 1, code);
+    Py_INCREF(args[1]);
+    PyList_SET_ITEM(items, 2, args[1]);
+    PyList_SET_ITEM(items, 3, fields);
+    PyObject *out = frames_of(items, nargs > 3 ? args[3] : S.no_bodies);
+    Py_DECREF(items);
+    return out;
+}
+
+/* encode_response(code, opaque, remark, fields, bodies) -> frames */
+static PyObject *encode_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_response(code, opaque, remark='', fields=None, bodies=())");
+        return NULL;
+    }
+    PyObject *code = PyNumber_Long(args[0]);  /* int(code) */
+    if (code == NULL) return NULL;
+    PyObject *fields = fields_dict(nargs > 3 ? args[3] : Py_None);
+    if (fields == NULL) {
+        Py_DECREF(code);
+        return NULL;
+    }
+    PyObject *items = PyList_New(5);
+    if (items == NULL) {
+        Py_DECREF(code);
+        Py_DECREF(fields);
+        return NULL;
+    }
+    Py_INCREF(S.version_obj);
+    PyList_SET_ITEM(items, 0, S.version_obj);
+    PyList_SET_ITEM(items, 1, code);
+    Py_INCREF(args[1]);
+    PyList_SET_ITEM(items, 2, args[1]);
+    PyObject *remark = nargs > 2 ? args[2] : S.no_remark;
+    Py_INCREF(remark);
+    PyList_SET_ITEM(items, 3, remark);
+    PyList_SET_ITEM(items, 4, fields);
+    PyObject *out = frames_of(items, nargs > 4 ? args[4] : S.no_bodies);
+    Py_DECREF(items);
+    return out;
+}
+
 static int take(PyObject *dict, const char *name, PyObject **out) {
     PyObject *v = PyDict_GetItemString(dict, name);
     if (v == NULL) {
@@ -403,7 +511,8 @@ static PyObject *configure(PyObject *self, PyObject *tables) {
         take(tables, "request_type", &S.request_type) < 0 ||
         take(tables, "response_type", &S.response_type) < 0 ||
         take(tables, "born_host_default", &S.born_host_default) < 0 ||
-        take(tables, "unpackb", &S.unpackb) < 0 ||
+        take(tables, "unpackb", &S.unpackb) < 0 || take(tables, "packer_type", &S.packer_type) < 0 ||
+        take(tables, "protocol_version", &S.version_obj) < 0 ||
         take(tables, "unpack_kwargs_of", &S.unpack_kwargs_of) < 0 ||
         take_ll(tables, "protocol_version", &S.protocol_version) < 0 ||
         take_ll(tables, "max_offset", &S.max_offset) < 0 ||
@@ -450,6 +559,10 @@ static PyObject *configure(PyObject *self, PyObject *tables) {
             }
         }
     }
+    Py_XSETREF(S.str_pack, PyUnicode_InternFromString("pack"));
+    Py_XSETREF(S.no_bodies, PyTuple_New(0));
+    Py_XSETREF(S.no_remark, PyUnicode_FromString(""));
+    if (S.str_pack == NULL || S.no_bodies == NULL || S.no_remark == NULL) return NULL;
     Py_XSETREF(S.str_sync_master, PyUnicode_FromString("SYNC_MASTER"));
     Py_XSETREF(S.str_async_master, PyUnicode_FromString("ASYNC_MASTER"));
     if (S.str_sync_master == NULL || S.str_async_master == NULL) return NULL;
@@ -467,6 +580,10 @@ static PyMethodDef methods[] = {
      "decode_request(frames, limits) -> Request | None (None: take the Python path)"},
     {"decode_response", (PyCFunction)(void (*)(void))decode_response, METH_FASTCALL,
      "decode_response(frames, limits) -> Response | None (None: take the Python path)"},
+    {"encode_request", (PyCFunction)(void (*)(void))encode_request, METH_FASTCALL,
+     "encode_request(code, opaque, fields=None, bodies=()) -> frames"},
+    {"encode_response", (PyCFunction)(void (*)(void))encode_response, METH_FASTCALL,
+     "encode_response(code, opaque, remark='', fields=None, bodies=()) -> frames"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,7 +33,9 @@ from common.format.protocol import (
 
 pytestmark = pytest.mark.unit
 
-native = pytest.importorskip("common.format._codec", reason="the C codec is not built here")
+native: Any = protocol._native  # the codec protocol.py loaded (None: not built, or PURE_PYTHON_REPLOG)
+if native is None:
+    pytest.skip("the C codec is not in use here", allow_module_level=True)
 
 LIMITS = Limits(max_frame_bytes=64 * 1024, max_body_bytes=4096, max_batch_count=16,
                 max_topic_length=40)
@@ -293,3 +295,64 @@ def test_limits_are_read_per_limits_object() -> None:
     for i in range(10):  # more Limits than the codec keeps: each still read right
         limits = Limits(max_topic_length=25 + i)
         assert (native.decode_request(frames, limits) is not None) == (30 <= 25 + i)
+
+
+# ---- encoding -----------------------------------------------------------------------------------
+
+_FIELD_VALUES = (st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 64) - 1)
+                 | st.floats(allow_nan=False) | st.text(max_size=10) | st.binary(max_size=10)
+                 | st.lists(st.integers(0, 9) | st.text(max_size=3), max_size=3))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(list(RequestCode)), st.integers(0, (1 << 63) - 1),
+       st.none() | st.dictionaries(st.text(max_size=8), _FIELD_VALUES, max_size=5),
+       st.lists(st.binary(max_size=30), max_size=3), st.booleans())
+def test_requests_are_encoded_in_c_as_the_reference_does(
+        code: RequestCode, opaque: int, fields: dict[str, Any] | None, bodies: list[bytes],
+        as_tuple: bool) -> None:
+    given_bodies: Any = tuple(bodies) if as_tuple else bodies
+    ours = native.encode_request(code, opaque, fields, given_bodies)
+    assert ours == protocol._encode_request_py(code, opaque, fields, given_bodies)
+    assert type(ours) is list
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(list(ResponseCode)), st.integers(-1, (1 << 63) - 1), st.text(max_size=20),
+       st.none() | st.dictionaries(st.text(max_size=8), _FIELD_VALUES, max_size=5),
+       st.lists(st.binary(max_size=30), max_size=3))
+def test_answers_are_encoded_in_c_as_the_reference_does(
+        code: ResponseCode, opaque: int, remark: str, fields: dict[str, Any] | None,
+        bodies: list[bytes]) -> None:
+    ours = native.encode_response(code, opaque, remark, fields, bodies)
+    assert ours == protocol._encode_response_py(code, opaque, remark, fields, bodies)
+    _same_response(ours)
+
+
+def test_encoding_takes_what_the_reference_takes_and_refuses_what_it_refuses() -> None:
+    from types import MappingProxyType
+    for fields in (MappingProxyType({"a": 1}), {}, None, [("a", 1)]):
+        assert native.encode_response(0, 1, "", fields, iter([b"x"])) == \
+            protocol._encode_response_py(0, 1, "", fields, iter([b"x"]))
+    for bad in ({"a": object()}, 5):
+        with pytest.raises(TypeError):
+            protocol._encode_request_py(10, 1, bad, [])  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            native.encode_request(10, 1, bad, [])
+    assert native.encode_request("10", 1, {}, []) == protocol._encode_request_py("10", 1, {}, [])
+
+
+def test_the_protocol_encodes_through_the_c_codec_with_the_same_defaults() -> None:
+    assert protocol.encode_request is native.encode_request
+    assert protocol.encode_response is native.encode_response
+    assert native.encode_request(RequestCode.SEND, 3) == \
+        protocol._encode_request_py(RequestCode.SEND, 3)
+    assert native.encode_request(RequestCode.SEND, 3, {"a": 1}) == \
+        protocol._encode_request_py(RequestCode.SEND, 3, {"a": 1})
+    for args in ((), ("r",), ("r", {"x": [1]}), ("r", {"x": 1}, [b"b"])):
+        assert native.encode_response(ResponseCode.SUCCESS, 4, *args) == \
+            protocol._encode_response_py(ResponseCode.SUCCESS, 4, *args)
+    with pytest.raises(TypeError):
+        native.encode_response(ResponseCode.SUCCESS)
+    with pytest.raises(TypeError):
+        native.encode_response(0, 1, "", None, (), "sixth")
