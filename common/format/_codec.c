@@ -55,32 +55,44 @@ static int read_ll(PyObject *obj, const char *name, long long *out) {
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* The bounds of ``limits`` (read once per Limits object), or NULL with an exception set. */
-static LimitsEntry *limits_of(PyObject *limits) {
-    for (int i = 0; i < LIMITS_CACHE; i++)
-        if (S.cache[i].limits == limits) return &S.cache[i];
+/* The bounds of ``limits`` (read once per Limits object) copied into ``out``, with a new
+ * reference to its unpack kwargs (the caller's to drop: a cache slot may be taken over by
+ * another thread while this one still decodes, whenever Python code runs in between, a
+ * finalizer during an allocation included); -1 with an exception set. */
+static int limits_of(PyObject *limits, LimitsEntry *out) {
+    for (int i = 0; i < LIMITS_CACHE; i++) {
+        if (S.cache[i].limits == limits) {
+            *out = S.cache[i];
+            Py_INCREF(out->unpack_kwargs);
+            return 0;
+        }
+    }
     LimitsEntry fresh;
     if (read_ll(limits, "max_batch_count", &fresh.max_batch_count) < 0 ||
         read_ll(limits, "max_frame_bytes", &fresh.max_frame_bytes) < 0 ||
         read_ll(limits, "max_header_bytes", &fresh.max_header_bytes) < 0 ||
         read_ll(limits, "max_body_bytes", &fresh.max_body_bytes) < 0 ||
         read_ll(limits, "max_topic_length", &fresh.max_topic_length) < 0)
-        return NULL;
+        return -1;
     fresh.unpack_kwargs = PyObject_CallFunction(S.unpack_kwargs_of, "L", fresh.max_batch_count);
-    if (fresh.unpack_kwargs == NULL) return NULL;
+    if (fresh.unpack_kwargs == NULL) return -1;
     if (!PyDict_Check(fresh.unpack_kwargs)) {
         Py_DECREF(fresh.unpack_kwargs);
         PyErr_SetString(PyExc_TypeError, "_unpack_kwargs must answer a dict");
-        return NULL;
+        return -1;
     }
-    Py_INCREF(limits);
     fresh.limits = limits;
+    *out = fresh;  /* the caller's reference to unpack_kwargs */
+    /* the slot's own references; nothing below runs Python code until the slot is whole */
     LimitsEntry *slot = &S.cache[S.cache_next];
     S.cache_next = (S.cache_next + 1) % LIMITS_CACHE;
-    Py_XDECREF(slot->limits);
-    Py_XDECREF(slot->unpack_kwargs);
+    PyObject *old_limits = slot->limits, *old_kwargs = slot->unpack_kwargs;
+    Py_INCREF(limits);
+    Py_INCREF(fresh.unpack_kwargs);
     *slot = fresh;
-    return slot;
+    Py_XDECREF(old_limits);  /* may run Python code: the slot is consistent by now */
+    Py_XDECREF(old_kwargs);
+    return 0;
 }
 
 /* The frames as the Python path checks them first (_check_envelope): 1 on a plain envelope,
@@ -268,10 +280,10 @@ static PyObject *decode_request(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     PyObject *frames = args[0];
-    LimitsEntry *lim = limits_of(args[1]);
-    if (lim == NULL) return NULL;
-    if (!envelope_ok(frames, lim)) Py_RETURN_NONE;
-    PyObject *header = unpack(PyList_GET_ITEM(frames, 0), lim);
+    LimitsEntry limits, *lim = &limits;
+    if (limits_of(args[1], lim) < 0) return NULL;
+    PyObject *header = envelope_ok(frames, lim) ? unpack(PyList_GET_ITEM(frames, 0), lim) : NULL;
+    Py_DECREF(lim->unpack_kwargs);
     if (header == NULL) Py_RETURN_NONE;
     PyObject *result = NULL, *checked = NULL, *bodies = NULL;
     if (!PyList_CheckExact(header) || PyList_GET_SIZE(header) != 4) goto not_plain;
@@ -323,10 +335,10 @@ static PyObject *decode_response(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     PyObject *frames = args[0];
-    LimitsEntry *lim = limits_of(args[1]);
-    if (lim == NULL) return NULL;
-    if (!envelope_ok(frames, lim)) Py_RETURN_NONE;
-    PyObject *header = unpack(PyList_GET_ITEM(frames, 0), lim);
+    LimitsEntry limits, *lim = &limits;
+    if (limits_of(args[1], lim) < 0) return NULL;
+    PyObject *header = envelope_ok(frames, lim) ? unpack(PyList_GET_ITEM(frames, 0), lim) : NULL;
+    Py_DECREF(lim->unpack_kwargs);
     if (header == NULL) Py_RETURN_NONE;
     PyObject *bodies = NULL;
     /* _unpack_header's depth check: a plain answer is [.., {name: scalar or [scalars]}] */

@@ -356,3 +356,32 @@ def test_the_protocol_encodes_through_the_c_codec_with_the_same_defaults() -> No
         native.encode_response(ResponseCode.SUCCESS)
     with pytest.raises(TypeError):
         native.encode_response(0, 1, "", None, (), "sixth")
+
+
+def test_threads_with_more_limits_than_the_codec_keeps_decode_right() -> None:
+    """The codec keeps 4 Limits objects; threads rotating through 8 take slots from each other
+    while they decode (a slot's references are dropped only once the new one is whole)."""
+    import sys
+    import threading
+
+    frames = encode_request(RequestCode.SEND, 1, {"topic": "t" * 30, "queueId": 0}, [b"x"])
+    limits = [Limits(max_topic_length=26 + i) for i in range(8)]
+    wrong: list[str] = []
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        def work(k: int) -> None:
+            for i in range(3000):
+                lim = limits[(k + i) % len(limits)]
+                got = native.decode_request(frames, lim)
+                if (got is not None) != (30 <= lim.max_topic_length):
+                    wrong.append(f"{lim.max_topic_length}: {got}")
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(old)
+    assert not wrong, wrong[:3]
