@@ -529,8 +529,8 @@ class RequestServer:
 
     def _dispatch(self, sock: zmq.Socket[bytes], identity: bytes, req: Request, started: float,
                   caller: Caller | None = None) -> None:
-        ctx = Context(self.services, caller, identity, started, self._park,
-                      self._audited(caller), self.client_requests.ask, self._draining.is_set())
+        ctx = Context(self.services, caller, identity, started, self._park, self._audit,
+                      self.client_requests.ask, self._draining.is_set())
         try:
             outcome = PROCESSORS[req.code](ctx, req)
         except ProtocolError as e:
@@ -725,15 +725,13 @@ class RequestServer:
         self._account(RequestCode.PULL, resp, poll.started)
         self._send(sock, poll.identity, _encode(resp))
 
-    def _audited(self, caller: Caller | None) -> Callable[[Denial], str]:
+    def _audit(self, caller: Caller | None, denial: Denial) -> str:
         """A refusal a processor finds (a look-up's message in a topic the caller may not
-        read): counted and audited; the remark the caller gets."""
-        def refused(denial: Denial) -> str:
-            self.stats.refused_permission += 1
-            if caller is None:
-                return denial.remark("")
-            return self.security.refused("client", caller.user, caller.handle, denial)
-        return refused
+        read): counted and audited; the remark the caller gets (``Context.refused``)."""
+        self.stats.refused_permission += 1
+        if caller is None:
+            return denial.remark("")
+        return self.security.refused("client", caller.user, caller.handle, denial)
 
 
 # ---- helpers ----------------------------------------------------------------------------------

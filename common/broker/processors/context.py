@@ -117,15 +117,19 @@ class Services(Protocol):
 class Context:
     """One request's context. ``park`` hands a long poll to the front end; ``refused`` audits a
     refusal found while processing (a look-up's message in a topic the caller may not read)
-    and returns the remark the caller gets; ``ask`` sends a request to a client on the
-    connection ``identity`` names (``common/broker/client_requests.py``); ``draining``: the
-    broker is shutting down (no request is parked then)."""
+    and returns the remark the caller gets (the front end's ``audit`` with this caller);
+    ``ask`` sends a request to a client on the connection ``identity`` names
+    (``common/broker/client_requests.py``); ``draining``: the broker is shutting down (no
+    request is parked then)."""
 
     services: Services
     caller: Caller | None
     identity: bytes  # the connection the request came on (a ROUTER identity)
     started: float
     park: Callable[[LongPoll], None]
-    refused: Callable[[Denial], str]
+    audit: Callable[[Caller | None, Denial], str]
     ask: AskClient
     draining: bool = False
+
+    def refused(self, denial: Denial) -> str:
+        return self.audit(self.caller, denial)
