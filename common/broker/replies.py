@@ -11,6 +11,8 @@ from typing import Any, Protocol
 from common.core.errors import ResponseCode
 from common.format.protocol import Request, RequestCode, Response
 
+_new_tuple = tuple.__new__
+
 
 def reply(
     req: Request,
@@ -19,7 +21,8 @@ def reply(
     fields: dict[str, Any] | None = None,
     bodies: list[bytes] | None = None,
 ) -> Response:
-    return Response(code, req.opaque, remark, fields or {}, bodies or [])
+    # tuple.__new__ with every field: a NamedTuple's __new__ is a Python function (per answer)
+    return _new_tuple(Response, (code, req.opaque, remark, fields or {}, bodies or []))
 
 
 class Deferred:

@@ -117,6 +117,8 @@ RCVMORE = int(zmq.RCVMORE)
 
 
 log = logging.getLogger("replog.server")
+# A NamedTuple's __new__ is a Python function; tuple.__new__ with every field is not (hot paths)
+_new_tuple = tuple.__new__
 # from the request table (common.format.protocol.SPECS): writes whose SUCCESS promises a stored
 # message (a controller-mode master checks its lease last), requests served past the in-flight
 # cap, requests whose ``topic`` a client names (a system topic is refused), writes
@@ -514,9 +516,9 @@ class RequestServer:
                 started,
             )
             return
-        if req.code in _PEER and head is not None:
-            req = Request(req.code, req.opaque, req.fields, req.bodies,
-                          self._born_host(identity, head))
+        if req.code in _PEER and head is not None:  # tuple.__new__: no Python-level __new__
+            req = _new_tuple(Request, (req.code, req.opaque, req.fields, req.bodies,
+                                       self._born_host(identity, head)))
         self._dispatch(sock, identity, req, started, caller)
 
     def _refuse(self, sock: zmq.Socket[bytes], identity: bytes, opaque: int, user: str,

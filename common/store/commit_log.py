@@ -40,6 +40,8 @@ from common.store.mapped_file import MappedFile
 from common.store.mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger("replog.store")
+# A NamedTuple's __new__ is a Python function; tuple.__new__ with every field is not (per put)
+_new_tuple = tuple.__new__
 
 assert record.HEADER.size == 88  # _write copies the body at +88
 TOPIC_PATTERN = re.compile(r"^(?!\.)[%|a-zA-Z0-9_.\-]+\Z")  # no leading dot: ".", ".." and ".x" are not queue directories
@@ -407,9 +409,9 @@ class CommitLog:
             self.topic_queue_table[key] = queue_offset
             self.last_store_timestamp = ts
             if plain:
-                self.digests.append(
-                    WriteDigest(base + first_pos, base + pos, topic, queue_id, first_queue_offset,
-                                entries, ts, cq))
+                self.digests.append(_new_tuple(WriteDigest, (
+                    base + first_pos, base + pos, topic, queue_id, first_queue_offset, entries,
+                    ts, cq)))
             self._lock_since = 0.0
         phy = base + first_pos
         end = base + pos
@@ -420,8 +422,9 @@ class CommitLog:
         offsets: tuple[int, ...] = ()
         if count > 1:
             offsets = tuple([entry[0] for entry in entries])
-        return PutResult(PutStatus.PUT_OK, phy, end - phy, queue_id, first_queue_offset, ts,
-                         count, offsets, self.store_ip, self.store_port)
+        return _new_tuple(PutResult, (PutStatus.PUT_OK, phy, end - phy, queue_id,
+                                      first_queue_offset, ts, count, offsets, self.store_ip,
+                                      self.store_port, ""))
 
     def take_digest(self, phy: int, end: int) -> WriteDigest | None:
         """The digest of the write that starts at ``phy`` and ends by ``end``, if one was kept;

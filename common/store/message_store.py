@@ -65,6 +65,7 @@ from common.store.timer.service import TimerStore
 from common.store.transaction.service import TransactionStore
 
 log = logging.getLogger("replog.store")
+_new_tuple = tuple.__new__  # a NamedTuple's __new__ is a Python function
 
 
 def store_identity(path: Path) -> str:
@@ -629,7 +630,7 @@ class MessageStore:
         self.puts += result.msg_count
         if self._group_commit is not None and wait:
             return PendingPut(result, self._group_commit.request(result.end_phy_offset))
-        return PendingPut(result, FLUSHED)
+        return _new_tuple(PendingPut, (result, FLUSHED))  # no Python-level __new__ (per put)
 
     def wait_flushed(self, pending: PendingPut) -> PutResult:
         if pending.flushed is FLUSHED:
