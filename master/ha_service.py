@@ -94,7 +94,14 @@ from common.broker.security import HA_DOMAIN, HandshakeMonitor, Security, user_i
 from common.core.config import BrokerConfig
 from common.core.logs import log_event
 from common.format.acl import Denial
-from common.format.zmq_frames import NOBLOCK, POLLIN, readable, send_frames
+from common.format.zmq_frames import (
+    NOBLOCK,
+    POLLIN,
+    readable,
+    recv_message,
+    recv_rest,
+    send_frames,
+)
 from common.ha import controller_core as cc
 from common.ha import master_core as mc
 from common.ha import term
@@ -113,7 +120,6 @@ SNDHWM_SLACK = 64  # heartbeats and errors beyond the DATA frames of a full wind
 SSS_CHECK_MS = 250  # controller mode: how often the SyncStateSet is looked at
 SSS_CONNECT_GRACE_MS = 2000  # members of the last term get this long to connect to a new one
 MAX_TRACKED_PEERS = 4096  # peers whose ZAP identity is remembered (security on)
-RCVMORE = int(zmq.RCVMORE)
 _SENT, _AGAIN, _GONE = "sent", "again", "gone"
 
 
@@ -490,13 +496,11 @@ class HaService:
             try:
                 if secure:
                     head = sock.recv(NOBLOCK, copy=False)
-                    peer, body = head.bytes, []
-                    while sock.getsockopt(RCVMORE):
-                        body.append(sock.recv(NOBLOCK))
+                    peer, body = head.bytes, recv_rest(sock, head)
                     if not self._admitted(peer, head):
                         continue
                 else:
-                    msg = sock.recv_multipart(zmq.NOBLOCK)
+                    msg = recv_message(sock)
                     peer, body = msg[0], msg[1:]
             except zmq.Again:
                 break

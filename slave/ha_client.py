@@ -71,7 +71,7 @@ from common.core.config import BrokerConfig
 from common.core.errors import ReplicationFencedError, StoreError
 from common.core.keys import ClientKeys
 from common.core.logs import log_event
-from common.format.zmq_frames import readable, send_frames
+from common.format.zmq_frames import readable, recv_buffers, send_frames
 from common.ha import epochs as ep
 from common.ha import slave_core as sc
 from common.ha import term
@@ -354,11 +354,10 @@ class HaClient:
             if not readable(sock):
                 return
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_buffers(sock)
             except zmq.Again:
                 return
             now_ms = self._now_ms()
-            frames = [p.buffer for p in parts]
             with self._lock:
                 assert self._core is not None
                 try:

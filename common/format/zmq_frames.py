@@ -85,6 +85,19 @@ def recv_message(sock: zmq.Socket[Any], flags: int = NOBLOCK) -> list[bytes]:
     return [first.bytes, *recv_rest(sock, first)]
 
 
+def recv_buffers(sock: zmq.Socket[Any], flags: int = NOBLOCK) -> list[memoryview]:
+    """A whole message as memoryviews of its frames, uncopied (``recv_multipart(flags,
+    copy=False)`` and each frame's ``buffer``, without the per-frame ``ZMQ_RCVMORE``): a slave's
+    replicated bytes go to its log from libzmq's buffer. Raises zmq.Again as ``recv`` does."""
+    frame = sock.recv(flags, copy=False)
+    out = [frame.buffer]
+    recv = sock.recv
+    while frame.more:
+        frame = recv(NOBLOCK, copy=False)
+        out.append(frame.buffer)
+    return out
+
+
 UNKNOWN_PEER = ("0.0.0.0", 0)
 
 

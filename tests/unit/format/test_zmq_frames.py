@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from common.format.zmq_frames import POLLIN, send_frames
+from common.format.zmq_frames import POLLIN, recv_buffers, recv_message, send_frames
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -65,3 +65,28 @@ def test_nothing_is_sent_when_the_socket_cannot_take_it(ctx: zmq.Context[zmq.Soc
 def test_an_identity_alone_is_refused() -> None:
     with pytest.raises(ValueError):
         send_frames(None, [], b"peer")  # type: ignore[arg-type]  # refused before any send
+
+
+def test_whole_messages_are_received_as_bytes_or_as_buffers(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+) -> None:
+    router = ctx.socket(zmq.ROUTER)
+    dealer = ctx.socket(zmq.DEALER)
+    try:
+        router.bind("inproc://whole")
+        dealer.setsockopt(zmq.ROUTING_ID, b"peer-2")
+        dealer.connect("inproc://whole")
+        with pytest.raises(zmq.Again):
+            recv_buffers(router)  # nothing there: nothing taken
+        send_frames(dealer, [b"header", b"x" * 70_000])  # a body past libzmq's small messages
+        send_frames(dealer, [b"one"])
+        assert router.poll(2000) & POLLIN
+        frames = recv_buffers(router)
+        assert [type(f) for f in frames] == [memoryview] * 3
+        assert [bytes(f) for f in frames] == [b"peer-2", b"header", b"x" * 70_000]
+        assert recv_message(router) == [b"peer-2", b"one"]
+        with pytest.raises(zmq.Again):
+            recv_message(router)
+    finally:
+        router.close(0)
+        dealer.close(0)
