@@ -582,8 +582,13 @@ class MessageStore:
         """The calling thread ends: a later thread with its (recycled) ident wakes reput."""
         self.reput.inline_threads.discard(threading.get_ident())
 
-    def add_arrival_listener(self, listener: ArrivalListener) -> None:
-        self.reput.arrival_listeners.append(listener)
+    def add_arrival_listener(self, listener: ArrivalListener, topic: str | None = None) -> None:
+        """Called on the dispatching thread with (topic, queue id, max queue offset) after
+        records are dispatched; with ``topic``, for that topic's records only."""
+        if topic is None:
+            self.reput.arrival_listeners.append(listener)
+        else:
+            self.reput.topic_arrival_listeners.setdefault(topic, []).append(listener)
 
     def add_append_listener(self, listener: AppendListener) -> None:
         self.commit_log.append_listeners.append(listener)

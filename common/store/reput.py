@@ -142,6 +142,9 @@ class ReputService:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one dispatcher at a time (thread or catch-up)
         self.arrival_listeners: list[ArrivalListener] = []
+        # listeners of one topic each (the timer service's of its own): looked up per dispatch,
+        # not called for every other topic's records
+        self.topic_arrival_listeners: dict[str, list[ArrivalListener]] = {}
         self.dispatched = 0
         # idents of threads that dispatch their own appends right after each burst (the
         # request server's I/O thread, a slave's HA client thread): their appends wake nobody
@@ -242,8 +245,11 @@ class ReputService:
         store.dispatch_cq(digest.topic, digest.queue_id, digest.first_queue_offset, entries,
                           digest.cq)
         store.dispatched_phy_offset = max(store.dispatched_phy_offset, digest.end)
+        topic = digest.topic
         for listener in self.arrival_listeners:
-            listener(digest.topic, digest.queue_id, digest.first_queue_offset + len(entries))
+            listener(topic, digest.queue_id, digest.first_queue_offset + len(entries))
+        for listener in self.topic_arrival_listeners.get(topic, ()):
+            listener(topic, digest.queue_id, digest.first_queue_offset + len(entries))
         store.note_dispatched_timestamp(digest.store_timestamp)
         return len(entries)
 
@@ -355,8 +361,11 @@ class ReputService:
             store.dispatch_cq(topic, queue_id, first, entries)
         runs.clear()
         store.dispatched_phy_offset = max(store.dispatched_phy_offset, phy)
+        by_topic = self.topic_arrival_listeners
         for (topic, queue_id), max_queue_offset in touched.items():
             for listener in self.arrival_listeners:
+                listener(topic, queue_id, max_queue_offset)
+            for listener in by_topic.get(topic, ()):
                 listener(topic, queue_id, max_queue_offset)
         touched.clear()
 

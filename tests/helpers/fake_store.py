@@ -157,8 +157,12 @@ class FakeStore:
     def topic_queues(self) -> dict[str, int]:
         return {}
 
-    def add_arrival_listener(self, cb: Callable[[str, int, int], None]) -> None:
-        self.listeners.append(cb)
+    def add_arrival_listener(self, cb: Callable[[str, int, int], None],
+                             topic: str | None = None) -> None:
+        if topic is None:
+            self.listeners.append(cb)
+        else:  # as the store: that topic's arrivals only
+            self.listeners.append(lambda t, q, o: cb(t, q, o) if t == topic else None)
 
     def dispatch_inline(self) -> int:
         self.inline_dispatches += 1  # the fake's puts are visible at once

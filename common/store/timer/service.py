@@ -182,7 +182,7 @@ class TimerStore:
         if not self.enabled:
             return
         self._recover()
-        self.store.add_arrival_listener(self._on_arrival)
+        self.store.add_arrival_listener(self._on_arrival, TIMER_TOPIC)  # its records only
         self._stop.clear()
         for target, name in ((self._enqueue_loop, "replog-timer-enqueue"),
                              (self._flush_loop, "replog-timer-flush")):

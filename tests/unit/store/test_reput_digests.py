@@ -155,3 +155,23 @@ def test_truncate_forgets_digests(tmp_path: Path) -> None:
         assert not store.commit_log.digests
     finally:
         store.shutdown()
+
+
+def test_a_topic_listener_hears_its_topic_only_on_both_dispatch_paths(tmp_path: Path) -> None:
+    """Digested writes (no user properties) and parsed ones (with them) both tell the
+    listeners of every topic, and a topic's own listeners only of that topic."""
+    store = open_store(tmp_path)
+    everything: list[tuple[str, int, int]] = []
+    timers: list[tuple[str, int, int]] = []
+    store.add_arrival_listener(lambda *a: everything.append(a))
+    store.add_arrival_listener(lambda *a: timers.append(a), "T")
+    try:
+        store.put(Message("A", b"plain"), 0)
+        store.put(Message("T", b"plain"), 1)
+        store.put(Message("A", b"props", properties={"k": "v"}), 0)
+        store.put(Message("T", b"props", properties={"k": "v"}), 1)
+        store.reput.do_reput()
+        assert sorted(everything) == [("A", 0, 1), ("A", 0, 2), ("T", 1, 1), ("T", 1, 2)]
+        assert sorted(timers) == [("T", 1, 1), ("T", 1, 2)]
+    finally:
+        store.shutdown()
