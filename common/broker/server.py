@@ -92,6 +92,7 @@ from common.core.logs import log_event
 from common.core.message import is_system_topic
 from common.format.acl import Account, Denial, rule_for
 from common.format.protocol import (
+    RESPONSE_MARK,
     SPECS,
     TO_BROKER,
     WRITE,
@@ -103,7 +104,6 @@ from common.format.protocol import (
     decode_request,
     encode_response,
     error_response,
-    is_response,
 )
 from common.format.zmq_frames import NOBLOCK, peer_address, readable, recv_rest, send_frames
 
@@ -459,7 +459,7 @@ class RequestServer:
                 self._refuse(sock, identity, _opaque_of(frames, self.limits), user, head, found)
                 return
             account = found
-        if is_response(frames):  # a client answers what this broker asked it
+        if frames[0][:1] == RESPONSE_MARK:  # a client answers what this broker asked it
             self.stats.requests -= 1
             malformed = self.client_requests.answer(identity, frames)
             if malformed is not None:  # garbage, not an answer: told, like any bad frame
@@ -518,7 +518,8 @@ class RequestServer:
             return
         if req.code in _PEER and head is not None:  # tuple.__new__: no Python-level __new__
             req = _new_tuple(Request, (req.code, req.opaque, req.fields, req.bodies,
-                                       self._born_host(identity, head)))
+                                       self._peers.get(identity)
+                                       or self._born_host(identity, head)))
         self._dispatch(sock, identity, req, started, caller)
 
     def _refuse(self, sock: zmq.Socket[bytes], identity: bytes, opaque: int, user: str,

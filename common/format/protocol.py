@@ -487,14 +487,15 @@ META_ITEMS = ("tags", "keys", "properties", "flag", "sysFlag")
 # A header is a msgpack fixarray: 4 elements for a request, 5 for a response. Both ends of a
 # connection may send requests (the broker asks a client), so each tells them apart by this.
 _REQUEST_MARK, _RESPONSE_MARK = 0x94, 0x95
+REQUEST_MARK, RESPONSE_MARK = bytes((_REQUEST_MARK,)), bytes((_RESPONSE_MARK,))  # a header's 1st byte
 
 
 def is_request(frames: Sequence[bytes]) -> bool:
-    return bool(frames) and frames[0][:1] == bytes((_REQUEST_MARK,))
+    return bool(frames) and frames[0][:1] == REQUEST_MARK
 
 
 def is_response(frames: Sequence[bytes]) -> bool:
-    return bool(frames) and frames[0][:1] == bytes((_RESPONSE_MARK,))
+    return bool(frames) and frames[0][:1] == RESPONSE_MARK
 
 
 
