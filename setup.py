@@ -1,6 +1,7 @@
 """The compiled modules: the CommitLog's record writer (common/format/record_writer.py), the
-client protocol's request and answer checks (common/format/protocol.py) and reput's record scan
-(common/store/reput.py); see common/core/accel.py.
+client protocol's request and answer checks (common/format/protocol.py), the HA protocol's DATA
+and ACK (common/ha/protocol.py) and reput's record scan (common/store/reput.py); see
+common/core/accel.py.
 
 ``optional=True``: where no C compiler, Python headers or zlib headers are found, the build
 goes on without it and the pure-Python writer runs (the same bytes, slower).
@@ -20,6 +21,12 @@ setup(
         Extension(
             "common.format._codec",
             sources=["common/format/_codec.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "common.ha._ha_codec",
+            sources=["common/ha/_ha_codec.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

@@ -59,6 +59,7 @@ from typing import Any, TypeAlias
 
 import msgpack
 
+from common.core import accel
 from common.core.config import HA_MAX_TRANSFER_BATCH, BrokerConfig
 from common.core.errors import ResponseCode
 from common.ha.epochs import EpochEntry, EpochHistory
@@ -212,7 +213,16 @@ def encode_data(
     session: int, epoch: int, epoch_start_phy_offset: int, phy_offset: int,
     data: bytes | memoryview, confirm_offset: int = NO_OFFSET,
 ) -> list[bytes | memoryview]:
-    """DATA header plus ``data`` itself as the second frame (zero copies here)."""
+    """DATA header plus ``data`` itself as the second frame (zero copies here). Where the C
+    codec is built, this name is its encode_data (the end of this module)."""
+    return _encode_data_py(session, epoch, epoch_start_phy_offset, phy_offset, data,
+                           confirm_offset)
+
+
+def _encode_data_py(
+    session: int, epoch: int, epoch_start_phy_offset: int, phy_offset: int,
+    data: bytes | memoryview, confirm_offset: int = NO_OFFSET,
+) -> list[bytes | memoryview]:
     header = _pack([FrameType.DATA, session, epoch, epoch_start_phy_offset, phy_offset, len(data),
                     confirm_offset])
     return [header, data]
@@ -220,7 +230,18 @@ def encode_data(
 
 # ---- decoding --------------------------------------------------------------------------------
 def decode(frames: Sequence[bytes | memoryview], limits: Limits) -> Frame:
-    """One message from its multipart frames; raises HAProtocolError on anything malformed."""
+    """One message from its multipart frames; raises HAProtocolError on anything malformed.
+
+    Where the C codec is built (``_ha_codec.c``), a plain DATA or ACK is decoded there; any
+    other frame, and anything it does not take for plain, comes here, the reference."""
+    if _native is not None:
+        frame = _native.decode(frames, limits)
+        if frame is not None:
+            return frame  # type: ignore[no-any-return]
+    return _decode_py(frames, limits)
+
+
+def _decode_py(frames: Sequence[bytes | memoryview], limits: Limits) -> Frame:
     if not frames:
         raise HAProtocolError("empty message: no header frame")
     items = _unpack_header(frames[0], limits)
@@ -237,18 +258,21 @@ def decode(frames: Sequence[bytes | memoryview], limits: Limits) -> Frame:
 def _unpack_header(raw: bytes | memoryview, limits: Limits) -> list[Any]:
     if len(raw) > limits.max_header_bytes:
         raise HAProtocolError(f"header of {len(raw)} bytes exceeds {limits.max_header_bytes}")
-    biggest = max(limits.max_text_bytes, limits.max_reason_bytes)
     try:
-        items = msgpack.unpackb(
-            raw, raw=False, use_list=True, strict_map_key=True,
-            max_str_len=biggest, max_bin_len=0, max_array_len=max(limits.max_epochs, 8),
-            max_map_len=0, max_ext_len=0,
-        )
+        items = msgpack.unpackb(raw, **_unpack_kwargs(limits))
     except (ValueError, TypeError) as e:  # msgpack's errors (incl. ExtraData, StackError)
         raise HAProtocolError(f"undecodable header: {type(e).__name__}: {e}") from None
     if not isinstance(items, list) or not items:
         raise HAProtocolError(f"header must be a non-empty list, got {type(items).__name__}")
     return items
+
+
+def _unpack_kwargs(limits: Limits) -> dict[str, Any]:
+    """msgpack's bounds for a header under ``limits`` (the C codec reads them once per Limits)."""
+    return {"raw": False, "use_list": True, "strict_map_key": True,
+            "max_str_len": max(limits.max_text_bytes, limits.max_reason_bytes),
+            "max_bin_len": 0, "max_array_len": max(limits.max_epochs, 8), "max_map_len": 0,
+            "max_ext_len": 0}
 
 
 def _frame_type(value: Any) -> FrameType:
@@ -427,3 +451,20 @@ _DECODERS: dict[FrameType, Callable[[list[Any], Limits], Frame]] = {
     FrameType.HEARTBEAT: _decode_heartbeat,
     FrameType.ERROR: _decode_error,
 }
+
+
+def _native_tables() -> dict[str, Any]:
+    """What ``_ha_codec.configure`` takes: the frame types it decodes, their classes, the
+    bounds of this module and msgpack's functions."""
+    return {"data_type": Data, "ack_type": Ack, "unpackb": msgpack.unpackb,
+            "unpack_kwargs_of": _unpack_kwargs, "packer_type": msgpack.Packer,
+            "data_code": int(FrameType.DATA), "type_data": int(FrameType.DATA),
+            "type_ack": int(FrameType.ACK), "max_offset": MAX_OFFSET, "max_epoch": _MAX_EPOCH,
+            "max_session": MAX_SESSION, "no_offset": NO_OFFSET}
+
+
+# last: the tables it takes are all defined above
+_native = accel.load("common.ha._ha_codec")
+if _native is not None:
+    _native.configure(_native_tables())
+    encode_data = _native.encode_data  # the same frames, in one C call
