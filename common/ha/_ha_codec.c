@@ -27,7 +27,7 @@ typedef struct {
 static struct {
     int ready;
     PyObject *data_type, *ack_type, *unpackb, *unpack_kwargs_of, *packer_type, *str_pack;
-    PyObject *no_offset_obj, *zero_obj, *zero_int_obj, *data_type_code;
+    PyObject *no_offset_obj, *zero_obj, *zero_int_obj, *data_type_code, *ack_type_code;
     PyObject *n_session, *n_epoch, *n_epoch_start, *n_phy_offset, *n_data, *n_confirm_offset,
         *n_ack_offset;
     long long type_data, type_ack, max_offset, max_epoch, no_offset;
@@ -229,6 +229,30 @@ static PyObject *encode_data(PyObject *self, PyObject *const *args, Py_ssize_t n
     return out;
 }
 
+/* encode_ack(session, ack_offset, epoch) -> header: protocol.py's encode_ack */
+static PyObject *encode_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode_ack(session, ack_offset, epoch)");
+        return NULL;
+    }
+    if (!H.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() first");
+        return NULL;
+    }
+    PyObject *items = PyList_New(4);
+    if (items == NULL) return NULL;
+    PyObject *values[] = {H.ack_type_code, args[0], args[1], args[2]};
+    for (int i = 0; i < 4; i++) {
+        Py_INCREF(values[i]);
+        PyList_SET_ITEM(items, i, values[i]);
+    }
+    PyObject *packer = PyObject_CallNoArgs(H.packer_type);
+    PyObject *header = packer ? PyObject_CallMethodOneArg(packer, H.str_pack, items) : NULL;
+    Py_XDECREF(packer);
+    Py_DECREF(items);
+    return header;
+}
+
 static int take(PyObject *dict, const char *name, PyObject **out) {
     PyObject *v = PyDict_GetItemString(dict, name);
     if (v == NULL) {
@@ -268,6 +292,7 @@ static PyObject *configure(PyObject *self, PyObject *tables) {
         take(tables, "unpack_kwargs_of", &H.unpack_kwargs_of) < 0 ||
         take(tables, "packer_type", &H.packer_type) < 0 ||
         take(tables, "data_code", &H.data_type_code) < 0 ||
+        take(tables, "ack_code", &H.ack_type_code) < 0 ||
         take(tables, "max_session", &max_session) < 0 ||
         take_ll(tables, "type_data", &H.type_data) < 0 ||
         take_ll(tables, "type_ack", &H.type_ack) < 0 ||
@@ -310,6 +335,8 @@ static PyMethodDef methods[] = {
     {"encode_data", (PyCFunction)(void (*)(void))encode_data, METH_FASTCALL,
      "encode_data(session, epoch, epoch_start_phy_offset, phy_offset, data, "
      "confirm_offset=-1) -> [header, data]"},
+    {"encode_ack", (PyCFunction)(void (*)(void))encode_ack, METH_FASTCALL,
+     "encode_ack(session, ack_offset, epoch) -> header"},
     {NULL, NULL, 0, NULL},
 };
 

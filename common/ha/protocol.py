@@ -209,6 +209,12 @@ def encode_header(frame: Hello | HelloReply | Ack | Heartbeat | Error) -> bytes:
     return _pack([FrameType.ERROR, frame.session, int(frame.code), frame.phy_offset, reason])
 
 
+def encode_ack(session: int, ack_offset: int, epoch: int) -> bytes:
+    """An ACK's one frame, as ``encode_header(Ack(session, ack_offset, epoch))`` makes it (a
+    slave sends one per DATA it stored); the C codec's where built."""
+    return _pack([FrameType.ACK, session, ack_offset, epoch])
+
+
 def encode_data(
     session: int, epoch: int, epoch_start_phy_offset: int, phy_offset: int,
     data: bytes | memoryview, confirm_offset: int = NO_OFFSET,
@@ -458,7 +464,8 @@ def _native_tables() -> dict[str, Any]:
     bounds of this module and msgpack's functions."""
     return {"data_type": Data, "ack_type": Ack, "unpackb": msgpack.unpackb,
             "unpack_kwargs_of": _unpack_kwargs, "packer_type": msgpack.Packer,
-            "data_code": int(FrameType.DATA), "type_data": int(FrameType.DATA),
+            "data_code": int(FrameType.DATA), "ack_code": int(FrameType.ACK),
+            "type_data": int(FrameType.DATA),
             "type_ack": int(FrameType.ACK), "max_offset": MAX_OFFSET, "max_epoch": _MAX_EPOCH,
             "max_session": MAX_SESSION, "no_offset": NO_OFFSET}
 
@@ -468,3 +475,4 @@ _native = accel.load("common.ha._ha_codec")
 if _native is not None:
     _native.configure(_native_tables())
     encode_data = _native.encode_data  # the same frames, in one C call
+    encode_ack = _native.encode_ack

@@ -48,13 +48,13 @@ from common.ha import epochs as ep
 from common.ha.epochs import EpochHistory
 from common.ha.protocol import (
     NO_OFFSET,
-    Ack,
     Data,
     Error,
     Frame,
     Heartbeat,
     Hello,
     HelloReply,
+    encode_ack,
     encode_header,
 )
 
@@ -330,7 +330,7 @@ class SlaveCore:
 
     def _ack(self, now_ms: int) -> SendToMaster:
         self._last_sent_ms = now_ms
-        return SendToMaster((encode_header(Ack(self._session, self._max, self.known_epoch)),))
+        return SendToMaster((encode_ack(self._session, self._max, self.known_epoch),))
 
     def _resync(self, reason: str, now_ms: int, reconnect: bool) -> list[SlaveAction]:
         """Start a new handshake from our own max offset."""

@@ -186,3 +186,12 @@ def test_the_protocol_uses_the_c_codec() -> None:
     assert protocol.decode([encode_header(Ack(3, 13, 2))], LIMITS) == Ack(3, 13, 2)
     with pytest.raises(TypeError):
         native.encode_data(1, 2, 3, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_SESSION, st.integers(0, MAX_OFFSET), st.integers(0, MAX_EPOCH))
+def test_an_ack_is_encoded_as_its_header(session: int, ack: int, epoch: int) -> None:
+    ours = native.encode_ack(session, ack, epoch)
+    assert ours == encode_header(Ack(session, ack, epoch))
+    assert protocol.encode_ack is native.encode_ack
+    assert protocol.decode([ours], LIMITS) == Ack(session, ack, epoch)
