@@ -2,7 +2,7 @@
 the machine's noise.
 
     .venv/bin/python bench/calls_per_message.py [--count 2000] [--top 40] [--repo PATH]
-                                                [--against PATH]
+                                                [--against PATH] [--sync]
 
 CPU time per message (``bench/cpu_per_message.py``) swings by a third from one run to the next
 on these VMs, more than a regression of a tenth that one commit adds. Function calls do not:
@@ -15,7 +15,9 @@ unmeasured), and prints calls per message: Python functions, and C functions cal
 Python; each total is the broker's (every thread: the I/O thread's request path, reput, the
 flush and the timers, so a background thread that grew shows too) and the client's (its
 sending thread and its I/O thread). ``--against PATH`` measures a second checkout in the same
-run and prints the functions whose calls per message differ most. The counting slows the
+run and prints the functions whose calls per message differ most. ``--sync``: the broker is a
+SYNC_MASTER with one slave, also counted (its HA thread's DATA, append, dispatch and ACK), so
+each send is the four-hop round trip the SYNC rows time. The counting slows the
 broker several times; the rate it prints is not a figure of anything.
 """
 
@@ -38,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 SITE = HERE / "calls_site"
 
 CLIENT = r"""
-import json, os, sys, threading
+import json, os, sys, threading, time
 sys.path.insert(0, os.environ["REPLOG_CALLS_SITE"])
 import sitecustomize as counting  # the same counter, in this process
 from common.client import Producer
@@ -48,11 +50,15 @@ sys.setprofile(counting._profile)
 os.environ["REPLOG_CALLS_OUT"] = out
 producer = Producer([address])
 body = b"x" * 128
+deadline = time.monotonic() + 60
+while producer.send("calls", body).status.name != "SEND_OK":  # a SYNC_MASTER: its slave is in
+    if time.monotonic() > deadline:
+        raise SystemExit("no SEND_OK in 60 s")
+    time.sleep(0.1)
 for _ in range(500):
     producer.send("calls", body)
 print("ready", flush=True)
 sys.stdin.readline()
-import time
 counting._start()
 began = time.monotonic()
 for _ in range(count):
@@ -90,21 +96,35 @@ def _dump(broker: subprocess.Popen[str] | subprocess.Popen[bytes], path: Path) -
     raise RuntimeError(f"the broker wrote no counts to {path}")
 
 
-def measure(repo: Path, count: int) -> tuple[Counts, Counts]:
-    """(broker's counts, client's counts) for ``count`` sync sends against ``repo``."""
+def _start(repo: Path, home: Path, name: str, config: str) -> subprocess.Popen[bytes]:
+    """A broker of ``repo`` counting its calls into ``home/<name>.json``."""
+    (home / f"{name}.yaml").write_text(config)
+    env = {**os.environ, "PYTHONPATH": f"{SITE}{os.pathsep}{repo}", "PYTHONHASHSEED": "0",
+           "REPLOG_CALLS_OUT": str(home / f"{name}.json"), "REPLOG_CALLS_SITE": str(SITE)}
+    with open(home / f"{name}.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "common.cli", "broker", "-c", str(home / f"{name}.yaml")],
+            cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def measure(repo: Path, count: int, sync: bool = False) -> tuple[Counts, Counts, Counts | None]:
+    """(broker's counts, client's counts, slave's counts or None) for ``count`` sync sends
+    against ``repo`` (``sync``: a SYNC_MASTER and its slave)."""
     with tempfile.TemporaryDirectory(prefix="replog-calls-") as tmp:
         home = Path(tmp)
-        port = _support.free_port(2)
-        (home / "broker.yaml").write_text(
-            f"listenPort: {port}\nhaListenPort: {port + 1}\nstorePathRootDir: {home}/store\n"
-            "brokerRole: ASYNC_MASTER\nflushDiskType: ASYNC_FLUSH\n"
-            "mappedFileSizeCommitLog: 16777216\n")
-        env = {**os.environ, "PYTHONPATH": f"{SITE}{os.pathsep}{repo}", "PYTHONHASHSEED": "0",
-               "REPLOG_CALLS_OUT": str(home / "broker.json"), "REPLOG_CALLS_SITE": str(SITE)}
-        with open(home / "broker.log", "wb") as log:
-            broker = subprocess.Popen(
-                [sys.executable, "-m", "common.cli", "broker", "-c", str(home / "broker.yaml")],
-                cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
+        port = _support.free_port(4)
+        broker = _start(repo, home, "broker",
+                        f"listenPort: {port}\nhaListenPort: {port + 1}\n"
+                        f"storePathRootDir: {home}/store\n"
+                        f"brokerRole: {'SYNC_MASTER' if sync else 'ASYNC_MASTER'}\n"
+                        "flushDiskType: ASYNC_FLUSH\nmappedFileSizeCommitLog: 16777216\n")
+        slave = _start(repo, home, "slave",
+                       f"listenPort: {port + 2}\nhaListenPort: {port + 3}\n"
+                       f"storePathRootDir: {home}/slave-store\nbrokerRole: SLAVE\nbrokerId: 1\n"
+                       f"haMasterAddress: 127.0.0.1:{port + 1}\nflushDiskType: ASYNC_FLUSH\n"
+                       "mappedFileSizeCommitLog: 16777216\n") if sync else None
+        procs = [broker] if slave is None else [broker, slave]
+        env = {**os.environ, "PYTHONHASHSEED": "0", "REPLOG_CALLS_SITE": str(SITE)}
         client_env = {**env, "PYTHONPATH": str(repo)}
         client = subprocess.Popen(
             [sys.executable, "-c", CLIENT, f"127.0.0.1:{port}", str(count),
@@ -114,7 +134,8 @@ def measure(repo: Path, count: int) -> tuple[Counts, Counts]:
             assert client.stdin is not None and client.stdout is not None
             if client.stdout.readline().strip() != "ready":
                 raise RuntimeError((home / "broker.log").read_text()[-3000:])
-            broker.send_signal(signal.SIGUSR1)
+            for proc in procs:
+                proc.send_signal(signal.SIGUSR1)
             time.sleep(0.2)
             client.stdin.write("\n")
             client.stdin.flush()
@@ -123,19 +144,23 @@ def measure(repo: Path, count: int) -> tuple[Counts, Counts]:
                 raise RuntimeError("the client did not finish")
             elapsed = float(done[1])
             busy = _dump(broker, home / "broker.json")
+            slave_busy = _dump(slave, home / "slave.json") if slave is not None else None
             client.wait(30)
             # the broker's calls made by time, not by message (timers, idle loop turns): the
             # same span without traffic, taken off
-            broker.send_signal(signal.SIGUSR1)
+            for proc in procs:
+                proc.send_signal(signal.SIGUSR1)
             time.sleep(elapsed)
-            idle = _dump(broker, home / "broker.json")
-            busy.subtract(idle)
-            return busy, _load(home / "client.json")
+            busy.subtract(_dump(broker, home / "broker.json"))
+            if slave is not None and slave_busy is not None:
+                slave_busy.subtract(_dump(slave, home / "slave.json"))
+            return busy, _load(home / "client.json"), slave_busy
         finally:
             if client.poll() is None:
                 client.kill()
                 client.wait(10)
-            _support.stop(broker)
+            for proc in procs:
+                _support.stop(proc)
 
 
 def totals(counts: Counts, n: int) -> tuple[float, float]:
@@ -161,8 +186,10 @@ def by_function(counts: Counts) -> Counts:
     return out
 
 
-def report(label: str, broker: Counts, client: Counts, n: int) -> None:
-    for who, counts in (("broker", broker), ("client", client)):
+def report(label: str, broker: Counts, client: Counts, n: int,
+           slave: Counts | None = None) -> None:
+    whose = [("broker", broker), ("client", client)] + ([("slave", slave)] if slave else [])
+    for who, counts in whose:
         py, c = totals(counts, n)
         print(f"{label} {who}: {py:.1f} Python calls and {c:.1f} C calls per message")
         for thread, tpy, tc in by_thread(counts, n):
@@ -175,22 +202,28 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--repo", type=Path, default=_support.REPO)
     ap.add_argument("--against", type=Path, default=None)
+    ap.add_argument("--sync", action="store_true",
+                    help="a SYNC_MASTER with one slave (counted too), not an ASYNC_MASTER alone")
     args = ap.parse_args()
     n = args.count
-    broker, client = measure(args.repo.resolve(), n)
-    print(f"{n} sync sends of 128 B, one in flight; calls per message (Python, C), each "
-          "process's total and its threads' (the broker's: less those of as long a span idle)")
-    report(str(args.repo), broker, client, n)
+    broker, client, slave = measure(args.repo.resolve(), n, args.sync)
+    print(f"{n} sync sends of 128 B, one in flight{' to a SYNC_MASTER and its slave' if slave else ''}; "
+          "calls per message (Python, C), each process's total and its threads' (the brokers': "
+          "less those of as long a span idle)")
+    report(str(args.repo), broker, client, n, slave)
     funcs = by_function(broker)
     if args.top:
-        for who, counts in (("broker", funcs), ("client", by_function(client))):
+        whose = [("broker", funcs), ("client", by_function(client))]
+        if slave is not None:
+            whose.append(("slave", by_function(slave)))
+        for who, counts in whose:
             print(f"{who}, the {args.top} Python functions called most per message:")
             python = [(k, v) for k, v in counts.items() if k[1] != "C"]
             for (_, where, name), v in sorted(python, key=lambda kv: -kv[1])[: args.top]:
                 print(f"  {v / n:7.2f}  {where}:{name}")
     if args.against is not None:
-        other, other_client = measure(args.against.resolve(), n)
-        report(str(args.against), other, other_client, n)
+        other, other_client, other_slave = measure(args.against.resolve(), n, args.sync)
+        report(str(args.against), other, other_client, n, other_slave)
         theirs = by_function(other)
         print("broker functions whose calls per message differ most (this checkout, the other):")
         keys = set(funcs) | set(theirs)

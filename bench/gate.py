@@ -144,7 +144,7 @@ def main() -> int:
                     help="how far above a kept count of calls per send a count may rise")
     ap.add_argument("--update", action="store_true", help="keep this run's medians")
     args = ap.parse_args()
-    broker_calls, client_calls = cpm.measure(_support.REPO, CALLS_COUNT)
+    broker_calls, client_calls, _ = cpm.measure(_support.REPO, CALLS_COUNT)
     calls = {"broker_calls_per_send": round(cpm.totals(broker_calls, CALLS_COUNT)[0], 1),
              "client_calls_per_send": round(cpm.totals(client_calls, CALLS_COUNT)[0], 1)}
     rows = {**put_rows(args.rounds), **sync_master_rows(args.rounds)}
