@@ -488,10 +488,12 @@ class HaService:
         return []
 
     def _receive(self, sock: zmq.Socket[Any]) -> list[mc.MasterAction]:
+        """A burst of frames; called when the poll found ``sock`` readable (the first ``recv``
+        asks no ZMQ_EVENTS; zmq.Again still ends a burst)."""
         actions: list[mc.MasterAction] = []
         secure = self._security.enabled
-        for _ in range(RECV_BURST):
-            if not readable(sock):
+        for i in range(RECV_BURST):
+            if i and not readable(sock):
                 break
             try:
                 if secure:

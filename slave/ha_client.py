@@ -350,8 +350,10 @@ class HaClient:
         self._execute(actions)
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
-        for _ in range(RECV_BURST):
-            if not readable(sock):
+        """A burst of frames; called when the poll found ``sock`` readable (the first ``recv``
+        asks no ZMQ_EVENTS; zmq.Again still ends a burst)."""
+        for i in range(RECV_BURST):
+            if i and not readable(sock):
                 return
             try:
                 frames = recv_buffers(sock)

@@ -115,7 +115,10 @@ class MappedFile:
         self.populated = 0  # pages below this were faulted in ahead of the writer
         self.store_timestamp = 0  # store time of the last record appended (checkpoint)
         self._flush_lock = threading.Lock()
-        self._life = threading.Condition()  # guards available, _refs, _cleaned and _write_fd
+        # guards available, _refs, _cleaned and _write_fd; the hot hold/release take the lock
+        # itself (C), not the Condition's Python-level __enter__/__exit__ (a read each)
+        self._life_lock = threading.RLock()
+        self._life = threading.Condition(self._life_lock)
         self._refs = 1  # the owner's reference, plus one per hold (readers, native calls)
         self._write_fd = -1  # write_append's descriptor: opened on its first use, closed when full
         self._cleaned = False  # the mapping and every descriptor are closed
@@ -411,7 +414,7 @@ class MappedFile:
     # ---- lifecycle (RocketMQ ReferenceResource) ------------------------------------------
     def hold(self) -> bool:
         """Take a reference for a read; False once the segment is shut down (it is gone)."""
-        with self._life:
+        with self._life_lock:
             if not self.available:
                 return False
             self._refs += 1
@@ -419,7 +422,7 @@ class MappedFile:
 
     def release(self) -> None:
         """Drop a reference; the last one closes the mapping (on the releasing thread)."""
-        with self._life:
+        with self._life_lock:
             self._refs -= 1
             last = self._refs == 0
             if last:
