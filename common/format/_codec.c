@@ -7,7 +7,8 @@
  * errors: whenever anything here is not plainly valid (a type, a bound, a name's characters,
  * a field kind this file does not check, such as a SEND_BATCH's meta and sizes), the function
  * answers None and the caller runs the Python path, which accepts it the same way or raises the
- * ProtocolError naming the field. So a result from here is always the Python path's result:
+ * ProtocolError naming the field (where the header was unpacked here, the Python checks go on
+ * from that header, not a second unpack). So a result from here is always the Python path's:
  * tests/unit/format/test_native_codec.py holds the two to that, field by field, on generated
  * and malformed headers.
  *
@@ -269,7 +270,9 @@ static PyObject *new_tuple_of(PyObject *type, PyObject *items) {
     return obj;
 }
 
-/* decode_request(frames, limits) -> Request | None */
+/* decode_request(frames, limits) -> Request, or the unpacked header (whatever msgpack made of
+ * frames[0]: the Python checks go on from it), or None (the envelope or the unpack is not
+ * plain: the Python path from the start) */
 static PyObject *decode_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "decode_request(frames, limits)");
@@ -320,11 +323,11 @@ not_plain:
     PyErr_Clear();
     Py_XDECREF(checked);
     Py_XDECREF(bodies);
-    Py_DECREF(header);
-    Py_RETURN_NONE;
+    return header;  /* unpacked, not plain: the Python checks go on from it (no second unpack) */
 }
 
-/* decode_response(frames, limits) -> Response | None */
+/* decode_response(frames, limits) -> Response, or the unpacked header, or None: as
+ * decode_request */
 static PyObject *decode_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "decode_response(frames, limits)");
@@ -378,8 +381,7 @@ static PyObject *decode_response(PyObject *self, PyObject *const *args, Py_ssize
 not_plain:
     PyErr_Clear();
     Py_XDECREF(bodies);
-    Py_DECREF(header);
-    Py_RETURN_NONE;
+    return header;  /* unpacked, not plain: the Python checks go on from it */
 }
 
 /* [packb(header), *bodies]: the frames of a request (4 header items) or an answer (5), packed
@@ -589,9 +591,9 @@ static PyObject *configure(PyObject *self, PyObject *tables) {
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)configure, METH_O, "configure(tables)"},
     {"decode_request", (PyCFunction)(void (*)(void))decode_request, METH_FASTCALL,
-     "decode_request(frames, limits) -> Request | None (None: take the Python path)"},
+     "decode_request(frames, limits) -> Request | header | None (see the source)"},
     {"decode_response", (PyCFunction)(void (*)(void))decode_response, METH_FASTCALL,
-     "decode_response(frames, limits) -> Response | None (None: take the Python path)"},
+     "decode_response(frames, limits) -> Response | header | None (see the source)"},
     {"encode_request", (PyCFunction)(void (*)(void))encode_request, METH_FASTCALL,
      "encode_request(code, opaque, fields=None, bodies=()) -> frames"},
     {"encode_response", (PyCFunction)(void (*)(void))encode_response, METH_FASTCALL,

@@ -546,18 +546,25 @@ def decode_request(frames: Sequence[bytes], limits: Limits) -> Request:
     properties hold only strings), and one that is deeper is refused for its depth first.
 
     Where the C codec is built (``_codec.c``) a plain request is decoded there; anything it does
-    not take for plain comes here, the reference, which accepts it the same way or says why not.
+    not take for plain comes here, the reference, which accepts it the same way or says why not
+    (from the header the codec unpacked, when it got that far: its envelope and unpack are
+    these, so the header is the one ``_unpack_header`` would make).
     """
     if _native is not None:
-        req = _native.decode_request(frames, limits)
-        if req is not None:
-            return req
+        out = _native.decode_request(frames, limits)
+        if type(out) is Request:
+            return out  # type: ignore[no-any-return]
+        if out is not None:
+            return _checked_request(out, frames, limits)
     return _decode_request_py(frames, limits)
 
 
 def _decode_request_py(frames: Sequence[bytes], limits: Limits) -> Request:
     _check_envelope(frames, limits, limits.max_batch_count + 1)
-    header = _unpack_header(frames[0], limits, check_depth=False)
+    return _checked_request(_unpack_header(frames[0], limits, check_depth=False), frames, limits)
+
+
+def _checked_request(header: Any, frames: Sequence[bytes], limits: Limits) -> Request:
     try:
         return _decode_request(header, frames, limits)
     except ProtocolError:
@@ -603,15 +610,20 @@ def decode_response(frames: Sequence[bytes], limits: Limits) -> Response:
     """Check and decode a response (the client side); raises ProtocolError. As
     ``decode_request``: plain answers in C where built, the rest here."""
     if _native is not None:
-        resp = _native.decode_response(frames, limits)
-        if resp is not None:
-            return resp
+        out = _native.decode_response(frames, limits)
+        if type(out) is Response:
+            return out  # type: ignore[no-any-return]
+        if out is not None:
+            return _checked_response(_checked_depth(out), frames)
     return _decode_response_py(frames, limits)
 
 
 def _decode_response_py(frames: Sequence[bytes], limits: Limits) -> Response:
     _check_envelope(frames, limits, limits.max_batch_count + 1)
-    header = _unpack_header(frames[0], limits)
+    return _checked_response(_unpack_header(frames[0], limits), frames)
+
+
+def _checked_response(header: Any, frames: Sequence[bytes]) -> Response:
     if type(header) is not list or len(header) != 5:
         raise ProtocolError("header", "must be an array [version, code, opaque, remark, fields]")
     version, code, opaque, remark, fields = header
@@ -720,7 +732,11 @@ def _unpack_header(raw: bytes, limits: Limits, check_depth: bool = True) -> Any:
         raise ProtocolError("header", "trailing bytes after the msgpack header") from None
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise ProtocolError("header", f"malformed msgpack: {e}") from None
-    if check_depth and _may_nest(value) and _depth_exceeds(value, MAX_DEPTH):
+    return _checked_depth(value) if check_depth else value
+
+
+def _checked_depth(value: Any) -> Any:
+    if _may_nest(value) and _depth_exceeds(value, MAX_DEPTH):
         raise ProtocolError("header", f"nesting deeper than {MAX_DEPTH}")
     return value
 
