@@ -11,7 +11,8 @@ for bisecting the per-request cost (issue 43) and for checking that a change to 
 took calls out. It starts a broker of the checkout ``--repo`` (default: this one; ASYNC_MASTER,
 ASYNC_FLUSH) with ``bench/calls_site/sitecustomize.py`` counting every call on every thread,
 sends ``--count`` 128 B messages one at a time with that checkout's ``Producer`` (after 500
-unmeasured), and prints calls per message: Python functions, and C functions called from
+unmeasured; ``spin_us=0``: a spinning wait's calls follow the timing), and prints calls per
+message: Python functions, and C functions called from
 Python; each total is the broker's (every thread: the I/O thread's request path, reput, the
 flush and the timers, so a background thread that grew shows too) and the client's (its
 sending thread and its I/O thread). ``--against PATH`` measures a second checkout in the same
@@ -48,7 +49,10 @@ address, count, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 threading.setprofile(counting._profile)
 sys.setprofile(counting._profile)
 os.environ["REPLOG_CALLS_OUT"] = out
-producer = Producer([address])
+# no spin: a spinning call reads ZMQ_EVENTS until the answer is there, as many times as the
+# answer takes, so its calls would follow the machine's timing (the broker got fast enough
+# that the client spins, and its count swung 32-39 between runs); blocked, it counts the same
+producer = Producer([address], spin_us=0)
 body = b"x" * 128
 deadline = time.monotonic() + 60
 while producer.send("calls", body).status.name != "SEND_OK":  # a SYNC_MASTER: its slave is in
