@@ -21,12 +21,14 @@ setup(
         Extension(
             "common.format._codec",
             sources=["common/format/_codec.c"],
+            depends=["common/core/_native_helpers.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),
         Extension(
             "common.ha._ha_codec",
             sources=["common/ha/_ha_codec.c"],
+            depends=["common/core/_native_helpers.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

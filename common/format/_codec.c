@@ -20,6 +20,7 @@
 #include <Python.h>
 #include <limits.h>
 #include <stdint.h>
+#include "../core/_native_helpers.h"
 #include <string.h>
 
 enum { K_INT = 0, K_STR, K_TOPIC, K_GROUP, K_PROPS, K_SYSFLAG, K_ROLE, K_OTHER };
@@ -48,13 +49,6 @@ static struct {
     int cache_next;
 } S;
 
-static int read_ll(PyObject *obj, const char *name, long long *out) {
-    PyObject *v = PyObject_GetAttrString(obj, name);
-    if (v == NULL) return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
 
 /* The bounds of ``limits`` (read once per Limits object) copied into ``out``, with a new
  * reference to its unpack kwargs (the caller's to drop: a cache slot may be taken over by
@@ -123,19 +117,6 @@ static PyObject *unpack(PyObject *raw, const LimitsEntry *lim) {
     return value;
 }
 
-/* An exact int in [lo, hi]: 1, else 0. */
-static int int_in(PyObject *v, long long lo, long long hi, long long *out) {
-    if (!PyLong_CheckExact(v)) return 0;
-    int overflow = 0;
-    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (overflow || (x == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return 0;
-    }
-    if (x < lo || x > hi) return 0;
-    if (out) *out = x;
-    return 1;
-}
 
 /* The UTF-8 size of a str, or -1 (no exception) where it has none. */
 static Py_ssize_t utf8_size(PyObject *s) {
@@ -270,23 +251,34 @@ static PyObject *new_tuple_of(PyObject *type, PyObject *items) {
     return obj;
 }
 
+/* What both decodes begin with: the arguments, the bounds (copied into *lim), the envelope
+ * and the unpack. 0 with *header the unpacked header (a new reference), or NULL when the
+ * Python path must start over (no exception); -1 on an error. */
+static int begin(const char *usage, PyObject *const *args, Py_ssize_t nargs, LimitsEntry *lim,
+                 PyObject **frames, PyObject **header) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    if (!S.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() first");
+        return -1;
+    }
+    *frames = args[0];
+    if (limits_of(args[1], lim) < 0) return -1;
+    *header = envelope_ok(*frames, lim) ? unpack(PyList_GET_ITEM(*frames, 0), lim) : NULL;
+    Py_DECREF(lim->unpack_kwargs);
+    return 0;
+}
+
 /* decode_request(frames, limits) -> Request, or the unpacked header (whatever msgpack made of
  * frames[0]: the Python checks go on from it), or None (the envelope or the unpack is not
  * plain: the Python path from the start) */
 static PyObject *decode_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "decode_request(frames, limits)");
-        return NULL;
-    }
-    if (!S.ready) {
-        PyErr_SetString(PyExc_RuntimeError, "configure() first");
-        return NULL;
-    }
-    PyObject *frames = args[0];
     LimitsEntry limits, *lim = &limits;
-    if (limits_of(args[1], lim) < 0) return NULL;
-    PyObject *header = envelope_ok(frames, lim) ? unpack(PyList_GET_ITEM(frames, 0), lim) : NULL;
-    Py_DECREF(lim->unpack_kwargs);
+    PyObject *frames, *header;
+    if (begin("decode_request(frames, limits)", args, nargs, lim, &frames, &header) < 0)
+        return NULL;
     if (header == NULL) Py_RETURN_NONE;
     PyObject *result = NULL, *checked = NULL, *bodies = NULL;
     if (!PyList_CheckExact(header) || PyList_GET_SIZE(header) != 4) goto not_plain;
@@ -329,19 +321,10 @@ not_plain:
 /* decode_response(frames, limits) -> Response, or the unpacked header, or None: as
  * decode_request */
 static PyObject *decode_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "decode_response(frames, limits)");
-        return NULL;
-    }
-    if (!S.ready) {
-        PyErr_SetString(PyExc_RuntimeError, "configure() first");
-        return NULL;
-    }
-    PyObject *frames = args[0];
     LimitsEntry limits, *lim = &limits;
-    if (limits_of(args[1], lim) < 0) return NULL;
-    PyObject *header = envelope_ok(frames, lim) ? unpack(PyList_GET_ITEM(frames, 0), lim) : NULL;
-    Py_DECREF(lim->unpack_kwargs);
+    PyObject *frames, *header;
+    if (begin("decode_response(frames, limits)", args, nargs, lim, &frames, &header) < 0)
+        return NULL;
     if (header == NULL) Py_RETURN_NONE;
     PyObject *bodies = NULL;
     /* _unpack_header's depth check: a plain answer is [.., {name: scalar or [scalars]}] */
@@ -428,90 +411,54 @@ static PyObject *fields_dict(PyObject *fields) {
     return truth ? PyObject_CallOneArg((PyObject *)&PyDict_Type, fields) : PyDict_New();
 }
 
-/* encode_request(code, opaque, fields, bodies) -> frames */
+/* The frames of a request, [version, int(code), opaque, dict(fields or {})], or an answer,
+ * [version, int(code), opaque, remark, dict(fields or {})], then the bodies: ``args`` are the
+ * Python functions' own (code, opaque, (remark,) fields, bodies), the last ones optional. */
+static PyObject *encode(PyObject *const *args, Py_ssize_t nargs, int answer) {
+    Py_ssize_t n_items = answer ? 5 : 4;  /* header items; the args are the same less version */
+    if (nargs < 2 || nargs > n_items) {
+        PyErr_SetString(PyExc_TypeError, answer
+            ? "encode_response(code, opaque, remark='', fields=None, bodies=())"
+            : "encode_request(code, opaque, fields=None, bodies=())");
+        return NULL;
+    }
+    Py_ssize_t fields_at = answer ? 3 : 2;
+    PyObject *code = PyNumber_Long(args[0]);  /* int(code) */
+    if (code == NULL) return NULL;
+    PyObject *fields = fields_dict(nargs > fields_at ? args[fields_at] : Py_None);
+    PyObject *items = fields ? PyList_New(n_items) : NULL;
+    if (items == NULL) {
+        Py_DECREF(code);
+        Py_XDECREF(fields);
+        return NULL;
+    }
+    Py_INCREF(S.version_obj);
+    PyList_SET_ITEM(items, 0, S.version_obj);
+    PyList_SET_ITEM(items, 1, code);
+    Py_INCREF(args[1]);
+    PyList_SET_ITEM(items, 2, args[1]);
+    if (answer) {
+        PyObject *remark = nargs > 2 ? args[2] : S.no_remark;
+        Py_INCREF(remark);
+        PyList_SET_ITEM(items, 3, remark);
+    }
+    PyList_SET_ITEM(items, n_items - 1, fields);
+    PyObject *out = frames_of(items, nargs > fields_at + 1 ? args[fields_at + 1] : S.no_bodies);
+    Py_DECREF(items);
+    return out;
+}
+
+/* encode_request(code, opaque, fields=None, bodies=()) -> frames */
 static PyObject *encode_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 2 || nargs > 4) {
-        PyErr_SetString(PyExc_TypeError, "encode_request(code, opaque, fields=None, bodies=())");
-        return NULL;
-    }
-    PyObject *code = PyNumber_Long(args[0]);  /* int(code) */
-    if (code == NULL) return NULL;
-    PyObject *fields = fields_dict(nargs > 2 ? args[2] : Py_None);
-    if (fields == NULL) {
-        Py_DECREF(code);
-        return NULL;
-    }
-    PyObject *items = PyList_New(4);
-    if (items == NULL) {
-        Py_DECREF(code);
-        Py_DECREF(fields);
-        return NULL;
-    }
-    Py_INCREF(S.version_obj);
-    PyList_SET_ITEM(items, 0, S.version_obj);
-    PyList_SET_ITEM(items, 1, code);
-    Py_INCREF(args[1]);
-    PyList_SET_ITEM(items, 2, args[1]);
-    PyList_SET_ITEM(items, 3, fields);
-    PyObject *out = frames_of(items, nargs > 3 ? args[3] : S.no_bodies);
-    Py_DECREF(items);
-    return out;
+    return encode(args, nargs, 0);
 }
 
-/* encode_response(code, opaque, remark, fields, bodies) -> frames */
+/* encode_response(code, opaque, remark='', fields=None, bodies=()) -> frames */
 static PyObject *encode_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 2 || nargs > 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "encode_response(code, opaque, remark='', fields=None, bodies=())");
-        return NULL;
-    }
-    PyObject *code = PyNumber_Long(args[0]);  /* int(code) */
-    if (code == NULL) return NULL;
-    PyObject *fields = fields_dict(nargs > 3 ? args[3] : Py_None);
-    if (fields == NULL) {
-        Py_DECREF(code);
-        return NULL;
-    }
-    PyObject *items = PyList_New(5);
-    if (items == NULL) {
-        Py_DECREF(code);
-        Py_DECREF(fields);
-        return NULL;
-    }
-    Py_INCREF(S.version_obj);
-    PyList_SET_ITEM(items, 0, S.version_obj);
-    PyList_SET_ITEM(items, 1, code);
-    Py_INCREF(args[1]);
-    PyList_SET_ITEM(items, 2, args[1]);
-    PyObject *remark = nargs > 2 ? args[2] : S.no_remark;
-    Py_INCREF(remark);
-    PyList_SET_ITEM(items, 3, remark);
-    PyList_SET_ITEM(items, 4, fields);
-    PyObject *out = frames_of(items, nargs > 4 ? args[4] : S.no_bodies);
-    Py_DECREF(items);
-    return out;
+    return encode(args, nargs, 1);
 }
 
-static int take(PyObject *dict, const char *name, PyObject **out) {
-    PyObject *v = PyDict_GetItemString(dict, name);
-    if (v == NULL) {
-        PyErr_Format(PyExc_KeyError, "configure: %s missing", name);
-        return -1;
-    }
-    Py_INCREF(v);
-    Py_XSETREF(*out, v);
-    return 0;
-}
 
-static int take_ll(PyObject *dict, const char *name, long long *out) {
-    PyObject *v = PyDict_GetItemString(dict, name);
-    if (v == NULL) {
-        PyErr_Format(PyExc_KeyError, "configure: %s missing", name);
-        return -1;
-    }
-    *out = PyLong_AsLongLong(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
 
 /* configure(tables: dict) -- see protocol.py's _configure_native */
 static PyObject *configure(PyObject *self, PyObject *tables) {

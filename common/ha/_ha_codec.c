@@ -16,6 +16,7 @@
 #include <Python.h>
 #include <limits.h>
 #include <stdint.h>
+#include "../core/_native_helpers.h"
 
 typedef struct {
     PyObject *limits, *unpack_kwargs;
@@ -36,13 +37,6 @@ static struct {
     int cache_next;
 } H;
 
-static int read_ll(PyObject *obj, const char *name, long long *out) {
-    PyObject *v = PyObject_GetAttrString(obj, name);
-    if (v == NULL) return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
 
 static int limits_of(PyObject *limits, HALimits *out) {
     for (int i = 0; i < LIMITS_CACHE; i++) {
@@ -76,19 +70,6 @@ static int limits_of(PyObject *limits, HALimits *out) {
     return 0;
 }
 
-/* An exact int in [lo, hi]: 1, else 0 (no exception). */
-static int int_in(PyObject *v, long long lo, long long hi, long long *out) {
-    if (!PyLong_CheckExact(v)) return 0;
-    int overflow = 0;
-    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (overflow || (x == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return 0;
-    }
-    if (x < lo || x > hi) return 0;
-    if (out) *out = x;
-    return 1;
-}
 
 /* A session: an exact int in [0, max_session] (up to 2^64 - 1). */
 static int session_ok(PyObject *v) {
@@ -253,26 +234,7 @@ static PyObject *encode_ack(PyObject *self, PyObject *const *args, Py_ssize_t na
     return header;
 }
 
-static int take(PyObject *dict, const char *name, PyObject **out) {
-    PyObject *v = PyDict_GetItemString(dict, name);
-    if (v == NULL) {
-        PyErr_Format(PyExc_KeyError, "configure: %s missing", name);
-        return -1;
-    }
-    Py_INCREF(v);
-    Py_XSETREF(*out, v);
-    return 0;
-}
 
-static int take_ll(PyObject *dict, const char *name, long long *out) {
-    PyObject *v = PyDict_GetItemString(dict, name);
-    if (v == NULL) {
-        PyErr_Format(PyExc_KeyError, "configure: %s missing", name);
-        return -1;
-    }
-    *out = PyLong_AsLongLong(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
 
 static int intern(PyObject **slot, const char *text) {
     Py_XSETREF(*slot, PyUnicode_InternFromString(text));
