@@ -372,9 +372,8 @@ class TimerStore:
         self.enqueued_offset = queue_offset
         self.read_time_ms = read_time
 
-    def _on_arrival(self, topic: str, queue_id: int, _max_offset: int) -> None:
-        if topic == TIMER_TOPIC:
-            self._wake.set()
+    def _on_arrival(self, _topic: str, _queue_id: int, _max_offset: int) -> None:
+        self._wake.set()  # registered for TIMER_TOPIC's records only (start)
 
     def _enqueue_loop(self) -> None:
         while not self._stop.is_set():
