@@ -8,16 +8,17 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml setup.py common/format/_record_writer.c common/format/_codec.c common/ha/_ha_codec.c common/core/_native_helpers.h common/store/_reput_scan.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@# The record writer's C extension needs gcc and the Python and zlib headers: as root they
-	@# are installed when missing; without them the install skips it (the Python writer runs).
+	@# The C extensions (record writer, codecs, reput's scan) need gcc and the Python and zlib
+	@# headers: as root they are installed when missing; without them the install skips the
+	@# extensions (their Python versions run).
 	@if ! { command -v gcc >/dev/null && [ -f "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] \
 	        && [ -f /usr/include/zlib.h ]; }; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing gcc and the Python and zlib headers (Debian's packages) for the C record writer"; \
+	    echo "installing gcc and the Python and zlib headers (Debian's packages) for the C extensions"; \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc python3-dev zlib1g-dev >/dev/null \
-	    || echo "could not install them: the pure-Python record writer will run"; \
+	    || echo "could not install them: the Python versions will run"; \
 	  else \
-	    echo "no gcc or Python/zlib headers: the pure-Python record writer will run"; \
+	    echo "no gcc or Python/zlib headers: the Python versions will run"; \
 	  fi; \
 	fi
 	$(BIN)/python -m pip install -q --upgrade pip
