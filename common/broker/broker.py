@@ -339,13 +339,15 @@ class Broker:
 
     def _start_grpc(self) -> None:
         """``grpcServerPort``: RocketMQ 5's gRPC protocol over this broker's cluster (RocketMQ's
-        proxy in Local mode; ``common/proxy/``), reaching it through this broker's own client
-        port (and the group's other brokers, to find the master while this one is a slave)."""
+        proxy in Local mode; ``common/proxy/``): plain sends to this broker in-process
+        (``common/proxy/local.py``), the rest through this broker's own client port (and the
+        group's other brokers, to find the master while this one is a slave)."""
         cfg = self.cfg
         if not cfg.grpcServerPort:
             return
         # grpc is imported only when it is on
         from common.proxy.auth import GrpcAuth
+        from common.proxy.local import LocalBroker, write_queues
         from common.proxy.server import GrpcProxy, front_end_keys, load_tls
 
         local = f"127.0.0.1:{cfg.listenPort}"
@@ -361,8 +363,15 @@ class Broker:
             curve = front_end_keys(cfg.grpcClientKeyFile, acl.current, peer.server_key,
                                    {local: security.own.public})
             auth = GrpcAuth(lambda: acl.current, security.audit.refused)
+        calls = self.server.local  # Local mode: plain sends reach this broker in-process
+        calls.born_host = ("127.0.0.1", cfg.grpcServerPort)
+        roles = self.roles
+        in_process = LocalBroker(calls, cfg.brokerName,
+                                 write_queues(self.topics.queue_nums, self.topics.perm),
+                                 lambda: roles.state.is_master)
         self._grpc = GrpcProxy(servers, cfg.grpcBindAddress or "0.0.0.0", cfg.grpcServerPort,
-                               cfg.maxMessageSize, tls=tls, auth=auth, curve=curve)
+                               cfg.maxMessageSize, tls=tls, auth=auth, curve=curve,
+                               local=in_process)
         self._grpc.start()
 
     def shutdown(self) -> None:

@@ -37,6 +37,11 @@ Threads::
   the same pass, with no mailbox item: an ack answers the SYNC puts it covers right there. When
   the loop ends it closes every participant still attached.
 * Requests are pipelined: answers carry the request's opaque id, in completion order.
+* Local calls (``common/broker/local_calls.py``: the gRPC front end in this process): a
+  request's frames posted to the mailbox, served by ``_serve`` like a socket's (no ACL check:
+  the front end checked its caller), answered to ``LocalCalls.deliver`` instead of the socket
+  (their routing identity is 256 bytes long, which no ZeroMQ routing id is); a turn that
+  served any runs ``_after_burst`` as a burst from the socket does.
 * A write carries its sender's address (``Request.born_host``, stored as BORNHOST): the
   connection's remote address, as RocketMQ takes the channel's, from the first frame's
   metadata (``common.format.zmq_frames.peer_address``), looked up once per connection (a
@@ -79,6 +84,8 @@ from typing import Any
 import zmq
 
 from common.broker.client_requests import Ask, ClientRequests
+from common.broker.local_calls import IDENTITY as LOCAL_IDENTITY
+from common.broker.local_calls import LocalCall, LocalCalls
 from common.broker.long_polling import LongPoll, LongPolls
 from common.broker.loop import LoopParticipant, Participants
 from common.broker.mailbox import Mailbox
@@ -186,6 +193,8 @@ class RequestServer:
         self._participants = Participants(self._mailbox.post)  # common/broker/loop.py
         # requests this broker sends to clients on their connections (client_requests.py)
         self.client_requests = ClientRequests(self._mailbox.post, self.limits.for_responses())
+        # requests from this process (the gRPC front end), answered with no socket
+        self.local = LocalCalls(self._mailbox.post, self.limits)
         self._io_ident = 0
         self._ctx = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[bytes] | None = None
@@ -311,6 +320,7 @@ class RequestServer:
             self._ctx.term()
             self.client_requests.fail_all("the broker's request server stopped",
                                           self._mailbox.close())
+            self.local.close("the broker's request server stopped")
             log_event(log, "server_stopped", inflight=self.stats.inflight)
         if self.failure and self.on_fatal is not None:
             self.on_fatal(self.failure)
@@ -420,8 +430,11 @@ class RequestServer:
                 continue  # no routing identity or no header: cannot be answered
             self._serve(sock, first.bytes, frames, first)
 
-    def _born_host(self, identity: bytes, first: zmq.Frame) -> tuple[str, int]:
-        """The sender's address, once per connection (syscalls), then from the cache."""
+    def _born_host(self, identity: bytes, first: zmq.Frame | None) -> tuple[str, int]:
+        """The sender's address, once per connection (syscalls), then from the cache; a local
+        call's (no frame) is the one ``local`` names."""
+        if first is None:
+            return self.local.born_host
         host = self._peers.get(identity)
         if host is None:
             host = self._peers[identity] = peer_address(first)
@@ -516,7 +529,7 @@ class RequestServer:
                 started,
             )
             return
-        if req.code in _PEER and head is not None:  # tuple.__new__: no Python-level __new__
+        if req.code in _PEER:  # tuple.__new__: no Python-level __new__
             req = _new_tuple(Request, (req.code, req.opaque, req.fields, req.bodies,
                                        self._peers.get(identity)
                                        or self._born_host(identity, head)))
@@ -680,6 +693,9 @@ class RequestServer:
             self.stats.get_msgs.add(len(resp.bodies))
 
     def _send(self, sock: zmq.Socket[bytes], identity: bytes, frames: list[bytes]) -> None:
+        if len(identity) > 255:  # no ZeroMQ routing id is: a local call's (local_calls.py)
+            self.local.deliver(frames)
+            return
         try:
             send_frames(sock, frames, identity)
         except zmq.Again:
@@ -689,8 +705,12 @@ class RequestServer:
 
     def _handle_mailbox(self, sock: zmq.Socket[bytes]) -> None:
         items, arrivals = self._mailbox.take()
+        served = False
         for item in items:
-            if isinstance(item, _Done):
+            if type(item) is LocalCall:  # a request from this process (local_calls.py)
+                self._serve(sock, LOCAL_IDENTITY, item.frames)
+                served = True
+            elif isinstance(item, _Done):
                 self.stats.inflight -= 1
                 self._complete(sock, item)
             elif isinstance(item, _Wake):
@@ -703,6 +723,8 @@ class RequestServer:
             elif item[0] == "drain":
                 for poll in self._polls.take_all():
                     self._finish_poll(sock, poll)
+        if served:  # as after a burst from the socket: stream to the slaves, dispatch
+            self._after_burst()
         for key, max_offset in arrivals.items():
             for poll in self._polls.wake(key, max_offset):
                 self._finish_poll(sock, poll)

@@ -313,6 +313,23 @@ class Producer(ClientBase):
         properties = _with_shard_key(properties, shard_key, queue_id)
         if deliver_at is not None or delay is not None:
             properties = _with_timer(properties, deliver_at, delay, delay_level)
+        fields, body = self.send_request(topic, body, tags, keys, properties, flag, delay_level)
+
+        def attempt(cluster: Cluster, address: str, mq: MessageQueue) -> SendResult:
+            resp = cluster.request(
+                address, RequestCode.SEND, {**fields, "queueId": mq.queue_id}, [body]
+            )
+            return send_results(topic, resp, mq.broker_name)[0]
+
+        return self._routed(topic, queue_id, shard_key, broker_name,  # type: ignore[no-any-return]
+                            attempt)
+
+    def send_request(self, topic: str, body: bytes, tags: str | None = None,
+                     keys: str | list[str] | None = None,
+                     properties: dict[str, str] | None = None, flag: int = 0,
+                     delay_level: int = 0) -> tuple[dict[str, Any], bytes]:
+        """One message's SEND request, checked (``BrokerError`` MESSAGE_ILLEGAL) and compressed
+        as ``send`` sends it: its fields without ``queueId``, and its body as sent."""
         msg = Message(topic, body, tags, keys, dict(properties or {}), flag, delay_level)
         self._check(msg)
         body, sys_flag = self._deflate(msg)
@@ -323,15 +340,7 @@ class Producer(ClientBase):
             fields = {k: v for k, v in fields.items() if v is not None}
         if msg.delay_level:  # also in the DELAY property, RocketMQ's carrier, as brokers read it
             fields["delayLevel"] = msg.delay_level
-
-        def attempt(cluster: Cluster, address: str, mq: MessageQueue) -> SendResult:
-            resp = cluster.request(
-                address, RequestCode.SEND, {**fields, "queueId": mq.queue_id}, [body]
-            )
-            return send_results(topic, resp, mq.broker_name)[0]
-
-        return self._routed(topic, queue_id, shard_key, broker_name,  # type: ignore[no-any-return]
-                            attempt)
+        return fields, body
 
     def recall(self, topic: str, recall_handle: str) -> str:
         """Cancel a timer message that is not due yet, by the ``recall_handle`` its send

@@ -28,6 +28,7 @@ from common.core.keys import ClientKeys, KeyFileError, load_secret
 from common.core.logs import log_event
 from common.format.acl import AclSnapshot
 from common.proxy.auth import GrpcAuth
+from common.proxy.local import LocalBroker
 from common.proxy.service import MessagingService
 
 log = logging.getLogger("replog.proxy")
@@ -94,8 +95,10 @@ def require_front_end_account(public: bytes, acl: AclSnapshot, where: str) -> No
 class GrpcProxy:
     def __init__(self, servers: list[str], host: str, port: int, max_body_size: int,
                  tls: tuple[bytes, bytes] | None = None, auth: GrpcAuth | None = None,
-                 curve: ClientKeys | None = None):
+                 curve: ClientKeys | None = None, local: LocalBroker | None = None):
         self.servers, self.host, self.port = servers, host, port
+        self.local = local  # in the broker: plain sends in-process (local.py)
+        self.service: MessagingService | None = None  # while it serves (its counters)
         self.max_body_size = max_body_size
         self.tls, self.auth, self.curve = tls, auth, curve
         self._thread: threading.Thread | None = None
@@ -138,7 +141,8 @@ class GrpcProxy:
                                                          thread_name_prefix="replog-grpc-call")
         self._loop.set_default_executor(executor)
         service = MessagingService(self.servers, self.max_body_size, auth=self.auth,
-                                   curve=self.curve)
+                                   curve=self.curve, local=self.local)
+        self.service = service
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])

@@ -41,6 +41,7 @@ from common.format.protocol import ProtocolError, Request, RequestCode, Response
 from common.format.tables import GroupConfig
 from common.proxy import convert
 from common.proxy.auth import GrpcAuth, Need
+from common.proxy.local import LocalBroker, LocalSend
 
 log = logging.getLogger("replog.proxy")
 
@@ -61,13 +62,16 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     """One proxy's RPCs over one replog cluster (``servers``: any of its brokers)."""
 
     def __init__(self, servers: list[str], max_body_size: int, timeout_ms: int = 5000,
-                 auth: GrpcAuth | None = None, curve: ClientKeys | None = None):
+                 auth: GrpcAuth | None = None, curve: ClientKeys | None = None,
+                 local: LocalBroker | None = None):
         self.servers = servers
         self.max_body_size = max_body_size
         self.timeout_ms = timeout_ms
         self.auth = auth  # aclEnable: every call signed and checked (auth.py)
         self.curve = curve  # aclEnable: the key the front end reaches the brokers with
         self.producer = Producer(servers, timeout_ms=timeout_ms, curve=curve)
+        # in the broker (grpcServerPort): plain sends to it in-process (local.py)
+        self.local = None if local is None else LocalSend(local, self.producer)
         self.admin = Admin(servers, timeout_ms=timeout_ms, curve=curve)
         self._consumers: dict[str, SimpleConsumer] = {}  # consumer group -> its POP client
         self._consumers_lock = threading.Lock()
@@ -298,6 +302,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return await self._send_half(out)
         args = out.send_args()
         try:
+            if self.local is not None and out.shard_key is None and out.deliver_at_ms is None:
+                result = await self.local.send(out.topic, out.body, out.tags, args["keys"],
+                                               out.properties)
+                if result is not None:
+                    return _sent(out, result)
             if out.deliver_at_ms is None:
                 del args["deliver_at"]
                 result = await asyncio.wrap_future(
@@ -308,10 +317,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         except BrokerError as e:
             return rpc.SendResultEntry(status=convert.error_status(e),
                                        message_id=out.message_id)
-        return rpc.SendResultEntry(
-            status=convert.status(convert.SEND_CODES[result.status], result.status.value),
-            message_id=out.message_id or result.msg_id, offset=result.queue_offset,
-            recall_handle=result.recall_handle)
+        return _sent(out, result)
 
     async def RecallMessage(self, request: rpc.RecallMessageRequest,
                             context: Any) -> rpc.RecallMessageResponse:
@@ -590,3 +596,10 @@ for _name in UNSERVED:
     setattr(MessagingService, _name, _unserved(_name))
 for _name, _response in UNSERVED_STREAMS.items():
     setattr(MessagingService, _name, _unserved_stream(_name, _response))
+
+
+def _sent(out: convert.Outgoing, result: SendResult) -> rpc.SendResultEntry:
+    return rpc.SendResultEntry(
+        status=convert.status(convert.SEND_CODES[result.status], result.status.value),
+        message_id=out.message_id or result.msg_id, offset=result.queue_offset,
+        recall_handle=result.recall_handle)

@@ -1,0 +1,103 @@
+"""Local mode's sends: the gRPC front end in the broker (``grpcServerPort``) hands a plain
+message to its own broker in-process (``common/broker/local_calls.py``), as RocketMQ's proxy in
+Local mode calls the broker's send processor, instead of through a client socket to itself.
+
+The request is the one ``Producer.send`` would send (``Producer.send_request``: the same
+checks, compression and fields), served by the request server's one path, and its answer read
+by the same ``send_results``. Only what this broker can take at once goes this way: a message
+with no message group, no delivery time and no transaction, to a topic this broker has with
+write permission, while it is a master. Anything else, and any retriable refusal (a master that
+became a slave, a busy or stopping server), goes on through the front end's Producer, which
+routes, retries and follows the master as for any client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+from collections.abc import Callable
+from typing import Protocol
+
+from common.client import Producer
+from common.client.results import SendResult, send_results
+from common.core.errors import BrokerError
+from common.format.protocol import RequestCode, Response, encode_request
+from common.format.tables import PERM_WRITE
+
+
+class Calls(Protocol):
+    """The broker's in-process calls (``common/broker/local_calls.py``'s ``LocalCalls``)."""
+
+    def call(self, opaque_and_frames: Callable[[int], list[bytes]],
+             answer: Callable[[Response | BrokerError], None]) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalBroker:
+    """The broker a front end runs in: its calls, its group's name, the number of queues of a
+    topic it takes writes on (0: none), and whether it is a master now (a hint: the broker's
+    own checks decide)."""
+
+    calls: Calls
+    broker_name: str
+    write_queues: Callable[[str], int]
+    is_master: Callable[[], bool]
+
+
+def write_queues(queue_nums: Callable[[str], int],
+                 perm: Callable[[str], int]) -> Callable[[str], int]:
+    """``LocalBroker.write_queues`` over a topic table's ``queue_nums`` and ``perm``."""
+    return lambda topic: queue_nums(topic) if perm(topic) & PERM_WRITE else 0
+
+
+class LocalSend:
+    """Plain sends to the broker the front end runs in; ``send`` returns None for what must
+    go through the Producer instead."""
+
+    def __init__(self, broker: LocalBroker, producer: Producer):
+        self.broker = broker
+        self.producer = producer
+        self._rr = itertools.count()
+        self.sent = 0  # answered here
+        self.passed_on = 0  # handed back to the Producer (not this broker's, or refused)
+
+    async def send(self, topic: str, body: bytes, tags: str | None, keys: list[str] | None,
+                   properties: dict[str, str]) -> SendResult | None:
+        """The message stored by this broker (its SendResult, or the BrokerError of a refusal
+        that is not retriable), or None: the caller sends it through the Producer."""
+        broker = self.broker
+        queues = broker.write_queues(topic) if broker.is_master() else 0
+        if queues <= 0:
+            self.passed_on += 1
+            return None
+        fields, body = self.producer.send_request(topic, body, tags, keys, properties)
+        fields["queueId"] = next(self._rr) % queues
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[Response | BrokerError] = loop.create_future()
+
+        def answer(outcome: Response | BrokerError) -> None:  # the broker's I/O thread
+            try:
+                loop.call_soon_threadsafe(_settle, answered, outcome)
+            except RuntimeError:  # the front end stopped (its loop closed): nobody waits
+                pass
+
+        try:
+            broker.calls.call(lambda opaque: encode_request(RequestCode.SEND, opaque, fields,
+                                                            [body]), answer)
+            outcome = await answered
+            if isinstance(outcome, BrokerError):
+                raise outcome
+            result = send_results(topic, outcome, broker.broker_name)[0]
+        except BrokerError as e:
+            if e.retriable:  # not stored here: the Producer finds where it can be
+                self.passed_on += 1
+                return None
+            raise
+        self.sent += 1
+        return result
+
+
+def _settle(fut: asyncio.Future[Response | BrokerError], outcome: Response | BrokerError) -> None:
+    if not fut.done():  # a call the client gave up on (its deadline) is cancelled
+        fut.set_result(outcome)

@@ -1,0 +1,275 @@
+"""Local mode's sends (``common/proxy/local.py``, ``common/broker/local_calls.py``): the gRPC
+front end in the broker hands a plain message to its own request server in-process; what it
+cannot take there (a message group, a delivery time, a topic it does not have, a retriable
+refusal) goes through the front end's Producer, and a refusal that is final is answered as
+the broker gave it."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+from helpers.brokers import addr, free_port
+from helpers.fake_slave import FakeSlave, ha_service
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from common.broker.broker import Broker
+from common.broker.local_calls import IDENTITY, LocalCall, LocalCalls
+from common.client import Admin, Consumer, Producer
+from common.core.errors import BrokerError, ResponseCode
+from common.core.message import PROPERTY_UNIQ_KEY
+from common.format.protocol import Limits, RequestCode, Response, decode_request, encode_response
+from common.proxy.local import LocalBroker, LocalSend
+from common.proxy.service import MessagingService
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def broker(make_broker: Callable[..., Broker]) -> Broker:
+    b = make_broker(real_store=True, brokerName="gl", grpcServerPort=free_port(),
+                    defaultTopicQueueNums=2)
+    with Admin([addr(b)]) as admin:
+        admin.create_topic("orders", 2)
+        admin.create_topic("fifo", 2, attributes={"message.type": "FIFO"})
+    return b
+
+
+@pytest.fixture
+def stub(broker: Broker) -> Iterator[service_pb2_grpc.MessagingServiceStub]:
+    with grpc.insecure_channel(f"127.0.0.1:{broker.cfg.grpcServerPort}") as ch:
+        yield service_pb2_grpc.MessagingServiceStub(ch)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def service(broker: Broker) -> MessagingService:
+    grpc_front = broker._grpc
+    assert grpc_front is not None and grpc_front.service is not None
+    return grpc_front.service
+
+
+def send(stub: service_pb2_grpc.MessagingServiceStub, topic: str, body: bytes,
+         **system: Any) -> rpc.SendResultEntry:
+    msg = pb.Message(topic=pb.Resource(name=topic), body=body, system_properties=pb.
+                     SystemProperties(message_id=f"id-{body.decode()}", body_encoding=pb.IDENTITY,
+                                      **system))
+    resp = stub.SendMessage(rpc.SendMessageRequest(messages=[msg]), timeout=10)
+    [entry] = resp.entries
+    return entry
+
+
+def stored(broker: Broker, topic: str) -> list[Any]:
+    with Consumer([addr(broker)]) as c:
+        return [m for q in range(2) for m in c.pull(topic, q, 0, 64).messages]
+
+
+def test_a_plain_send_is_stored_in_process_with_the_front_ends_born_host(
+        broker: Broker, stub: service_pb2_grpc.MessagingServiceStub) -> None:
+    local = service(broker).local
+    assert local is not None
+    entries = [send(stub, "orders", b"m%d" % i, tag="A") for i in range(4)]
+    assert [e.status.code for e in entries] == [pb.OK] * 4
+    assert (local.sent, local.passed_on) == (4, 0)  # not one through the client socket
+    got = stored(broker, "orders")
+    assert sorted(m.body for m in got) == [b"m0", b"m1", b"m2", b"m3"]
+    assert {m.queue_id for m in got} == {0, 1}  # spread over the topic's queues
+    assert all(m.tags == "A" for m in got)
+    assert {m.born_host for m in got} == {f"127.0.0.1:{broker.cfg.grpcServerPort}"}
+    assert {e.message_id for e in entries} == {m.properties[PROPERTY_UNIQ_KEY] for m in got}
+    assert broker.server.local.pending() == 0
+
+
+def test_what_the_broker_cannot_take_at_once_goes_through_the_producer(
+        broker: Broker, stub: service_pb2_grpc.MessagingServiceStub) -> None:
+    local = service(broker).local
+    assert local is not None
+    # a message group and a delivery time are the Producer's (its hash, its timer fields)
+    assert send(stub, "fifo", b"g1", message_group="g", message_type=pb.FIFO).status.code \
+        == pb.OK
+    delay = pb.SystemProperties().delivery_timestamp
+    delay.GetCurrentTime()
+    assert send(stub, "orders", b"d1", delivery_timestamp=delay,
+                message_type=pb.DELAY).status.code == pb.OK
+    assert (local.sent, local.passed_on) == (0, 0)
+    # a topic this broker does not have: the Producer auto-creates it as for any client
+    assert send(stub, "fresh", b"f1").status.code == pb.OK
+    assert (local.sent, local.passed_on) == (0, 1)
+    assert [m.body for m in stored(broker, "fresh")] == [b"f1"]
+
+
+def test_a_final_refusal_is_answered_as_the_broker_gave_it(
+        broker: Broker, stub: service_pb2_grpc.MessagingServiceStub) -> None:
+    local = service(broker).local
+    assert local is not None
+    entry = send(stub, "fifo", b"nogroup")  # a FIFO topic takes no message without a group
+    assert entry.status.code != pb.OK and "group" in entry.status.message
+    assert (local.sent, local.passed_on) == (0, 0)  # not retried elsewhere
+    assert stored(broker, "fifo") == []
+
+
+# ---- LocalSend over a broker it does not run in ---------------------------------------------
+class Answering:
+    """LocalCalls' stand-in: answers each call with what ``answer_with`` makes of it."""
+
+    def __init__(self, answer_with: Callable[[Any], Response | BrokerError]):
+        self.answer_with = answer_with
+        self.requests: list[Any] = []
+
+    def call(self, frames_of: Callable[[int], list[bytes]], answer: Callable[[Any], None]) -> None:
+        req = decode_request(frames_of(5), Limits())
+        self.requests.append(req)
+        threading.Thread(target=answer, args=(self.answer_with(req),)).start()
+
+
+def local_send(calls: Any, master: bool = True, queues: int = 3) -> LocalSend:
+    broker = LocalBroker(calls, "gl", lambda _topic: queues, lambda: master)
+    return LocalSend(broker, Producer(["127.0.0.1:1"]))
+
+
+def run(local: LocalSend) -> Any:
+    try:
+        return asyncio.run(local.send("orders", b"body", None, None, {"UNIQ_KEY": "u"}))
+    finally:
+        local.producer.close()
+
+
+def test_a_retriable_refusal_is_passed_on_and_a_final_one_raised() -> None:
+    busy = local_send(Answering(lambda req: Response(ResponseCode.SYSTEM_BUSY, req.opaque,
+                                                     "busy", {}, [])))
+    assert run(busy) is None and (busy.sent, busy.passed_on) == (0, 1)
+    stopped = local_send(Answering(lambda req: BrokerError(
+        ResponseCode.SERVICE_NOT_AVAILABLE, "stopped")))
+    assert run(stopped) is None and stopped.passed_on == 1
+    illegal = local_send(Answering(lambda req: Response(ResponseCode.MESSAGE_ILLEGAL,
+                                                       req.opaque, "no", {}, [])))
+    with pytest.raises(BrokerError) as e:
+        run(illegal)
+    assert e.value.code == ResponseCode.MESSAGE_ILLEGAL and illegal.passed_on == 0
+
+
+def test_the_request_is_the_producers_and_a_slave_or_a_topic_without_queues_is_passed_on(
+        ) -> None:
+    ok = Answering(lambda req: Response(ResponseCode.SUCCESS, req.opaque, "", {
+        "storeHost": "0" * 16, "commitLogOffset": 10, "queueId": req.fields["queueId"],
+        "queueOffset": 0}, []))
+    local = local_send(ok)
+    result = run(local)
+    [req] = ok.requests
+    assert req.code == RequestCode.SEND and req.fields["topic"] == "orders"
+    assert req.bodies == [b"body"] and req.fields["properties"] == {"UNIQ_KEY": "u"}
+    assert result.queue_id == req.fields["queueId"] < 3 and result.broker_name == "gl"
+    for slave_or_none in (local_send(ok, master=False), local_send(ok, queues=0)):
+        assert run(slave_or_none) is None and slave_or_none.passed_on == 1
+    assert len(ok.requests) == 1  # neither was asked of the broker
+
+
+# ---- LocalCalls -------------------------------------------------------------------------------
+def test_local_calls_answer_by_opaque_and_fail_what_waits_when_closed() -> None:
+    posted: list[Any] = []
+    calls = LocalCalls(posted.append, Limits())
+    got: dict[str, Any] = {}
+    assert len(IDENTITY) > 255  # no ZeroMQ routing id is this long
+    calls.call(lambda op: [b"a", b"%d" % op], lambda out: got.__setitem__("a", out))
+    calls.call(lambda op: [b"b", b"%d" % op], lambda out: got.__setitem__("b", out))
+    assert all(type(item) is LocalCall for item in posted)
+    op_a, op_b = (int(item.frames[1]) for item in posted)
+    assert op_a != op_b and calls.pending() == 2
+    calls.deliver(encode_response(ResponseCode.SUCCESS, op_b, "for b"))
+    assert got["b"].remark == "for b" and "a" not in got
+    calls.deliver(encode_response(ResponseCode.SUCCESS, 999_999, "nobody's"))  # dropped
+    calls.close("stopped")
+    assert isinstance(got["a"], BrokerError) and got["a"].retriable
+    assert calls.pending() == 0
+    with pytest.raises(BrokerError) as e:
+        calls.call(lambda op: [b"c"], lambda out: None)
+    assert e.value.code == ResponseCode.SERVICE_NOT_AVAILABLE
+
+
+def test_a_call_the_mailbox_refuses_is_not_left_waiting() -> None:
+    def full(_item: Any) -> None:
+        raise BrokerError(ResponseCode.SYSTEM_BUSY, "server mailbox full")
+
+    calls = LocalCalls(full, Limits())
+    with pytest.raises(BrokerError):
+        calls.call(lambda op: [b"x"], lambda out: None)
+    assert calls.pending() == 0
+
+
+def test_a_sync_masters_local_send_waits_for_its_slave_and_a_stop_answers_it(
+        make_broker: Callable[..., Broker]) -> None:
+    b = make_broker(real_store=True, brokerName="gs", brokerRole="SYNC_MASTER",
+                    slaveTimeout=20_000, grpcServerPort=free_port())
+    with Admin([addr(b)]) as admin:
+        admin.create_topic("orders", 1)
+    slave = FakeSlave(b)
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    try:
+        slave.hello()
+        wait_for(lambda: ha_service(b).in_sync_count() == 1, "the fake slave in sync")
+        with grpc.insecure_channel(f"127.0.0.1:{b.cfg.grpcServerPort}") as ch:
+            stub = service_pb2_grpc.MessagingServiceStub(ch)
+            first = pool.submit(send, stub, "orders", b"s1")
+            data = slave.data()  # streamed once the local call's turn ended
+            end = data.phy_offset + len(data.data)
+            assert end == b.store.max_phy_offset
+            assert not first.done()  # a SYNC put is not answered before an ack covers it
+            slave.ack(end)
+            assert first.result(10).status.code == pb.OK
+            second = pool.submit(send, stub, "orders", b"s2")
+            slave.data()
+            assert not second.done()
+            b.server.stop(5.0)  # held, never acked: the stop gives it its final answer
+            entry = second.result(10)
+            assert entry.status.code == pb.SLAVE_PERSISTENCE_TIMEOUT, entry.status
+        local = service(b).local
+        assert local is not None and (local.sent, local.passed_on) == (2, 0)
+        assert b.server.local.pending() == 0
+        with pytest.raises(BrokerError) as e:  # the loop has ended: refused at once
+            b.server.local.call(lambda op: [b"x"], lambda out: None)
+        assert e.value.code == ResponseCode.SERVICE_NOT_AVAILABLE and e.value.retriable
+    finally:
+        pool.shutdown()
+        slave.close()
+
+
+def test_a_held_local_send_answered_after_the_front_end_stopped_harms_nothing(
+        make_broker: Callable[..., Broker]) -> None:
+    """Broker.shutdown stops the gRPC front end before the server drains: the SYNC put it
+    left held is answered into a closed event loop, which must not stop the I/O thread."""
+    b = make_broker(real_store=True, brokerName="gs", brokerRole="SYNC_MASTER",
+                    slaveTimeout=20_000, grpcServerPort=free_port())
+    with Admin([addr(b)]) as admin:
+        admin.create_topic("orders", 1)
+    slave = FakeSlave(b)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        slave.hello()
+        wait_for(lambda: ha_service(b).in_sync_count() == 1, "the fake slave in sync")
+        with grpc.insecure_channel(f"127.0.0.1:{b.cfg.grpcServerPort}") as ch:
+            stub = service_pb2_grpc.MessagingServiceStub(ch)
+            held = pool.submit(send, stub, "orders", b"h1")
+            slave.data()
+            assert b.server.local.pending() == 1
+            assert b._grpc is not None
+            b._grpc.stop()  # as Broker.shutdown does first
+            with pytest.raises(grpc.RpcError):
+                held.result(10)
+        b.server.stop(5.0)
+        assert b.server.failure == "" and b.server.local.pending() == 0
+    finally:
+        pool.shutdown()
+        slave.close()
