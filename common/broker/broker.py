@@ -366,7 +366,8 @@ class Broker:
         calls = self.server.local  # Local mode: plain sends reach this broker in-process
         calls.born_host = ("127.0.0.1", cfg.grpcServerPort)
         roles = self.roles
-        in_process = LocalBroker(calls, cfg.brokerName,
+        in_process = LocalBroker(calls, tuple(dict.fromkeys((local, cfg.client_address))),
+                                 cfg.brokerName,
                                  write_queues(self.topics.queue_nums, self.topics.perm),
                                  lambda: roles.state.is_master)
         self._grpc = GrpcProxy(servers, cfg.grpcBindAddress or "0.0.0.0", cfg.grpcServerPort,

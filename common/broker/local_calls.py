@@ -52,6 +52,7 @@ class LocalCalls:
         self._lock = threading.Lock()
         self._opaques = itertools.count(1)
         self._closed = False
+        self.calls = 0  # taken, since the start
 
     def call(self, opaque_and_frames: Callable[[int], list[bytes]], answer: Answer) -> None:
         """Any thread: serve the request ``opaque_and_frames(opaque)`` encodes, and hand its
@@ -64,6 +65,7 @@ class LocalCalls:
                                   "the broker's request server has stopped")
             opaque = next(self._opaques) % (OPAQUE_SPAN - 1) + 1
             self._waiting[opaque] = answer
+            self.calls += 1
         try:
             self._post(LocalCall(opaque_and_frames(opaque)))
         except BaseException:
@@ -75,16 +77,14 @@ class LocalCalls:
         """The I/O thread: the answer to a local call (sent to ``IDENTITY``)."""
         try:
             resp = decode_response(frames, self._limits)
-        except ProtocolError as e:  # the server's own encoding: a bug, answered as one
-            opaque = e.opaque
-            outcome: Response | BrokerError = BrokerError(
-                ResponseCode.SYSTEM_ERROR, f"local answer undecodable: {e}")
-        else:
-            opaque, outcome = resp.opaque, resp
+        except ProtocolError as e:  # not an answer (nothing registers this identity as a
+            # client to ask): its opaque is no one's, so it is dropped, loudly
+            log_event(log, "local_answer_dropped", logging.ERROR, error=str(e))
+            return
         with self._lock:
-            answer = self._waiting.pop(opaque, None)
+            answer = self._waiting.pop(resp.opaque, None)
         if answer is not None:
-            _hand_on(answer, outcome)
+            _hand_on(answer, resp)
 
     def pending(self) -> int:
         with self._lock:

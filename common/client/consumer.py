@@ -10,6 +10,7 @@ from typing import Any
 
 from common.client.base import ClientBase
 from common.client.cluster import Cluster
+from common.client.in_process import InProcess
 from common.client.results import (
     NoMasterError,
     PullResult,
@@ -53,6 +54,7 @@ class Consumer(ClientBase):
         key: str | os.PathLike[str] | None = None,
         server_key: str | os.PathLike[str] | Mapping[str, Any] | None = None,
         curve: ClientKeys | None = None,
+        in_process: Mapping[str, InProcess] | None = None,
     ):
         """``read_from``: where pulls and offset reads go. None or "master": the master, and a
         slave of the group while no master answers (RocketMQ 4.x consumers do so during a
@@ -60,9 +62,10 @@ class Consumer(ClientBase):
         that broker only. Offset commits always go to the master; one made while no master
         answers is kept here and sent with the next one that reaches a master (``close``
         tries too), so a failover loses none of them.
-        ``key``, ``server_key``, ``curve``: CURVE (``ClientBase``, docs/security.md)."""
+        ``key``, ``server_key``, ``curve``: CURVE (``ClientBase``, docs/security.md).
+        ``in_process``: brokers of this process, by address (``common/client/in_process.py``)."""
         super().__init__(servers, timeout_ms, retries, key=key, server_key=server_key,
-                         curve=curve, spin_us=spin_us)
+                         curve=curve, spin_us=spin_us, in_process=in_process)
         self.group = group
         self.read_from = read_from
         # (topic, queue_id[, group]) -> (offset, client id): the group is there over several

@@ -23,6 +23,7 @@ from common.client.cluster import (
     ROUTE_TTL_MS,
     Cluster,
 )
+from common.client.in_process import InProcess
 from common.client.presence import DEFAULT_HEARTBEAT_MS, Presence, new_client_id
 from common.client.results import (
     ClientTimeoutError,
@@ -222,6 +223,7 @@ class Producer(ClientBase):
         group: str | None = None,
         client_id: str | None = None,
         heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
+        in_process: Mapping[str, InProcess] | None = None,
     ):
         """``group``: the producer group this producer belongs to. With one, it heartbeats
         every group's master (``heartbeat_ms``) so a broker can send it requests (a
@@ -231,7 +233,8 @@ class Producer(ClientBase):
         zlib-deflated with the COMPRESSED sysflag, when that makes it smaller (RocketMQ's
         ``compressMsgBodyOverHowmuch``, 4 KiB, and ``zipCompressLevel``, 5); consumers get
         it back inflated. None turns it off. ``max_message_size`` bounds the body as given.
-        ``key``, ``server_key``, ``curve``: CURVE (``ClientBase``, docs/security.md)."""
+        ``key``, ``server_key``, ``curve``: CURVE (``ClientBase``, docs/security.md).
+        ``in_process``: brokers of this process, by address (``common/client/in_process.py``)."""
         if not 0 <= compress_level <= 9:
             raise ValueError(f"compress_level {compress_level} is not 0..9")
         if group is not None and not (0 < len(group) <= MAX_GROUP_LENGTH
@@ -255,6 +258,7 @@ class Producer(ClientBase):
             max_batches_in_flight=max_batches_in_flight,
             max_in_flight=max_pending,
             batch_timeout_ms=timeout_ms,
+            in_process=in_process,
         )
         self.max_message_size = max_message_size
         self.compress_over_bytes = compress_over_bytes

@@ -40,13 +40,14 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from common.client.accumulator import Accumulator, Entry
+from common.client.in_process import IN_PROCESS_CODES, InProcess, call_in_process
 from common.client.results import ClientTimeoutError, ConnectionLostError, HandshakeError
 from common.core.errors import BrokerError, ResponseCode
 from common.core.futures import LightFuture
@@ -229,8 +230,11 @@ class Transport:
         spin_us: int = DEFAULT_SPIN_US,
         max_direct_sockets: int = MAX_DIRECT_SOCKETS,
         curve: ClientKeys | None = None,
+        in_process: Mapping[str, InProcess] | None = None,
     ):
         self._curve = curve
+        # brokers of this process: address -> their calls (in_process.py), for call_sync
+        self._in_process = dict(in_process or {})
         self._monitor_events = _CURVE_EVENTS if curve is not None else zmq.EVENT_DISCONNECTED
         self._spin_s = max(0, spin_us) / 1e6
         self._rtt_s = 0.0  # moving average of call_sync round trips
@@ -300,6 +304,10 @@ class Transport:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
         if self.failure:
             raise self.dead_error()
+        if self._in_process and code in IN_PROCESS_CODES:
+            calls = self._in_process.get(address)
+            if calls is not None:  # a broker of this process: no socket (in_process.py)
+                return call_in_process(calls, address, code, fields, bodies, timeout_ms)
         sock = self._direct_socket(address)
         if sock is None:  # as many blocking-call sockets as allowed: the I/O thread carries it
             return self._call_through_io(address, code, fields, bodies, timeout_ms)

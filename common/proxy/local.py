@@ -9,6 +9,10 @@ with no message group, no delivery time and no transaction, to a topic this brok
 write permission, while it is a master. Anything else, and any retriable refusal (a master that
 became a slave, a busy or stopping server), goes on through the front end's Producer, which
 routes, retries and follows the master as for any client.
+
+The front end's blocking client calls to this broker (a receive's POP, its acks, a delayed
+send) go in-process too, by the clients' ``in_process`` (``common/client/in_process.py``),
+on the executor threads they already run on.
 """
 
 from __future__ import annotations
@@ -17,29 +21,23 @@ import asyncio
 import dataclasses
 import itertools
 from collections.abc import Callable
-from typing import Protocol
 
 from common.client import Producer
+from common.client.in_process import InProcess
 from common.client.results import SendResult, send_results
 from common.core.errors import BrokerError
 from common.format.protocol import RequestCode, Response, encode_request
 from common.format.tables import PERM_WRITE
 
 
-class Calls(Protocol):
-    """The broker's in-process calls (``common/broker/local_calls.py``'s ``LocalCalls``)."""
-
-    def call(self, opaque_and_frames: Callable[[int], list[bytes]],
-             answer: Callable[[Response | BrokerError], None]) -> None: ...
-
-
 @dataclasses.dataclass(frozen=True)
 class LocalBroker:
-    """The broker a front end runs in: its calls, its group's name, the number of queues of a
-    topic it takes writes on (0: none), and whether it is a master now (a hint: the broker's
-    own checks decide)."""
+    """The broker a front end runs in: its calls, the addresses its clients know it by, its
+    group's name, the number of queues of a topic it takes writes on (0: none), and whether it
+    is a master now (a hint: the broker's own checks decide)."""
 
-    calls: Calls
+    calls: InProcess
+    addresses: tuple[str, ...]
     broker_name: str
     write_queues: Callable[[str], int]
     is_master: Callable[[], bool]

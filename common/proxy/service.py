@@ -69,7 +69,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.timeout_ms = timeout_ms
         self.auth = auth  # aclEnable: every call signed and checked (auth.py)
         self.curve = curve  # aclEnable: the key the front end reaches the brokers with
-        self.producer = Producer(servers, timeout_ms=timeout_ms, curve=curve)
+        # in the broker: its blocking calls to that broker go in-process (local.py)
+        self._in_process = {} if local is None else dict.fromkeys(local.addresses, local.calls)
+        self.producer = Producer(servers, timeout_ms=timeout_ms, curve=curve,
+                                 in_process=self._in_process)
         # in the broker (grpcServerPort): plain sends to it in-process (local.py)
         self.local = None if local is None else LocalSend(local, self.producer)
         self.admin = Admin(servers, timeout_ms=timeout_ms, curve=curve)
@@ -110,7 +113,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             consumer = self._consumers.get(group)
             if consumer is None:
                 consumer = self._consumers[group] = SimpleConsumer(
-                    self.servers, group, timeout_ms=self.timeout_ms, curve=self.curve)
+                    self.servers, group, timeout_ms=self.timeout_ms, curve=self.curve,
+                    in_process=self._in_process)
             return consumer
 
     def _refused(self, context: Any, needs: list[Need]) -> pb.Status | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+import msgpack
 import pytest
 from helpers.brokers import addr, free_port
 from helpers.fake_slave import FakeSlave, ha_service
@@ -24,6 +25,9 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from common.broker.broker import Broker
 from common.broker.local_calls import IDENTITY, LocalCall, LocalCalls
 from common.client import Admin, Consumer, Producer
+from common.client.in_process import call_in_process
+from common.client.results import ClientTimeoutError
+from common.client.transport import Transport
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import PROPERTY_UNIQ_KEY
 from common.format.protocol import Limits, RequestCode, Response, decode_request, encode_response
@@ -121,6 +125,41 @@ def test_a_final_refusal_is_answered_as_the_broker_gave_it(
     assert stored(broker, "fifo") == []
 
 
+def test_a_receive_its_ack_and_a_delayed_send_go_in_process_too(
+        broker: Broker, stub: service_pb2_grpc.MessagingServiceStub) -> None:
+    with Producer([addr(broker)]) as p:
+        for i in range(3):
+            p.send("orders", b"r%d" % i)
+    calls = broker.server.local
+    before = calls.calls
+    req = rpc.ReceiveMessageRequest(group=pb.Resource(name="g"), batch_size=32, message_queue=
+                                    pb.MessageQueue(topic=pb.Resource(name="orders"),
+                                                    broker=pb.Broker(name="gl")))
+    req.invisible_duration.seconds = 60
+    got: list[Any] = []
+    receives = 0
+    while len(got) < 3:  # a POP takes from one queue at a time
+        assert receives < 10
+        got += [r.message for r in stub.ReceiveMessage(req, timeout=10)
+                if r.HasField("message")]
+        receives += 1
+    assert sorted(m.body for m in got) == [b"r0", b"r1", b"r2"]
+    assert calls.calls == before + receives  # one POP each, in-process
+    before += receives
+    ack = stub.AckMessage(rpc.AckMessageRequest(
+        group=pb.Resource(name="g"), topic=pb.Resource(name="orders"),
+        entries=[rpc.AckMessageEntry(receipt_handle=m.system_properties.receipt_handle,
+                                     message_id=m.system_properties.message_id)
+                 for m in got]), timeout=10)
+    assert ack.status.code == pb.OK and calls.calls == before + 1
+    delay = pb.SystemProperties().delivery_timestamp
+    delay.GetCurrentTime()
+    assert send(stub, "orders", b"later", delivery_timestamp=delay,
+                message_type=pb.DELAY).status.code == pb.OK
+    assert calls.calls == before + 2  # Producer.send's SEND, by its in_process
+    assert calls.pending() == 0
+
+
 # ---- LocalSend over a broker it does not run in ---------------------------------------------
 class Answering:
     """LocalCalls' stand-in: answers each call with what ``answer_with`` makes of it."""
@@ -136,7 +175,7 @@ class Answering:
 
 
 def local_send(calls: Any, master: bool = True, queues: int = 3) -> LocalSend:
-    broker = LocalBroker(calls, "gl", lambda _topic: queues, lambda: master)
+    broker = LocalBroker(calls, (), "gl", lambda _topic: queues, lambda: master)
     return LocalSend(broker, Producer(["127.0.0.1:1"]))
 
 
@@ -175,6 +214,43 @@ def test_the_request_is_the_producers_and_a_slave_or_a_topic_without_queues_is_p
     for slave_or_none in (local_send(ok, master=False), local_send(ok, queues=0)):
         assert run(slave_or_none) is None and slave_or_none.passed_on == 1
     assert len(ok.requests) == 1  # neither was asked of the broker
+
+
+# ---- the clients' in_process ------------------------------------------------------------------
+class Recording:
+    """A broker's in-process calls that answer SUCCESS, or never (``silent``)."""
+
+    def __init__(self, silent: bool = False):
+        self.silent = silent
+        self.codes: list[RequestCode] = []
+
+    def call(self, frames_of: Callable[[int], list[bytes]], answer: Callable[[Any], None]) -> None:
+        _version, code, opaque, _fields = msgpack.unpackb(frames_of(9)[0])
+        self.codes.append(RequestCode(code))
+        if not self.silent:
+            answer(Response(ResponseCode.SUCCESS, opaque, "in-process", {}, []))
+
+
+def test_a_clients_in_process_broker_takes_only_calls_that_leave_no_trace() -> None:
+    here, there = Recording(), "127.0.0.1:1"
+    t = Transport(in_process={there: here})
+    try:
+        resp = t.call_sync(there, RequestCode.POP_MESSAGE, {"topic": "t"}, timeout_ms=500)
+        assert resp.remark == "in-process" and here.codes == [RequestCode.POP_MESSAGE]
+        # a producer's heartbeat registers its connection for the broker's own requests: a socket's
+        with pytest.raises(BrokerError):
+            t.call_sync(there, RequestCode.PRODUCER_HEARTBEAT, {"group": "g"}, timeout_ms=300)
+        assert here.codes == [RequestCode.POP_MESSAGE]
+    finally:
+        t.close()
+
+
+def test_an_in_process_call_not_answered_in_time_times_out() -> None:
+    started = time.monotonic()
+    with pytest.raises(ClientTimeoutError):
+        call_in_process(Recording(silent=True), "127.0.0.1:1", RequestCode.SEND,
+                        {"topic": "t"}, [b"x"], 200)
+    assert 0.2 <= time.monotonic() - started < 2.0
 
 
 # ---- LocalCalls -------------------------------------------------------------------------------
