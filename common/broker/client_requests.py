@@ -61,7 +61,8 @@ class ClientRequests:
         self._limits = limits
         self._opaques = itertools.count(1)
         self._waiting: dict[int, _Waiting] = {}
-        self._deadlines: list[tuple[float, int]] = []
+        # (deadline, opaque), a heap never replaced: the loop reads it to skip ``expire``
+        self.deadlines: list[tuple[float, int]] = []
         self.asked = 0
         self.answered = 0
         self.timed_out = 0
@@ -90,7 +91,7 @@ class ClientRequests:
             return
         opaque = next(self._opaques)
         self._waiting[opaque] = _Waiting(ask.identity, ask.code, ask.timeout_ms, ask.future)
-        heapq.heappush(self._deadlines, (now + ask.timeout_ms / 1000.0, opaque))
+        heapq.heappush(self.deadlines, (now + ask.timeout_ms / 1000.0, opaque))
         self.asked += 1
         send(ask.identity, encode_request(ask.code, opaque, ask.fields, ask.bodies))
 
@@ -115,12 +116,9 @@ class ClientRequests:
         waiting.future.set_result(resp)
         return None
 
-    def next_deadline(self) -> float | None:
-        return self._deadlines[0][0] if self._deadlines else None
-
     def expire(self, now: float) -> None:
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, opaque = heapq.heappop(self._deadlines)
+        while self.deadlines and self.deadlines[0][0] <= now:
+            _, opaque = heapq.heappop(self.deadlines)
             waiting = self._waiting.pop(opaque, None)
             if waiting is not None:
                 self.timed_out += 1
@@ -128,14 +126,14 @@ class ClientRequests:
                     ResponseCode.SYSTEM_BUSY, f"the client did not answer "
                     f"{waiting.code.name} within {waiting.timeout_ms} ms", True))
         if not self._waiting:
-            self._deadlines.clear()
+            self.deadlines.clear()
 
     def fail_all(self, reason: str, unsent: Sequence[Any] = ()) -> None:
         """The loop ends: every request in flight, and ``unsent`` (mailbox items nobody took:
         the Asks among them), fails with ``reason``."""
         self.closed = True
         waiting, self._waiting = list(self._waiting.values()), {}
-        self._deadlines.clear()
+        self.deadlines.clear()
         err = BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE, reason, True)
         for w in waiting:
             _fail(w.future, err)

@@ -34,7 +34,8 @@ class LongPolls:
 
     def __init__(self) -> None:
         self._by_key: dict[Hashable, list[LongPoll]] = {}
-        self._deadlines: list[tuple[float, int, Hashable]] = []
+        # (deadline, seq, key), a heap never replaced: the loop reads it to skip ``expire``
+        self.deadlines: list[tuple[float, int, Hashable]] = []
         self._seq = 0
         self.keys: frozenset[Hashable] = frozenset()  # read from any thread (arrival filter)
 
@@ -47,7 +48,7 @@ class LongPolls:
         self._by_key.setdefault(poll.key, []).append(poll)
         self.keys = frozenset(self._by_key)
         self._seq += 1
-        heapq.heappush(self._deadlines, (poll.deadline, self._seq, poll.key))
+        heapq.heappush(self.deadlines, (poll.deadline, self._seq, poll.key))
         return poll.ready(poll.current())
 
     def wake(self, key: Hashable, max_offset: int) -> list[LongPoll]:
@@ -63,8 +64,8 @@ class LongPolls:
     def expire(self, now: float) -> list[LongPoll]:
         """The polls whose wait ended by ``now`` (taken out)."""
         out: list[LongPoll] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, key = heapq.heappop(self._deadlines)
+        while self.deadlines and self.deadlines[0][0] <= now:
+            _, _, key = heapq.heappop(self.deadlines)
             waiting = self._by_key.get(key, [])
             out.extend(p for p in waiting if p.deadline <= now)
             self._set(key, [p for p in waiting if p.deadline > now])
@@ -74,11 +75,8 @@ class LongPolls:
         out = [p for waiting in self._by_key.values() for p in waiting]
         self._by_key.clear()
         self.keys = frozenset()
-        self._deadlines.clear()
+        self.deadlines.clear()
         return out
-
-    def next_deadline(self) -> float | None:
-        return self._deadlines[0][0] if self._deadlines else None
 
     def _set(self, key: Hashable, waiting: list[LongPoll]) -> None:
         if waiting:

@@ -169,6 +169,12 @@ class Participants:
         self._active: list[_Attachment] = []  # host thread only, like the four below
         self._waiting_restart = 0  # failed attachments waiting for their reopen
         self._by_sock: dict[Any, _Attachment] = {}
+        # what the host's loop asks every turn, kept as plain attributes (``_recount``: a
+        # property is a Python-level call, and these are read a few times a request)
+        self.active = False  # a participant is attached and active
+        self.polled = False  # a participant has sockets in the poll
+        self.restarting = False  # a failed participant waits for its restart: the host
+        # must call ``prepare`` and ``on_timers`` although no participant is active
         self._poller: zmq.Poller | None = None
         self._ident = 0
 
@@ -224,13 +230,11 @@ class Participants:
         return out
 
     # ---- the host thread ---------------------------------------------------------------------
-    @property
-    def active(self) -> bool:
-        return bool(self._active)
-
-    @property
-    def polled(self) -> bool:
-        return bool(self._by_sock)
+    def _recount(self) -> None:
+        """After any change to ``_active``, ``_by_sock`` or ``_waiting_restart``."""
+        self.active = bool(self._active)
+        self.polled = bool(self._by_sock)
+        self.restarting = self._waiting_restart > 0
 
     def begin(self, poller: zmq.Poller) -> None:
         self._ident = threading.get_ident()
@@ -259,15 +263,19 @@ class Participants:
             restart_ms = max(0, int((att.restart_at - now) * 1000) + 1)
             timeout = restart_ms if timeout is None else min(timeout, restart_ms)
         for att in tuple(self._active):
-            items = self._call(att, att.participant.poll_items)
-            wait_ms = self._call(att, att.participant.timeout_ms) if att.active else None
-            if not att.active:
+            participant = att.participant
+            try:  # inline, not by _call: this runs every turn
+                items = participant.poll_items()
+                wait_ms = participant.timeout_ms()
+            except Exception as e:  # noqa: BLE001 - logged there; the host must keep serving
+                self._failed_call(att, e)
                 continue
             for s, flags in items:
                 if att.polled.get(s) != flags:
                     poller.register(s, flags)
                     att.polled[s] = flags
                     self._by_sock[s] = att
+                    self.polled = True
             if wait_ms is None:
                 att.due = float("inf")
             else:
@@ -283,7 +291,10 @@ class Participants:
 
     def after_burst(self) -> None:
         for att in tuple(self._active):
-            self._call(att, att.participant.after_burst)
+            try:  # inline, not by _call: this runs every burst
+                att.participant.after_burst()
+            except Exception as e:  # noqa: BLE001 - logged there; the host must keep serving
+                self._failed_call(att, e)
 
     def on_timers(self, now: float) -> None:
         for att in tuple(self._active):
@@ -294,12 +305,6 @@ class Participants:
             if now >= att.restart_at:
                 self._restart(att)
 
-    @property
-    def restarting(self) -> bool:
-        """A failed participant waits for its restart: the host must call ``prepare`` and
-        ``on_timers`` although no participant is active."""
-        return self._waiting_restart > 0
-
     def _restarting(self) -> list[_Attachment]:
         with self._lock:
             return [a for a in self._registry.values() if a.restart_at != float("inf")]
@@ -309,6 +314,7 @@ class Participants:
         fails too."""
         att.restart_at = float("inf")
         self._waiting_restart -= 1
+        self._recount()
         name = participant_name(att.participant)
         try:
             att.participant.reopen()  # type: ignore[attr-defined]
@@ -317,6 +323,7 @@ class Participants:
                 wait = att.health.failed(e, restarting=True)
             att.restart_at = time.monotonic() + wait
             self._waiting_restart += 1
+            self._recount()
             log.exception("event=participant_restart_failed participant=%s retry_in_s=%.1f",
                           name, wait)
             return
@@ -339,6 +346,7 @@ class Participants:
             return  # detached before its attach item was read
         att.active = True
         self._active.append(att)
+        self._recount()
         self._call(att, att.participant.bind, functools.partial(self._wake, att))
 
     def _wake(self, att: _Attachment) -> None:
@@ -361,6 +369,7 @@ class Participants:
                 if self._poller is not None:
                     self._poller.unregister(s)
             att.polled.clear()
+            self._recount()
 
     def _deactivate(self, att: _Attachment) -> None:
         if att.closed.is_set():
@@ -369,6 +378,7 @@ class Participants:
         if att.restart_at != float("inf"):  # closed when it failed: its restart is cancelled
             att.restart_at = float("inf")
             self._waiting_restart -= 1
+            self._recount()
             att.closed.set()
         else:
             _close(att)
@@ -405,6 +415,7 @@ class Participants:
             log.exception("event=participant_close_failed participant=%s", name)
         att.restart_at = time.monotonic() + wait
         self._waiting_restart += 1
+        self._recount()
 
 
 def _close(att: _Attachment) -> None:

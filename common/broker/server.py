@@ -199,10 +199,12 @@ class RequestServer:
         self._ctx = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
-        self._draining = threading.Event()
+        # set by drain/stop (any thread), read by the I/O thread: plain flags (an Event's
+        # is_set is a Python-level call, three a request)
+        self._draining = False
         self._closing_at = float("inf")  # drained: the loop ends at this time (DRAIN_GRACE_S)
         self._drain_deadline = float("inf")
-        self._stopped = threading.Event()
+        self._stopped = False
         self._bound = threading.Event()
         self._bind_error: BaseException | None = None
         # controller mode: the last look at a SEND_OK before it leaves (Broker._reply_gate):
@@ -235,14 +237,14 @@ class RequestServer:
     def drain(self, timeout_s: float) -> bool:
         """Refuse new work, answer parked polls, wait for in-flight; True if all finished."""
         self._drain_deadline = time.monotonic() + timeout_s
-        self._draining.set()
+        self._draining = True
         self._mailbox.post(("drain", None))
         return self.join(timeout_s + 1.0)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._drain_deadline = time.monotonic()
-        self._draining.set()
-        self._stopped.set()
+        self._draining = True
+        self._stopped = True
         try:
             self._mailbox.post(("stop", None))
         except (BrokerError, OSError):
@@ -309,7 +311,7 @@ class RequestServer:
             log.exception("event=io_thread_died error=%r inflight=%d", self.failure,
                           self.stats.inflight)
         finally:
-            self._draining.set()  # nothing new is taken: the thread is gone
+            self._draining = True  # nothing new is taken: the thread is gone
             self._participants.end()
             self.client_requests.closed = True
             if self._handshakes is not None:
@@ -334,6 +336,8 @@ class RequestServer:
         if handshakes is not None:
             poller.register(handshakes, zmq.POLLIN)
         participants.begin(poller)
+        mailbox_fd = self._mailbox.fileno()
+        poll_deadlines, ask_deadlines = self._polls.deadlines, self.client_requests.deadlines
         while True:
             timeout = self._poll_timeout_ms()
             if participants.active or participants.restarting:
@@ -341,32 +345,36 @@ class RequestServer:
                 if wait_ms is not None:
                     timeout = max(0, min(timeout, wait_ms))
             events = dict(poller.poll(timeout))
-            if self._mailbox.fileno() in events:
+            if mailbox_fd in events:
                 self._handle_mailbox(sock)
             if handshakes is not None and handshakes in events:
                 self._handshakes.drain()  # type: ignore[union-attr]
             if participants.polled:
                 participants.on_events(events)
-                self._poll_due(sock)  # e.g. acks read just now: answer the puts they cover
+                if self._due_owners:  # e.g. acks read just now: answer the puts they cover
+                    self._poll_due(sock)
             if sock in events:
                 self._receive(sock)
                 self._after_burst()
             now = time.monotonic()
             if participants.active or participants.restarting:
                 participants.on_timers(now)
-            for poll in self._polls.expire(now):
-                self._finish_poll(sock, poll)
-            self.client_requests.expire(now)
-            self._poll_due(sock)
+            if poll_deadlines and poll_deadlines[0][0] <= now:
+                for poll in self._polls.expire(now):
+                    self._finish_poll(sock, poll)
+            if ask_deadlines and ask_deadlines[0][0] <= now:
+                self.client_requests.expire(now)
+            if self._due_owners:
+                self._poll_due(sock)
             if self._lease_held:
                 self._release_lease_held(sock, now)
             if now >= self._waits_due:
                 for owner in list(self._waits):
                     self._poll_waits(sock, owner)
-            if self._draining.is_set() and self._should_exit():
+            if self._draining and self._should_exit():
                 self._release_waits(sock)
                 self._release_lease_held(sock, now, final=True)
-                if self._stopped.is_set() or now >= self._closing_at:
+                if self._stopped or now >= self._closing_at:
                     return
                 # Everything is answered: keep the connections a moment, so clients read the
                 # last answers before their connection drops (libzmq drops an IMMEDIATE
@@ -385,7 +393,7 @@ class RequestServer:
             self._poll_waits(sock, self._due_owners.pop())
 
     def _should_exit(self) -> bool:
-        if self._stopped.is_set():
+        if self._stopped:
             return True
         return self.stats.inflight == 0 or time.monotonic() >= self._drain_deadline
 
@@ -394,14 +402,14 @@ class RequestServer:
         now = time.monotonic()
         if self._closing_at < now + MAX_POLL_MS / 1000:
             timeout = max(0, int((self._closing_at - now) * 1000) + 1)
-        poll_due = self._polls.next_deadline()
-        if poll_due is not None:
-            timeout = max(0, min(timeout, int((poll_due - now) * 1000) + 1))
+        deadlines = self._polls.deadlines  # a heap: its first is the next
+        if deadlines:
+            timeout = max(0, min(timeout, int((deadlines[0][0] - now) * 1000) + 1))
         if self._lease_held:
             timeout = min(timeout, LEASE_RECHECK_MS)
-        ask_due = self.client_requests.next_deadline()
-        if ask_due is not None:
-            timeout = max(0, min(timeout, int((ask_due - now) * 1000) + 1))
+        asks = self.client_requests.deadlines
+        if asks:
+            timeout = max(0, min(timeout, int((asks[0][0] - now) * 1000) + 1))
         self._waits_due = float("inf")
         for owner in self._waits:
             wait_ms = owner.timeout_ms()
@@ -512,7 +520,7 @@ class RequestServer:
                 "reads it (its messages belong to other topics, each with its own ACL)"),
                 started)
             return
-        if self._draining.is_set():
+        if self._draining:
             self._answer(
                 sock,
                 identity,
@@ -545,8 +553,8 @@ class RequestServer:
 
     def _dispatch(self, sock: zmq.Socket[bytes], identity: bytes, req: Request, started: float,
                   caller: Caller | None = None) -> None:
-        ctx = Context(self.services, caller, identity, started, self._park, self._audit,
-                      self.client_requests.ask, self._draining.is_set())
+        ctx = _new_tuple(Context, (self.services, caller, identity, started, self._park,
+                                   self._audit, self.client_requests.ask, self._draining))
         try:
             outcome = PROCESSORS[req.code](ctx, req)
         except ProtocolError as e:

@@ -11,7 +11,6 @@ end (gRPC) can build its own and call the same processors. ``Reply``: a ``Respon
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -113,9 +112,9 @@ class Services(Protocol):
     def acl_info(self) -> dict[str, Any]: ...  # GET_BROKER_CLUSTER_ACL_INFO
 
 
-@dataclasses.dataclass(slots=True)
-class Context:
-    """One request's context. ``park`` hands a long poll to the front end; ``refused`` audits a
+class Context(NamedTuple):
+    """One request's context (a NamedTuple: the server makes one per request with
+    ``tuple.__new__``, no Python-level ``__init__``). ``park`` hands a long poll to the front end; ``refused`` audits a
     refusal found while processing (a look-up's message in a topic the caller may not read)
     and returns the remark the caller gets (the front end's ``audit`` with this caller);
     ``ask`` sends a request to a client on the connection ``identity`` names
