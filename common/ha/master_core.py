@@ -482,7 +482,10 @@ class MasterCore:
         """DATA ranges to send now: up to the master's max, within the window."""
         actions: list[MasterAction] = []
         while (length := self._next_length(peer)) > 0:
-            entry = self._history[ep.entry_index_at(self._history, peer.next_phy_offset)]
+            history = self._history
+            entry = history[-1]
+            if entry.start_phy_offset > peer.next_phy_offset:  # an earlier term's bytes
+                entry = history[ep.entry_index_at(history, peer.next_phy_offset)]
             actions.append(ReadAndSend(peer.peer_id, peer.session, entry.epoch,
                                        entry.start_phy_offset, peer.next_phy_offset, length,
                                        self._confirm))
@@ -496,15 +499,21 @@ class MasterCore:
 
     def _next_length(self, peer: _Peer) -> int:
         phy_offset = peer.next_phy_offset
-        segment = self._cfg.mappedFileSizeCommitLog
-        index = ep.entry_index_at(self._history, phy_offset)
+        if phy_offset >= self._max:
+            return 0  # sent everything (how every fill ends)
+        cfg = self._cfg
+        segment = cfg.mappedFileSizeCommitLog
+        history = self._history
+        if history[-1].start_phy_offset <= phy_offset:
+            end = self._max  # the current term's bytes (every put): no search
+        else:
+            end = ep.entry_end(history, ep.entry_index_at(history, phy_offset), self._max)
         return min(
-            self._cfg.haTransferBatchSize,
-            self._cfg.haWindowBytes - (phy_offset - peer.ack_offset),
-            self._max - phy_offset,
+            cfg.haTransferBatchSize,
+            cfg.haWindowBytes - (phy_offset - peer.ack_offset),
+            end - phy_offset,
             segment - phy_offset % segment,
-            ep.entry_end(self._history, index, self._max) - phy_offset,
-            self._flow_allowance(peer),
+            self._flow_allowance(peer) if cfg.haFlowControlEnable else cfg.haTransferBatchSize,
         )
 
     def _flow_allowance(self, peer: _Peer) -> int:
