@@ -29,7 +29,8 @@ EXIT_DEADLINE_S = 60.0  # drain (10 s at most, nothing in flight here) + role st
 @pytest.mark.timeout(120)
 def test_a_broker_whose_io_thread_dies_logs_it_and_exits_non_zero(tmp_path: Path) -> None:
     # what io_crash/sitecustomize.py patches: the loop calls it on every pass
-    assert callable(getattr(RequestServer, "_poll_due", None)), "update io_crash/sitecustomize.py"
+    assert callable(getattr(RequestServer, "_poll_timeout_ms", None)), \
+        "update io_crash/sitecustomize.py"
     crash = tmp_path / "crash-now"
     b = BrokerProcess(tmp_path / "b", extra_env={
         "PYTHONPATH": f"{CRASH_DIR}{os.pathsep}{REPO}", "TEST_IO_CRASH_FILE": str(crash)})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -285,67 +286,61 @@ def test_a_call_the_mailbox_refuses_is_not_left_waiting() -> None:
     assert calls.pending() == 0
 
 
-def test_a_sync_masters_local_send_waits_for_its_slave_and_a_stop_answers_it(
-        make_broker: Callable[..., Broker]) -> None:
+@contextlib.contextmanager
+def sync_master(make_broker: Callable[..., Broker]) -> Iterator[
+        tuple[Broker, FakeSlave, service_pb2_grpc.MessagingServiceStub]]:
+    """A SYNC_MASTER with gRPC, a fake slave in sync (acking only when told), and a stub."""
     b = make_broker(real_store=True, brokerName="gs", brokerRole="SYNC_MASTER",
                     slaveTimeout=20_000, grpcServerPort=free_port())
     with Admin([addr(b)]) as admin:
         admin.create_topic("orders", 1)
     slave = FakeSlave(b)
-    pool = concurrent.futures.ThreadPoolExecutor(2)
     try:
         slave.hello()
         wait_for(lambda: ha_service(b).in_sync_count() == 1, "the fake slave in sync")
         with grpc.insecure_channel(f"127.0.0.1:{b.cfg.grpcServerPort}") as ch:
-            stub = service_pb2_grpc.MessagingServiceStub(ch)
-            first = pool.submit(send, stub, "orders", b"s1")
-            data = slave.data()  # streamed once the local call's turn ended
-            end = data.phy_offset + len(data.data)
-            assert end == b.store.max_phy_offset
-            assert not first.done()  # a SYNC put is not answered before an ack covers it
-            slave.ack(end)
-            assert first.result(10).status.code == pb.OK
-            second = pool.submit(send, stub, "orders", b"s2")
-            slave.data()
-            assert not second.done()
-            b.server.stop(5.0)  # held, never acked: the stop gives it its final answer
-            entry = second.result(10)
-            assert entry.status.code == pb.SLAVE_PERSISTENCE_TIMEOUT, entry.status
-        local = service(b).local
-        assert local is not None and (local.sent, local.passed_on) == (2, 0)
-        assert b.server.local.pending() == 0
-        with pytest.raises(BrokerError) as e:  # the loop has ended: refused at once
-            b.server.local.call(lambda op: [b"x"], lambda out: None)
-        assert e.value.code == ResponseCode.SERVICE_NOT_AVAILABLE and e.value.retriable
+            yield b, slave, service_pb2_grpc.MessagingServiceStub(ch)
     finally:
-        pool.shutdown()
         slave.close()
+
+
+def test_a_sync_masters_local_send_waits_for_its_slave_and_a_stop_answers_it(
+        make_broker: Callable[..., Broker]) -> None:
+    with sync_master(make_broker) as (b, slave, stub), \
+            concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(send, stub, "orders", b"s1")
+        data = slave.data()  # streamed once the local call's turn ended
+        end = data.phy_offset + len(data.data)
+        assert end == b.store.max_phy_offset
+        assert not first.done()  # a SYNC put is not answered before an ack covers it
+        slave.ack(end)
+        assert first.result(10).status.code == pb.OK
+        second = pool.submit(send, stub, "orders", b"s2")
+        slave.data()
+        assert not second.done()
+        b.server.stop(5.0)  # held, never acked: the stop gives it its final answer
+        entry = second.result(10)
+        assert entry.status.code == pb.SLAVE_PERSISTENCE_TIMEOUT, entry.status
+    local = service(b).local
+    assert local is not None and (local.sent, local.passed_on) == (2, 0)
+    assert b.server.local.pending() == 0
+    with pytest.raises(BrokerError) as e:  # the loop has ended: refused at once
+        b.server.local.call(lambda op: [b"x"], lambda out: None)
+    assert e.value.code == ResponseCode.SERVICE_NOT_AVAILABLE and e.value.retriable
 
 
 def test_a_held_local_send_answered_after_the_front_end_stopped_harms_nothing(
         make_broker: Callable[..., Broker]) -> None:
     """Broker.shutdown stops the gRPC front end before the server drains: the SYNC put it
     left held is answered into a closed event loop, which must not stop the I/O thread."""
-    b = make_broker(real_store=True, brokerName="gs", brokerRole="SYNC_MASTER",
-                    slaveTimeout=20_000, grpcServerPort=free_port())
-    with Admin([addr(b)]) as admin:
-        admin.create_topic("orders", 1)
-    slave = FakeSlave(b)
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
-        slave.hello()
-        wait_for(lambda: ha_service(b).in_sync_count() == 1, "the fake slave in sync")
-        with grpc.insecure_channel(f"127.0.0.1:{b.cfg.grpcServerPort}") as ch:
-            stub = service_pb2_grpc.MessagingServiceStub(ch)
-            held = pool.submit(send, stub, "orders", b"h1")
-            slave.data()
-            assert b.server.local.pending() == 1
-            assert b._grpc is not None
-            b._grpc.stop()  # as Broker.shutdown does first
-            with pytest.raises(grpc.RpcError):
-                held.result(10)
-        b.server.stop(5.0)
-        assert b.server.failure == "" and b.server.local.pending() == 0
-    finally:
-        pool.shutdown()
-        slave.close()
+    with sync_master(make_broker) as (b, slave, stub), \
+            concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(send, stub, "orders", b"h1")
+        slave.data()
+        assert b.server.local.pending() == 1
+        assert b._grpc is not None
+        b._grpc.stop()  # as Broker.shutdown does first
+        with pytest.raises(grpc.RpcError):
+            held.result(10)
+    b.server.stop(5.0)
+    assert b.server.failure == "" and b.server.local.pending() == 0
