@@ -35,7 +35,7 @@ Answer = Callable[[Response | BrokerError], None]
 
 
 class LocalCall(NamedTuple):
-    """A mailbox item: a request's frames and the address recorded as its born host."""
+    """A mailbox item: a request's frames (its born host is ``LocalCalls.born_host``)."""
 
     frames: list[bytes]
 
