@@ -49,7 +49,9 @@ class GroupTransferCore:
             raise ValueError(f"bad timeout_ms={timeout_ms} or max_waiters={max_waiters}")
         self._timeout_ms = timeout_ms
         self._max_waiters = max_waiters
-        self._acked_offset = -1
+        # read by the driver a few times a SYNC put: plain attributes, not properties
+        self.acked_offset = -1  # the quorum's high-water mark
+        self.pending = 0  # tokens waiting (len(_pending))
         self._seq = 0
         self._pending: dict[Hashable, int] = {}  # token -> admission sequence number
         self._by_offset: list[tuple[int, int, Hashable]] = []
@@ -59,14 +61,6 @@ class GroupTransferCore:
     def from_config(cls, cfg: BrokerConfig) -> GroupTransferCore:
         return cls(timeout_ms=cfg.slaveTimeout, max_waiters=cfg.maxInflightRequests)
 
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-    @property
-    def acked_offset(self) -> int:
-        return self._acked_offset
-
     def next_deadline_ms(self) -> int | None:
         self._discard_done(self._by_deadline)
         return self._by_deadline[0][0] if self._by_deadline else None
@@ -75,7 +69,7 @@ class GroupTransferCore:
               needed: int) -> Admission:
         if token in self._pending:
             raise ValueError(f"token {token!r} is already waiting")
-        if needed <= 0 or end_phy_offset <= self._acked_offset:
+        if needed <= 0 or end_phy_offset <= self.acked_offset:
             return Admission.SEND_OK
         if in_sync_slaves < needed:
             return Admission.SLAVE_NOT_AVAILABLE
@@ -83,14 +77,15 @@ class GroupTransferCore:
             return Admission.SYSTEM_BUSY
         self._seq += 1
         self._pending[token] = self._seq
+        self.pending = len(self._pending)
         heapq.heappush(self._by_offset, (end_phy_offset, self._seq, token))
         heapq.heappush(self._by_deadline, (now_ms + self._timeout_ms, self._seq, token))
         self._compact()
         return Admission.WAIT
 
     def on_acks(self, quorum_offset: int) -> list[Hashable]:
-        self._acked_offset = max(self._acked_offset, quorum_offset)
-        return self._pop_while(self._by_offset, self._acked_offset)
+        self.acked_offset = max(self.acked_offset, quorum_offset)
+        return self._pop_while(self._by_offset, self.acked_offset)
 
     def tick(self, now_ms: int) -> list[Hashable]:
         return self._pop_while(self._by_deadline, now_ms)
@@ -98,6 +93,7 @@ class GroupTransferCore:
     def cancel_all(self) -> list[Hashable]:
         tokens = [t for _, _, t in sorted(self._by_offset) if t in self._pending]
         self._pending.clear()
+        self.pending = 0
         self._by_offset.clear()
         self._by_deadline.clear()
         return tokens
@@ -109,6 +105,8 @@ class GroupTransferCore:
             if self._pending.get(token) == seq:
                 del self._pending[token]
                 done.append(token)
+        if done:
+            self.pending = len(self._pending)
         return done
 
     def _discard_done(self, heap: list[tuple[int, int, Hashable]]) -> None:
