@@ -90,6 +90,7 @@ from typing import Any, Protocol
 import zmq
 
 from common.broker.loop import LoopHost, ParticipantThread
+from common.broker.plain_port import PlainPort
 from common.broker.security import HA_DOMAIN, HandshakeMonitor, Security, user_id
 from common.core.config import BrokerConfig
 from common.core.logs import log_event
@@ -98,7 +99,6 @@ from common.format.zmq_frames import (
     NOBLOCK,
     POLLIN,
     readable,
-    recv_message,
     recv_rest,
     send_frames,
 )
@@ -120,6 +120,7 @@ SNDHWM_SLACK = 64  # heartbeats and errors beyond the DATA frames of a full wind
 SSS_CHECK_MS = 250  # controller mode: how often the SyncStateSet is looked at
 SSS_CONNECT_GRACE_MS = 2000  # members of the last term get this long to connect to a new one
 MAX_TRACKED_PEERS = 4096  # peers whose ZAP identity is remembered (security on)
+MAX_SLAVE_FRAMES = 2  # a slave's messages have one frame; a DATA (which no slave sends) two
 _SENT, _AGAIN, _GONE = "sent", "again", "gone"
 
 
@@ -177,6 +178,7 @@ class HaService:
         self._ctx: zmq.Context[Any] | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._items: tuple[tuple[zmq.Socket[Any], int], ...] = ()
+        self._plain: PlainPort | None = None  # security off: the port's own ZMTP
         self._wake: Callable[[], None] | None = None
         self._loop_ident = 0  # the host's thread: its appends need no wake
         self._streaming = False  # a slave is connected: appends elsewhere must wake the host
@@ -267,15 +269,22 @@ class HaService:
         store = self._store
         assert self._ctx is not None
         security = self._security
-        sock = security.server_socket(self._ctx, zmq.ROUTER, HA_DOMAIN)
-        self._handshakes = security.handshake_monitor(sock, HA_DOMAIN)
+        window_frames = self._cfg.haWindowBytes // max(1, self._cfg.haTransferBatchSize) + 1
+        if security.enabled:
+            sock = security.server_socket(self._ctx, zmq.ROUTER, HA_DOMAIN)
+            self._handshakes = security.handshake_monitor(sock, HA_DOMAIN)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            sock.setsockopt(zmq.SNDHWM, window_frames + SNDHWM_SLACK)
+            sock.setsockopt(zmq.RCVHWM, 10_000)
+            sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_header_bytes + 1024)
+            self._plain = None
+        else:  # a whole message bounded before it is kept (common/broker/plain_port.py)
+            sock = self._ctx.socket(zmq.STREAM)
+            self._plain = PlainPort(MAX_SLAVE_FRAMES, self._limits.max_header_bytes + 1024,
+                                    {}, close_silent=False)
+            self._plain.configure(sock, sndhwm=window_frames + SNDHWM_SLACK)
         self._acl_seen = security.version
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        window_frames = self._cfg.haWindowBytes // max(1, self._cfg.haTransferBatchSize) + 1
-        sock.setsockopt(zmq.SNDHWM, window_frames + SNDHWM_SLACK)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_header_bytes + 1024)
         try:
             security.bind(sock, self._bind)
         except Exception as e:  # a bind error or a refused bind (no authenticator)
@@ -458,6 +467,8 @@ class HaService:
         if self._sync_state is not None and self._now_ms() >= self._sss_due_ms:
             self._sss_due_ms = self._now_ms() + SSS_CHECK_MS
             self._check_sync_state_set()
+        if self._plain is not None and time.monotonic() >= self._plain.next_sweep:
+            self._plain.sweep(sock, time.monotonic())
         actions = self._log_actions()
         actions.extend(self._timer_actions())
         if self._backlog:
@@ -490,38 +501,63 @@ class HaService:
     def _receive(self, sock: zmq.Socket[Any]) -> list[mc.MasterAction]:
         """A burst of frames; called when the poll found ``sock`` readable (the first ``recv``
         asks no ZMQ_EVENTS; zmq.Again still ends a burst)."""
+        if self._plain is not None:
+            return self._receive_plain(sock, self._plain)
         actions: list[mc.MasterAction] = []
-        secure = self._security.enabled
         for i in range(RECV_BURST):
             if i and not readable(sock):
                 break
             try:
-                if secure:
-                    head = sock.recv(NOBLOCK, copy=False)
-                    peer, body = head.bytes, recv_rest(sock, head)
-                    if not self._admitted(peer, head):
-                        continue
-                else:
-                    msg = recv_message(sock)
-                    peer, body = msg[0], msg[1:]
+                head = sock.recv(NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            now_ms = self._now_ms()
-            try:
-                frame = decode(body, self._limits)
-            except HAProtocolError as e:
-                self.stats.bad_frames += 1
-                log_event(log, "ha_bad_frame", logging.WARNING, peer=peer.hex(), reason=str(e))
-                with self._lock:
-                    assert self._core is not None
-                    actions.extend(self._core.on_bad_frame(peer, str(e)))
-                continue
-            if secure and isinstance(frame, Hello) and not self._may_be_member(peer, frame):
-                continue
-            with self._lock:
-                assert self._core is not None
-                actions.extend(self._core.on_frame(peer, frame, now_ms))
+            peer, body = head.bytes, recv_rest(sock, head)
+            if self._admitted(peer, head):
+                self._take(peer, body, actions, secure=True)
         return actions
+
+    def _receive_plain(self, sock: zmq.Socket[Any], port: PlainPort) -> list[mc.MasterAction]:
+        """As ``_receive``, over the STREAM socket: chunks of each slave's bytes, read by
+        ``port`` (the HA port's own ZMTP); a message past the bounds is a bad frame."""
+        actions: list[mc.MasterAction] = []
+        for i in range(RECV_BURST):
+            if i and not readable(sock):
+                break
+            try:
+                peer = sock.recv(NOBLOCK)
+            except zmq.Again:
+                break
+            data = sock.recv(NOBLOCK, copy=False)  # always [identity, data]
+            for body in port.receive(sock, peer, data):
+                self._take(peer, body, actions, secure=False)
+            if port.dropped:
+                dropped, port.dropped = port.dropped, []
+                for who, what in dropped:
+                    self._bad_frame(who, f"{what.reason} in one message ({what.frames} "
+                                    f"frames, {what.size} bytes)", actions)
+        return actions
+
+    def _bad_frame(self, peer: bytes, reason: str, actions: list[mc.MasterAction]) -> None:
+        self.stats.bad_frames += 1
+        log_event(log, "ha_bad_frame", logging.WARNING, peer=peer.hex(), reason=reason)
+        with self._lock:
+            assert self._core is not None
+            actions.extend(self._core.on_bad_frame(peer, reason))
+
+    def _take(self, peer: bytes, body: list[bytes], actions: list[mc.MasterAction],
+              secure: bool) -> None:
+        """One slave message: decoded and handed to the core (its actions into ``actions``)."""
+        now_ms = self._now_ms()
+        try:
+            frame = decode(body, self._limits)
+        except HAProtocolError as e:
+            self._bad_frame(peer, str(e), actions)
+            return
+        if secure and isinstance(frame, Hello) and not self._may_be_member(peer, frame):
+            return
+        with self._lock:
+            assert self._core is not None
+            actions.extend(self._core.on_frame(peer, frame, now_ms))
 
     def _may_be_member(self, peer: bytes, hello: Hello) -> bool:
         """Security on: the key says HELLO as member ``hello.broker_id`` only if its account
@@ -680,7 +716,10 @@ class HaService:
             frames = list(action.frames)
             size = 0
         try:
-            send_frames(sock, frames, action.peer_id)
+            if self._plain is not None:
+                self._plain.send(sock, action.peer_id, frames)
+            else:
+                send_frames(sock, frames, action.peer_id)
         except zmq.ZMQError as e:
             if e.errno == errno.EAGAIN:
                 self.stats.eagain += 1

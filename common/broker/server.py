@@ -89,6 +89,7 @@ from common.broker.local_calls import LocalCall, LocalCalls
 from common.broker.long_polling import LongPoll, LongPolls
 from common.broker.loop import LoopParticipant, Participants
 from common.broker.mailbox import Mailbox
+from common.broker.plain_port import PlainPort
 from common.broker.processors import PROCESSORS
 from common.broker.processors.context import Caller, Context, Services
 from common.broker.replies import Answers, Deferred, LoopWaits, reply
@@ -214,6 +215,8 @@ class RequestServer:
         self.reply_hold_s = 0.0
         self._lease_held: list[_LeaseHeld] = []
         self._peers: dict[bytes, tuple[str, int]] = {}  # ROUTER identity -> (ip, port)
+        # without CURVE the port is a STREAM socket read by replog's ZMTP (plain_port.py)
+        self._plain: PlainPort | None = None
         self.failure = ""  # why the I/O thread died ("" while it runs or after a clean end)
         self.on_fatal: Callable[[str], None] | None = None  # told when the I/O thread dies
 
@@ -279,15 +282,21 @@ class RequestServer:
         sock = None
         try:
             auth = security.start_authenticator(self._ctx)  # before any bind in this Context
-            sock = security.server_socket(self._ctx, zmq.ROUTER, CLIENT_DOMAIN)
-            self._handshakes = security.handshake_monitor(sock, CLIENT_DOMAIN)
+            if security.enabled:
+                sock = security.server_socket(self._ctx, zmq.ROUTER, CLIENT_DOMAIN)
+                self._handshakes = security.handshake_monitor(sock, CLIENT_DOMAIN)
+                sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
+                sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
+                sock.setsockopt(zmq.SNDHWM, 100_000)
+                sock.setsockopt(zmq.RCVHWM, 100_000)
+                sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+            else:  # every message bounded before it is kept (plain_port.py)
+                sock = self._ctx.socket(zmq.STREAM)
+                self._plain = PlainPort(self.limits.max_batch_count + 1,
+                                        self.limits.max_frame_bytes, self._peers)
+                self._plain.configure(sock, sndhwm=100_000)
             sock.setsockopt(zmq.LINGER, 1000)
-            sock.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes)
-            sock.setsockopt(zmq.ROUTER_HANDOVER, 0 if security.enabled else 1)
-            sock.setsockopt(zmq.SNDHWM, 100_000)
-            sock.setsockopt(zmq.RCVHWM, 100_000)
-            sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
             security.bind(sock, self.bind)
         except Exception as e:  # noqa: BLE001 - a bind error, a refused bind: start fails
             self._bind_error = OSError(f"cannot bind {self.bind}: {e}")
@@ -338,6 +347,7 @@ class RequestServer:
         participants.begin(poller)
         mailbox_fd = self._mailbox.fileno()
         poll_deadlines, ask_deadlines = self._polls.deadlines, self.client_requests.deadlines
+        plain = self._plain
         while True:
             timeout = self._poll_timeout_ms()
             if participants.active or participants.restarting:
@@ -368,6 +378,8 @@ class RequestServer:
                 self._poll_due(sock)
             if self._lease_held:
                 self._release_lease_held(sock, now)
+            if plain is not None and now >= plain.next_sweep:
+                plain.sweep(sock, now)
             if now >= self._waits_due:
                 for owner in list(self._waits):
                     self._poll_waits(sock, owner)
@@ -422,6 +434,9 @@ class RequestServer:
         """A burst of requests; called when the poll found ``sock`` readable, so the first
         ``recv`` is taken without asking ``readable`` (one ZMQ_EVENTS read less per burst: with
         one request in flight, a burst is one request)."""
+        if self._plain is not None:
+            self._receive_plain(sock, self._plain)
+            return
         if self.security.enabled:
             self._receive_secure(sock)
             return
@@ -437,6 +452,38 @@ class RequestServer:
             if not frames:
                 continue  # no routing identity or no header: cannot be answered
             self._serve(sock, first.bytes, frames, first)
+
+    def _receive_plain(self, sock: zmq.Socket[bytes], port: PlainPort) -> None:
+        """A burst of chunks of the connections' bytes (a STREAM socket: [identity, bytes]),
+        each fed to its connection's ZMTP, whose whole messages are served."""
+        recv = sock.recv
+        receive = port.receive
+        for i in range(RECV_BURST):
+            if i and not readable(sock):
+                return
+            try:
+                identity = recv(NOBLOCK)
+            except zmq.Again:
+                return
+            data = recv(NOBLOCK, copy=False)  # a STREAM message is always [identity, data]
+            for frames in receive(sock, identity, data):
+                self._serve(sock, identity, frames)
+            if port.dropped:
+                self._refuse_oversized(sock, port)
+
+    def _refuse_oversized(self, sock: zmq.Socket[bytes], port: PlainPort) -> None:
+        """Messages past the bounds, dropped as they arrived: each request whose header came
+        whole is answered the error its size gets (nothing else of it was kept)."""
+        dropped_now, port.dropped = port.dropped, []
+        for identity, dropped in dropped_now:
+            self.stats.bad_requests += 1
+            head = dropped.head
+            if head is None or head[:1] == RESPONSE_MARK:
+                continue
+            err = ProtocolError("frames", f"{dropped.reason} in one message "
+                                f"({dropped.frames} frames, {dropped.size} bytes)",
+                                opaque=_opaque_of([head], self.limits))
+            self._send(sock, identity, error_response(err))
 
     def _born_host(self, identity: bytes, first: zmq.Frame | None) -> tuple[str, int]:
         """The sender's address, once per connection (syscalls), then from the cache; a local
@@ -705,11 +752,15 @@ class RequestServer:
             self.local.deliver(frames)
             return
         try:
+            if self._plain is not None:  # the message framed here, sent as one chunk
+                self._plain.send(sock, identity, frames)
+                return
             send_frames(sock, frames, identity)
         except zmq.Again:
             log_event(log, "answer_dropped", logging.WARNING, reason="peer not reading")
         except zmq.ZMQError as e:
-            log_event(log, "answer_dropped", logging.WARNING, reason=str(e))
+            if e.errno != zmq.EHOSTUNREACH:  # a peer gone since it asked: nobody to tell
+                log_event(log, "answer_dropped", logging.WARNING, reason=str(e))
 
     def _handle_mailbox(self, sock: zmq.Socket[bytes]) -> None:
         items, arrivals = self._mailbox.take()

@@ -2,8 +2,13 @@
 
 Replays the fixed corpus of ``tests/property/test_protocol_fuzz.py`` plus 2 500 seeded random bad
 frames (random bytes, random msgpack values, mutations of a valid request). Every frame must get
-a typed error answer, except a frame over ``maxFrameBytes``, which ZeroMQ answers by
-disconnecting. Afterwards: the same PID, RSS growth < 16 MB, and the next valid send succeeds.
+a typed error answer, except a first frame over ``maxFrameBytes``, which is dropped as it
+arrives with nothing to answer. Afterwards: the same PID, RSS growth < 16 MB, and the next valid
+send succeeds.
+
+Then the bounds on a whole message (``common/broker/plain_port.py``): a message of 160 frames of
+4 MiB leaves the broker's memory as it was and is answered; a peer that is not ZMTP, or that
+never finishes its greeting, is disconnected.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +149,13 @@ def test_fuzz_live_broker(tmp_path: Path) -> None:
                 assert resp is not None, f"seed {SEED} frame {i} got no answer: {frames!r:.200}"
                 codes[resp.code.name] = codes.get(resp.code.name, 0) + 1
             assert codes.get("BAD_REQUEST", 0) > RANDOM_FRAMES // 2, codes
-            # one frame over maxFrameBytes: ZeroMQ drops the connection, the broker lives on
+            # a lone frame over maxFrameBytes: dropped as it arrives, nothing to answer; a
+            # request whose body is over it: answered; the connection serves on
             assert client.ask([b"\x00" * (2 * 1024 * 1024)], timeout_ms=1000) is None
+            resp = client.ask(encode_request(RequestCode.SEND, 77, {"topic": "fuzz"},
+                                             [b"\x00" * (2 * 1024 * 1024)]))
+            assert resp is not None and resp.code == ResponseCode.BAD_REQUEST, resp
+            assert resp.opaque == 77 and "more than 1048576 bytes" in resp.remark
         finally:
             client.close()
         with Producer([b.address]) as p:
@@ -152,3 +164,83 @@ def test_fuzz_live_broker(tmp_path: Path) -> None:
         rss_after = proc.memory_info().rss
         growth = rss_after - rss_before
         assert growth < RSS_GROWTH_LIMIT, f"RSS grew {growth / 1e6:.1f} MB"
+
+
+def _rss(pid: int) -> int:
+    return int(psutil.Process(pid).memory_info().rss)
+
+
+@pytest.mark.timeout(120)
+def test_a_huge_multipart_message_is_bounded_before_it_is_kept(tmp_path: Path) -> None:
+    """Issue 36 item 11: libzmq keeps a whole multipart message before anyone can read its
+    first frame, so through a ROUTER 160 frames of 4 MiB took a plain broker from 40 MiB to a
+    680 MiB peak. The plain port reads ZMTP itself and drops a message past the bounds as it
+    arrives; the request is answered and the connection serves on."""
+    b = BrokerProcess(tmp_path / "b")
+    with brokers(b):
+        with Producer([b.address]) as p:  # warm up
+            assert p.send("big", b"warm", queue_id=0).status == SendStatus.SEND_OK
+        before = _rss(b.pid)
+        client = RawClient(b.address)
+        try:
+            client.sock.setsockopt(zmq.SNDTIMEO, 30_000)
+            header = encode_request(RequestCode.SEND, 42, {"topic": "big", "queueId": 0},
+                                    [b""])[0]
+            frame = b"x" * (4 * 1024 * 1024)
+            client.sock.send(header, zmq.SNDMORE)
+            peak = before
+            for i in range(160):
+                client.sock.send(frame, zmq.SNDMORE if i < 159 else 0)
+                if i % 8 == 0:
+                    peak = max(peak, _rss(b.pid))
+            resp = None
+            deadline = time.monotonic() + 60
+            while resp is None and time.monotonic() < deadline:  # watched while it drains
+                peak = max(peak, _rss(b.pid))
+                if client.sock.poll(20):
+                    resp = decode_response(client.sock.recv_multipart(), client.limits)
+            assert peak - before < 64 * 1024 * 1024, (before, peak)
+            assert resp is not None, "no answer to the oversized request"
+            assert resp.code == ResponseCode.BAD_REQUEST and resp.opaque == 42, resp
+            assert "frames" in resp.remark and "more than" in resp.remark, resp.remark
+            status = client.ask(encode_request(RequestCode.STATUS, 43, {}, []))
+            assert status is not None and status.code == ResponseCode.SUCCESS
+        finally:
+            client.close()
+        assert b.status()["pid"] == b.pid
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_that_does_not_speak_zmtp_is_disconnected(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "b")
+    with brokers(b):
+        host, port = b.address.split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as garbage:
+            garbage.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _read_until_closed(garbage, 10) is not None
+        started = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=20) as silent:
+            silent.sendall(b"\xff")  # a greeting begun, never finished
+            greeting = _read_until_closed(silent, 20)
+        assert greeting is not None and greeting[:1] == b"\xff"  # greeted, then cut off
+        assert 3 <= time.monotonic() - started < 15
+        with Producer([b.address]) as p:
+            assert p.send("after", b"ok", queue_id=0).status == SendStatus.SEND_OK
+
+
+def _read_until_closed(sock: socket.socket, timeout_s: float) -> bytes | None:
+    """What the broker sent before it closed the connection; None if it did not close."""
+    got = b""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            return None
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
+    return None

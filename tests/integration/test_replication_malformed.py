@@ -11,10 +11,12 @@ from its own max; records cut anywhere between frames are appended (#9002).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import zmq
 from broker_harness import BrokerProcess, brokers, free_port
@@ -125,6 +127,36 @@ def test_master_refuses_garbage_and_keeps_serving(tmp_path: Path, ctx: Any) -> N
         assert isinstance(decode(recv(peer), LIMITS), HelloReply)
         with Producer([master.address], retries=0) as p:
             assert p.send("t", b"ok").status == SendStatus.SEND_OK
+
+
+@pytest.mark.timeout(120)
+def test_master_bounds_a_whole_message_before_keeping_it(tmp_path: Path, ctx: Any) -> None:
+    """Issue 36 item 11 on the HA port: each frame was bounded (MAXMSGSIZE), their number not,
+    and libzmq keeps a whole message before it can be read. 300 000 frames of 1 000 bytes
+    (300 MB) in one message: read and dropped as they arrive, answered BAD_REQUEST, and the
+    same connection is served on."""
+    master = BrokerProcess(tmp_path / "m", brokerRole="ASYNC_MASTER")
+    with brokers(master):
+        process = psutil.Process(master.pid)
+        before = process.memory_info().rss
+        peer = fake_slave(ctx, master)
+        peer.setsockopt(zmq.SNDTIMEO, 30_000)
+        peer.send(hello(1, 0), zmq.SNDMORE)
+        frame = b"f" * 1000
+        peak = before
+        for i in range(300_000):
+            peer.send(frame, zmq.SNDMORE if i < 299_999 else 0)
+            if i % 20_000 == 0:
+                peak = max(peak, process.memory_info().rss)
+        deadline = time.monotonic() + 60
+        while not peer.poll(20) and time.monotonic() < deadline:
+            peak = max(peak, process.memory_info().rss)
+        assert peak - before < 64 * 1024 * 1024, (before, peak)
+        error = decode(recv(peer), LIMITS)
+        assert isinstance(error, Error) and error.code == ResponseCode.BAD_REQUEST, error
+        assert "more than 2 frames" in error.reason
+        peer.send(hello(2, 0))
+        assert isinstance(decode(recv(peer), LIMITS), HelloReply)
 
 
 # ---- a fake master against a real slave --------------------------------------------------------
