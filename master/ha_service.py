@@ -1,4 +1,6 @@
-"""The master's HA service: a ZeroMQ ROUTER on ``haListenPort`` driving ``MasterCore``.
+"""The master's HA service: a server socket on ``haListenPort`` driving ``MasterCore``: a STREAM
+socket read by replog's ZMTP (``common/broker/plain_port.py``: a whole message bounded before
+it is kept), or with ``aclEnable`` a CURVE ROUTER.
 
 A loop participant (``common.broker.loop``): it owns the socket but no thread. With a request server
 (``build_master_replication(..., host=broker.server)``, what ``common/cli/main.py`` does) the
@@ -35,7 +37,8 @@ peer in ZeroMQ, ``ROUTER_MANDATORY`` so a full peer says EAGAIN and a gone one E
 instead of ZeroMQ dropping silently. EAGAIN parks that peer's remaining actions in a per-peer
 backlog (bounded; its reads are deferred, so no log bytes are held) that is retried when the
 socket is writable again; EHOSTUNREACH or an overflowing backlog disconnects the peer in the
-core. Incoming messages are capped with ``MAXMSGSIZE``.
+core. Incoming messages are capped: whole, by the plain port (2 frames, the largest header +
+1 KiB; past it a bad frame), or per frame with ``MAXMSGSIZE`` (CURVE).
 
 Controller mode (``common/broker/controller.py``): acks count per SyncStateSet member. A SYNC
 put completes once *every* member but the master holds it (``MasterCore.acked_offset_all``) and

@@ -1,5 +1,12 @@
-"""The broker's ZeroMQ front end: one ROUTER, one I/O thread; the request processors it calls
-are ``common/broker/processors/`` (one per request code), which no front end owns.
+"""The broker's ZeroMQ front end: one server socket, one I/O thread; the request processors it
+calls are ``common/broker/processors/`` (one per request code), which no front end owns.
+
+The socket: without ``aclEnable`` a STREAM socket whose ZMTP replog reads itself
+(``common/broker/plain_port.py``, ``common/format/zmtp.py``), so that a whole message (frames
+and bytes) is bounded before any of it is kept, which libzmq's ROUTER cannot do; a message past
+the bound is dropped as it arrives and its request answered BAD_REQUEST. With ``aclEnable`` a
+CURVE ROUTER (below). Either way a connection has a routing identity and the rest of this
+module is the same.
 
 Per request, in order: decode (``common.format.protocol``), the caller's account and the code's
 permission (security on), the code's row in ``SPECS`` (a system topic refused, the in-flight
@@ -49,8 +56,10 @@ Threads::
 * In-flight requests (waiting futures and parked long polls) are bounded by
   ``maxInflightRequests``; past that a request is answered SYSTEM_BUSY at once, so no queue grows
   without bound (STATUS and CLUSTER_INFO are always served: clients need them to find the
-  master and the routes, and health checks to see the overload). Oversized single frames are cut by ZeroMQ itself (``ZMQ_MAXMSGSIZE``, which
-  disconnects the peer); everything else malformed gets a typed error (``common.format.protocol``).
+  master and the routes, and health checks to see the overload). A message past the bounds is
+  dropped by the plain port as it arrives (with CURVE, a frame past ``maxFrameBytes`` is cut by
+  ZeroMQ, ``ZMQ_MAXMSGSIZE``, which disconnects the peer); everything else malformed gets a
+  typed error (``common.format.protocol``).
 * Long polling (``common/broker/long_polling.py``): a processor parks a request by a key (a
   pull at the end of a queue with ``suspendMs`` > 0: the queue); reput's arrival listener
   (``on_arrival``) and the clock release it, and its answer (the read done again) is sent.
