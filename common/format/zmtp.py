@@ -74,7 +74,10 @@ class Oversized(NamedTuple):
 
 
 def encode(frames: Sequence[bytes | memoryview]) -> bytes:
-    """One message (at least one frame) as ZMTP frames."""
+    """One message (at least one frame) as ZMTP frames. (No frames would be no bytes, which a
+    STREAM socket takes as "close the connection": refused.)"""
+    if not frames:
+        raise ValueError("a message needs at least one frame")
     out = []
     last = len(frames) - 1
     for i, frame in enumerate(frames):

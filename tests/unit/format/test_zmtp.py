@@ -46,6 +46,11 @@ def test_encode_and_feed_round_trip_short_and_long_frames() -> None:
     assert conn.feed(wire) == messages
 
 
+def test_a_message_of_no_frames_is_refused_not_sent_as_no_bytes() -> None:
+    with pytest.raises(ValueError, match="at least one frame"):
+        zmtp.encode([])  # a STREAM socket would take b"" as "close this connection"
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_every_split_of_the_stream_reads_the_same(seed: int) -> None:
     rng = random.Random(seed)
