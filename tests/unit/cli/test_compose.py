@@ -120,6 +120,19 @@ def test_the_ensemble_has_fixed_addresses_outside_the_range_other_containers_get
         assert ip in subnet and ip not in dynamic, ip  # a stopped node's address stays free
 
 
+def test_the_fixed_subnet_is_outside_the_pools_docker_hands_out() -> None:
+    """Docker 20.10 gives a network without a subnet the next /16 of 172.17-172.31 (then /20s
+    of 192.168/16), in turn, not the lowest free one: a dozen networks after the engine
+    started, ``data`` or ``front`` held 172.31.0.0/16 and ``control`` at 172.31.240.0/24
+    could not be created (seen in a loaded series' third run). A subnet outside those pools
+    cannot meet a network Docker picked."""
+    subnet = ipaddress.ip_network(document()["networks"]["control"]["ipam"]["config"][0]["subnet"])
+    pools = [ipaddress.ip_network(f"172.{n}.0.0/16") for n in range(17, 32)]
+    pools.append(ipaddress.ip_network("192.168.0.0/16"))
+    assert not any(subnet.overlaps(pool) for pool in pools), subnet
+    assert subnet.is_private
+
+
 def test_networks_a_drill_cuts_are_internal_and_front_carries_the_published_ports() -> None:
     nets = document()["networks"]
     assert nets["control"]["internal"] is True and nets["data"]["internal"] is True
