@@ -26,6 +26,7 @@ import psutil
 import pytest
 import zmq
 from broker_harness import BrokerProcess, brokers
+from helpers.memory import anon_rss
 
 from common.client import Producer
 from common.core.errors import ResponseCode, SendStatus
@@ -131,7 +132,7 @@ def test_fuzz_live_broker(tmp_path: Path) -> None:
             for _ in range(200):
                 assert p.send("fuzz", b"warm", queue_id=0).status == SendStatus.SEND_OK
         proc = psutil.Process(b.pid)
-        rss_before = proc.memory_info().rss
+        rss_before = anon_rss(b.pid)
         client = RawClient(b.address)
         try:
             unanswered = []
@@ -161,13 +162,9 @@ def test_fuzz_live_broker(tmp_path: Path) -> None:
         with Producer([b.address]) as p:
             assert p.send("fuzz", b"after", queue_id=0).status == SendStatus.SEND_OK
         assert proc.is_running() and proc.pid == b.pid == b.status()["pid"]
-        rss_after = proc.memory_info().rss
+        rss_after = anon_rss(b.pid)
         growth = rss_after - rss_before
         assert growth < RSS_GROWTH_LIMIT, f"RSS grew {growth / 1e6:.1f} MB"
-
-
-def _rss(pid: int) -> int:
-    return int(psutil.Process(pid).memory_info().rss)
 
 
 @pytest.mark.timeout(120)
@@ -180,7 +177,7 @@ def test_a_huge_multipart_message_is_bounded_before_it_is_kept(tmp_path: Path) -
     with brokers(b):
         with Producer([b.address]) as p:  # warm up
             assert p.send("big", b"warm", queue_id=0).status == SendStatus.SEND_OK
-        before = _rss(b.pid)
+        before = anon_rss(b.pid)
         client = RawClient(b.address)
         try:
             client.sock.setsockopt(zmq.SNDTIMEO, 30_000)
@@ -192,11 +189,11 @@ def test_a_huge_multipart_message_is_bounded_before_it_is_kept(tmp_path: Path) -
             for i in range(160):
                 client.sock.send(frame, zmq.SNDMORE if i < 159 else 0)
                 if i % 8 == 0:
-                    peak = max(peak, _rss(b.pid))
+                    peak = max(peak, anon_rss(b.pid))
             resp = None
             deadline = time.monotonic() + 60
             while resp is None and time.monotonic() < deadline:  # watched while it drains
-                peak = max(peak, _rss(b.pid))
+                peak = max(peak, anon_rss(b.pid))
                 if client.sock.poll(20):
                     resp = decode_response(client.sock.recv_multipart(), client.limits)
             assert peak - before < 64 * 1024 * 1024, (before, peak)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import zmq
 from broker_harness import REPO, BrokerProcess, brokers, free_port, run_cli
+from helpers.memory import anon_rss
 from security_harness import RELOAD_MS, Realm, scrape, wait_until
 
 from common.client import Admin, Consumer, Producer
@@ -291,13 +292,6 @@ def test_the_delay_topic_is_no_way_around_the_acl(broker: BrokerProcess, realm: 
     assert b"smuggled" not in wait_until(delivered, 15, "the marker's delivery")
 
 
-def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_an_unauthenticated_client_cannot_make_the_broker_buffer_a_huge_message(
         broker: BrokerProcess, realm: Realm) -> None:
     """libzmq buffers the whole of a multipart message before anyone reads its first frame,
@@ -305,7 +299,7 @@ def test_an_unauthenticated_client_cannot_make_the_broker_buffer_a_huge_message(
     40 MiB to a 680 MiB peak. With aclEnable the CURVE handshake comes first, and ZAP refuses
     a key the ACL does not hold before any message: nothing of it is buffered
     (docs/security.md, "What protects each port")."""
-    before = _rss_bytes(broker.pid)
+    before = anon_rss(broker.pid)
     ctx: zmq.Context[Any] = zmq.Context()
     try:
         sock = realm.dealer(ctx, "intruder", broker.port)
@@ -316,7 +310,7 @@ def test_an_unauthenticated_client_cannot_make_the_broker_buffer_a_huge_message(
         peak = before
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:  # watched while the bytes would be in flight
-            peak = max(peak, _rss_bytes(broker.pid))
+            peak = max(peak, anon_rss(broker.pid))
             time.sleep(0.02)
     finally:
         ctx.destroy(linger=0)

@@ -23,6 +23,7 @@ import psutil
 import pytest
 import zmq
 from broker_harness import BrokerProcess, brokers, free_port
+from helpers.memory import anon_rss
 from security_harness import Realm, scrape, wait_until
 
 from common.client import Consumer, Producer
@@ -216,14 +217,14 @@ def test_handshake_fuzz_leaves_the_broker_up_bounded_and_counting(tmp_path: Path
         with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
             warm = all_cases[:200]
             list(pool.map(lambda c: throw(broker.port, c[1]), warm))
-            rss_before = process.memory_info().rss
+            rss_before = anon_rss(broker.pid)
             answers = list(pool.map(lambda c: throw(broker.port, c[1]), all_cases[200:]))
             cuts = list(pool.map(lambda _: slow_handshake(broker.port), range(16)))
-            rss_first = process.memory_info().rss
+            rss_first = anon_rss(broker.pid)
             # the same cases again: a leak grows again by as much, a high-water mark (the
             # allocator keeping what a burst of pending sessions took) does not
             again = list(pool.map(lambda c: throw(broker.port, c[1]), all_cases[200:]))
-            rss_second = process.memory_info().rss
+            rss_second = anon_rss(broker.pid)
         # a CURVE server answers a greeting with its own, and a HELLO with a WELCOME; never
         # more: no replayed or garbled request was ever answered
         by_kind: dict[str, set[int]] = {}
