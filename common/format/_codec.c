@@ -535,6 +535,128 @@ static PyObject *configure(PyObject *self, PyObject *tables) {
     Py_RETURN_NONE;
 }
 
+/* ---- ZMTP traffic frames (common/format/zmtp.py) -------------------------------------------
+ *
+ * zmtp_scan(buf, pos, frames, size, max_frames, max_bytes, out) -> (pos, frames, size): the
+ * common run of a plain port's traffic, data frames that arrived whole and within the bounds,
+ * read from buf at pos: each frame's bytes appended to frames (the message being received, of
+ * size payload bytes so far), each message its last frame completes appended to out and a
+ * new list begun. It stops before anything else, leaving that frame to Connection.feed in
+ * Python: a command, reserved flag bits, a header or body not whole in buf, a frame that would
+ * take the message past max_frames or max_bytes. So the Python loop stays the reference for
+ * every case, and this only saves its steps on the frames it would have kept at once.
+ *
+ * zmtp_encode(frames) -> bytes: zmtp.encode's framing of one message (at least one frame; each
+ * a bytes-like object), as one bytes object. */
+#define ZMTP_MORE 0x01
+#define ZMTP_LONG 0x02
+
+static PyObject *zmtp_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyBytes_CheckExact(args[0]) || !PyList_CheckExact(args[2])
+        || !PyList_CheckExact(args[6])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "zmtp_scan(buf: bytes, pos, frames: list, size, max_frames, max_bytes, out: list)");
+        return NULL;
+    }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t end = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    long long size = PyLong_AsLongLong(args[3]);
+    long long max_frames = PyLong_AsLongLong(args[4]);
+    long long max_bytes = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (pos < 0 || size < 0) {
+        PyErr_SetString(PyExc_ValueError, "zmtp_scan: pos and size are never negative");
+        return NULL;
+    }
+    PyObject *out = args[6];
+    PyObject *frames = args[2];
+    Py_INCREF(frames);
+    while (pos < end && size <= max_bytes) {
+        unsigned char flags = b[pos];
+        unsigned long long length;
+        Py_ssize_t start;
+        if (flags & ~(ZMTP_MORE | ZMTP_LONG)) break;  /* a command, or reserved bits */
+        if (flags & ZMTP_LONG) {
+            if (end - pos < 9) break;
+            length = 0;
+            for (int i = 1; i <= 8; i++) length = (length << 8) | b[pos + i];
+            start = pos + 9;
+        } else {
+            if (end - pos < 2) break;
+            length = b[pos + 1];
+            start = pos + 2;
+        }
+        if ((long long)PyList_GET_SIZE(frames) >= max_frames
+            || length > (unsigned long long)(max_bytes - size)
+            || length > (unsigned long long)(end - start))
+            break;  /* past a bound (dropped there), or its body is still to come */
+        PyObject *frame = PyBytes_FromStringAndSize((const char *)b + start, (Py_ssize_t)length);
+        if (frame == NULL || PyList_Append(frames, frame) < 0) {
+            Py_XDECREF(frame);
+            Py_DECREF(frames);
+            return NULL;
+        }
+        Py_DECREF(frame);
+        size += (long long)length;
+        pos = start + (Py_ssize_t)length;
+        if (!(flags & ZMTP_MORE)) {
+            int failed = PyList_Append(out, frames);
+            Py_DECREF(frames);
+            if (failed < 0) return NULL;
+            frames = PyList_New(0);
+            if (frames == NULL) return NULL;
+            size = 0;
+        }
+    }
+    return Py_BuildValue("(nNL)", pos, frames, size);
+}
+
+static PyObject *zmtp_encode(PyObject *self, PyObject *frames) {
+    PyObject *seq = PySequence_Fast(frames, "zmtp_encode: frames must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n == 0) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "a message needs at least one frame");
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_buffer *views = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
+    PyObject *result = NULL;
+    Py_ssize_t got = 0, total = 0;
+    if (views == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(items[got], &views[got], PyBUF_SIMPLE) < 0) goto done;
+        Py_ssize_t len = views[got].len;
+        total += (len > 255 ? 9 : 2) + len;
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long len = (unsigned long long)views[i].len;
+        unsigned char more = i < n - 1 ? ZMTP_MORE : 0;
+        if (len > 255) {
+            *w++ = more | ZMTP_LONG;
+            for (int k = 7; k >= 0; k--) *w++ = (unsigned char)(len >> (8 * k));
+        } else {
+            *w++ = more;
+            *w++ = (unsigned char)len;
+        }
+        memcpy(w, views[i].buf, (size_t)len);
+        w += len;
+    }
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)configure, METH_O, "configure(tables)"},
     {"decode_request", (PyCFunction)(void (*)(void))decode_request, METH_FASTCALL,
@@ -545,6 +667,9 @@ static PyMethodDef methods[] = {
      "encode_request(code, opaque, fields=None, bodies=()) -> frames"},
     {"encode_response", (PyCFunction)(void (*)(void))encode_response, METH_FASTCALL,
      "encode_response(code, opaque, remark='', fields=None, bodies=()) -> frames"},
+    {"zmtp_scan", (PyCFunction)(void (*)(void))zmtp_scan, METH_FASTCALL,
+     "zmtp_scan(buf, pos, frames, size, max_frames, max_bytes, out) -> (pos, frames, size)"},
+    {"zmtp_encode", (PyCFunction)zmtp_encode, METH_O, "zmtp_encode(frames) -> bytes"},
     {NULL, NULL, 0, NULL},
 };
 

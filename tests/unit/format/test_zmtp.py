@@ -1,5 +1,7 @@
 """replog's ZMTP 3.1 server side (common/format/zmtp.py): messages bounded before they are
-kept, every split of the byte stream read alike, libzmq's own DEALER understood."""
+kept, every split of the byte stream read alike, libzmq's own DEALER understood. Every test
+runs twice: on the Python path alone, and with the C codec's frame scan and encode where it is
+built (test_zmtp_native.py holds the two to the same results on random streams)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,17 @@ import zmq
 
 from common.format import zmtp
 from common.format.zmtp import Connection, Oversized, ZmtpError
+
+
+@pytest.fixture(autouse=True, params=["python", "c"])
+def path(request: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test on the Python path alone, and on the C scan and encode (skipped unbuilt)."""
+    if request.param == "python":
+        monkeypatch.setattr(zmtp, "_scan", None)
+        monkeypatch.setattr(zmtp, "encode", zmtp._encode)
+    elif zmtp._native is None:
+        pytest.skip("the C codec is not built (or PURE_PYTHON_REPLOG is set)")
+    return str(request.param)
 
 
 def client_greeting(mechanism: bytes = b"NULL", major: int = 3) -> bytes:
@@ -164,3 +177,4 @@ def test_libzmq_dealer_talks_to_it() -> None:
         assert client.recv_multipart() == [b"re:hello"]
     finally:
         ctx.destroy(linger=0)
+
