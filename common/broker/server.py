@@ -45,10 +45,13 @@ Threads::
   the loop ends it closes every participant still attached.
 * Requests are pipelined: answers carry the request's opaque id, in completion order.
 * Local calls (``common/broker/local_calls.py``: the gRPC front end in this process): a
-  request's frames posted to the mailbox, served by ``_serve`` like a socket's (no ACL check:
-  the front end checked its caller), answered to ``LocalCalls.deliver`` instead of the socket
-  (their routing identity is 256 bytes long, which no ZeroMQ routing id is); a turn that
-  served any runs ``_after_burst`` as a burst from the socket does.
+  request's frames served by ``_serve`` like a socket's (no ACL check: the front end checked
+  its caller), answered to ``LocalCalls.deliver`` instead of the socket (their routing
+  identity is 256 bytes long, which no ZeroMQ routing id is). The loop holds ``_turn`` for
+  each turn and lets it go only to sleep in its poll; a call made meanwhile is served on the
+  caller's thread under it (``_serve_local``: its appends dispatched there, the HA service
+  poked by the append), else posted to the mailbox, and a turn that served any runs
+  ``_after_burst`` as a burst from the socket does.
 * A write carries its sender's address (``Request.born_host``, stored as BORNHOST): the
   connection's remote address, as RocketMQ takes the channel's, from the first frame's
   metadata (``common.format.zmq_frames.peer_address``), looked up once per connection (a
@@ -164,6 +167,15 @@ class _Wake:
     owner: LoopWaits
 
 
+class _Recheck:
+    """A mailbox item that only wakes the loop: a local call served on its caller's thread
+    left something waiting (a SYNC put, a parked POP, a held SEND_OK), whose deadline the
+    loop's poll, computed before, does not know yet."""
+
+
+_RECHECK = _Recheck()
+
+
 @dataclasses.dataclass(frozen=True)
 class _LeaseHeld:
     """A SEND_OK the reply gate held back: its master's controller lease lapsed between the
@@ -203,8 +215,13 @@ class RequestServer:
         self._participants = Participants(self._mailbox.post)  # common/broker/loop.py
         # requests this broker sends to clients on their connections (client_requests.py)
         self.client_requests = ClientRequests(self._mailbox.post, self.limits.for_responses())
+        # The I/O thread holds this for its whole turn and lets go only to sleep in its poll;
+        # a local call made meanwhile is served on its caller's thread under it
+        # (``_serve_local``), so nothing of the loop ever runs beside a request.
+        self._turn = threading.Lock()
+        self._serving: zmq.Socket[bytes] | None = None  # under _turn: the loop runs
         # requests from this process (the gRPC front end), answered with no socket
-        self.local = LocalCalls(self._mailbox.post, self.limits)
+        self.local = LocalCalls(self._mailbox.post, self.limits, serve=self._serve_local)
         self._io_ident = 0
         self._ctx = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[bytes] | None = None
@@ -357,13 +374,32 @@ class RequestServer:
         mailbox_fd = self._mailbox.fileno()
         poll_deadlines, ask_deadlines = self._polls.deadlines, self.client_requests.deadlines
         plain = self._plain
+        turn = self._turn
+        turn.acquire()
+        self._serving = sock
+        try:
+            self._turns(sock, poller, turn, participants, mailbox_fd, handshakes,
+                        poll_deadlines, ask_deadlines, plain)
+        finally:
+            self._serving = None
+            turn.release()
+
+    def _turns(self, sock: zmq.Socket[bytes], poller: zmq.Poller, turn: threading.Lock,
+               participants: Participants, mailbox_fd: int, handshakes: Any,
+               poll_deadlines: list[Any], ask_deadlines: list[Any],
+               plain: PlainPort | None) -> None:
+        """The loop's turns, each under ``turn``; it is let go only for the poll."""
         while True:
             timeout = self._poll_timeout_ms()
             if participants.active or participants.restarting:
                 wait_ms = participants.prepare(poller, time.monotonic())
                 if wait_ms is not None:
                     timeout = max(0, min(timeout, wait_ms))
-            events = dict(poller.poll(timeout))
+            turn.release()
+            try:
+                events = dict(poller.poll(timeout))
+            finally:
+                turn.acquire()
             if mailbox_fd in events:
                 self._handle_mailbox(sock)
             if handshakes is not None and handshakes in events:
@@ -401,6 +437,41 @@ class RequestServer:
                 # last answers before their connection drops (libzmq drops an IMMEDIATE
                 # socket's unread answers with it); a request meanwhile is refused.
                 self._closing_at = min(self._closing_at, now + DRAIN_GRACE_S)
+
+    def _serve_local(self, frames: list[bytes]) -> bool:
+        """Any thread (``LocalCalls.call``): serve a local call on the caller's thread, now,
+        if the I/O thread is asleep in its poll (its turn is free), by the one ``_serve``,
+        under the turn lock, so nothing of the loop runs beside it. A request answered at once
+        reaches ``LocalCalls.deliver`` before this returns; one held (a SYNC put waiting for
+        its slave, a parked POP, a SEND_OK the lease gate holds) is answered by the loop later,
+        as a posted call is. What was appended is dispatched here, before the answer can leave
+        (as after a burst from the socket); the HA service, whose socket is the loop's, is
+        poked by the append itself (an append from another thread than the loop's wakes it)
+        and streams on the I/O thread. False: the loop is busy or not running (the caller
+        posts the call instead).
+
+        Why: a posted call costs two thread hand-offs, the I/O thread woken from its poll and
+        the caller woken with the answer, each tens of microseconds on these VMs, more than
+        serving a plain send (docs/benchmarks.md, issue 41)."""
+        turn = self._turn
+        if not turn.acquire(blocking=False):
+            return False
+        try:
+            sock = self._serving
+            if sock is None:
+                return False
+            inflight = self.stats.inflight
+            # dispatched here before the answer can leave, as after a burst from the socket
+            with self.services.store.dispatching_inline():
+                self._serve(sock, LOCAL_IDENTITY, frames)
+            if self.stats.inflight != inflight:  # left waiting: the loop must see its deadline
+                try:
+                    self._mailbox.post(_RECHECK)
+                except BrokerError:  # a full mailbox: the loop is awake anyway
+                    pass
+            return True
+        finally:
+            turn.release()
 
     def _after_burst(self) -> None:
         """After a burst of requests: participants first (the HA service streams the new bytes
@@ -783,6 +854,8 @@ class RequestServer:
                 self._complete(sock, item)
             elif isinstance(item, _Wake):
                 self._poll_waits(sock, item.owner)
+            elif item is _RECHECK:
+                pass  # woken to compute the poll's timeout again
             elif isinstance(item, Ask):
                 self.client_requests.start(item, lambda who, frames: self._send(sock, who, frames),
                                            time.monotonic())

@@ -90,6 +90,9 @@ class ReadStore(Protocol):
 
     def end_inline_dispatch(self) -> None: ...  # the calling thread ends
 
+    # appends inside wake nobody and are indexed on the way out (a local call served inline)
+    def dispatching_inline(self) -> AbstractContextManager[None]: ...
+
 
 class Transactions(Protocol):
     """A store's transactions (``common/store/transaction/service.py``)."""

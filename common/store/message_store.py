@@ -578,6 +578,23 @@ class MessageStore:
         self.reput.inline_threads.add(threading.get_ident())
         return self.reput.dispatch_inline()
 
+    @contextlib.contextmanager
+    def dispatching_inline(self) -> Iterator[None]:
+        """Appends made inside wake nobody, and are dispatched on this thread on the way out:
+        ``dispatch_inline``'s promise for one stretch (the request server's local calls, served
+        on their caller's thread), so that a thread which ends leaves no ident behind."""
+        ident = threading.get_ident()
+        threads = self.reput.inline_threads
+        added = ident not in threads
+        if added:
+            threads.add(ident)
+        try:
+            yield
+        finally:
+            if added:
+                threads.discard(ident)
+            self.reput.dispatch_inline()
+
     def end_inline_dispatch(self) -> None:
         """The calling thread ends: a later thread with its (recycled) ident wakes reput."""
         self.reput.inline_threads.discard(threading.get_ident())

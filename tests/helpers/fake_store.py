@@ -171,6 +171,11 @@ class FakeStore:
     def end_inline_dispatch(self) -> None:
         pass
 
+    @contextlib.contextmanager
+    def dispatching_inline(self) -> Iterator[None]:
+        yield
+        self.inline_dispatches += 1
+
     # ---- replication ----------------------------------------------------------------------------
     def fence_replication(self) -> int:
         self.fenced = True  # a promotion: no replicated write from now on

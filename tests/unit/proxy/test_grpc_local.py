@@ -31,7 +31,14 @@ from common.client.results import ClientTimeoutError
 from common.client.transport import Transport
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import PROPERTY_UNIQ_KEY
-from common.format.protocol import Limits, RequestCode, Response, decode_request, encode_response
+from common.format.protocol import (
+    Limits,
+    RequestCode,
+    Response,
+    decode_request,
+    encode_request,
+    encode_response,
+)
 from common.proxy.local import LocalBroker, LocalSend
 from common.proxy.service import MessagingService
 
@@ -77,9 +84,19 @@ def send(stub: service_pb2_grpc.MessagingServiceStub, topic: str, body: bytes,
     return entry
 
 
-def stored(broker: Broker, topic: str) -> list[Any]:
-    with Consumer([addr(broker)]) as c:
-        return [m for q in range(2) for m in c.pull(topic, q, 0, 64).messages]
+def stored(broker: Broker, topic: str, count: int = 0) -> list[Any]:
+    """The topic's messages once ``count`` are readable: a SEND_OK does not promise its
+    record is dispatched yet (the thread that appended dispatches right after, unless the
+    reput thread is mid-pass, which then does), as in RocketMQ."""
+    got: list[Any] = []
+
+    def readable() -> bool:
+        with Consumer([addr(broker)]) as c:
+            got[:] = [m for q in range(2) for m in c.pull(topic, q, 0, 64).messages]
+        return len(got) >= count
+
+    wait_for(readable, f"{count} messages of {topic}")
+    return got
 
 
 def test_a_plain_send_is_stored_in_process_with_the_front_ends_born_host(
@@ -89,7 +106,7 @@ def test_a_plain_send_is_stored_in_process_with_the_front_ends_born_host(
     entries = [send(stub, "orders", b"m%d" % i, tag="A") for i in range(4)]
     assert [e.status.code for e in entries] == [pb.OK] * 4
     assert (local.sent, local.passed_on) == (4, 0)  # not one through the client socket
-    got = stored(broker, "orders")
+    got = stored(broker, "orders", 4)
     assert sorted(m.body for m in got) == [b"m0", b"m1", b"m2", b"m3"]
     assert {m.queue_id for m in got} == {0, 1}  # spread over the topic's queues
     assert all(m.tags == "A" for m in got)
@@ -113,7 +130,7 @@ def test_what_the_broker_cannot_take_at_once_goes_through_the_producer(
     # a topic this broker does not have: the Producer auto-creates it as for any client
     assert send(stub, "fresh", b"f1").status.code == pb.OK
     assert (local.sent, local.passed_on) == (0, 1)
-    assert [m.body for m in stored(broker, "fresh")] == [b"f1"]
+    assert [m.body for m in stored(broker, "fresh", 1)] == [b"f1"]
 
 
 def test_a_final_refusal_is_answered_as_the_broker_gave_it(
@@ -284,6 +301,91 @@ def test_a_call_the_mailbox_refuses_is_not_left_waiting() -> None:
     with pytest.raises(BrokerError):
         calls.call(lambda op: [b"x"], lambda out: None)
     assert calls.pending() == 0
+
+
+def test_a_call_made_while_the_loop_sleeps_is_served_on_the_callers_thread(
+        broker: Broker) -> None:
+    """No hand-off to the I/O thread and back: the answer is there before ``call`` returns,
+    given on the caller's thread, and the record is readable. (An idle loop sleeps nearly
+    all the time; a call that meets it awake is posted, and the next one tried.)"""
+    server = broker.server
+    for attempt in range(20):
+        before = server.local.inline
+        got: list[Any] = []
+        answered_on: list[int] = []
+
+        def answer(out: Any, got: list[Any] = got, on: list[int] = answered_on) -> None:
+            got.append(out)
+            on.append(threading.get_ident())
+
+        body = b"inline-%d" % attempt
+        server.local.call(lambda op, body=body: encode_request(
+            RequestCode.SEND, op, {"topic": "orders", "queueId": 0}, [body]), answer)
+        if server.local.inline == before + 1:
+            break
+        wait_for(lambda got=got: bool(got), "a posted call's answer")
+    else:
+        pytest.fail("20 calls to an idle broker, none served on the caller's thread")
+    assert got and got[0].code == ResponseCode.SUCCESS, got  # before call returned
+    assert answered_on == [threading.get_ident()]
+    assert body in [m.body for m in stored(broker, "orders", attempt + 1)]
+
+
+def test_a_call_made_during_the_loops_turn_is_posted_and_served_there(
+        broker: Broker) -> None:
+    """The turn lock held (as the loop holds it while it works): the call is posted, not
+    served beside the loop, and answered on the I/O thread once the turn is let go."""
+    server = broker.server
+    before = server.local.inline
+    got: list[Any] = []
+    answered_on: list[int] = []
+
+    def answer(out: Any) -> None:
+        got.append(out)
+        answered_on.append(threading.get_ident())
+
+    assert server._turn.acquire(timeout=5)
+    try:
+        server.local.call(lambda op: encode_request(RequestCode.SEND, op, {
+            "topic": "orders", "queueId": 1}, [b"posted"]), answer)
+        time.sleep(0.2)
+        assert not got and server.local.inline == before and server.local.pending() == 1
+    finally:
+        server._turn.release()
+    wait_for(lambda: bool(got), "the posted call's answer")
+    assert got[0].code == ResponseCode.SUCCESS, got
+    assert answered_on != [threading.get_ident()]
+
+
+def test_a_call_left_waiting_inline_wakes_the_loop_for_its_deadline(
+        make_broker: Callable[..., Broker]) -> None:
+    """A SYNC put served on the caller's thread, for a slave that never acks: the append
+    pokes the HA service, which streams the record on the I/O thread; the loop is woken to
+    take the wait into its poll's timeout and answers FLUSH_SLAVE_TIMEOUT at its deadline
+    (slaveTimeout 300 ms; within the loop's longest sleep even unwoken, so the bound here is
+    loose)."""
+    b = make_broker(real_store=True, brokerName="gw", brokerRole="SYNC_MASTER",
+                    slaveTimeout=300, haMaxTimeSlaveNotCatchup=20_000,
+                    grpcServerPort=free_port())
+    with Admin([addr(b)]) as admin:
+        admin.create_topic("orders", 1)
+    slave = FakeSlave(b)
+    try:
+        slave.hello()
+        wait_for(lambda: ha_service(b).in_sync_count() == 1, "the fake slave in sync")
+        got: list[Any] = []
+        wait_for(lambda: b.server._turn.acquire(timeout=0.01) and not b.server._turn.release(),
+                 "the loop to let its turn go")
+        started = time.monotonic()
+        b.server.local.call(lambda op: encode_request(RequestCode.SEND, op, {
+            "topic": "orders", "queueId": 0}, [b"w"]), got.append)
+        slave.data()  # streamed by the I/O thread, poked by the append
+        wait_for(lambda: bool(got), "the held put's answer", timeout_s=10)
+        took = time.monotonic() - started
+        assert got[0].code == ResponseCode.FLUSH_SLAVE_TIMEOUT, got
+        assert 0.3 <= took < 2.0, took
+    finally:
+        slave.close()
 
 
 @contextlib.contextmanager
