@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import threading
 from collections.abc import Callable
 
 from common.client import Producer
@@ -73,17 +74,26 @@ class LocalSend:
         fields["queueId"] = next(self._rr) % queues
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[Response | BrokerError] = loop.create_future()
+        here = threading.get_ident()
+        now: list[Response | BrokerError] = []  # answered on this thread inside call()
+        inside = [True]
 
-        def answer(outcome: Response | BrokerError) -> None:  # the broker's I/O thread
-            try:
+        def answer(outcome: Response | BrokerError) -> None:
+            if inside[0] and threading.get_ident() == here:  # served here (the loop slept):
+                now.append(outcome)  # taken below with no turn of the event loop
+                return
+            try:  # the broker's I/O thread
                 loop.call_soon_threadsafe(_settle, answered, outcome)
             except RuntimeError:  # the front end stopped (its loop closed): nobody waits
                 pass
 
         try:
-            broker.calls.call(lambda opaque: encode_request(RequestCode.SEND, opaque, fields,
-                                                            [body]), answer)
-            outcome = await answered
+            try:
+                broker.calls.call(lambda opaque: encode_request(RequestCode.SEND, opaque,
+                                                                fields, [body]), answer)
+            finally:
+                inside[0] = False
+            outcome = now[0] if now else await answered
             if isinstance(outcome, BrokerError):
                 raise outcome
             result = send_results(topic, outcome, broker.broker_name)[0]
