@@ -352,13 +352,23 @@ class MessageStore:
 
     def _dispatch_start(self, abnormal: bool) -> int:
         """Where reput resumes: the ConsumeQueues' end; after a crash also what the index and
-        the unverified tail need (re-dispatch is idempotent for both)."""
+        the unverified tail need, and no later than the last checkpoint's dispatched offset
+        (re-dispatch is idempotent for all three).
+
+        The ConsumeQueues' end is the highest end any queue points to, and it is only where
+        reput stopped if it stopped between passes: a pass writes its entries queue by queue,
+        so a crash within one can leave a queue pointing past records of another whose run
+        was not written yet. ``dispatched_phy_offset`` moves only once a pass is whole, and
+        the checkpoint keeps it (``confirm_phy_offset``, written at each flush of the
+        indexes): below it no queue lacks an entry."""
         log_min = self.commit_log.min_offset
         start = min(self.cq_store.max_phy_offset(), self.commit_log.max_offset)
         cut = self.cq_store.take_cut_end()
         if cut is not None:  # a damaged or torn queue: its erased entries are built again
             start = min(start, cut)
         if abnormal:
+            if self.checkpoint is not None:
+                start = min(start, self.checkpoint.confirm_phy_offset)
             if self.index is not None:
                 files = self.index.files
                 start = min(start, files[-1].end_phy_offset if files else log_min)
