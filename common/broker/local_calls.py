@@ -6,10 +6,10 @@ A call is a request's frames, exactly as a client would send them, served by the
 every request takes (``RequestServer._serve``: decode and check, the system-topic and drain
 gates, the in-flight bound, the processor, the reply gate of controller mode, a SYNC put's wait
 for its slave). While the I/O thread sleeps in its poll, the caller's own thread serves it,
-under the lock the loop holds for each of its turns (``RequestServer._serve_local``): no hand-off
-to the I/O thread and back, which cost more than the request. Otherwise the I/O thread takes
-it from the mailbox. Its answer comes back to ``deliver`` instead of the client socket: every call of the process shares one routing
-identity ``IDENTITY``, 256 bytes long, which no ZeroMQ peer can have (a routing id is 1-255
+under the lock the loop holds for each of its turns (``RequestServer._serve_local``): no
+hand-off to the I/O thread and back, which cost more than the request. Otherwise the I/O
+thread takes it from the mailbox. Its answer comes back to ``deliver`` instead of the client
+socket: every call of the process shares one routing identity ``IDENTITY``, 256 bytes long, which no ZeroMQ peer can have (a routing id is 1-255
 bytes), and the answer's opaque finds its caller. No ACL check runs on a local call: the
 front end has checked its caller's permissions itself (as it does before calling the brokers
 as its admin account in Cluster mode).

@@ -357,13 +357,14 @@ def test_a_call_made_during_the_loops_turn_is_posted_and_served_there(
     assert answered_on != [threading.get_ident()]
 
 
-def test_a_call_left_waiting_inline_wakes_the_loop_for_its_deadline(
+def test_a_sync_put_served_inline_is_streamed_and_answered_at_its_deadline(
         make_broker: Callable[..., Broker]) -> None:
     """A SYNC put served on the caller's thread, for a slave that never acks: the append
-    pokes the HA service, which streams the record on the I/O thread; the loop is woken to
-    take the wait into its poll's timeout and answers FLUSH_SLAVE_TIMEOUT at its deadline
-    (slaveTimeout 300 ms; within the loop's longest sleep even unwoken, so the bound here is
-    loose). A put that meets the loop awake is posted, answered the same, and tried again."""
+    pokes the HA service, which streams the record on the I/O thread, and the loop answers
+    FLUSH_SLAVE_TIMEOUT at the wait's deadline (slaveTimeout 300 ms). This does not show that
+    ``_serve_local``'s recheck wakes the loop: unwoken, the loop's longest sleep (100 ms)
+    would still answer within the bound checked here. A put that meets the loop awake is
+    posted, answered the same, and tried again."""
     with sync_master_and_slave(make_broker, "gw", slaveTimeout=300,
                                haMaxTimeSlaveNotCatchup=20_000) as (b, slave):
         for attempt in range(5):
