@@ -2,7 +2,7 @@
 the machine's noise.
 
     .venv/bin/python bench/calls_per_message.py [--count 2000] [--top 40] [--repo PATH]
-                                                [--against PATH] [--sync]
+                                                [--against PATH] [--sync] [--grpc]
 
 CPU time per message (``bench/cpu_per_message.py``) swings by a third from one run to the next
 on these VMs, more than a regression of a tenth that one commit adds. Function calls do not:
@@ -18,7 +18,10 @@ flush and the timers, so a background thread that grew shows too) and the client
 sending thread and its I/O thread). ``--against PATH`` measures a second checkout in the same
 run and prints the functions whose calls per message differ most. ``--sync``: the broker is a
 SYNC_MASTER with one slave, also counted (its HA thread's DATA, append, dispatch and ACK), so
-each send is the four-hop round trip the SYNC rows time. The counting slows the
+each send is the four-hop round trip the SYNC rows time. ``--grpc``: the broker serves
+RocketMQ 5's gRPC protocol (``grpcServerPort``, Local mode) and the sends are the official
+client's ``SendMessage`` calls through its generated stubs, one at a time (issue 41's
+``send x1`` row); the client's counts are then grpc's Python side. The counting slows the
 broker several times; the rate it prints is not a figure of anything.
 """
 
@@ -75,6 +78,54 @@ print(f"done {elapsed}", flush=True)
 producer.close()
 """
 
+GRPC_CLIENT = r"""
+import json, os, sys, threading, time
+sys.path.insert(0, os.environ["REPLOG_CALLS_SITE"])
+import sitecustomize as counting  # the same counter, in this process
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+address, count, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+os.environ["REPLOG_CALLS_OUT"] = out
+stub = service_pb2_grpc.MessagingServiceStub(grpc.insecure_channel(address))
+body = b"x" * 128
+
+
+def send(i):
+    msg = pb.Message(topic=pb.Resource(name="calls"), body=body, system_properties=pb.
+                     SystemProperties(message_id=f"calls-{i}", message_type=pb.NORMAL,
+                                      body_encoding=pb.IDENTITY))
+    return stub.SendMessage(rpc.SendMessageRequest(messages=[msg]), timeout=10).status.code
+
+
+deadline = time.monotonic() + 60
+while True:
+    try:
+        if send(0) == pb.OK:
+            break
+    except grpc.RpcError:
+        pass
+    if time.monotonic() > deadline:
+        raise SystemExit("no OK in 60 s")
+    time.sleep(0.1)
+for i in range(500):
+    send(i)
+print("ready", flush=True)
+sys.stdin.readline()
+threading.setprofile(counting._profile)
+sys.setprofile(counting._profile)
+counting._start()
+began = time.monotonic()
+for i in range(count):
+    send(i)
+elapsed = time.monotonic() - began
+counting._stop()
+sys.setprofile(None)
+threading.setprofile(None)
+print(f"done {elapsed}", flush=True)
+"""
+
 Counts = collections.Counter[tuple[str, str, str]]  # (thread, file, function)
 
 
@@ -111,14 +162,17 @@ def _start(repo: Path, home: Path, name: str, config: str) -> subprocess.Popen[b
             cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def measure(repo: Path, count: int, sync: bool = False) -> tuple[Counts, Counts, Counts | None]:
+def measure(repo: Path, count: int, sync: bool = False,
+            grpc: bool = False) -> tuple[Counts, Counts, Counts | None]:
     """(broker's counts, client's counts, slave's counts or None) for ``count`` sync sends
-    against ``repo`` (``sync``: a SYNC_MASTER and its slave)."""
+    against ``repo`` (``sync``: a SYNC_MASTER and its slave; ``grpc``: over RocketMQ 5's gRPC
+    protocol, served by the broker)."""
     with tempfile.TemporaryDirectory(prefix="replog-calls-") as tmp:
         home = Path(tmp)
-        port = _support.free_port(4)
+        port = _support.free_port(5)
         broker = _start(repo, home, "broker",
                         f"listenPort: {port}\nhaListenPort: {port + 1}\n"
+                        + (f"grpcServerPort: {port + 4}\n" if grpc else "") +
                         f"storePathRootDir: {home}/store\n"
                         f"brokerRole: {'SYNC_MASTER' if sync else 'ASYNC_MASTER'}\n"
                         "flushDiskType: ASYNC_FLUSH\nmappedFileSizeCommitLog: 16777216\n")
@@ -131,7 +185,8 @@ def measure(repo: Path, count: int, sync: bool = False) -> tuple[Counts, Counts,
         env = {**os.environ, "PYTHONHASHSEED": "0", "REPLOG_CALLS_SITE": str(SITE)}
         client_env = {**env, "PYTHONPATH": str(repo)}
         client = subprocess.Popen(
-            [sys.executable, "-c", CLIENT, f"127.0.0.1:{port}", str(count),
+            [sys.executable, "-c", GRPC_CLIENT if grpc else CLIENT,
+             f"127.0.0.1:{port + 4 if grpc else port}", str(count),
              str(home / "client.json")],
             cwd=repo, env=client_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
@@ -208,9 +263,11 @@ def main() -> int:
     ap.add_argument("--against", type=Path, default=None)
     ap.add_argument("--sync", action="store_true",
                     help="a SYNC_MASTER with one slave (counted too), not an ASYNC_MASTER alone")
+    ap.add_argument("--grpc", action="store_true",
+                    help="the official client's SendMessage to the broker's grpcServerPort")
     args = ap.parse_args()
     n = args.count
-    broker, client, slave = measure(args.repo.resolve(), n, args.sync)
+    broker, client, slave = measure(args.repo.resolve(), n, args.sync, args.grpc)
     print(f"{n} sync sends of 128 B, one in flight{' to a SYNC_MASTER and its slave' if slave else ''}; "
           "calls per message (Python, C), each process's total and its threads' (the brokers': "
           "less those of as long a span idle)")
@@ -226,7 +283,7 @@ def main() -> int:
             for (_, where, name), v in sorted(python, key=lambda kv: -kv[1])[: args.top]:
                 print(f"  {v / n:7.2f}  {where}:{name}")
     if args.against is not None:
-        other, other_client, other_slave = measure(args.against.resolve(), n, args.sync)
+        other, other_client, other_slave = measure(args.against.resolve(), n, args.sync, args.grpc)
         report(str(args.against), other, other_client, n, other_slave)
         theirs = by_function(other)
         print("broker functions whose calls per message differ most (this checkout, the other):")
