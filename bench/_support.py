@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -170,3 +171,43 @@ def acceptance_row(figure: Figure, bare: Figure | None, bare_target: float | Non
     return (f"{figure.name:<22} {figure.rate:>9.0f} msg/s | "
             f"{ratio_text(figure, bare, bare_target)} | "
             f"{ratio_text(figure, other, other_target)}")
+
+
+class OtherLoad:
+    """The CPU the rest of the machine used while a benchmark ran: the machine's busy time
+    (``/proc/stat``, the hypervisor's steal included) less this process's and its children's
+    (those ended and waited for: read ``cpus`` once they are). A ratio of two figures measured
+    side by side cancels the machine's speed, not a neighbour that takes a core from one leg
+    and not the other."""
+
+    def __init__(self) -> None:
+        self._start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float]:
+        with open("/proc/stat") as f:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (
+                int(x) for x in f.readline().split()[1:9])
+        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+        t = os.times()
+        return busy, t.user + t.system + t.children_user + t.children_system, time.monotonic()
+
+    def cpus(self) -> float:
+        """The others' CPUs on average since this was made (0.0 to the machine's count)."""
+        busy, own, now = self._sample()
+        busy0, own0, then = self._start
+        return max(0.0, (busy - busy0) - (own - own0)) / max(now - then, 1e-6)
+
+
+def cpu_model() -> str:
+    """The machine, as the gate keeps it beside its ratios: the CPU model and count."""
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model} x{os.cpu_count()}"

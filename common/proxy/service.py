@@ -468,19 +468,20 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 await asyncio.to_thread(consumer.ack_batch, handles))
         except BrokerError as e:  # a handle that is not one, or no master: every entry
             failed = {h: e for h in handles}
-        entries = []
+        resp = rpc.AckMessageResponse()
+        add = resp.entries.add  # each entry made in place (a receive's 32 acks in one request)
         for entry in request.entries:
-            why = failed.get(entry.receipt_handle)
+            handle = entry.receipt_handle
+            done = add(message_id=entry.message_id, receipt_handle=handle)
+            why = failed.get(handle)
             if why is None:
-                code = convert.status(pb.OK)
+                done.status.code, done.status.message = pb.OK, "OK"
             elif isinstance(why, BrokerError):
-                code = convert.handle_status(why)
+                done.status.CopyFrom(convert.handle_status(why))
             else:
-                code = convert.status(pb.INVALID_RECEIPT_HANDLE, str(why))
-            entries.append(rpc.AckMessageResultEntry(message_id=entry.message_id,
-                                                     receipt_handle=entry.receipt_handle,
-                                                     status=code))
-        return rpc.AckMessageResponse(status=convert.overall(entries), entries=entries)
+                done.status.CopyFrom(convert.status(pb.INVALID_RECEIPT_HANDLE, str(why)))
+        resp.status.CopyFrom(convert.overall(resp.entries))
+        return resp
 
 
     async def ForwardMessageToDeadLetterQueue(

@@ -164,3 +164,37 @@ def test_a_message_given_up_goes_to_the_dlq_and_is_not_handed_out_again(
     assert [d.body for d in dead] == [m.body]
     time.sleep(2.5)  # past its invisible time: acked, so never handed out again
     assert simple.receive(16, 30) == []
+
+
+def test_an_ack_of_several_handles_answers_each_and_says_when_they_differ(
+        broker: Broker, simple: Any) -> None:
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as rpc
+    from rocketmq.grpc_protocol import service_pb2_grpc
+
+    send(broker, 3)
+    got = receive_all(simple, 3, invisible_s=2)
+    assert len(got) == 3
+    stale, fresh = got[0], got[1:]
+
+    def ack(handles: list[tuple[str, str]]) -> Any:
+        return stub.AckMessage(rpc.AckMessageRequest(
+            group=pb.Resource(name="workers"), topic=pb.Resource(name="jobs"),
+            entries=[rpc.AckMessageEntry(receipt_handle=h, message_id=i) for h, i in handles]),
+            timeout=10)
+
+    with grpc.insecure_channel(f"127.0.0.1:{broker.cfg.grpcServerPort}") as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        both = ack([(m.receipt_handle, m.message_id) for m in fresh])
+        assert both.status.code == pb.OK
+        assert [(e.message_id, e.receipt_handle, e.status.code) for e in both.entries] == [
+            (m.message_id, m.receipt_handle, pb.OK) for m in fresh]
+        [again] = receive_all(simple, 1, timeout_s=10)  # the one not acked, after its 2 s
+        assert again.message_id == stale.message_id
+        mixed = ack([(again.receipt_handle, again.message_id),
+                     (stale.receipt_handle, stale.message_id)])  # handed out again since
+        assert mixed.status.code == pb.MULTIPLE_RESULTS
+        assert [e.status.code for e in mixed.entries] == [pb.OK, pb.INVALID_RECEIPT_HANDLE]
+        assert mixed.entries[1].status.message  # says why
+        assert ack([]).status.code == pb.BAD_REQUEST
