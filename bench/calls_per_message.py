@@ -11,8 +11,9 @@ for bisecting the per-request cost (issue 43) and for checking that a change to 
 took calls out. It starts a broker of the checkout ``--repo`` (default: this one; ASYNC_MASTER,
 ASYNC_FLUSH) with ``bench/calls_site/sitecustomize.py`` counting every call on every thread,
 sends ``--count`` 128 B messages one at a time with that checkout's ``Producer`` (after 500
-unmeasured; ``spin_us=0``: a spinning wait's calls follow the timing), and prints calls per
-message: Python functions, and C functions called from
+unmeasured; ``spin_us=0``: a spinning wait's calls follow the timing; a pause of ``PAUSE_S``
+after each answer, so each request is a loop turn of its own, as the turns per message it
+prints show), and prints calls per message: Python functions, and C functions called from
 Python; each total is the broker's (every thread: the I/O thread's request path, reput, the
 flush and the timers, so a background thread that grew shows too) and the client's (its
 sending thread and its I/O thread). ``--against PATH`` measures a second checkout in the same
@@ -66,10 +67,12 @@ for _ in range(500):
     producer.send("calls", body)
 print("ready", flush=True)
 sys.stdin.readline()
+pause = float(os.environ["REPLOG_CALLS_PAUSE_S"])
 counting._start()
 began = time.monotonic()
 for _ in range(count):
     producer.send("calls", body)
+    time.sleep(pause)
 elapsed = time.monotonic() - began
 counting._stop()
 sys.setprofile(None)
@@ -115,10 +118,12 @@ print("ready", flush=True)
 sys.stdin.readline()
 threading.setprofile(counting._profile)
 sys.setprofile(counting._profile)
+pause = float(os.environ["REPLOG_CALLS_PAUSE_S"])
 counting._start()
 began = time.monotonic()
 for i in range(count):
     send(i)
+    time.sleep(pause)
 elapsed = time.monotonic() - began
 counting._stop()
 sys.setprofile(None)
@@ -127,6 +132,12 @@ print(f"done {elapsed}", flush=True)
 """
 
 Counts = collections.Counter[tuple[str, str, str]]  # (thread, file, function)
+
+# the client's pause after each answer: the broker's loop is back in its poll before the next
+# request comes, so each request is a turn of its own. Unpaced, a request that arrives while
+# the loop is still in its burst is read in the same turn, and how often that happens follows
+# the machine's timing: the count of one checkout swung 65-80 a send between runs under load
+PAUSE_S = 0.005
 
 
 def _load(path: Path) -> Counts:
@@ -182,7 +193,8 @@ def measure(repo: Path, count: int, sync: bool = False,
                        f"haMasterAddress: 127.0.0.1:{port + 1}\nflushDiskType: ASYNC_FLUSH\n"
                        "mappedFileSizeCommitLog: 16777216\n") if sync else None
         procs = [broker] if slave is None else [broker, slave]
-        env = {**os.environ, "PYTHONHASHSEED": "0", "REPLOG_CALLS_SITE": str(SITE)}
+        env = {**os.environ, "PYTHONHASHSEED": "0", "REPLOG_CALLS_SITE": str(SITE),
+               "REPLOG_CALLS_PAUSE_S": str(PAUSE_S)}
         client_env = {**env, "PYTHONPATH": str(repo)}
         client = subprocess.Popen(
             [sys.executable, "-c", GRPC_CLIENT if grpc else CLIENT,
@@ -228,6 +240,12 @@ def totals(counts: Counts, n: int) -> tuple[float, float]:
     return py / n, c / n
 
 
+def turns(counts: Counts, n: int) -> float:
+    """The request loop's turns per message (1.0 when each request is a turn of its own)."""
+    return sum(v for (thread, _, name), v in counts.items()
+               if thread == "replog-io" and name == "_poll_timeout_ms") / n
+
+
 def by_thread(counts: Counts, n: int) -> list[tuple[str, float, float]]:
     """(thread, Python calls, C calls) per message, busiest first, those of 0.5 and more."""
     py: collections.Counter[str] = collections.Counter()
@@ -250,7 +268,8 @@ def report(label: str, broker: Counts, client: Counts, n: int,
     whose = [("broker", broker), ("client", client)] + ([("slave", slave)] if slave else [])
     for who, counts in whose:
         py, c = totals(counts, n)
-        print(f"{label} {who}: {py:.1f} Python calls and {c:.1f} C calls per message")
+        print(f"{label} {who}: {py:.1f} Python calls and {c:.1f} C calls per message"
+              + (f" ({turns(counts, n):.2f} loop turns)" if who != "client" else ""))
         for thread, tpy, tc in by_thread(counts, n):
             print(f"    {thread:<28} {tpy:7.1f} {tc:7.1f}")
 

@@ -150,34 +150,37 @@ Rows = dict[str, list[float]]  # a row's rounds
 Calls = dict[str, float]  # Python calls per sync send
 
 
+def count_calls(repo: Path) -> Calls:
+    """The Python calls per sync send of ``repo``'s broker and client, counted by this
+    checkout's instrument (so two checkouts are counted alike)."""
+    broker_calls, client_calls, _ = cpm.measure(repo, CALLS_COUNT)
+    return {"broker_calls_per_send": round(cpm.totals(broker_calls, CALLS_COUNT)[0], 1),
+            "client_calls_per_send": round(cpm.totals(client_calls, CALLS_COUNT)[0], 1)}
+
+
 def measure_here(rounds: int) -> tuple[Rows, Calls]:
-    broker_calls, client_calls, _ = cpm.measure(_support.REPO, CALLS_COUNT)
-    calls = {"broker_calls_per_send": round(cpm.totals(broker_calls, CALLS_COUNT)[0], 1),
-             "client_calls_per_send": round(cpm.totals(client_calls, CALLS_COUNT)[0], 1)}
+    calls = count_calls(_support.REPO)
     return {**put_rows(rounds), **sync_master_rows(rounds)}, calls
 
 
 ROW_LINE = re.compile(r"^\s+(\w+)\s+([\d.]+)\s+kept\s+\S+\s+\[([^\]]*)\]")
-CALLS_LINE = re.compile(r"^\s+(\w+_calls_per_send)\s+([\d.]+)\s+kept")
 
 
 def measure_there(repo: Path, rounds: int) -> tuple[Rows, Calls]:
-    """The rows and calls of another checkout, by its own gate (its verdicts, against its own
-    kept file, ignored): the same rows its code had, measured now on this machine."""
+    """The rows of another checkout, by its own gate (its verdicts, against its own kept file,
+    ignored): the same rows its code had, measured now on this machine; its calls counted by
+    this checkout's instrument."""
     done = subprocess.run([sys.executable, str(repo / "bench" / "gate.py"), "--rounds",
                            str(rounds)], cwd=repo, capture_output=True, text=True,
                           check=False, timeout=1800)
     rows: Rows = {}
-    calls: Calls = {}
     for line in done.stdout.splitlines():
         if m := ROW_LINE.match(line):
             rows[m.group(1)] = [float(x) for x in m.group(3).split(",") if x.strip()]
-        elif m := CALLS_LINE.match(line):
-            calls[m.group(1)] = float(m.group(2))
     if not rows:
         raise RuntimeError(f"{repo}: its gate printed no rows (exit {done.returncode}):\n"
                            f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return rows, calls
+    return rows, count_calls(repo)
 
 
 def pooled(runs: list[Rows]) -> Rows:
