@@ -4,6 +4,7 @@ The package, one module a layer (everything is imported from ``common.client``):
 
     results.py    SendResult / PullResult from an answer; ClientTimeoutError, NoMasterError...
     transport.py  the I/O thread and its sockets, blocking calls, send_async coalescing
+    plain_call.py a blocking call's plain socket speaking ZMTP (no libzmq between)
     cluster.py    the cluster view (master discovery, topic routes); ClientBase's retry loop
     producer.py   Producer          consumer.py  Consumer          admin.py  Admin
     transaction.py TransactionProducer (half, local transaction, end; answers check-backs)
@@ -23,7 +24,10 @@ Threads and sockets::
   connection drops; a draining broker keeps its connections open a moment after its last
   answers for that, see ``common/broker/server.py``.)
 * A blocking call (``send``, ``send_batch``, ``pull``, ``status``...) runs on the calling
-  thread's own socket (not IMMEDIATE, so an answer that arrives just before the broker closes
+  thread's own connection. Without CURVE keys that is a plain TCP socket speaking ZMTP
+  (``plain_call.py``: the caller writes the request and reads the answer itself, no libzmq
+  I/O thread between; the same outcomes as below). With keys, or ``plain_calls=False``, it is
+  a DEALER of its own (not IMMEDIATE, so an answer that arrives just before the broker closes
   is kept; no heartbeats, the call's deadline is enough; a call that times out closes the
   socket, and a request still waiting in it for a connection goes with it) and first polls
   for its answer without sleeping, up to ``spin_us`` (default 300 us), while recent answers

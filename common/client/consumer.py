@@ -55,6 +55,7 @@ class Consumer(ClientBase):
         server_key: str | os.PathLike[str] | Mapping[str, Any] | None = None,
         curve: ClientKeys | None = None,
         in_process: Mapping[str, InProcess] | None = None,
+        plain_calls: bool | None = None,
     ):
         """``read_from``: where pulls and offset reads go. None or "master": the master, and a
         slave of the group while no master answers (RocketMQ 4.x consumers do so during a
@@ -63,9 +64,11 @@ class Consumer(ClientBase):
         answers is kept here and sent with the next one that reaches a master (``close``
         tries too), so a failover loses none of them.
         ``key``, ``server_key``, ``curve``: CURVE (``ClientBase``, docs/security.md).
-        ``in_process``: brokers of this process, by address (``common/client/in_process.py``)."""
+        ``in_process``: brokers of this process, by address (``common/client/in_process.py``).
+        ``plain_calls``: as ``Producer``'s."""
         super().__init__(servers, timeout_ms, retries, key=key, server_key=server_key,
-                         curve=curve, spin_us=spin_us, in_process=in_process)
+                         curve=curve, spin_us=spin_us, in_process=in_process,
+                         plain_calls=plain_calls)
         self.group = group
         self.read_from = read_from
         # (topic, queue_id[, group]) -> (offset, client id): the group is there over several

@@ -224,6 +224,7 @@ class Producer(ClientBase):
         client_id: str | None = None,
         heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
         in_process: Mapping[str, InProcess] | None = None,
+        plain_calls: bool | None = None,
     ):
         """``group``: the producer group this producer belongs to. With one, it heartbeats
         every group's master (``heartbeat_ms``) so a broker can send it requests (a
@@ -234,7 +235,9 @@ class Producer(ClientBase):
         ``compressMsgBodyOverHowmuch``, 4 KiB, and ``zipCompressLevel``, 5); consumers get
         it back inflated. None turns it off. ``max_message_size`` bounds the body as given.
         ``key``, ``server_key``, ``curve``: CURVE (``ClientBase``, docs/security.md).
-        ``in_process``: brokers of this process, by address (``common/client/in_process.py``)."""
+        ``in_process``: brokers of this process, by address (``common/client/in_process.py``).
+        ``plain_calls``: blocking calls over plain sockets speaking ZMTP (the default without
+        CURVE keys, ``common/client/plain_call.py``) or False for libzmq DEALERs."""
         if not 0 <= compress_level <= 9:
             raise ValueError(f"compress_level {compress_level} is not 0..9")
         if group is not None and not (0 < len(group) <= MAX_GROUP_LENGTH
@@ -253,6 +256,7 @@ class Producer(ClientBase):
             server_key=server_key,
             curve=curve,
             spin_us=spin_us,
+            plain_calls=plain_calls,
             batch_size=batch_size,
             linger_ms=linger_ms,
             max_batches_in_flight=max_batches_in_flight,

