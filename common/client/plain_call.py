@@ -12,8 +12,9 @@ What a call sees is what the DEALER path gives (``Transport.call_sync``):
   deadline (a DEALER queues the request until it connects): ClientTimeoutError, and nothing
   was sent;
 - a connection that drops while a call waits ends it at once (ConnectionLostError: retriable,
-  outcome unknown); one the broker closed between two calls is found before the next request
-  goes out (a peek), and that call connects anew;
+  outcome unknown); one the broker closed between two calls (its port closes a connection
+  silent for about 5 s: this side answers the port's PINGs only when it next calls) is found
+  before the next request goes out, and that call connects anew;
 - at its deadline a call closes its connection (no answer to it can come later on another
   call's connection) and raises ClientTimeoutError;
 - answers to earlier, timed-out calls are skipped by opaque, as are frames that are not an
@@ -95,15 +96,31 @@ class PlainConnection:
             raise
         self._hello = READY
 
-    def _alive(self, sock: socket.socket) -> bool:
-        """Whether the broker kept the connection since the last call: b"" waiting is its close
-        (a drained or restarted broker); late answers waiting are fine (skipped by opaque)."""
-        try:
-            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
+    def _alive(self, sock: socket.socket, wire: zmtp.Connection) -> bool:
+        """Whether the broker kept the connection since the last call, reading what came
+        meanwhile: late answers to timed-out calls (dropped), the broker's PINGs (answered;
+        its port closes a connection silent for about 5 s, so one idle longer is found closed
+        here and the call connects anew), its close (b"")."""
+        while True:
+            try:
+                data = sock.recv(RECV_BYTES, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            try:
+                wire.feed(data)  # no call is waiting: whatever it completes is stale
+            except zmtp.ZmtpError:
+                return False
+            if wire.replies:
+                replies, wire.replies = wire.replies, []
+                try:
+                    sock.sendall(b"".join(replies))
+                except OSError:
+                    return False
+            wire.oversized.clear()
 
     def close(self) -> None:
         sock, self.sock, self._wire = self.sock, None, None
@@ -118,7 +135,8 @@ class PlainConnection:
     def send(self, frames: Sequence[bytes], deadline: float, stopping: Callable[[], bool],
              timeout_ms: int) -> None:
         """The request out, connecting first if there is no live connection."""
-        if self.sock is not None and not self._alive(self.sock):
+        if self.sock is not None and self._wire is not None and \
+                not self._alive(self.sock, self._wire):
             self.close()
         if self.sock is None:
             self._connect(deadline, stopping, timeout_ms)

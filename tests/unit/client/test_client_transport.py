@@ -605,3 +605,29 @@ def test_a_plain_call_blocked_in_its_wait_ends_when_the_client_closes(
     assert not caller.is_alive() and time.monotonic() - started < 5
     assert outcome and isinstance(outcome[0], BrokerError) and outcome[0].retriable
 
+
+
+def test_a_plain_connection_the_broker_closed_while_idle_is_made_anew(
+        make_broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker's port closes a connection silent for a few sweeps (its PINGs unanswered: a
+    plain connection reads only while it calls). The next call finds it closed before sending,
+    answers nothing stale, connects anew and is served: no error reaches the caller."""
+    from helpers.brokers import addr
+
+    from common.broker import plain_port
+
+    monkeypatch.setattr(plain_port, "SWEEP_S", 0.05)  # closed after ~6 sweeps, not ~6 s
+    broker = make_broker(real_store=True)
+    t = Transport(spin_us=0, plain_calls=True)
+    try:
+        assert t.call_sync(addr(broker), RequestCode.STATUS, timeout_ms=5000).code == \
+            ResponseCode.SUCCESS
+        first = t._local.sockets[addr(broker)].sock
+        port = broker.server._plain
+        assert port is not None
+        wait_until(lambda: not port.conns, "the idle connection closed by the broker")
+        resp = t.call_sync(addr(broker), RequestCode.STATUS, timeout_ms=5000)
+        assert resp.code == ResponseCode.SUCCESS
+        assert t._local.sockets[addr(broker)].sock is not first  # a new connection
+    finally:
+        t.close()
