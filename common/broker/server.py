@@ -88,10 +88,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -107,6 +108,7 @@ from common.broker.processors.context import Caller, Context, Services
 from common.broker.replies import Answers, Deferred, LoopWaits, reply
 from common.broker.security import CLIENT_DOMAIN, HandshakeMonitor, Security, user_id
 from common.broker.server_stats import ServerStats
+from common.broker.tcp_port import TcpPort
 from common.core.errors import BrokerError, ResponseCode
 from common.core.logs import log_event
 from common.core.message import is_system_topic
@@ -129,6 +131,9 @@ from common.format.zmq_frames import NOBLOCK, peer_address, readable, recv_rest,
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
+# without CURVE the client port is the I/O thread's own TCP sockets (tcp_port.py);
+# REPLOG_TCP_PORT=0 keeps a ZMQ_STREAM socket read the same way (plain_port.py)
+TCP_PORT = os.environ.get("REPLOG_TCP_PORT", "1") != "0"
 CLOSE_LINGER_MS = 2000  # answers sent while draining get this long to leave on a loaded box
 DRAIN_GRACE_S = 0.3  # drained: connections stay open this long after the last answer
 LEASE_RECHECK_MS = 10  # answers held for the controller lease are looked at again this often
@@ -241,8 +246,10 @@ class RequestServer:
         self.reply_hold_s = 0.0
         self._lease_held: list[_LeaseHeld] = []
         self._peers: dict[bytes, tuple[str, int]] = {}  # ROUTER identity -> (ip, port)
-        # without CURVE the port is a STREAM socket read by replog's ZMTP (plain_port.py)
-        self._plain: PlainPort | None = None
+        # without CURVE the port is read by replog's ZMTP: the I/O thread's own TCP sockets
+        # (tcp_port.py), or a STREAM socket (plain_port.py) with REPLOG_TCP_PORT=0
+        self._plain: PlainPort | TcpPort | None = None
+        self._tcp: TcpPort | None = None
         self.failure = ""  # why the I/O thread died ("" while it runs or after a clean end)
         self.on_fatal: Callable[[str], None] | None = None  # told when the I/O thread dies
 
@@ -305,7 +312,7 @@ class RequestServer:
         self._io_ident = threading.get_ident()
         security = self.security
         auth = None
-        sock = None
+        sock: Any = None  # a zmq socket, or the TcpPort
         try:
             auth = security.start_authenticator(self._ctx)  # before any bind in this Context
             if security.enabled:
@@ -317,20 +324,25 @@ class RequestServer:
                 sock.setsockopt(zmq.RCVHWM, 100_000)
                 sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
                 sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+            elif TCP_PORT:  # every message bounded before it is kept, no libzmq thread
+                sock = self._plain = self._tcp = TcpPort(
+                    self.bind, self.limits.max_batch_count + 1, self.limits.max_frame_bytes,
+                    self._peers)
             else:  # every message bounded before it is kept (plain_port.py)
                 sock = self._ctx.socket(zmq.STREAM)
                 self._plain = PlainPort(self.limits.max_batch_count + 1,
                                         self.limits.max_frame_bytes, self._peers)
                 self._plain.configure(sock, sndhwm=100_000)
-            sock.setsockopt(zmq.LINGER, 1000)
-            security.bind(sock, self.bind)
+            if self._tcp is None:
+                sock.setsockopt(zmq.LINGER, 1000)
+                security.bind(sock, self.bind)
         except Exception as e:  # noqa: BLE001 - a bind error, a refused bind: start fails
             self._bind_error = OSError(f"cannot bind {self.bind}: {e}")
             self._participants.end()
             self._bound.set()
             if self._handshakes is not None:
                 self._handshakes.close()
-            if sock is not None:
+            if sock is not None and self._tcp is None:
                 sock.close(linger=0)
             if auth is not None:
                 auth.stop()
@@ -351,7 +363,10 @@ class RequestServer:
             self.client_requests.closed = True
             if self._handshakes is not None:
                 self._handshakes.close()
-            sock.close(linger=CLOSE_LINGER_MS)
+            if self._tcp is not None:
+                self._tcp.shutdown(CLOSE_LINGER_MS)
+            else:
+                sock.close(linger=CLOSE_LINGER_MS)
             if auth is not None:
                 auth.stop()
             self._ctx.term()
@@ -365,7 +380,9 @@ class RequestServer:
     def _loop(self, sock: zmq.Socket[bytes]) -> None:
         participants = self._participants
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+        # the TcpPort is polled by its epoll's descriptor, which the poll reports as an int
+        port_key: Any = sock.fileno() if self._tcp is not None else sock
+        poller.register(port_key, zmq.POLLIN)
         poller.register(self._mailbox.fileno(), zmq.POLLIN)
         handshakes = self._handshakes.socket if self._handshakes is not None else None
         if handshakes is not None:
@@ -378,16 +395,16 @@ class RequestServer:
         turn.acquire()
         self._serving = sock
         try:
-            self._turns(sock, poller, turn, participants, mailbox_fd, handshakes,
+            self._turns(sock, port_key, poller, turn, participants, mailbox_fd, handshakes,
                         poll_deadlines, ask_deadlines, plain)
         finally:
             self._serving = None
             turn.release()
 
-    def _turns(self, sock: zmq.Socket[bytes], poller: zmq.Poller, turn: threading.Lock,
+    def _turns(self, sock: Any, port_key: Any, poller: zmq.Poller, turn: threading.Lock,
                participants: Participants, mailbox_fd: int, handshakes: Any,
                poll_deadlines: list[Any], ask_deadlines: list[Any],
-               plain: PlainPort | None) -> None:
+               plain: PlainPort | TcpPort | None) -> None:
         """The loop's turns, each under ``turn``; it is let go only for the poll."""
         while True:
             timeout = self._poll_timeout_ms()
@@ -408,7 +425,7 @@ class RequestServer:
                 participants.on_events(events)
                 if self._due_owners:  # e.g. acks read just now: answer the puts they cover
                     self._poll_due(sock)
-            if sock in events:
+            if port_key in events:
                 self._receive(sock)
                 self._after_burst()
             now = time.monotonic()
@@ -514,8 +531,13 @@ class RequestServer:
         """A burst of requests; called when the poll found ``sock`` readable, so the first
         ``recv`` is taken without asking ``readable`` (one ZMQ_EVENTS read less per burst: with
         one request in flight, a burst is one request)."""
+        if self._tcp is not None:
+            self._tcp.serve(lambda identity, frames: self._serve(sock, identity, frames))
+            if self._tcp.dropped:
+                self._refuse_oversized(sock, self._tcp)
+            return
         if self._plain is not None:
-            self._receive_plain(sock, self._plain)
+            self._receive_plain(sock, cast(PlainPort, self._plain))
             return
         if self.security.enabled:
             self._receive_secure(sock)
@@ -551,7 +573,7 @@ class RequestServer:
             if port.dropped:
                 self._refuse_oversized(sock, port)
 
-    def _refuse_oversized(self, sock: zmq.Socket[bytes], port: PlainPort) -> None:
+    def _refuse_oversized(self, sock: Any, port: PlainPort | TcpPort) -> None:
         """Messages past the bounds, dropped as they arrived: each request whose header came
         whole is answered the error its size gets (nothing else of it was kept)."""
         dropped_now, port.dropped = port.dropped, []

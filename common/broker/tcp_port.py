@@ -1,0 +1,296 @@
+"""The client port without CURVE (``aclEnable`` off) on the I/O thread's own TCP sockets: the
+connections are accepted, read and written here, with ``common/format/zmtp.py`` speaking ZMTP
+3.1 (NULL) to each, so no libzmq thread stands between a request and the broker's loop.
+
+Why: a ZMQ_STREAM socket hands each chunk from libzmq's I/O thread to the broker's through a
+pipe and a mailbox, and each answer back the same way: two thread wake-ups a request on top of
+the client's. A ZMTP echo in Python answered 2.3-4.6x as many requests a second on its own
+sockets as through a STREAM socket, in one interleaved run (docs/benchmarks.md, issue 43).
+
+It keeps what ``PlainPort`` (``plain_port.py``, the HA port's) does over a STREAM socket:
+- a whole message is bounded before any of it is kept (``zmtp.Connection``), a message past the
+  bounds read to its end and dropped, for the caller to refuse (``dropped``), and a peer that
+  breaks ZMTP closed;
+- each connection has a routing identity (5 bytes, never reused), its address in ``peers`` (the
+  server's BORNHOST look-up), its greeting and READY sent as it connects;
+- the heartbeat sweep: a peer silent since the last sweep is pinged, one silent for
+  ``SILENT_SWEEPS`` sweeps closed; TCP keepalive finds connections whose host is gone;
+- an answer to a peer that is gone is dropped, as one to a peer that does not read past
+  ``MAX_BUFFERED`` bytes (a ROUTER's SNDHWM: the answer dropped, the connection kept).
+
+The I/O thread registers the port (its epoll's descriptor) in its poller and calls ``serve``
+when it is readable: each ready connection is read once (at most ``RECV_BYTES``) per call, so
+one busy client cannot hold the loop, and accepted, flushed or closed there. ``send`` may also
+run on a thread serving a local call under the loop's turn lock (``RequestServer._serve_local``):
+the loop is then in its poll, and an answer that cannot leave at once is left to the loop's next
+turn (the epoll's POLLOUT wakes it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import select
+import socket
+import time
+from collections.abc import Callable
+
+from common.broker.plain_port import SILENT_SWEEPS, SWEEP_S
+from common.core.logs import log_event
+from common.format import zmtp
+
+RECV_BYTES = 64 * 1024
+ACCEPT_BURST = 64  # connections accepted a turn
+MAX_BUFFERED = 256 * 1024 * 1024  # bytes waiting for a peer that reads slowly; more is dropped
+LISTEN_BACKLOG = 512
+_IN, _INOUT = select.EPOLLIN, select.EPOLLIN | select.EPOLLOUT
+
+log = logging.getLogger("replog.server")
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int, socket.AddressFamily]:
+    """``tcp://host:port`` (``*`` for every address, ``[v6]`` for IPv6) as a bind address."""
+    if not endpoint.startswith("tcp://"):
+        raise ValueError(f"{endpoint}: not a tcp:// endpoint")
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    family = socket.AF_INET
+    if host.startswith("["):
+        host, family = host.strip("[]"), socket.AF_INET6
+    if host in ("*", ""):
+        host = "::" if family == socket.AF_INET6 else "0.0.0.0"
+    return host, int(port), family
+
+
+class TcpPeer:
+    """One connection: its socket, identity, ZMTP state, address, silence and what waits to
+    be written."""
+
+    __slots__ = ("address", "identity", "out", "silent", "sock", "wire")
+
+    def __init__(self, sock: socket.socket, identity: bytes, wire: zmtp.Connection,
+                 address: tuple[str, int]):
+        self.sock = sock
+        self.identity = identity
+        self.wire = wire
+        self.address = address
+        self.silent = 0
+        self.out = bytearray()
+
+
+class TcpPort:
+    """A listening socket, its connections and an epoll over them, owned by the I/O thread."""
+
+    def __init__(self, endpoint: str, max_frames: int, max_bytes: int,
+                 peers: dict[bytes, tuple[str, int]]):
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self.peers = peers
+        self.conns: dict[bytes, TcpPeer] = {}
+        self._by_fd: dict[int, TcpPeer] = {}
+        self._ids = itertools.count(1)
+        self.next_sweep = 0.0
+        self.protocol_errors = 0
+        self.oversized = 0
+        self.answers_dropped = 0  # to peers with MAX_BUFFERED waiting already
+        self.dropped: list[tuple[bytes, zmtp.Oversized]] = []
+        host, port, family = parse_endpoint(endpoint)
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(LISTEN_BACKLOG)
+            listener.setblocking(False)
+        except BaseException:
+            listener.close()
+            raise
+        self._listener = listener
+        self._epoll = select.epoll()
+        self._epoll.register(listener.fileno(), _IN)
+
+    def fileno(self) -> int:
+        """The epoll's descriptor: readable when a connection or the listener is ready."""
+        return self._epoll.fileno()
+
+    @property
+    def port(self) -> int:
+        return int(self._listener.getsockname()[1])
+
+    # ---- the loop's turn --------------------------------------------------------------------
+    def serve(self, handle: Callable[[bytes, list[bytes]], None]) -> None:
+        """What is ready now: connections accepted, bytes read (``handle(identity, frames)``
+        for each whole message), waiting answers written, the closed forgotten."""
+        listener_fd = self._listener.fileno()
+        for fd, events in self._epoll.poll(0):
+            if fd == listener_fd:
+                self._accept()
+                continue
+            peer = self._by_fd.get(fd)
+            if peer is None:
+                continue
+            if events & select.EPOLLOUT and peer.out:
+                self._flush(peer)
+                if peer.identity not in self.conns:
+                    continue
+            if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                self._read(peer, handle)
+
+    def _accept(self) -> None:
+        for _ in range(ACCEPT_BURST):
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors, ...: the next turn tries again
+                log_event(log, "accept_failed", logging.WARNING, error=str(e))
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 60)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 6)
+            identity = b"\x00" + (next(self._ids) & 0xFFFFFFFF).to_bytes(4, "big")
+            peer = TcpPeer(sock, identity, zmtp.Connection(self.max_frames, self.max_bytes),
+                           (address[0], address[1]))
+            self.conns[identity] = peer
+            self._by_fd[sock.fileno()] = peer
+            self.peers[identity] = peer.address
+            self._epoll.register(sock.fileno(), _IN)
+            self.write(None, identity, zmtp.SERVER_HELLO)
+
+    def _read(self, peer: TcpPeer, handle: Callable[[bytes, list[bytes]], None]) -> None:
+        try:
+            chunk = peer.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # reset
+            self._drop(peer)
+            return
+        if not chunk:  # the peer closed
+            self._drop(peer)
+            return
+        peer.silent = 0
+        wire = peer.wire
+        try:
+            messages = wire.feed(chunk)
+        except zmtp.ZmtpError as e:
+            self.protocol_errors += 1
+            self.close(None, peer.identity, str(e))
+            return
+        if wire.replies:
+            for raw in wire.replies:
+                self.write(None, peer.identity, raw)
+            wire.replies.clear()
+        if wire.oversized:
+            self.oversized += len(wire.oversized)
+            self.dropped.extend((peer.identity, d) for d in wire.oversized)
+            wire.oversized.clear()
+        identity = peer.identity
+        for frames in messages:
+            handle(identity, frames)
+
+    # ---- writing ------------------------------------------------------------------------------
+    def send(self, _sock: object, identity: bytes, frames: list[bytes]) -> bool:
+        """One message to a peer, framed here (``PlainPort.send``'s signature); False when it
+        was dropped (the peer is gone, or reads too slowly)."""
+        return self.write(None, identity, zmtp.encode(frames))
+
+    def write(self, _sock: object, identity: bytes, data: bytes) -> bool:
+        """Bytes to a peer, in order; False when they were dropped (the peer is gone, or has
+        ``MAX_BUFFERED`` waiting already)."""
+        peer = self.conns.get(identity)
+        if peer is None:
+            return False  # gone since it asked: nobody to tell (a ROUTER's EHOSTUNREACH)
+        if peer.out:  # behind already: in order, after what waits
+            if len(peer.out) + len(data) > MAX_BUFFERED:
+                self.answers_dropped += 1
+                log_event(log, "answer_dropped", logging.WARNING, reason="peer not reading",
+                          peer=f"{peer.address[0]}:{peer.address[1]}")
+                return False
+            peer.out += data
+            return True
+        try:
+            sent = peer.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:  # reset: its reading side finds it closed
+            return False
+        if sent < len(data):
+            peer.out += memoryview(data)[sent:]
+            self._epoll.modify(peer.sock.fileno(), _INOUT)
+        return True
+
+    def _flush(self, peer: TcpPeer) -> None:
+        try:
+            sent = peer.sock.send(peer.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(peer)
+            return
+        del peer.out[:sent]
+        if not peer.out:
+            self._epoll.modify(peer.sock.fileno(), _IN)
+
+    # ---- ending connections -------------------------------------------------------------------
+    def _drop(self, peer: TcpPeer) -> None:
+        """Forget a connection that ended, and close its socket."""
+        if self.conns.get(peer.identity) is not peer:
+            return
+        del self.conns[peer.identity]
+        self.peers.pop(peer.identity, None)
+        fd = peer.sock.fileno()
+        self._by_fd.pop(fd, None)
+        try:
+            self._epoll.unregister(fd)
+        except (OSError, ValueError):
+            pass
+        peer.sock.close()
+
+    def close(self, _sock: object, identity: bytes, reason: str) -> None:
+        """Disconnect a peer (``PlainPort.close``'s signature)."""
+        peer = self.conns.get(identity)
+        if peer is None:
+            return
+        log_event(log, "peer_closed", logging.INFO, reason=reason,
+                  peer=f"{peer.address[0]}:{peer.address[1]}")
+        self._drop(peer)
+
+    def forget(self, identity: bytes) -> None:
+        peer = self.conns.get(identity)
+        if peer is not None:
+            self._drop(peer)
+
+    def sweep(self, _sock: object, now: float) -> None:
+        """Once a second: ping the peers silent since the last sweep, close the long silent."""
+        self.next_sweep = now + SWEEP_S
+        for identity, peer in list(self.conns.items()):
+            peer.silent += 1
+            if peer.silent > SILENT_SWEEPS:
+                self.close(None, identity, f"silent for {SILENT_SWEEPS} s")
+            elif peer.silent > 1 and peer.wire.state == zmtp.TRAFFIC:
+                self.write(None, identity, zmtp.PING)
+
+    def shutdown(self, linger_ms: int) -> None:
+        """Stop listening; answers still waiting get ``linger_ms`` to leave, then each
+        connection is ended with a FIN (after what was written) and closed."""
+        try:
+            self._epoll.unregister(self._listener.fileno())
+        except (OSError, ValueError):
+            pass
+        self._listener.close()
+        deadline = time.monotonic() + linger_ms / 1000
+        for peer in list(self.conns.values()):
+            while peer.out and time.monotonic() < deadline:
+                try:
+                    del peer.out[:peer.sock.send(peer.out)]
+                except (BlockingIOError, InterruptedError):
+                    select.select([], [peer.sock], [], max(0.0, deadline - time.monotonic()))
+                except OSError:
+                    break
+            try:
+                peer.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            self._drop(peer)
+        self._epoll.close()
