@@ -1,12 +1,13 @@
 """The broker's ZeroMQ front end: one server socket, one I/O thread; the request processors it
 calls are ``common/broker/processors/`` (one per request code), which no front end owns.
 
-The socket: without ``aclEnable`` a STREAM socket whose ZMTP replog reads itself
-(``common/broker/plain_port.py``, ``common/format/zmtp.py``), so that a whole message (frames
-and bytes) is bounded before any of it is kept, which libzmq's ROUTER cannot do; a message past
-the bound is dropped as it arrives and its request answered BAD_REQUEST. With ``aclEnable`` a
-CURVE ROUTER (below). Either way a connection has a routing identity and the rest of this
-module is the same.
+The socket: without ``aclEnable`` the I/O thread's own TCP sockets, whose ZMTP replog speaks
+itself (``common/broker/tcp_port.py``, ``common/format/zmtp.py``): no libzmq thread between a
+request and this loop, and a whole message (frames and bytes) bounded before any of it is
+kept, which libzmq's ROUTER cannot do; a message past the bound is dropped as it arrives and
+its request answered BAD_REQUEST. (``REPLOG_TCP_PORT=0``: a STREAM socket read the same way,
+``plain_port.py``, as the HA port is.) With ``aclEnable`` a CURVE ROUTER (below). Either way a
+connection has a routing identity and the rest of this module is the same.
 
 Per request, in order: decode (``common.format.protocol``), the caller's account and the code's
 permission (security on), the code's row in ``SPECS`` (a system topic refused, the in-flight
