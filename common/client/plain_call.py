@@ -10,7 +10,9 @@ answer itself: one ``send`` and one ``recv``. A sync send one at a time went fro
 What a call sees is what the DEALER path gives (``Transport.call_sync``):
 - a broker that is not listening yet is retried every ``RECONNECT_S`` until the call's
   deadline (a DEALER queues the request until it connects): ClientTimeoutError, and nothing
-  was sent;
+  was sent; one whose connection was lost (killed, restarting) is given ``down_wait_s`` to take
+  a connection again, then the call ends with ConnectionLostError (a DEALER's DOWN_WAIT_S), so
+  a client moves on from a killed master in a second;
 - a connection that drops while a call waits ends it at once (ConnectionLostError: retriable,
   outcome unknown); one the broker closed between two calls (its port closes a connection
   silent for about 5 s: this side answers the port's PINGs only when it next calls) is found
@@ -52,11 +54,19 @@ class PlainConnection:
     """One thread's connection to one broker; not shared between threads (``close`` aside,
     which any thread may call: a recv blocked in it ends)."""
 
-    __slots__ = ("_hello", "_slice_ms", "_wire", "address", "closed", "limits", "sock")
+    __slots__ = ("_hello", "_slice_ms", "_wire", "address", "closed", "down", "down_wait_s",
+                 "limits", "sock")
 
-    def __init__(self, address: str, limits: Limits):
+    def __init__(self, address: str, limits: Limits, down: dict[str, float],
+                 down_wait_s: float):
         self.address = address
         self.limits = limits
+        # address -> when a connection to it was lost (the transport's, every thread's): a
+        # broker known down is given ``down_wait_s`` to take a connection again, then the call
+        # ends (ConnectionLostError), as a DEALER whose connection dropped does; one never
+        # reached is waited for until the call's deadline (a DEALER queues the request)
+        self.down = down
+        self.down_wait_s = down_wait_s
         self.sock: socket.socket | None = None
         self._wire: zmtp.Connection | None = None
         self._hello = b""  # our greeting and READY, sent with the first request
@@ -67,16 +77,21 @@ class PlainConnection:
     def _connect(self, deadline: float, stopping: Callable[[], bool], timeout_ms: int) -> None:
         host, _, port = self.address.rpartition(":")
         host = host.strip("[]")
+        lost = self.address in self.down
+        give_up = min(deadline, time.monotonic() + self.down_wait_s) if lost else deadline
         while True:
-            left = deadline - time.monotonic()
+            left = give_up - time.monotonic()
             if left <= 0 or stopping():
+                if lost and not stopping() and time.monotonic() < deadline:
+                    raise ConnectionLostError(self.address)
                 raise ClientTimeoutError(self.address, timeout_ms)
             try:  # in slices: a dropped SYN waits out one, then the deadline is looked at
                 sock = socket.create_connection((host, int(port)),
                                                 timeout=min(left, WAIT_SLICE_MS * 10 / 1000))
                 break
             except OSError:  # refused, unreachable, not resolved: tried again, as libzmq does
-                time.sleep(min(RECONNECT_S, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(RECONNECT_S, max(0.0, give_up - time.monotonic())))
+        self.down.pop(self.address, None)
         sock.settimeout(None)  # blocking; the waits are bounded by SO_RCVTIMEO/SO_SNDTIMEO
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(WAIT_SLICE_MS))
@@ -122,6 +137,12 @@ class PlainConnection:
                     return False
             wire.oversized.clear()
 
+    def _lost(self) -> None:
+        """The broker ended an established connection (closed, reset): known down until a
+        connection is made again."""
+        self.down.setdefault(self.address, time.monotonic())
+        self.close()
+
     def close(self) -> None:
         sock, self.sock, self._wire = self.sock, None, None
         if sock is not None:
@@ -137,7 +158,7 @@ class PlainConnection:
         """The request out, connecting first if there is no live connection."""
         if self.sock is not None and self._wire is not None and \
                 not self._alive(self.sock, self._wire):
-            self.close()
+            self._lost()
         if self.sock is None:
             self._connect(deadline, stopping, timeout_ms)
         sock = self.sock
@@ -154,7 +175,7 @@ class PlainConnection:
                     raise ClientTimeoutError(self.address, timeout_ms) from None
                 continue
             except _GONE:
-                self.close()
+                self._lost()
                 raise ConnectionLostError(self.address) from None
             data = data[sent:]
 
@@ -203,10 +224,10 @@ class PlainConnection:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(self._slice_ms))
             return []
         except OSError:  # reset, or closed under us by Transport.close
-            self.close()
+            self._lost()
             raise ConnectionLostError(self.address) from None
         if not data:  # the broker closed the connection: nothing sent on it is answered
-            self.close()
+            self._lost()
             raise ConnectionLostError(self.address)
         try:
             messages = wire.feed(data)

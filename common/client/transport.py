@@ -240,6 +240,7 @@ class Transport:
         self._curve = curve
         # blocking calls on plain sockets (plain_call.py): only without CURVE
         self._plain = curve is None and (PLAIN_CALLS if plain_calls is None else plain_calls)
+        self._plain_down: dict[str, float] = {}  # address -> when a plain connection was lost
         # brokers of this process: address -> their calls (in_process.py), for call_sync
         self._in_process = dict(in_process or {})
         self._monitor_events = _CURVE_EVENTS if curve is not None else zmq.EVENT_DISCONNECTED
@@ -490,7 +491,8 @@ class Transport:
                 if len(self._direct) >= self._max_direct:
                     return None
                 if self._plain:  # connected by its first call
-                    conn = PlainConnection(address, CLIENT_LIMITS)
+                    conn = PlainConnection(address, CLIENT_LIMITS, self._plain_down,
+                                           DOWN_WAIT_S)
                     self._direct[conn] = weakref.ref(threading.current_thread())
                     sockets[address] = conn
                     return conn

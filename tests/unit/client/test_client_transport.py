@@ -631,3 +631,32 @@ def test_a_plain_connection_the_broker_closed_while_idle_is_made_anew(
         assert t._local.sockets[addr(broker)].sock is not first  # a new connection
     finally:
         t.close()
+
+
+def test_a_plain_call_to_a_broker_whose_connection_was_lost_ends_within_a_second_or_so() -> None:
+    """A killed master: its connection ends, and nothing listens on its port. A call to it
+    ends with ConnectionLostError after about DOWN_WAIT_S (1 s), not at its deadline, so the
+    client moves on (reads from a slave, discovers the new master), as a DEALER whose
+    connection dropped does; each call while it stays down does the same; once it listens
+    again, calls are served. (A broker never reached is waited for until the deadline: the
+    timed-out-call test above.)"""
+    first = ScriptedBroker()
+    port = int(first.address.rsplit(":", 1)[1])
+    t = Transport(spin_us=0, plain_calls=True)
+    try:
+        assert t.call_sync(first.address, RequestCode.STATUS, timeout_ms=5000).code == \
+            ResponseCode.SUCCESS
+        first.close()  # the connection ends; the port is free
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(ConnectionLostError):
+                t.call_sync(first.address, RequestCode.STATUS, timeout_ms=10_000)
+            assert time.monotonic() - started < late_s(1.0) + 1.0
+        again = ScriptedBroker(port)
+        try:
+            assert t.call_sync(again.address, RequestCode.STATUS, timeout_ms=5000).code == \
+                ResponseCode.SUCCESS
+        finally:
+            again.close()
+    finally:
+        t.close()
