@@ -54,8 +54,8 @@ class PlainConnection:
     """One thread's connection to one broker; not shared between threads (``close`` aside,
     which any thread may call: a recv blocked in it ends)."""
 
-    __slots__ = ("_hello", "_slice_ms", "_wire", "address", "closed", "down", "down_wait_s",
-                 "limits", "sock")
+    __slots__ = ("_hello", "_slice_ms", "_wire", "address", "down", "down_wait_s", "limits",
+                 "sock")
 
     def __init__(self, address: str, limits: Limits, down: dict[str, float],
                  down_wait_s: float):
@@ -69,9 +69,8 @@ class PlainConnection:
         self.down_wait_s = down_wait_s
         self.sock: socket.socket | None = None
         self._wire: zmtp.Connection | None = None
-        self._hello = b""  # our greeting and READY, sent with the first request
+        self._hello = b""  # our READY, sent with the connection's first request
         self._slice_ms = WAIT_SLICE_MS
-        self.closed = False
 
     # ---- the connection -----------------------------------------------------------------
     def _connect(self, deadline: float, stopping: Callable[[], bool], timeout_ms: int) -> None:
