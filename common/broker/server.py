@@ -5,7 +5,7 @@ The socket: without ``aclEnable`` the I/O thread's own TCP sockets, whose ZMTP r
 itself (``common/broker/tcp_port.py``, ``common/format/zmtp.py``): no libzmq thread between a
 request and this loop, and a whole message (frames and bytes) bounded before any of it is
 kept, which libzmq's ROUTER cannot do; a message past the bound is dropped as it arrives and
-its request answered BAD_REQUEST. (``REPLOG_TCP_PORT=0``: a STREAM socket read the same way,
+its request answered BAD_REQUEST. (``LIBZMQ_PORT_REPLOG=1``: a STREAM socket read the same way,
 ``plain_port.py``, as the HA port is.) With ``aclEnable`` a CURVE ROUTER (below). Either way a
 connection has a routing identity and the rest of this module is the same.
 
@@ -133,8 +133,9 @@ from common.format.zmq_frames import NOBLOCK, peer_address, readable, recv_rest,
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
 # without CURVE the client port is the I/O thread's own TCP sockets (tcp_port.py);
-# REPLOG_TCP_PORT=0 keeps a ZMQ_STREAM socket read the same way (plain_port.py)
-TCP_PORT = os.environ.get("REPLOG_TCP_PORT", "1") != "0"
+# LIBZMQ_PORT_REPLOG=1 keeps a ZMQ_STREAM socket read the same way (plain_port.py); named as
+# PURE_PYTHON_REPLOG is, not REPLOG_*, which tools strip from a broker's environment
+TCP_PORT = os.environ.get("LIBZMQ_PORT_REPLOG", "") != "1"
 CLOSE_LINGER_MS = 2000  # answers sent while draining get this long to leave on a loaded box
 DRAIN_GRACE_S = 0.3  # drained: connections stay open this long after the last answer
 LEASE_RECHECK_MS = 10  # answers held for the controller lease are looked at again this often
@@ -248,7 +249,7 @@ class RequestServer:
         self._lease_held: list[_LeaseHeld] = []
         self._peers: dict[bytes, tuple[str, int]] = {}  # ROUTER identity -> (ip, port)
         # without CURVE the port is read by replog's ZMTP: the I/O thread's own TCP sockets
-        # (tcp_port.py), or a STREAM socket (plain_port.py) with REPLOG_TCP_PORT=0
+        # (tcp_port.py), or a STREAM socket (plain_port.py) with LIBZMQ_PORT_REPLOG=1
         self._plain: PlainPort | TcpPort | None = None
         self._tcp: TcpPort | None = None
         self.failure = ""  # why the I/O thread died ("" while it runs or after a clean end)

@@ -82,8 +82,8 @@ REAP_INTERVAL_S = 1.0  # the I/O thread closes the sockets of threads that ended
 IO_CALL_GRACE_S = 5.0  # a blocking call carried by the I/O thread: its own deadline, then this
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
 # blocking calls of a client without CURVE keys over plain sockets speaking ZMTP
-# (plain_call.py), not DEALERs; REPLOG_PLAIN_CALLS=0 (or plain_calls=False) keeps DEALERs
-PLAIN_CALLS = os.environ.get("REPLOG_PLAIN_CALLS", "1") != "0"
+# (plain_call.py), not DEALERs; LIBZMQ_CALLS_REPLOG=1 (or plain_calls=False) keeps DEALERs
+PLAIN_CALLS = os.environ.get("LIBZMQ_CALLS_REPLOG", "") != "1"
 # With CURVE, a socket's monitor also reports failed handshakes (a refused key, a wrong server key)
 _HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
