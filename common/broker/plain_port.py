@@ -1,5 +1,6 @@
-"""A port without CURVE (``aclEnable`` off): a ZMQ_STREAM socket whose ZMTP replog reads itself
-(``common/format/zmtp.py``), so that a whole message is bounded before any of it is kept.
+"""The HA port without CURVE (``aclEnable`` off): a ZMQ_STREAM socket whose ZMTP replog reads
+itself (``common/format/zmtp.py``), so that a whole message is bounded before any of it is
+kept. (The client port does the same on the I/O thread's own sockets: ``tcp_port.py``.)
 
 libzmq keeps every frame of a multipart message until its last has arrived, and bounds only
 each frame: through a ROUTER one unauthenticated peer could make the broker hold gigabytes. A

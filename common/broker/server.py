@@ -5,8 +5,7 @@ The socket: without ``aclEnable`` the I/O thread's own TCP sockets, whose ZMTP r
 itself (``common/broker/tcp_port.py``, ``common/format/zmtp.py``): no libzmq thread between a
 request and this loop, and a whole message (frames and bytes) bounded before any of it is
 kept, which libzmq's ROUTER cannot do; a message past the bound is dropped as it arrives and
-its request answered BAD_REQUEST. (``LIBZMQ_PORT_REPLOG=1``: a STREAM socket read the same way,
-``plain_port.py``, as the HA port is.) With ``aclEnable`` a CURVE ROUTER (below). Either way a
+its request answered BAD_REQUEST. With ``aclEnable`` a CURVE ROUTER (below). Either way a
 connection has a routing identity and the rest of this module is the same.
 
 Per request, in order: decode (``common.format.protocol``), the caller's account and the code's
@@ -89,11 +88,10 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
@@ -103,7 +101,6 @@ from common.broker.local_calls import LocalCall, LocalCalls
 from common.broker.long_polling import LongPoll, LongPolls
 from common.broker.loop import LoopParticipant, Participants
 from common.broker.mailbox import Mailbox
-from common.broker.plain_port import PlainPort
 from common.broker.processors import PROCESSORS
 from common.broker.processors.context import Caller, Context, Services
 from common.broker.replies import Answers, Deferred, LoopWaits, reply
@@ -132,10 +129,6 @@ from common.format.zmq_frames import NOBLOCK, peer_address, readable, recv_rest,
 
 RECV_BURST = 256  # requests read before looking at the mailbox again
 MAX_POLL_MS = 100
-# without CURVE the client port is the I/O thread's own TCP sockets (tcp_port.py);
-# LIBZMQ_PORT_REPLOG=1 keeps a ZMQ_STREAM socket read the same way (plain_port.py); named as
-# PURE_PYTHON_REPLOG is, not REPLOG_*, which tools strip from a broker's environment
-TCP_PORT = os.environ.get("LIBZMQ_PORT_REPLOG", "") != "1"
 CLOSE_LINGER_MS = 2000  # answers sent while draining get this long to leave on a loaded box
 DRAIN_GRACE_S = 0.3  # drained: connections stay open this long after the last answer
 LEASE_RECHECK_MS = 10  # answers held for the controller lease are looked at again this often
@@ -248,9 +241,7 @@ class RequestServer:
         self.reply_hold_s = 0.0
         self._lease_held: list[_LeaseHeld] = []
         self._peers: dict[bytes, tuple[str, int]] = {}  # ROUTER identity -> (ip, port)
-        # without CURVE the port is read by replog's ZMTP: the I/O thread's own TCP sockets
-        # (tcp_port.py), or a STREAM socket (plain_port.py) with LIBZMQ_PORT_REPLOG=1
-        self._plain: PlainPort | TcpPort | None = None
+        # without CURVE the port is the I/O thread's own TCP sockets, read by replog's ZMTP
         self._tcp: TcpPort | None = None
         self.failure = ""  # why the I/O thread died ("" while it runs or after a clean end)
         self.on_fatal: Callable[[str], None] | None = None  # told when the I/O thread dies
@@ -326,15 +317,9 @@ class RequestServer:
                 sock.setsockopt(zmq.RCVHWM, 100_000)
                 sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
                 sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
-            elif TCP_PORT:  # every message bounded before it is kept, no libzmq thread
-                sock = self._plain = self._tcp = TcpPort(
-                    self.bind, self.limits.max_batch_count + 1, self.limits.max_frame_bytes,
-                    self._peers)
-            else:  # every message bounded before it is kept (plain_port.py)
-                sock = self._ctx.socket(zmq.STREAM)
-                self._plain = PlainPort(self.limits.max_batch_count + 1,
-                                        self.limits.max_frame_bytes, self._peers)
-                self._plain.configure(sock, sndhwm=100_000)
+            else:  # every message bounded before it is kept, no libzmq thread (tcp_port.py)
+                sock = self._tcp = TcpPort(self.bind, self.limits.max_batch_count + 1,
+                                           self.limits.max_frame_bytes, self._peers)
             if self._tcp is None:
                 sock.setsockopt(zmq.LINGER, 1000)
                 security.bind(sock, self.bind)
@@ -392,7 +377,7 @@ class RequestServer:
         participants.begin(poller)
         mailbox_fd = self._mailbox.fileno()
         poll_deadlines, ask_deadlines = self._polls.deadlines, self.client_requests.deadlines
-        plain = self._plain
+        plain = self._tcp
         turn = self._turn
         turn.acquire()
         self._serving = sock
@@ -406,7 +391,7 @@ class RequestServer:
     def _turns(self, sock: Any, port_key: Any, poller: zmq.Poller, turn: threading.Lock,
                participants: Participants, mailbox_fd: int, handshakes: Any,
                poll_deadlines: list[Any], ask_deadlines: list[Any],
-               plain: PlainPort | TcpPort | None) -> None:
+               plain: TcpPort | None) -> None:
         """The loop's turns, each under ``turn``; it is let go only for the poll."""
         while True:
             timeout = self._poll_timeout_ms()
@@ -529,53 +514,16 @@ class RequestServer:
                 self._waits_due = min(self._waits_due, now + wait_ms / 1000)
         return timeout
 
-    def _receive(self, sock: zmq.Socket[bytes]) -> None:
-        """A burst of requests; called when the poll found ``sock`` readable, so the first
-        ``recv`` is taken without asking ``readable`` (one ZMQ_EVENTS read less per burst: with
-        one request in flight, a burst is one request)."""
+    def _receive(self, sock: Any) -> None:
+        """A burst of requests: what the TcpPort has ready, or the CURVE ROUTER's."""
         if self._tcp is not None:
             self._tcp.serve(lambda identity, frames: self._serve(sock, identity, frames))
             if self._tcp.dropped:
                 self._refuse_oversized(sock, self._tcp)
             return
-        if self._plain is not None:
-            self._receive_plain(sock, cast(PlainPort, self._plain))
-            return
-        if self.security.enabled:
-            self._receive_secure(sock)
-            return
-        for i in range(RECV_BURST):
-            if i and not readable(sock):
-                return
-            try:
-                # the identity frame uncopied: it carries the connection's metadata
-                first = sock.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            frames = recv_rest(sock, first)
-            if not frames:
-                continue  # no routing identity or no header: cannot be answered
-            self._serve(sock, first.bytes, frames, first)
+        self._receive_secure(sock)
 
-    def _receive_plain(self, sock: zmq.Socket[bytes], port: PlainPort) -> None:
-        """A burst of chunks of the connections' bytes (a STREAM socket: [identity, bytes]),
-        each fed to its connection's ZMTP, whose whole messages are served."""
-        recv = sock.recv
-        receive = port.receive
-        for i in range(RECV_BURST):
-            if i and not readable(sock):
-                return
-            try:
-                identity = recv(NOBLOCK)
-            except zmq.Again:
-                return
-            data = recv(NOBLOCK, copy=False)  # a STREAM message is always [identity, data]
-            for frames in receive(sock, identity, data):
-                self._serve(sock, identity, frames)
-            if port.dropped:
-                self._refuse_oversized(sock, port)
-
-    def _refuse_oversized(self, sock: Any, port: PlainPort | TcpPort) -> None:
+    def _refuse_oversized(self, sock: Any, port: TcpPort) -> None:
         """Messages past the bounds, dropped as they arrived: each request whose header came
         whole is answered the error its size gets (nothing else of it was kept)."""
         dropped_now, port.dropped = port.dropped, []
@@ -602,8 +550,8 @@ class RequestServer:
         return host
 
     def _receive_secure(self, sock: zmq.Socket[bytes]) -> None:
-        """As ``_receive``, the routing-id frame kept as a zmq.Frame: its metadata carry the
-        connection's ZAP User-Id and peer address."""
+        """A burst from the CURVE ROUTER, the routing-id frame kept as a zmq.Frame: its
+        metadata carry the connection's ZAP User-Id and peer address."""
         for i in range(RECV_BURST):
             if i and not readable(sock):
                 return
@@ -856,8 +804,8 @@ class RequestServer:
             self.local.deliver(frames)
             return
         try:
-            if self._plain is not None:  # the message framed here, sent as one chunk
-                self._plain.send(sock, identity, frames)
+            if self._tcp is not None:  # the message framed here, written by the port
+                self._tcp.send(sock, identity, frames)
                 return
             send_frames(sock, frames, identity)
         except zmq.Again:

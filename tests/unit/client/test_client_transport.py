@@ -614,16 +614,16 @@ def test_a_plain_connection_the_broker_closed_while_idle_is_made_anew(
     answers nothing stale, connects anew and is served: no error reaches the caller."""
     from helpers.brokers import addr
 
-    from common.broker import plain_port
+    from common.broker import tcp_port
 
-    monkeypatch.setattr(plain_port, "SWEEP_S", 0.05)  # closed after ~6 sweeps, not ~6 s
+    monkeypatch.setattr(tcp_port, "SWEEP_S", 0.05)  # closed after ~6 sweeps, not ~6 s
     broker = make_broker(real_store=True)
     t = Transport(spin_us=0, plain_calls=True)
     try:
         assert t.call_sync(addr(broker), RequestCode.STATUS, timeout_ms=5000).code == \
             ResponseCode.SUCCESS
         first = t._local.sockets[addr(broker)].sock
-        port = broker.server._plain
+        port = broker.server._tcp
         assert port is not None
         wait_until(lambda: not port.conns, "the idle connection closed by the broker")
         resp = t.call_sync(addr(broker), RequestCode.STATUS, timeout_ms=5000)
