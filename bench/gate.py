@@ -223,10 +223,10 @@ def main() -> int:
             theirs.append(measure_there(args.against.resolve(), args.rounds))
             ours.append(measure_here(args.rounds))
         rows = pooled([r for r, _ in ours])
-        calls = {k: statistics.median(c[k] for _, c in ours) for k in ours[0][1]}
+        calls = {k: round(statistics.median(c[k] for _, c in ours), 1) for k in ours[0][1]}
         reference = {k: round(statistics.median(v), 3)
                      for k, v in pooled([r for r, _ in theirs]).items()}
-        ref_calls = {k: statistics.median(c[k] for _, c in theirs if k in c)
+        ref_calls = {k: round(statistics.median(c[k] for _, c in theirs if k in c), 1)
                      for k in theirs[0][1]}
         whose = (f"the reference: {args.against} ({commit(args.against.resolve())}), "
                  f"{args.pairs} runs in turn with this checkout's, rounds pooled")
