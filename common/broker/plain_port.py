@@ -27,7 +27,7 @@ then. TCP keepalive finds connections whose host is gone.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -41,6 +41,40 @@ RCVHWM_CHUNKS = 256  # per connection: at most 2 MiB read ahead of the I/O threa
 _SEND = zmq.backend.Socket.send
 
 log = logging.getLogger("replog.server")
+
+
+class ZmtpPort(Protocol):
+    """What ``feed_chunk`` needs of a port: ``PlainPort`` here, ``TcpPort`` (tcp_port.py)."""
+
+    protocol_errors: int
+    oversized: int
+    dropped: list[tuple[bytes, zmtp.Oversized]]
+
+    def close(self, sock: Any, identity: bytes, reason: str) -> None: ...
+
+    def write(self, sock: Any, identity: bytes, data: bytes) -> Any: ...
+
+
+def feed_chunk(port: ZmtpPort, sock: Any, identity: bytes, wire: zmtp.Connection,
+               chunk: bytes) -> list[list[bytes]]:
+    """A connection's chunk through its ZMTP: the whole messages it completes; a protocol
+    error closes the peer, a PING is answered PONG, a message dropped past the bounds waits in
+    ``port.dropped`` for the port's owner to answer."""
+    try:
+        messages = wire.feed(chunk)
+    except zmtp.ZmtpError as e:
+        port.protocol_errors += 1
+        port.close(sock, identity, str(e))
+        return []
+    if wire.replies:
+        for raw in wire.replies:
+            port.write(sock, identity, raw)
+        wire.replies.clear()
+    if wire.oversized:
+        port.oversized += len(wire.oversized)
+        port.dropped.extend((identity, d) for d in wire.oversized)
+        wire.oversized.clear()
+    return messages
 
 
 class PlainPeer:
@@ -104,22 +138,7 @@ class PlainPort:
                 self.event(sock, identity, data)
             return []
         peer.silent = 0
-        wire = peer.wire
-        try:
-            messages = wire.feed(chunk)
-        except zmtp.ZmtpError as e:
-            self.protocol_errors += 1
-            self.close(sock, identity, str(e))
-            return []
-        if wire.replies:
-            for raw in wire.replies:
-                self.write(sock, identity, raw)
-            wire.replies.clear()
-        if wire.oversized:
-            self.oversized += len(wire.oversized)
-            self.dropped.extend((identity, d) for d in wire.oversized)
-            wire.oversized.clear()
-        return messages
+        return feed_chunk(self, sock, identity, peer.wire, chunk)
 
     @staticmethod
     def send(sock: zmq.Socket[Any], identity: bytes, frames: list[Any]) -> None:

@@ -35,7 +35,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from common.broker.plain_port import SILENT_SWEEPS, SWEEP_S
+from common.broker.plain_port import SILENT_SWEEPS, SWEEP_S, feed_chunk
 from common.core.logs import log_event
 from common.format import zmtp
 
@@ -170,23 +170,8 @@ class TcpPort:
             self._drop(peer)
             return
         peer.silent = 0
-        wire = peer.wire
-        try:
-            messages = wire.feed(chunk)
-        except zmtp.ZmtpError as e:
-            self.protocol_errors += 1
-            self.close(None, peer.identity, str(e))
-            return
-        if wire.replies:
-            for raw in wire.replies:
-                self.write(None, peer.identity, raw)
-            wire.replies.clear()
-        if wire.oversized:
-            self.oversized += len(wire.oversized)
-            self.dropped.extend((peer.identity, d) for d in wire.oversized)
-            wire.oversized.clear()
         identity = peer.identity
-        for frames in messages:
+        for frames in feed_chunk(self, None, identity, peer.wire, chunk):
             handle(identity, frames)
 
     # ---- writing ------------------------------------------------------------------------------
