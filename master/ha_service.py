@@ -283,8 +283,7 @@ class HaService:
             self._plain = None
         else:  # a whole message bounded before it is kept (common/broker/plain_port.py)
             sock = self._ctx.socket(zmq.STREAM)
-            self._plain = PlainPort(MAX_SLAVE_FRAMES, self._limits.max_header_bytes + 1024,
-                                    {}, close_silent=False)
+            self._plain = PlainPort(MAX_SLAVE_FRAMES, self._limits.max_header_bytes + 1024, {})
             self._plain.configure(sock, sndhwm=window_frames + SNDHWM_SLACK)
         self._acl_seen = security.version
         sock.setsockopt(zmq.LINGER, 0)

@@ -9,10 +9,11 @@ for its slave). While the I/O thread sleeps in its poll, the caller's own thread
 under the lock the loop holds for each of its turns (``RequestServer._serve_local``): no
 hand-off to the I/O thread and back, which cost more than the request. Otherwise the I/O
 thread takes it from the mailbox. Its answer comes back to ``deliver`` instead of the client
-socket: every call of the process shares one routing identity ``IDENTITY``, 256 bytes long, which no ZeroMQ peer can have (a routing id is 1-255
-bytes), and the answer's opaque finds its caller. No ACL check runs on a local call: the
-front end has checked its caller's permissions itself (as it does before calling the brokers
-as its admin account in Cluster mode).
+socket: every call of the process shares one routing identity ``IDENTITY``, 256 bytes long,
+which no ZeroMQ peer can have (a routing id is 1-255 bytes), and the answer's opaque finds
+its caller. No ACL check runs on a local call: the front end has checked its caller's
+permissions itself (as it does before calling the brokers as its admin account in Cluster
+mode).
 """
 
 from __future__ import annotations

@@ -14,14 +14,12 @@ serves on. A peer that breaks ZMTP is disconnected.
 What the ROUTER did and this does: the connection's routing identity (STREAM's 5-byte id, which
 libzmq never reuses on a socket); its address, read once from the connect notification's
 metadata; answers framed here (one chunk each: ``zmtp.encode``); a peer gone when its answer
-leaves (EHOSTUNREACH) drops the answer, as a ROUTER does; a full connection (EAGAIN) too. The
-ZMTP heartbeat the client port's ROUTER ran (PING every second, a peer silent for 5 s dropped)
-runs in ``sweep``: the clients ping every second, a PING is answered PONG, and every second a
-peer silent since the last sweep is pinged (libzmq answers PONG); one silent for
-``SILENT_SWEEPS`` sweeps is closed. The HA port (``close_silent=False``) keeps a silent slave
-(a paused one goes on where it stopped, as through its ROUTER, which had no heartbeat; the HA
-protocol's own timeouts judge it) and closes only a peer that has not finished its greeting by
-then. TCP keepalive finds connections whose host is gone.
+leaves (EHOSTUNREACH) drops the answer, as a ROUTER does; a full connection (EAGAIN) too.
+``sweep`` runs every second: a PING is answered PONG, a peer silent since the last sweep is
+pinged (libzmq answers PONG), and one that has not finished its greeting within
+``SILENT_SWEEPS`` sweeps is closed. A silent slave is kept (a paused one goes on where it
+stopped, as through its ROUTER, which had no heartbeat; the HA protocol's own timeouts judge
+it). TCP keepalive finds connections whose host is gone.
 """
 
 from __future__ import annotations
@@ -91,13 +89,9 @@ class PlainPeer:
 class PlainPort:
     """The peers of one STREAM socket, owned by the thread that owns the socket."""
 
-    def __init__(self, max_frames: int, max_bytes: int, peers: dict[bytes, tuple[str, int]],
-                 close_silent: bool = True):
+    def __init__(self, max_frames: int, max_bytes: int, peers: dict[bytes, tuple[str, int]]):
         self.max_frames = max_frames
         self.max_bytes = max_bytes
-        # close a peer silent for SILENT_SWEEPS (the client port, as its ROUTER's ZMTP
-        # heartbeat did); else only one that has not finished its greeting by then
-        self.close_silent = close_silent
         self.conns: dict[bytes, PlainPeer] = {}
         self.peers = peers  # identity -> (ip, port): the server's BORNHOST look-up
         self.next_sweep = 0.0
@@ -172,12 +166,12 @@ class PlainPort:
             pass
 
     def sweep(self, sock: zmq.Socket[Any], now: float) -> None:
-        """Once a second: ping the peers silent since the last sweep, close the long silent."""
+        """Once a second: ping the peers silent since the last sweep, close one stuck in its
+        greeting."""
         self.next_sweep = now + SWEEP_S
         for identity, peer in list(self.conns.items()):
             peer.silent += 1
-            if peer.silent > SILENT_SWEEPS and (self.close_silent
-                                                or peer.wire.state != zmtp.TRAFFIC):
-                self.close(sock, identity, f"silent for {SILENT_SWEEPS} s")
+            if peer.silent > SILENT_SWEEPS and peer.wire.state != zmtp.TRAFFIC:
+                self.close(sock, identity, f"greeting unfinished for {SILENT_SWEEPS} s")
             elif peer.silent > 1 and peer.wire.state == zmtp.TRAFFIC:
                 self.write(sock, identity, zmtp.PING)

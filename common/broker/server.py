@@ -243,6 +243,7 @@ class RequestServer:
         self._peers: dict[bytes, tuple[str, int]] = {}  # ROUTER identity -> (ip, port)
         # without CURVE the port is the I/O thread's own TCP sockets, read by replog's ZMTP
         self._tcp: TcpPort | None = None
+        self._handle: Callable[[bytes, list[bytes]], None] = lambda _identity, _frames: None
         self.failure = ""  # why the I/O thread died ("" while it runs or after a clean end)
         self.on_fatal: Callable[[str], None] | None = None  # told when the I/O thread dies
 
@@ -364,7 +365,7 @@ class RequestServer:
         if self.failure and self.on_fatal is not None:
             self.on_fatal(self.failure)
 
-    def _loop(self, sock: zmq.Socket[bytes]) -> None:
+    def _loop(self, sock: Any) -> None:
         participants = self._participants
         poller = zmq.Poller()
         # the TcpPort is polled by its epoll's descriptor, which the poll reports as an int
@@ -377,13 +378,15 @@ class RequestServer:
         participants.begin(poller)
         mailbox_fd = self._mailbox.fileno()
         poll_deadlines, ask_deadlines = self._polls.deadlines, self.client_requests.deadlines
-        plain = self._tcp
+        tcp = self._tcp
+        # the port's handler for a whole message, made once: a burst is one call of it each
+        self._handle = lambda identity, frames: self._serve(sock, identity, frames)
         turn = self._turn
         turn.acquire()
         self._serving = sock
         try:
             self._turns(sock, port_key, poller, turn, participants, mailbox_fd, handshakes,
-                        poll_deadlines, ask_deadlines, plain)
+                        poll_deadlines, ask_deadlines, tcp)
         finally:
             self._serving = None
             turn.release()
@@ -391,7 +394,7 @@ class RequestServer:
     def _turns(self, sock: Any, port_key: Any, poller: zmq.Poller, turn: threading.Lock,
                participants: Participants, mailbox_fd: int, handshakes: Any,
                poll_deadlines: list[Any], ask_deadlines: list[Any],
-               plain: TcpPort | None) -> None:
+               tcp: TcpPort | None) -> None:
         """The loop's turns, each under ``turn``; it is let go only for the poll."""
         while True:
             timeout = self._poll_timeout_ms()
@@ -427,8 +430,8 @@ class RequestServer:
                 self._poll_due(sock)
             if self._lease_held:
                 self._release_lease_held(sock, now)
-            if plain is not None and now >= plain.next_sweep:
-                plain.sweep(sock, now)
+            if tcp is not None and now >= tcp.next_sweep:
+                tcp.sweep(sock, now)
             if now >= self._waits_due:
                 for owner in list(self._waits):
                     self._poll_waits(sock, owner)
@@ -517,7 +520,7 @@ class RequestServer:
     def _receive(self, sock: Any) -> None:
         """A burst of requests: what the TcpPort has ready, or the CURVE ROUTER's."""
         if self._tcp is not None:
-            self._tcp.serve(lambda identity, frames: self._serve(sock, identity, frames))
+            self._tcp.serve(self._handle)
             if self._tcp.dropped:
                 self._refuse_oversized(sock, self._tcp)
             return

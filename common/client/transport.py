@@ -320,7 +320,7 @@ class Transport:
         if sock is None:  # as many blocking-call sockets as allowed: the I/O thread carries it
             return self._call_through_io(address, code, fields, bodies, timeout_ms)
         if isinstance(sock, PlainConnection):
-            return self._call_plain(sock, address, code, fields, bodies, timeout_ms)
+            return self._call_plain(sock, code, fields, bodies, timeout_ms)
         # forget drops before this request: it was not on them; after a failed handshake,
         # try a new connection (libzmq may not retry one a broker's ZAP refused)
         if isinstance(self._connection_dropped(sock, address), HandshakeError):
@@ -396,37 +396,32 @@ class Transport:
                 self._note_rtt(time.perf_counter() - sent)
                 return resp
 
-    def _call_plain(self, conn: PlainConnection, address: str, code: RequestCode,
+    def _call_plain(self, conn: PlainConnection, code: RequestCode,
                     fields: dict[str, Any] | None, bodies: Sequence[bytes],
                     timeout_ms: int) -> Response:
         """``call_sync`` on the calling thread's plain connection (plain_call.py): the same
-        outcomes, spinning as the DEALER path spins."""
+        outcomes, spinning as the DEALER path spins. A call that fails has closed the
+        connection where it must; the next call on it connects anew."""
         opaque = next(self._opaques)
         deadline = time.monotonic() + timeout_ms / 1000.0
         frames = encode_request(code, opaque, fields, bodies)
-        try:
-            conn.send(frames, deadline, self._stop.is_set, timeout_ms)
-            sent = time.perf_counter()
-            resp = None
-            if self._spin_s > 0.0 and self._rtt_s < self._spin_s:
-                if self._spin_skip > 0:
-                    self._spin_skip -= 1
-                else:
-                    resp = self._spin_plain(conn, opaque, sent + min(self._spin_s,
-                                                                     timeout_ms / 1000),
-                                            deadline, timeout_ms)
-                    if resp is not None:
-                        self._spin_backoff = 0
-                    else:  # missed: back off, as the DEALER path does (see call_sync)
-                        self._spin_backoff = min(MAX_SPIN_BACKOFF, self._spin_backoff * 2 + 1)
-                        self._spin_skip = self._spin_backoff
-            if resp is None:
-                resp = conn.answer(opaque, deadline, timeout_ms)
-                assert resp is not None  # blocking: the answer, or raised
-        except BaseException:
-            if conn.sock is None:  # closed by the failure: the next call makes a new one
-                self._drop_direct_socket(address, conn)
-            raise
+        conn.send(frames, deadline, self._stop.is_set, timeout_ms)
+        sent = time.perf_counter()
+        resp = None
+        if self._spin_s > 0.0 and self._rtt_s < self._spin_s:
+            if self._spin_skip > 0:
+                self._spin_skip -= 1
+            else:
+                resp = self._spin_plain(conn, opaque, sent + min(self._spin_s, timeout_ms / 1000),
+                                        deadline, timeout_ms)
+                if resp is not None:
+                    self._spin_backoff = 0
+                else:  # missed: back off, as the DEALER path does (see call_sync)
+                    self._spin_backoff = min(MAX_SPIN_BACKOFF, self._spin_backoff * 2 + 1)
+                    self._spin_skip = self._spin_backoff
+        if resp is None:
+            resp = conn.answer(opaque, deadline, timeout_ms)
+            assert resp is not None  # blocking: the answer, or raised
         self._note_rtt(time.perf_counter() - sent)
         return resp
 
@@ -557,15 +552,13 @@ class Transport:
         downs = getattr(self._local, "down", None)
         return downs is not None and sock in downs
 
-    def _drop_direct_socket(self, address: str, sock: Any) -> None:
-        """Close the calling thread's socket to ``address`` (LINGER 0: a request still queued
+    def _drop_direct_socket(self, address: str, sock: zmq.Socket[bytes]) -> None:
+        """Close the calling thread's DEALER to ``address`` (LINGER 0: a request still queued
         for a connection is dropped with it); the next call makes a new one."""
         sockets: dict[str, Any] = self._local.sockets
         if sockets.get(address) is sock:
             del sockets[address]
-        monitors = getattr(self._local, "monitors", None)
-        if monitors is not None:
-            monitors.pop(sock, None)
+        self._local.monitors.pop(sock, None)
         self._down(sock, False)
         with self._direct_lock:
             if self._direct.pop(sock, None) is not None:

@@ -1,7 +1,6 @@
-"""A plain port's connections (common/broker/plain_port.py) over a real STREAM socket, with
-libzmq DEALERs as the peers: greeting, messages, bounds, PING/PONG, the heartbeat sweep (the
-client port closes a silent peer, the HA port only one stuck in its greeting), answers to a
-gone peer."""
+"""The HA port's connections (common/broker/plain_port.py) over a real STREAM socket, with
+libzmq DEALERs as the peers: greeting, messages, bounds, PING/PONG, the heartbeat sweep (a
+silent peer pinged and kept, one stuck in its greeting closed), answers to a gone peer."""
 
 from __future__ import annotations
 
@@ -20,14 +19,14 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
 class Rig:
-    def __init__(self, ctx: zmq.Context[Any], close_silent: bool = True):
+    def __init__(self, ctx: zmq.Context[Any]):
         self.ctx = ctx
         self.server = ctx.socket(zmq.STREAM)
         self.server.setsockopt(zmq.LINGER, 0)
         PlainPort.configure(self.server, sndhwm=1000)
         self.port_number = self.server.bind_to_random_port("tcp://127.0.0.1")
         self.peers: dict[bytes, tuple[str, int]] = {}
-        self.port = PlainPort(4, 10_000, self.peers, close_silent=close_silent)
+        self.port = PlainPort(4, 10_000, self.peers)
         self.messages: list[tuple[bytes, list[bytes]]] = []
 
     def dealer(self) -> zmq.Socket[Any]:
@@ -105,24 +104,20 @@ def test_a_peer_breaking_the_protocol_is_closed_and_forgotten(ctx: zmq.Context[A
     assert rig.port.conns == {} and rig.peers == {}
 
 
-def test_the_client_port_pings_a_silent_peer_and_closes_one_that_stays_silent(
-        ctx: zmq.Context[Any]) -> None:
-    rig = Rig(ctx, close_silent=True)
+def test_a_silent_peer_is_pinged_and_answers(ctx: zmq.Context[Any]) -> None:
+    rig = Rig(ctx)
     client = rig.dealer()
     rig.pump(rig.ready)
     (peer,) = rig.port.conns.values()
     rig.port.sweep(rig.server, time.monotonic())
     rig.port.sweep(rig.server, time.monotonic())  # silent two sweeps: pinged
     rig.pump(lambda: peer.silent == 0)  # libzmq's PONG (no heartbeat set on the DEALER)
-    for _ in range(SILENT_SWEEPS + 1):
-        rig.port.sweep(rig.server, time.monotonic())  # nothing pumped: nothing heard
-    assert rig.port.conns == {}
     client.close()
 
 
 def test_the_ha_port_keeps_a_silent_slave_but_not_a_peer_stuck_in_its_greeting(
         ctx: zmq.Context[Any]) -> None:
-    rig = Rig(ctx, close_silent=False)
+    rig = Rig(ctx)
     slave = rig.dealer()  # kept: a collected socket would close its connection
     rig.pump(rig.ready)
     with socket.create_connection(("127.0.0.1", rig.port_number), timeout=10) as stuck:

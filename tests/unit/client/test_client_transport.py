@@ -8,6 +8,8 @@ spinning off, ``spin_us=0`` never spins, and the deadline still holds.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -300,7 +302,8 @@ def _take_one_request_then_close(router: zmq.Socket[bytes], ctx: zmq.Context[Any
     ctx.term()
 
 
-@pytest.mark.parametrize("blocking", [False, True])
+@pytest.mark.parametrize(("blocking", "plain"), [(False, False), (True, True), (True, False)],
+                         ids=["io-thread", "plain", "dealer"])
 def test_a_call_whose_connection_drops_ends_at_once(blocking: bool, plain: bool) -> None:
     """Once a connection drops nothing sent on it can be answered: libzmq ends an IMMEDIATE
     socket's pipe (the I/O thread's), and a blocking call's socket would wait on a new
@@ -342,6 +345,33 @@ CURVE_GREETING = (b"\xff" + b"\x00" * 8 + b"\x7f" + bytes([3, 0]) + b"CURVE".lju
                   + b"\x01" + b"\x00" * 31)
 
 
+@contextlib.contextmanager
+def curve_greeting_broker() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A TCP server that greets every connection as a CURVE broker and never closes one (only
+    the client can see the mismatch): its port, and the connections it accepted."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return  # closed: the test is over
+            conn.sendall(CURVE_GREETING)
+            accepted.append(conn)  # kept open: only the client ends it
+
+    threading.Thread(target=serve, name="curve-greeting", daemon=True).start()
+    try:
+        yield server.getsockname()[1], accepted
+    finally:
+        server.close()
+        for conn in accepted:
+            conn.close()
+
+
 def test_a_handshake_that_failed_before_the_send_is_a_broker_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A plain client at a CURVE broker: when the handshake fails before the call's request is
@@ -355,26 +385,8 @@ def test_a_handshake_that_failed_before_the_send_is_a_broker_error(
     it closed the connection first, the client saw a disconnect, kept the pipe and reconnected,
     backing off to 1 s, until it won a race; the wait took 0.4 to over 15 s and failed this
     test's 10 s deadline 2 times in 15.)"""
-    import socket
-
     from common.client import transport as transport_module
 
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    port = server.getsockname()[1]
-    accepted: list[socket.socket] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return  # closed: the test is over
-            conn.sendall(CURVE_GREETING)
-            accepted.append(conn)  # kept open: only the client ends it
-
-    threading.Thread(target=serve, name="curve-greeting", daemon=True).start()
     real_send = transport_module.send_frames
     waited: list[bool] = []
 
@@ -388,21 +400,19 @@ def test_a_handshake_that_failed_before_the_send_is_a_broker_error(
 
     monkeypatch.setattr(transport_module, "send_frames", send_after_the_handshake_failed)
     t = Transport(spin_us=0, plain_calls=False)  # the DEALER path's own failure
-    try:
-        with pytest.raises(BrokerError) as e:
-            t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=5000)
-        assert waited and e.value.code == ResponseCode.SYSTEM_ERROR and e.value.retriable
-        monkeypatch.setattr(transport_module, "send_frames", real_send)
-        # the socket went with it: the next call makes a new connection (and fails the same way
-        # at this broker, within its deadline)
-        with pytest.raises(BrokerError):
-            t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=2000)
-        assert len(accepted) >= 2  # a second connection was made
-    finally:
-        t.close()
-        server.close()
-        for conn in accepted:
-            conn.close()
+    with curve_greeting_broker() as (port, accepted):
+        try:
+            with pytest.raises(BrokerError) as e:
+                t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=5000)
+            assert waited and e.value.code == ResponseCode.SYSTEM_ERROR and e.value.retriable
+            monkeypatch.setattr(transport_module, "send_frames", real_send)
+            # the socket went with it: the next call makes a new connection (and fails the
+            # same way at this broker, within its deadline)
+            with pytest.raises(BrokerError):
+                t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=2000)
+            assert len(accepted) >= 2  # a second connection was made
+        finally:
+            t.close()
 
 
 def test_forgetting_the_master_does_not_wait_for_a_discovery(
@@ -529,40 +539,20 @@ def test_a_plain_call_at_a_curve_broker_is_a_retriable_handshake_error() -> None
     """A client without keys at a broker with aclEnable: the broker's greeting names CURVE,
     and the call ends at once with a HandshakeError (SYSTEM_ERROR, retriable) that says so,
     not at its deadline; the next call tries a new connection."""
-    import socket
-
     from common.client.results import HandshakeError
 
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    port = server.getsockname()[1]
-    accepted: list[socket.socket] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            conn.sendall(CURVE_GREETING)
-            accepted.append(conn)
-
-    threading.Thread(target=serve, name="curve-greeting", daemon=True).start()
     t = Transport(spin_us=0, plain_calls=True)
-    try:
-        for _ in range(2):
-            started = time.monotonic()
-            with pytest.raises(HandshakeError) as e:
-                t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=5000)
-            assert e.value.code == ResponseCode.SYSTEM_ERROR and e.value.retriable
-            assert "CURVE" in str(e.value) and time.monotonic() - started < 2.5
-        assert len(accepted) == 2
-    finally:
-        t.close()
-        server.close()
-        for conn in accepted:
-            conn.close()
+    with curve_greeting_broker() as (port, accepted):
+        try:
+            for _ in range(2):
+                started = time.monotonic()
+                with pytest.raises(HandshakeError) as e:
+                    t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=5000)
+                assert e.value.code == ResponseCode.SYSTEM_ERROR and e.value.retriable
+                assert "CURVE" in str(e.value) and time.monotonic() - started < 2.5
+            assert len(accepted) == 2
+        finally:
+            t.close()
 
 
 def test_a_plain_call_keeps_an_answer_sent_just_before_the_broker_closes() -> None:
