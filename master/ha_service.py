@@ -1,6 +1,7 @@
-"""The master's HA service: a server socket on ``haListenPort`` driving ``MasterCore``: a STREAM
-socket read by replog's ZMTP (``common/broker/plain_port.py``: a whole message bounded before
-it is kept), or with ``aclEnable`` a CURVE ROUTER.
+"""The master's HA service: a server port on ``haListenPort`` driving ``MasterCore``: the host
+thread's own TCP sockets read by replog's ZMTP (``common/broker/tcp_port.py``: a whole message
+bounded before it is kept, no libzmq thread between a slave's ack and the loop), or with
+``aclEnable`` a CURVE ROUTER.
 
 A loop participant (``common.broker.loop``): it owns the socket but no thread. With a request server
 (``build_master_replication(..., host=broker.server)``, what ``common/cli/main.py`` does) the
@@ -93,8 +94,8 @@ from typing import Any, Protocol
 import zmq
 
 from common.broker.loop import LoopHost, ParticipantThread
-from common.broker.plain_port import PlainPort
 from common.broker.security import HA_DOMAIN, HandshakeMonitor, Security, user_id
+from common.broker.tcp_port import TcpPort
 from common.core.config import BrokerConfig
 from common.core.logs import log_event
 from common.format.acl import Denial
@@ -179,9 +180,9 @@ class HaService:
         self._lock = threading.Lock()
         self._core: mc.MasterCore | None = None
         self._ctx: zmq.Context[Any] | None = None
-        self._sock: zmq.Socket[Any] | None = None
-        self._items: tuple[tuple[zmq.Socket[Any], int], ...] = ()
-        self._plain: PlainPort | None = None  # security off: the port's own ZMTP
+        self._sock: Any = None  # the CURVE ROUTER, or the TcpPort (self._tcp)
+        self._items: tuple[tuple[Any, int], ...] = ()
+        self._tcp: TcpPort | None = None  # security off: the port's own sockets and ZMTP
         self._wake: Callable[[], None] | None = None
         self._loop_ident = 0  # the host's thread: its appends need no wake
         self._streaming = False  # a slave is connected: appends elsewhere must wake the host
@@ -251,7 +252,7 @@ class HaService:
         except BaseException:  # e.g. the request server stopped meanwhile
             self._sock = None
             self._close_handshakes()
-            sock.close(0)
+            self._close_port(sock)
             self._end_context()
             raise
         log_event(
@@ -266,26 +267,31 @@ class HaService:
         )
 
     def _open(self) -> None:
-        """A new core of the term and a bound ROUTER (OSError if the bind fails). The
-        Context's ZAP authenticator runs already (``start``): with security on, the socket is
-        a CURVE server of domain ``replog.ha`` and ``security.bind`` refuses without it."""
-        store = self._store
+        """A new core of the term and a bound port (OSError if the bind fails): without
+        security the port's own sockets (``tcp_port.py``), with it a CURVE ROUTER of domain
+        ``replog.ha``, whose Context's ZAP authenticator runs already (``start``;
+        ``security.bind`` refuses without it)."""
         assert self._ctx is not None
         security = self._security
-        window_frames = self._cfg.haWindowBytes // max(1, self._cfg.haTransferBatchSize) + 1
-        if security.enabled:
-            sock = security.server_socket(self._ctx, zmq.ROUTER, HA_DOMAIN)
-            self._handshakes = security.handshake_monitor(sock, HA_DOMAIN)
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            sock.setsockopt(zmq.SNDHWM, window_frames + SNDHWM_SLACK)
-            sock.setsockopt(zmq.RCVHWM, 10_000)
-            sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_header_bytes + 1024)
-            self._plain = None
-        else:  # a whole message bounded before it is kept (common/broker/plain_port.py)
-            sock = self._ctx.socket(zmq.STREAM)
-            self._plain = PlainPort(MAX_SLAVE_FRAMES, self._limits.max_header_bytes + 1024, {})
-            self._plain.configure(sock, sndhwm=window_frames + SNDHWM_SLACK)
         self._acl_seen = security.version
+        if not security.enabled:  # a whole message bounded before it is kept
+            try:
+                port = TcpPort(self._bind, MAX_SLAVE_FRAMES, self._limits.max_header_bytes + 1024,
+                               {}, keep_silent=True)
+            except OSError as e:
+                raise OSError(f"HA service cannot bind {self._bind}: {e}") from e
+            self._start_core()
+            self._tcp = self._sock = port
+            self._items = ((port.fileno(), POLLIN),)  # its epoll; a slow slave's POLLOUT in it
+            return
+        window_frames = self._cfg.haWindowBytes // max(1, self._cfg.haTransferBatchSize) + 1
+        sock = security.server_socket(self._ctx, zmq.ROUTER, HA_DOMAIN)
+        self._handshakes = security.handshake_monitor(sock, HA_DOMAIN)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.SNDHWM, window_frames + SNDHWM_SLACK)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_header_bytes + 1024)
+        self._tcp = None
         sock.setsockopt(zmq.LINGER, 0)
         try:
             security.bind(sock, self._bind)
@@ -293,6 +299,12 @@ class HaService:
             self._close_handshakes()
             sock.close(0)
             raise OSError(f"HA service cannot bind {self._bind}: {e}") from e
+        self._start_core()
+        self._sock = sock
+        self._items = self._poll_items(zmq.POLLIN)
+
+    def _start_core(self) -> None:
+        store = self._store
         with self._lock:
             self._core = mc.MasterCore(
                 self._cfg,
@@ -301,8 +313,13 @@ class HaService:
                 int(store.max_phy_offset),
                 self._now_ms(),
             )
-        self._sock = sock
-        self._items = self._poll_items(zmq.POLLIN)
+
+    @staticmethod
+    def _close_port(sock: Any) -> None:
+        if isinstance(sock, TcpPort):
+            sock.shutdown(0)
+        else:
+            sock.close(0)
 
     def reopen(self) -> None:
         """After a failure (the host closed it): a new socket and a new core (host thread)."""
@@ -455,8 +472,8 @@ class HaService:
             deadline = self._core.next_deadline_ms() if self._core is not None else None
         if deadline is not None:
             timeout = min(timeout, max(0, deadline - self._now_ms()))
-        if self._backlog and self._backlog_stalled:
-            timeout = min(timeout, BACKLOG_RETRY_MS)
+        if self._backlog and (self._backlog_stalled or self._tcp is not None):
+            timeout = min(timeout, BACKLOG_RETRY_MS)  # (the port's own sockets: no POLLOUT)
         return timeout
 
     def on_timer(self) -> None:
@@ -469,8 +486,8 @@ class HaService:
         if self._sync_state is not None and self._now_ms() >= self._sss_due_ms:
             self._sss_due_ms = self._now_ms() + SSS_CHECK_MS
             self._check_sync_state_set()
-        if self._plain is not None and time.monotonic() >= self._plain.next_sweep:
-            self._plain.sweep(sock, time.monotonic())
+        if self._tcp is not None and time.monotonic() >= self._tcp.next_sweep:
+            self._tcp.sweep(None, time.monotonic())
         actions = self._log_actions()
         actions.extend(self._timer_actions())
         if self._backlog:
@@ -483,8 +500,9 @@ class HaService:
         self._streaming = False
         self._close_handshakes()
         if self._sock is not None:
-            self._sock.close(0)
+            self._close_port(self._sock)
             self._sock = None
+            self._tcp = None
         with self._lock:
             self._core = None
         self._backlog.clear()
@@ -503,8 +521,8 @@ class HaService:
     def _receive(self, sock: zmq.Socket[Any]) -> list[mc.MasterAction]:
         """A burst of frames; called when the poll found ``sock`` readable (the first ``recv``
         asks no ZMQ_EVENTS; zmq.Again still ends a burst)."""
-        if self._plain is not None:
-            return self._receive_plain(sock, self._plain)
+        if self._tcp is not None:
+            return self._receive_tcp(self._tcp)
         actions: list[mc.MasterAction] = []
         for i in range(RECV_BURST):
             if i and not readable(sock):
@@ -518,25 +536,16 @@ class HaService:
                 self._take(peer, body, actions, secure=True)
         return actions
 
-    def _receive_plain(self, sock: zmq.Socket[Any], port: PlainPort) -> list[mc.MasterAction]:
-        """As ``_receive``, over the STREAM socket: chunks of each slave's bytes, read by
-        ``port`` (the HA port's own ZMTP); a message past the bounds is a bad frame."""
+    def _receive_tcp(self, port: TcpPort) -> list[mc.MasterAction]:
+        """As ``_receive``, from the port's own connections (a read of each ready one, its
+        ZMTP read by the port); a message past the bounds is a bad frame."""
         actions: list[mc.MasterAction] = []
-        for i in range(RECV_BURST):
-            if i and not readable(sock):
-                break
-            try:
-                peer = sock.recv(NOBLOCK)
-            except zmq.Again:
-                break
-            data = sock.recv(NOBLOCK, copy=False)  # always [identity, data]
-            for body in port.receive(sock, peer, data):
-                self._take(peer, body, actions, secure=False)
-            if port.dropped:
-                dropped, port.dropped = port.dropped, []
-                for who, what in dropped:
-                    self._bad_frame(who, f"{what.reason} in one message ({what.frames} "
-                                    f"frames, {what.size} bytes)", actions)
+        port.serve(lambda peer, body: self._take(peer, body, actions, secure=False))
+        if port.dropped:
+            dropped, port.dropped = port.dropped, []
+            for who, what in dropped:
+                self._bad_frame(who, f"{what.reason} in one message ({what.frames} "
+                                f"frames, {what.size} bytes)", actions)
         return actions
 
     def _bad_frame(self, peer: bytes, reason: str, actions: list[mc.MasterAction]) -> None:
@@ -678,7 +687,7 @@ class HaService:
 
     def _after_actions(self, sock: zmq.Socket[Any]) -> None:
         """Peers or backlogs may have changed: what to poll for, whether appends must wake."""
-        want_out = bool(self._backlog) and not self._backlog_stalled
+        want_out = bool(self._backlog) and not self._backlog_stalled and self._tcp is None
         flags = zmq.POLLIN | zmq.POLLOUT if want_out else zmq.POLLIN
         if self._items[0][1] != flags:
             self._items = self._poll_items(flags)
@@ -717,11 +726,18 @@ class HaService:
         else:
             frames = list(action.frames)
             size = 0
+        tcp = self._tcp
+        if tcp is not None:  # never EAGAIN: what a slow slave has not read waits in the port
+            if not tcp.send(None, action.peer_id, frames):  # (at most its window: the core's)
+                gone = action.peer_id not in tcp.conns
+                self._disconnect(action.peer_id, "peer gone" if gone else
+                                 "peer not reading (its send buffer is full)")
+                return _GONE
+            self.stats.frames_sent += 1
+            self.stats.bytes_sent += size
+            return _SENT
         try:
-            if self._plain is not None:
-                self._plain.send(sock, action.peer_id, frames)
-            else:
-                send_frames(sock, frames, action.peer_id)
+            send_frames(sock, frames, action.peer_id)
         except zmq.ZMQError as e:
             if e.errno == errno.EAGAIN:
                 self.stats.eagain += 1

@@ -1,18 +1,23 @@
-"""The slave's HA client: a ZeroMQ DEALER to ``haMasterAddress`` driving ``SlaveCore``.
+"""The slave's HA client: a connection to ``haMasterAddress`` driving ``SlaveCore``: a plain
+TCP socket speaking ZMTP (``slave/ha_link.py``), or with CURVE keys (``aclEnable``) a ZeroMQ
+DEALER, whose CURVE is libzmq's.
 
-One thread, "replog-ha-client", owns the socket (and its monitor) and the core::
+One thread, "replog-ha-client", owns the connection (the DEALER's monitor too) and the core::
 
-    DEALER (recv)         decode -> core.on_frame / on_bad_frame
-    monitor               a ZeroMQ-level reconnect (HANDSHAKE_SUCCEEDED after the first)
-                          -> core.resync: a new HELLO at once, so the master, which sees a
-                          new peer, serves us again without waiting for a heartbeat
+    link / DEALER (recv)  decode -> core.on_frame / on_bad_frame
+    reconnected           the link's handshake, or the monitor's HANDSHAKE_SUCCEEDED, after
+                          the first -> core.resync: a new HELLO at once, so the master, which
+                          sees a new peer, serves us again without waiting for a heartbeat
+    lost                  the link's connection ended, or the monitor's DISCONNECTED
+                          -> core.resync (not transferring until the next handshake)
     poll timeout          core.next_deadline_ms -> core.tick (ack heartbeats, master silence
                           for haHousekeepingInterval -> Reconnect, retries after an ERROR)
 
 Actions, in order: ``SendToMaster``; ``Append`` -> ``store.append_replicated`` (exact offset;
 the store refuses a gap or overlap); ``Truncate`` -> ``store.truncate_to``; ``ResetLog`` ->
 ``store.reset_to``; ``SaveEpochs`` -> ``term.record_learned_epoch`` then ``epochs.save``;
-``Reconnect`` -> close (linger 0) and open a new DEALER, hence a new identity at the master;
+``Reconnect`` -> close (linger 0) and open a new connection, hence a new identity at the
+master;
 ``Failed`` -> logged (the core retries after its back-off).
 
 If the store refuses an action (StoreError, OSError), the rest of that batch is dropped (it
@@ -55,6 +60,7 @@ meanwhile, and libzmq or the core's silence timer tries again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -77,6 +83,7 @@ from common.ha import slave_core as sc
 from common.ha import term
 from common.ha.protocol import Ack, HAProtocolError, Limits, decode, encode_header
 from common.store.api import ReplicationStore
+from slave.ha_link import TcpLink
 
 log = logging.getLogger("replog.ha_client")
 
@@ -86,6 +93,7 @@ JOIN_TIMEOUT_S = 5.0
 SNDHWM = 1000
 RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 1000
+MAX_MASTER_FRAMES = 2  # a DATA's header and bytes; every other message one frame
 # An ACK header is msgpack [4, session, ack_offset, epoch]: a fixarray of 4, first item 4.
 _ACK_PREFIX = encode_header(Ack(0, 0))[:2]
 assert _ACK_PREFIX == b"\x94\x04"
@@ -134,8 +142,9 @@ class HaClient:
         self._core: sc.SlaveCore | None = None
         self._lock = threading.Lock()  # guards _core for stats() from other threads
         self._ctx: zmq.Context[Any] | None = None
-        self._sock: zmq.Socket[Any] | None = None
+        self._sock: zmq.Socket[Any] | None = None  # with CURVE keys
         self._monitor: zmq.Socket[Any] | None = None
+        self._link: TcpLink | None = None  # without
         self._handshakes = 0
         self._thread: threading.Thread | None = None
         self._stop_r = self._stop_w = -1
@@ -309,6 +318,9 @@ class HaClient:
         return True
 
     def _loop(self) -> None:
+        if self._curve is None:
+            self._loop_tcp()
+            return
         poller: zmq.Poller | None = None
         polled: tuple[Any, Any] | None = None
         while not self._stopping:
@@ -333,6 +345,72 @@ class HaClient:
             self._apply_confirm()
             if self._undispatched:
                 self._dispatch_appended()
+
+    def _loop_tcp(self) -> None:
+        """``_loop`` over the link: its socket (a new one after a reconnect) polled beside
+        the stop pipe, with the events it asks for."""
+        poller = zmq.Poller()
+        poller.register(self._stop_r, zmq.POLLIN)
+        polled: tuple[int | None, int] = (None, 0)
+        while not self._stopping:
+            link = self._link
+            assert link is not None
+            link.connect_if_due(time.monotonic())
+            fd = link.fileno()
+            wanted = (fd, link.events()) if fd is not None else (None, 0)
+            if wanted != polled:
+                if polled[0] is not None and polled[0] != fd:
+                    with contextlib.suppress(KeyError):
+                        poller.unregister(polled[0])
+                if fd is not None:
+                    poller.register(fd, wanted[1])
+                polled = wanted
+            timeout = self._poll_timeout_ms()
+            wait_s = link.timeout_s(time.monotonic())
+            if wait_s is not None:
+                timeout = min(timeout, int(wait_s * 1000) + 1)
+            events = dict(poller.poll(timeout))
+            if self._stopping:
+                return
+            if fd is not None and fd in events and link is self._link:
+                messages = link.on_ready(events[fd])
+                if link.fileno() != fd:  # closed: a descriptor number may be reused
+                    with contextlib.suppress(KeyError):
+                        poller.unregister(fd)
+                    polled = (None, 0)
+                self._link_events(link)
+                self._take(messages, link)
+            self._tick()
+            self._flush_ack()
+            self._apply_confirm()
+            if self._undispatched:
+                self._dispatch_appended()
+
+    def _link_events(self, link: TcpLink) -> None:
+        """What the link's turn found beside messages: a handshake, a lost connection, a
+        refused one, a message past the bounds."""
+        if link.failure:
+            self.stats.handshake_failures += 1
+            if not self._handshake_failing:
+                self._handshake_failing = True
+                self.stats.last_failure = link.failure
+                log_event(log, "ha_handshake_failed", logging.ERROR,
+                          master=self._cfg.haMasterAddress, reason=link.failure)
+            link.failure = ""
+        if link.lost:
+            self._disconnected()
+        if link.just_connected:
+            self._handshake_succeeded()
+        while link.oversized and link is self._link:
+            what = link.oversized.pop(0)
+            self._bad_frame(f"{what.reason} in one message ({what.frames} frames, "
+                            f"{what.size} bytes)")
+
+    def _take(self, messages: list[list[bytes]], link: TcpLink) -> None:
+        for frames in messages:
+            if link is not self._link:  # a frame's actions reconnected: the rest is stale
+                return
+            self._on_message(frames)
 
     def _poll_timeout_ms(self) -> int:
         with self._lock:
@@ -359,20 +437,29 @@ class HaClient:
                 frames = recv_buffers(sock)
             except zmq.Again:
                 return
-            now_ms = self._now_ms()
-            with self._lock:
-                assert self._core is not None
-                try:
-                    frame = decode(frames, self._limits)
-                except HAProtocolError as e:
-                    self.stats.bad_frames += 1
-                    log_event(log, "ha_bad_frame", logging.WARNING, reason=str(e))
-                    actions = self._core.on_bad_frame(str(e), now_ms)
-                else:
-                    actions = self._core.on_frame(frame, now_ms)
-            self._execute(actions)
+            self._on_message(frames)
             if sock is not self._sock:  # the batch reconnected: the old socket is closed
                 return
+
+    def _on_message(self, frames: Any) -> None:
+        try:
+            frame = decode(frames, self._limits)
+        except HAProtocolError as e:
+            self._bad_frame(str(e))
+            return
+        now_ms = self._now_ms()
+        with self._lock:
+            assert self._core is not None
+            actions = self._core.on_frame(frame, now_ms)
+        self._execute(actions)
+
+    def _bad_frame(self, reason: str) -> None:
+        self.stats.bad_frames += 1
+        log_event(log, "ha_bad_frame", logging.WARNING, reason=reason)
+        with self._lock:
+            assert self._core is not None
+            actions = self._core.on_bad_frame(reason, self._now_ms())
+        self._execute(actions)
 
     def _on_monitor(self, monitor: zmq.Socket[Any]) -> None:
         while True:
@@ -381,18 +468,7 @@ class HaClient:
             except zmq.Again:
                 return
             if event["event"] == zmq.EVENT_DISCONNECTED:
-                log_event(
-                    log, "ha_master_disconnected", logging.WARNING, master=self._cfg.haMasterAddress
-                )
-                # not transferring from here: the handshake starts again once libzmq
-                # reconnects, and meanwhile a broker without a controller looks for a newly
-                # promoted master at once (Broker._follow_promoted_master), not after the
-                # haHousekeepingInterval of silence (20 s by default)
-                with self._lock:
-                    assert self._core is not None
-                    actions = self._core.resync("the master's connection closed",
-                                                self._now_ms())
-                self._execute(actions)
+                self._disconnected()
             elif int(event["event"]) in _HANDSHAKE_FAILURES:
                 self.stats.handshake_failures += 1
                 if not self._handshake_failing:
@@ -402,15 +478,30 @@ class HaClient:
                     log_event(log, "ha_handshake_failed", logging.ERROR,
                               master=self._cfg.haMasterAddress, reason=why)
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                if self._handshake_failing:
-                    self._handshake_failing = False
-                    log_event(log, "ha_handshake_recovered", master=self._cfg.haMasterAddress)
-                self._handshakes += 1
-                if self._handshakes > 1:  # ZeroMQ reconnected under us: handshake again now
-                    with self._lock:
-                        assert self._core is not None
-                        actions = self._core.resync("transport reconnected", self._now_ms())
-                    self._execute(actions)
+                self._handshake_succeeded()
+
+    def _disconnected(self) -> None:
+        log_event(log, "ha_master_disconnected", logging.WARNING,
+                  master=self._cfg.haMasterAddress)
+        # not transferring from here: the handshake starts again once the connection is made
+        # again, and meanwhile a broker without a controller looks for a newly promoted
+        # master at once (Broker._follow_promoted_master), not after the
+        # haHousekeepingInterval of silence (20 s by default)
+        with self._lock:
+            assert self._core is not None
+            actions = self._core.resync("the master's connection closed", self._now_ms())
+        self._execute(actions)
+
+    def _handshake_succeeded(self) -> None:
+        if self._handshake_failing:
+            self._handshake_failing = False
+            log_event(log, "ha_handshake_recovered", master=self._cfg.haMasterAddress)
+        self._handshakes += 1
+        if self._handshakes > 1:  # reconnected under us: handshake again now
+            with self._lock:
+                assert self._core is not None
+                actions = self._core.resync("transport reconnected", self._now_ms())
+            self._execute(actions)
 
     # ---- actions -----------------------------------------------------------------------------
     def _execute(self, actions: list[sc.SlaveAction]) -> None:
@@ -498,6 +589,10 @@ class HaClient:
         self._store.dispatch_inline()
 
     def _send(self, frames: tuple[bytes | memoryview, ...]) -> None:
+        if self._link is not None:
+            if not self._link.send(frames):
+                self.stats.dropped_sends += 1  # not connected: the core re-sends
+            return
         assert self._sock is not None
         try:
             send_frames(self._sock, frames)
@@ -536,6 +631,14 @@ class HaClient:
 
     # ---- sockets -----------------------------------------------------------------------------
     def _open(self) -> None:
+        self._handshakes = 0
+        if self._curve is None:
+            # a whole message bounded: a DATA is its header and at most max_data_bytes
+            self._link = TcpLink(self._cfg.haMasterAddress, MAX_MASTER_FRAMES,
+                                 self._limits.max_data_bytes + self._limits.max_header_bytes
+                                 + 1024)
+            self._link.connect_if_due(time.monotonic())
+            return
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.DEALER)
         if self._curve is not None:
@@ -552,11 +655,13 @@ class HaClient:
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
         self._monitor = sock.get_monitor_socket(
             _CURVE_MONITOR_EVENTS if self._curve is not None else _MONITOR_EVENTS)
-        self._handshakes = 0
         sock.connect(self._endpoint)
         self._sock = sock
 
     def _close(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
         if self._sock is not None:
             try:
                 self._sock.disable_monitor()

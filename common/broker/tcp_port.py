@@ -1,20 +1,26 @@
-"""The client port without CURVE (``aclEnable`` off) on the I/O thread's own TCP sockets: the
-connections are accepted, read and written here, with ``common/format/zmtp.py`` speaking ZMTP
-3.1 (NULL) to each, so no libzmq thread stands between a request and the broker's loop.
+"""A port without CURVE (``aclEnable`` off) on its loop thread's own TCP sockets: the client
+port and the HA port. The connections are accepted, read and written here, with
+``common/format/zmtp.py`` speaking ZMTP 3.1 (NULL) to each, so no libzmq thread stands between
+a request (or a slave's ack) and the broker's loop.
 
 Why: a ZMQ_STREAM socket hands each chunk from libzmq's I/O thread to the broker's through a
 pipe and a mailbox, and each answer back the same way: two thread wake-ups a request on top of
 the client's. A ZMTP echo in Python answered 2.3-4.6x as many requests a second on its own
 sockets as through a STREAM socket, in one interleaved run (docs/benchmarks.md, issue 43).
 
-It keeps what ``PlainPort`` (``plain_port.py``, the HA port's) does over a STREAM socket:
+Why ZMTP read here and not a ROUTER: libzmq keeps every frame of a multipart message until its
+last has arrived and bounds only each frame, so through a ROUTER one unauthenticated peer could
+make the broker hold gigabytes (160 frames of 4 MiB took a broker from 40 MiB to 680 MiB).
+Here:
 - a whole message is bounded before any of it is kept (``zmtp.Connection``), a message past the
   bounds read to its end and dropped, for the caller to refuse (``dropped``), and a peer that
   breaks ZMTP closed;
 - each connection has a routing identity (5 bytes, never reused), its address in ``peers`` (the
   server's BORNHOST look-up), its greeting and READY sent as it connects;
 - the heartbeat sweep: a peer silent since the last sweep is pinged, one silent for
-  ``SILENT_SWEEPS`` sweeps closed; TCP keepalive finds connections whose host is gone;
+  ``SILENT_SWEEPS`` sweeps closed (with ``keep_silent``, the HA port's, only one that has not
+  finished its greeting: a paused slave goes on where it stopped, and the HA protocol's own
+  timeouts judge it); TCP keepalive finds connections whose host is gone;
 - an answer to a peer that is gone is dropped, as one to a peer that does not read past
   ``MAX_BUFFERED`` bytes (a ROUTER's SNDHWM: the answer dropped, the connection kept).
 
@@ -33,12 +39,14 @@ import logging
 import select
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from common.broker.plain_port import SILENT_SWEEPS, SWEEP_S, feed_chunk
 from common.core.logs import log_event
 from common.format import zmtp
 
+SWEEP_S = 1.0
+SILENT_SWEEPS = 5  # a peer silent this many sweeps in a row (about 5 s) is closed
 RECV_BYTES = 64 * 1024
 ACCEPT_BURST = 64  # connections accepted a turn
 MAX_BUFFERED = 256 * 1024 * 1024  # bytes waiting for a peer that reads slowly; more is dropped
@@ -46,6 +54,40 @@ LISTEN_BACKLOG = 512
 _IN, _INOUT = select.EPOLLIN, select.EPOLLIN | select.EPOLLOUT
 
 log = logging.getLogger("replog.server")
+
+
+class ZmtpPort(Protocol):
+    """What ``feed_chunk`` needs of a port (``TcpPort``; a test's stand-in)."""
+
+    protocol_errors: int
+    oversized: int
+    dropped: list[tuple[bytes, zmtp.Oversized]]
+
+    def close(self, sock: Any, identity: bytes, reason: str) -> None: ...
+
+    def write(self, sock: Any, identity: bytes, data: bytes) -> Any: ...
+
+
+def feed_chunk(port: ZmtpPort, sock: Any, identity: bytes, wire: zmtp.Connection,
+               chunk: bytes) -> list[list[bytes]]:
+    """A connection's chunk through its ZMTP: the whole messages it completes; a protocol
+    error closes the peer, a PING is answered PONG, a message dropped past the bounds waits in
+    ``port.dropped`` for the port's owner to answer."""
+    try:
+        messages = wire.feed(chunk)
+    except zmtp.ZmtpError as e:
+        port.protocol_errors += 1
+        port.close(sock, identity, str(e))
+        return []
+    if wire.replies:
+        for raw in wire.replies:
+            port.write(sock, identity, raw)
+        wire.replies.clear()
+    if wire.oversized:
+        port.oversized += len(wire.oversized)
+        port.dropped.extend((identity, d) for d in wire.oversized)
+        wire.oversized.clear()
+    return messages
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int, socket.AddressFamily]:
@@ -81,10 +123,11 @@ class TcpPort:
     """A listening socket, its connections and an epoll over them, owned by the I/O thread."""
 
     def __init__(self, endpoint: str, max_frames: int, max_bytes: int,
-                 peers: dict[bytes, tuple[str, int]]):
+                 peers: dict[bytes, tuple[str, int]], keep_silent: bool = False):
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self.peers = peers
+        self.keep_silent = keep_silent  # the HA port: a silent peer past its greeting stays
         self.conns: dict[bytes, TcpPeer] = {}
         self._by_fd: dict[int, TcpPeer] = {}
         self._ids = itertools.count(1)
@@ -175,9 +218,10 @@ class TcpPort:
             handle(identity, frames)
 
     # ---- writing ------------------------------------------------------------------------------
-    def send(self, _sock: object, identity: bytes, frames: list[bytes]) -> bool:
-        """One message to a peer, framed here (``PlainPort.send``'s signature); False when it
-        was dropped (the peer is gone, or reads too slowly)."""
+    def send(self, _sock: object, identity: bytes,
+             frames: Sequence[bytes | memoryview]) -> bool:
+        """One message to a peer, framed here; False when it was dropped (the peer is gone, or
+        reads too slowly)."""
         return self.write(None, identity, zmtp.encode(frames))
 
     def write(self, _sock: object, identity: bytes, data: bytes) -> bool:
@@ -233,7 +277,7 @@ class TcpPort:
         peer.sock.close()
 
     def close(self, _sock: object, identity: bytes, reason: str) -> None:
-        """Disconnect a peer (``PlainPort.close``'s signature)."""
+        """Disconnect a peer."""
         peer = self.conns.get(identity)
         if peer is None:
             return
@@ -247,11 +291,14 @@ class TcpPort:
             self._drop(peer)
 
     def sweep(self, _sock: object, now: float) -> None:
-        """Once a second: ping the peers silent since the last sweep, close the long silent."""
+        """Once a second: ping the peers silent since the last sweep, close the long silent
+        (``keep_silent``: only one still in its greeting)."""
         self.next_sweep = now + SWEEP_S
         for identity, peer in list(self.conns.items()):
             peer.silent += 1
-            if peer.silent > SILENT_SWEEPS:
+            if peer.silent > SILENT_SWEEPS and peer.wire.state != zmtp.TRAFFIC:
+                self.close(None, identity, f"greeting unfinished for {SILENT_SWEEPS} s")
+            elif peer.silent > SILENT_SWEEPS and not self.keep_silent:
                 self.close(None, identity, f"silent for {SILENT_SWEEPS} s")
             elif peer.silent > 1 and peer.wire.state == zmtp.TRAFFIC:
                 self.write(None, identity, zmtp.PING)

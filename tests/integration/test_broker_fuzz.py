@@ -6,7 +6,7 @@ a typed error answer, except a first frame over ``maxFrameBytes``, which is drop
 arrives with nothing to answer. Afterwards: the same PID, RSS growth < 16 MB, and the next valid
 send succeeds.
 
-Then the bounds on a whole message (``common/broker/plain_port.py``): a message of 160 frames of
+Then the bounds on a whole message (``common/broker/tcp_port.py``): a message of 160 frames of
 4 MiB leaves the broker's memory as it was and is answered; a peer that is not ZMTP, or that
 never finishes its greeting, is disconnected.
 """

@@ -2,7 +2,8 @@
 the request loop serves it (its epoll's descriptor in a zmq.Poller), with libzmq DEALERs and
 raw sockets as the peers: greeting, messages, bounds, a protocol error, PING/PONG and the
 sweep, an answer to a gone peer, a peer that does not read (the answer waits, then leaves), and
-the shutdown that lets waiting answers leave before the FIN."""
+the shutdown that lets waiting answers leave before the FIN; the HA port's sweep, which keeps a
+silent slave."""
 
 from __future__ import annotations
 
@@ -15,18 +16,18 @@ import pytest
 import zmq
 
 from common.broker import tcp_port
-from common.broker.plain_port import SILENT_SWEEPS
-from common.broker.tcp_port import TcpPort, parse_endpoint
+from common.broker.tcp_port import SILENT_SWEEPS, TcpPort, parse_endpoint
 from common.format import zmtp
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
 class Rig:
-    def __init__(self, ctx: zmq.Context[Any], max_frames: int = 4):
+    def __init__(self, ctx: zmq.Context[Any], max_frames: int = 4, keep_silent: bool = False):
         self.ctx = ctx
         self.peers: dict[bytes, tuple[str, int]] = {}
-        self.port = TcpPort("tcp://127.0.0.1:0", max_frames, 10_000, self.peers)
+        self.port = TcpPort("tcp://127.0.0.1:0", max_frames, 10_000, self.peers,
+                            keep_silent=keep_silent)
         self.poller = zmq.Poller()
         self.poller.register(self.port.fileno(), zmq.POLLIN)
         self.messages: list[tuple[bytes, list[bytes]]] = []
@@ -127,6 +128,22 @@ def test_a_silent_peer_is_pinged_and_one_that_stays_silent_is_closed(
         rig.port.sweep(None, time.monotonic())  # nothing pumped: nothing heard
     assert rig.port.conns == {} and rig.peers == {}
     client.close()
+    rig.port.shutdown(0)
+
+
+def test_the_ha_port_keeps_a_silent_slave_but_not_a_peer_stuck_in_its_greeting(
+        ctx: zmq.Context[Any]) -> None:
+    rig = Rig(ctx, keep_silent=True)
+    slave = rig.dealer()  # kept: a collected socket would close its connection
+    rig.pump(rig.ready)
+    with socket.create_connection(("127.0.0.1", rig.port.port), timeout=10) as stuck:
+        stuck.sendall(b"\xff")
+        rig.pump(lambda: len(rig.port.conns) == 2)
+        for _ in range(SILENT_SWEEPS + 3):
+            rig.port.sweep(None, time.monotonic())
+        [kept] = rig.port.conns.values()
+        assert kept.wire.state == zmtp.TRAFFIC
+    slave.close()
     rig.port.shutdown(0)
 
 
