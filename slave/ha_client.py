@@ -1,5 +1,5 @@
 """The slave's HA client: a connection to ``haMasterAddress`` driving ``SlaveCore``: a plain
-TCP socket speaking ZMTP (``slave/ha_link.py``), or with CURVE keys (``aclEnable``) a ZeroMQ
+TCP socket speaking ZMTP (``common/format/zmtp_link.py``), or with CURVE keys (``aclEnable``) a ZeroMQ
 DEALER, whose CURVE is libzmq's.
 
 One thread, "replog-ha-client", owns the connection (the DEALER's monitor too) and the core::
@@ -78,12 +78,12 @@ from common.core.errors import ReplicationFencedError, StoreError
 from common.core.keys import ClientKeys
 from common.core.logs import log_event
 from common.format.zmq_frames import readable, recv_buffers, send_frames
+from common.format.zmtp_link import ZmtpLink
 from common.ha import epochs as ep
 from common.ha import slave_core as sc
 from common.ha import term
 from common.ha.protocol import Ack, HAProtocolError, Limits, decode, encode_header
 from common.store.api import ReplicationStore
-from slave.ha_link import TcpLink
 
 log = logging.getLogger("replog.ha_client")
 
@@ -144,7 +144,7 @@ class HaClient:
         self._ctx: zmq.Context[Any] | None = None
         self._sock: zmq.Socket[Any] | None = None  # with CURVE keys
         self._monitor: zmq.Socket[Any] | None = None
-        self._link: TcpLink | None = None  # without
+        self._link: ZmtpLink | None = None  # without
         self._handshakes = 0
         self._thread: threading.Thread | None = None
         self._stop_r = self._stop_w = -1
@@ -355,7 +355,7 @@ class HaClient:
         while not self._stopping:
             link = self._link
             assert link is not None
-            link.connect_if_due(time.monotonic())
+            link.tick(time.monotonic())
             fd = link.fileno()
             wanted = (fd, link.events()) if fd is not None else (None, 0)
             if wanted != polled:
@@ -374,19 +374,21 @@ class HaClient:
                 return
             if fd is not None and fd in events and link is self._link:
                 messages = link.on_ready(events[fd])
-                if link.fileno() != fd:  # closed: a descriptor number may be reused
-                    with contextlib.suppress(KeyError):
-                        poller.unregister(fd)
-                    polled = (None, 0)
                 self._link_events(link)
                 self._take(messages, link)
+            if link.fileno() != fd and fd is not None:  # closed: its number may be reused
+                with contextlib.suppress(KeyError):
+                    poller.unregister(fd)
+                polled = (None, 0)
             self._tick()
             self._flush_ack()
+            if self._link is not None and (self._link.lost or self._link.just_connected):
+                self._link_events(self._link)  # a send found the connection gone
             self._apply_confirm()
             if self._undispatched:
                 self._dispatch_appended()
 
-    def _link_events(self, link: TcpLink) -> None:
+    def _link_events(self, link: ZmtpLink) -> None:
         """What the link's turn found beside messages: a handshake, a lost connection, a
         refused one, a message past the bounds."""
         if link.failure:
@@ -398,15 +400,17 @@ class HaClient:
                           master=self._cfg.haMasterAddress, reason=link.failure)
             link.failure = ""
         if link.lost:
+            link.lost = ""
             self._disconnected()
         if link.just_connected:
+            link.just_connected = False
             self._handshake_succeeded()
         while link.oversized and link is self._link:
             what = link.oversized.pop(0)
             self._bad_frame(f"{what.reason} in one message ({what.frames} frames, "
                             f"{what.size} bytes)")
 
-    def _take(self, messages: list[list[bytes]], link: TcpLink) -> None:
+    def _take(self, messages: list[list[bytes]], link: ZmtpLink) -> None:
         for frames in messages:
             if link is not self._link:  # a frame's actions reconnected: the rest is stale
                 return
@@ -634,7 +638,7 @@ class HaClient:
         self._handshakes = 0
         if self._curve is None:
             # a whole message bounded: a DATA is its header and at most max_data_bytes
-            self._link = TcpLink(self._cfg.haMasterAddress, MAX_MASTER_FRAMES,
+            self._link = ZmtpLink(self._cfg.haMasterAddress, MAX_MASTER_FRAMES,
                                  self._limits.max_data_bytes + self._limits.max_header_bytes
                                  + 1024)
             self._link.connect_if_due(time.monotonic())

@@ -1,6 +1,14 @@
-"""The client's I/O thread: one DEALER per broker, requests in flight matched by opaque id,
+"""The client's I/O thread: one connection per broker, requests in flight matched by opaque id,
 blocking calls on the calling thread's own socket, and the coalescing of ``send_async``
 messages into SEND_BATCH requests (see the package docstring for the whole picture).
+
+The I/O thread's connections: without CURVE keys a plain socket of this thread speaking ZMTP
+as a DEALER (``common/format/zmtp_link.py``: what the DEALER did, without libzmq's thread
+between a batch and its answer); with keys (or ``plain_calls=False``) a libzmq DEALER. Either
+way: nothing is queued for a broker not connected (ZMQ_IMMEDIATE: a call waits in this
+thread's backlog for the connection, up to its deadline), a heartbeat every second drops a
+connection silent for three, and a connection that drops fails the calls sent on it at once
+(ConnectionLostError) while the backlog waits for the next one.
 
 Should the I/O thread die (an exception out of its loop: a bug), it is logged at ERROR
 (``event=client_io_thread_died``) and every call waiting on it fails at once with a BrokerError
@@ -67,6 +75,7 @@ from common.format.protocol import (
     is_request,
 )
 from common.format.zmq_frames import POLLIN, POLLOUT, readable, recv_message, send_frames
+from common.format.zmtp_link import ZmtpLink
 
 DEFAULT_TIMEOUT_MS = 10_000
 DEFAULT_SPIN_US = 300  # call_sync polls without sleeping this long while answers come sooner
@@ -79,6 +88,7 @@ LOST_CHECK_MS = 100  # a blocking call looks for a dropped connection this often
 DOWN_WAIT_S = 1.0
 MAX_DIRECT_SOCKETS = 64  # blocking-call sockets at once; more threads go through the I/O thread
 REAP_INTERVAL_S = 1.0  # the I/O thread closes the sockets of threads that ended this often
+HEARTBEAT_S = 1.0  # the I/O thread's connections: an idle one pinged; silent 3 beats: dropped
 IO_CALL_GRACE_S = 5.0  # a blocking call carried by the I/O thread: its own deadline, then this
 CLIENT_LIMITS = Limits(max_frame_bytes=128 * 1024 * 1024).for_responses()
 # blocking calls of a client without CURVE keys over plain sockets speaking ZMTP
@@ -241,6 +251,9 @@ class Transport:
         # blocking calls on plain sockets (plain_call.py): only without CURVE
         self._plain = curve is None and (PLAIN_CALLS if plain_calls is None else plain_calls)
         self._plain_down: dict[str, float] = {}  # address -> when a plain connection was lost
+        # the I/O thread's plain connections (no CURVE): address -> link, and what is polled
+        self._links: dict[str, ZmtpLink] = {}
+        self._link_fds: dict[int, tuple[str, int]] = {}  # fd -> (address, events) registered
         # brokers of this process: address -> their calls (in_process.py), for call_sync
         self._in_process = dict(in_process or {})
         self._monitor_events = _CURVE_EVENTS if curve is not None else zmq.EVENT_DISCONNECTED
@@ -687,6 +700,8 @@ class Transport:
                     self._close_socket(address)
                 except Exception:  # a broken thread's state: close what can be
                     log.exception("event=client_socket_close_failed address=%s", address)
+            for link in self._links.values():
+                link.close()
             if not self.failure:
                 self._ctx.term()  # close() closed the blocking-call sockets first
 
@@ -703,6 +718,14 @@ class Transport:
                     self._receive(sock)
                 if mask & POLLOUT:
                     self._flush_backlog(self._addresses[sock])
+            elif sock in self._link_fds:
+                address = self._link_fds[sock][0]
+                link = self._links[address]
+                for frames in link.on_ready(mask):
+                    self._on_frames(address, frames)
+                self._link_state(address, link)
+        if self._links:
+            self._tend_links(time.monotonic())
         now = time.monotonic()
         self.batches.send_ready(now)
         self._expire(now)
@@ -713,8 +736,13 @@ class Transport:
                     self._reap_direct_locked()
 
     def _poll_timeout_ms(self) -> int:
-        deadline = self._deadlines[0][0] if self._deadlines else time.monotonic() + 1.0
+        now = time.monotonic()
+        deadline = self._deadlines[0][0] if self._deadlines else now + 1.0
         deadline = self.batches.next_due(deadline)
+        for link in self._links.values():
+            wait_s = link.timeout_s(now)
+            if wait_s is not None:
+                deadline = min(deadline, now + wait_s)
         return max(0, min(1000, int((deadline - time.monotonic()) * 1000) + 1))
 
     def _drain_inbox(self) -> None:
@@ -723,6 +751,9 @@ class Transport:
             if isinstance(entry, _Call):
                 self._start_call(entry)
             elif isinstance(entry, _Answer):
+                if self._plain:  # not taken (no connection now): the broker's request times out
+                    self._link(entry.address).send(entry.frames)
+                    continue
                 with contextlib.suppress(zmq.Again):  # no connection now: the broker's
                     send_frames(self._socket(entry.address), entry.frames)  # request times out
             else:
@@ -739,6 +770,65 @@ class Transport:
             self._poller.register(sock, zmq.POLLIN)
             self._poller.register(monitor, zmq.POLLIN)
         return sock
+
+    # -- the plain connections (no CURVE) --------------------------------------------------------
+    def _link(self, address: str) -> ZmtpLink:
+        link = self._links.get(address)
+        if link is None:
+            link = self._links[address] = ZmtpLink(
+                address, CLIENT_LIMITS.max_batch_count + 2, CLIENT_LIMITS.max_frame_bytes,
+                queue_first=False, heartbeat_s=HEARTBEAT_S)
+            link.tick(time.monotonic())
+            self._tend_links(time.monotonic())
+        return link
+
+    def _tend_links(self, now: float) -> None:
+        """Each turn: connections due are made, heartbeats kept, what happened acted on, and
+        the poller told which descriptors to watch for what (closed ones first: a number may
+        be reused by a new socket)."""
+        wanted: dict[int, tuple[str, int]] = {}
+        for address, link in self._links.items():
+            link.tick(now)
+            if link.lost or link.just_connected or link.failure:
+                self._link_state(address, link)
+            fd = link.fileno()
+            if fd is not None:
+                wanted[fd] = (address, link.events())
+        registered = self._link_fds
+        if wanted == registered:
+            return
+        for fd in [fd for fd in registered if fd not in wanted]:
+            with contextlib.suppress(KeyError):
+                self._poller.unregister(fd)
+            del registered[fd]
+        for fd, item in wanted.items():
+            if registered.get(fd) != item:
+                self._poller.register(fd, item[1])
+                registered[fd] = item
+
+    def _link_state(self, address: str, link: ZmtpLink) -> None:
+        """What a link's turn found beside answers: a refused handshake (the broker speaks
+        CURVE), a lost connection, an answer past the bounds, a new connection."""
+        if link.oversized:  # an answer this client cannot read: as a DEALER's MAXMSGSIZE
+            link.oversized.clear()
+            link.reset("an answer past the client's bounds")
+        if link.failure:
+            err = HandshakeError(address, False, link.failure)
+            link.failure = ""
+            self._backlog.pop(address, None)  # its calls are pending too: failed here
+            calls = [c for c in self._pending.values() if c.address == address]
+            for call in calls:
+                del self._pending[call.opaque]
+            for call in calls:
+                self._finish(call, err)
+        if link.lost:
+            link.lost = ""
+            self._fail_sent(address)
+        if link.just_connected:
+            link.just_connected = False
+            self._flush_backlog(address)
+        elif self._backlog.get(address) and link.writable:
+            self._flush_backlog(address)
 
     def _close_socket(self, address: str) -> None:
         sock = self._sockets.pop(address)
@@ -793,8 +883,14 @@ class Transport:
         sock = self._sockets[address]
         self._receive(sock)
         self._close_socket(address)
-        backlog = self._backlog.get(address) or ()
-        waiting = {call.opaque for call in backlog}
+        if self._backlog.get(address):
+            self._poller.modify(self._socket(address), zmq.POLLIN | zmq.POLLOUT)
+        self._fail_sent(address)
+
+    def _fail_sent(self, address: str) -> None:
+        """The connection to ``address`` dropped: the calls sent on it end with
+        ConnectionLostError; those in the backlog were never sent and wait."""
+        waiting = {call.opaque for call in self._backlog.get(address) or ()}
         sent = [
             call
             for call in self._pending.values()
@@ -802,8 +898,6 @@ class Transport:
         ]
         for call in sent:
             del self._pending[call.opaque]
-        if backlog:
-            self._poller.modify(self._socket(address), zmq.POLLIN | zmq.POLLOUT)
         for call in sent:
             self._finish(call, ConnectionLostError(address))
 
@@ -819,6 +913,8 @@ class Transport:
             self._park(call)
 
     def _try_send(self, call: _Call) -> bool:
+        if self._plain:
+            return self._link(call.address).send(call.frames)
         try:
             send_frames(self._socket(call.address), call.frames)
             return True
@@ -828,7 +924,8 @@ class Transport:
     def _park(self, call: _Call) -> None:
         """No connection yet: wait for POLLOUT (bounded by the call's deadline)."""
         self._backlog.setdefault(call.address, collections.deque()).append(call)
-        self._poller.modify(self._socket(call.address), zmq.POLLIN | zmq.POLLOUT)
+        if not self._plain:  # a link's connection or room flushes it (_link_state)
+            self._poller.modify(self._socket(call.address), zmq.POLLIN | zmq.POLLOUT)
 
     def _flush_backlog(self, address: str) -> None:
         backlog = self._backlog.get(address)
@@ -837,7 +934,8 @@ class Transport:
             if call.opaque in self._pending and not self._try_send(call):
                 return
             backlog.popleft()
-        self._poller.modify(self._sockets[address], zmq.POLLIN)
+        if not self._plain:
+            self._poller.modify(self._sockets[address], zmq.POLLIN)
 
     def _receive(self, sock: zmq.Socket[bytes]) -> None:
         for _ in range(RECV_BURST):
@@ -847,16 +945,20 @@ class Transport:
                 frames = recv_message(sock)
             except zmq.Again:
                 return
-            if is_request(frames):
-                self._on_request(self._addresses[sock], frames)
-                continue
-            try:
-                resp = decode_response(frames, CLIENT_LIMITS)
-            except ProtocolError:
-                continue  # unmatched garbage; the request it answers will time out
-            call = self._pending.pop(resp.opaque, None)
-            if call is not None:
-                self._finish(call, resp)
+            self._on_frames(self._addresses[sock], frames)
+
+    def _on_frames(self, address: str, frames: list[bytes]) -> None:
+        """A message from ``address``: an answer to a call in flight, or a broker's request."""
+        if is_request(frames):
+            self._on_request(address, frames)
+            return
+        try:
+            resp = decode_response(frames, CLIENT_LIMITS)
+        except ProtocolError:
+            return  # unmatched garbage; the request it answers will time out
+        call = self._pending.pop(resp.opaque, None)
+        if call is not None:
+            self._finish(call, resp)
 
     def _finish(self, call: _Call, outcome: Response | BaseException) -> None:
         if isinstance(outcome, BaseException):

@@ -302,8 +302,9 @@ def _take_one_request_then_close(router: zmq.Socket[bytes], ctx: zmq.Context[Any
     ctx.term()
 
 
-@pytest.mark.parametrize(("blocking", "plain"), [(False, False), (True, True), (True, False)],
-                         ids=["io-thread", "plain", "dealer"])
+@pytest.mark.parametrize(("blocking", "plain"),
+                         [(False, False), (False, True), (True, True), (True, False)],
+                         ids=["io-thread-dealer", "io-thread-plain", "plain", "dealer"])
 def test_a_call_whose_connection_drops_ends_at_once(blocking: bool, plain: bool) -> None:
     """Once a connection drops nothing sent on it can be answered: libzmq ends an IMMEDIATE
     socket's pipe (the I/O thread's), and a blocking call's socket would wait on a new
@@ -553,6 +554,47 @@ def test_a_plain_call_at_a_curve_broker_is_a_retriable_handshake_error() -> None
             assert len(accepted) == 2
         finally:
             t.close()
+
+
+def test_an_io_thread_call_at_a_curve_broker_is_a_retriable_handshake_error() -> None:
+    """The I/O thread's plain connection at a broker with aclEnable: the call (a Future) ends
+    at once with the HandshakeError, the connection is tried again."""
+    from common.client.results import HandshakeError
+
+    t = Transport(spin_us=0, plain_calls=True)
+    with curve_greeting_broker() as (port, accepted):
+        try:
+            for _ in range(2):
+                started = time.monotonic()
+                fut = t.call(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=5000)
+                with pytest.raises(HandshakeError) as e:
+                    fut.result(10)
+                assert e.value.code == ResponseCode.SYSTEM_ERROR and e.value.retriable
+                assert "CURVE" in str(e.value) and time.monotonic() - started < 2.5
+            assert len(accepted) >= 2
+        finally:
+            t.close()
+
+
+def test_an_io_thread_call_waits_for_a_broker_not_up_yet_and_goes_out_once_it_is() -> None:
+    """Nothing is queued in a connection that is not there (ZMQ_IMMEDIATE): the call waits in
+    the backlog, and goes out when the broker starts listening, within its deadline."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    t = Transport(spin_us=0, plain_calls=True)
+    try:
+        fut = t.call(f"127.0.0.1:{port}", RequestCode.STATUS, timeout_ms=10_000)
+        time.sleep(0.3)  # refused meanwhile, retried
+        assert not fut.done()
+        later = ScriptedBroker(port)
+        try:
+            assert fut.result(10).code == ResponseCode.SUCCESS
+        finally:
+            later.close()
+    finally:
+        t.close()
 
 
 def test_a_plain_call_keeps_an_answer_sent_just_before_the_broker_closes() -> None:

@@ -1,9 +1,10 @@
-"""The slave's link to its master without libzmq (slave/ha_link.py), against the master's own
-port (common/broker/tcp_port.py) and raw sockets, polled as the HA client polls it: a message
-sent before the connection waits for it; the port's PING answered; a lost connection reported,
-sends dropped until the next handshake, which is reported; a refused connection retried with
-a growing interval; a master speaking CURVE a handshake failure; a message past the bounds
-reported and the next one read."""
+"""A DEALER's side of ZMTP on a plain socket (common/format/zmtp_link.py), against the broker's
+own port (common/broker/tcp_port.py) and raw sockets, polled as its owners poll it: a message
+sent before the connection waits for it (the slave's), or is refused (the client's); the
+port's PING answered; a lost connection reported, sends dropped until the next handshake, which
+is reported; a refused connection retried with a growing interval; a peer speaking CURVE a
+handshake failure; a message past the bounds reported and the next one read; the greeting
+first; the heartbeat: an idle connection pinged, a silent one dropped."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import zmq
 
 from common.broker.tcp_port import TcpPort
 from common.format import zmtp
-from slave import ha_link
-from slave.ha_link import TcpLink
+from common.format import zmtp_link as ha_link
+from common.format.zmtp_link import ZmtpLink
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -26,9 +27,9 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 class Rig:
     """A master's port and a link to it, pumped in turn as their two threads would."""
 
-    def __init__(self, max_bytes: int = 10_000) -> None:
+    def __init__(self, max_bytes: int = 10_000, **options: Any) -> None:
         self.port = TcpPort("tcp://127.0.0.1:0", 2, 10_000, {}, keep_silent=True)
-        self.link = TcpLink(f"127.0.0.1:{self.port.port}", 2, max_bytes)
+        self.link = ZmtpLink(f"127.0.0.1:{self.port.port}", 2, max_bytes, **options)
         self.at_master: list[tuple[bytes, list[bytes]]] = []
         self.at_slave: list[list[bytes]] = []
         self.connected = 0
@@ -37,18 +38,19 @@ class Rig:
     def turn(self) -> None:
         self.port.serve(lambda identity, frames: self.at_master.append((identity, frames)))
         link = self.link
-        link.connect_if_due(time.monotonic())
+        link.tick(time.monotonic())
         fd = link.fileno()
-        if fd is None:
-            return
-        poller = zmq.Poller()
-        poller.register(fd, link.events())
-        events = dict(poller.poll(5))
-        if fd in events:
-            self.at_slave.extend(link.on_ready(events[fd]))
-            self.connected += link.just_connected
-            if link.lost:
-                self.lost.append(link.lost)
+        if fd is not None:
+            poller = zmq.Poller()
+            poller.register(fd, link.events())
+            events = dict(poller.poll(5))
+            if fd in events:
+                self.at_slave.extend(link.on_ready(events[fd]))
+        self.connected += link.just_connected
+        link.just_connected = False
+        if link.lost:
+            self.lost.append(link.lost)
+            link.lost = ""
 
     def pump(self, until: Callable[[], Any], timeout_s: float = 10) -> None:
         deadline = time.monotonic() + timeout_s
@@ -93,7 +95,7 @@ def test_a_lost_connection_is_reported_sends_dropped_until_the_next_handshake() 
     identity = rig.at_master[0][0]
     rig.port.close(None, identity, "test")  # the master ends the connection
     rig.pump(lambda: rig.lost)
-    assert rig.lost == ["the master's connection closed"]
+    assert rig.lost == ["the peer closed the connection"]
     assert not rig.link.connected
     assert not rig.link.send((b"while down",))  # dropped: the client counts it, re-sends
     rig.pump(lambda: rig.connected == 2)
@@ -108,7 +110,7 @@ def test_a_refused_connection_is_retried_with_a_growing_interval() -> None:
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()  # nobody listens there now
-    link = TcpLink(f"127.0.0.1:{port}", 2, 10_000)
+    link = ZmtpLink(f"127.0.0.1:{port}", 2, 10_000)
     gaps = []
     for _ in range(6):
         while link.fileno() is None:  # the next attempt's time
@@ -132,7 +134,7 @@ def test_a_master_speaking_curve_is_a_handshake_failure() -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
-        link = TcpLink(f"127.0.0.1:{server.getsockname()[1]}", 2, 10_000)
+        link = ZmtpLink(f"127.0.0.1:{server.getsockname()[1]}", 2, 10_000)
         link.connect_if_due(time.monotonic())
         conn, _ = server.accept()
         with conn:
@@ -173,7 +175,7 @@ def test_the_greeting_goes_first_and_ready_after_the_masters(monkeypatch: Any) -
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
-        link = TcpLink(f"127.0.0.1:{server.getsockname()[1]}", 2, 10_000)
+        link = ZmtpLink(f"127.0.0.1:{server.getsockname()[1]}", 2, 10_000)
         link.send((b"queued",))
         link.connect_if_due(time.monotonic())
         conn, _ = server.accept()
@@ -211,3 +213,35 @@ def test_the_greeting_goes_first_and_ready_after_the_masters(monkeypatch: Any) -
                 rest += conn.recv(4096)
             assert rest == want
     link.close()
+
+
+def test_without_queue_first_nothing_waits_for_a_connection() -> None:
+    rig = Rig(queue_first=False)
+    assert not rig.link.send((b"early",))  # ZMQ_IMMEDIATE: refused, the caller keeps it
+    rig.pump(lambda: rig.connected == 1)
+    assert rig.link.writable and rig.link.send((b"now",))
+    rig.pump(lambda: rig.at_master)
+    assert [frames for _, frames in rig.at_master] == [[b"now"]]
+    rig.close()
+
+
+def test_the_heartbeat_pings_an_idle_connection_and_drops_a_silent_one() -> None:
+    rig = Rig(queue_first=False, heartbeat_s=0.1)
+    rig.pump(lambda: rig.connected == 1)
+    rig.pump(lambda: rig.port.conns and all(
+        p.wire.state == zmtp.TRAFFIC for p in rig.port.conns.values()))
+    quiet_until = time.monotonic() + 0.5  # five beats: pinged, the port's PONGs keep it
+    rig.pump(lambda: time.monotonic() >= quiet_until)
+    assert rig.lost == [] and rig.link.connected
+    # a peer that stops answering (a cut network): nothing read from it any more
+    fd = rig.link.fileno()
+    started = time.monotonic()
+    while not rig.lost:
+        assert time.monotonic() - started < 5
+        rig.link.tick(time.monotonic())
+        if rig.link.lost:
+            rig.lost.append(rig.link.lost)
+        time.sleep(0.01)
+    assert rig.lost == ["the peer was silent for 0.3 s"] and fd is not None
+    assert time.monotonic() - started == pytest.approx(0.3, abs=0.2)
+    rig.close()

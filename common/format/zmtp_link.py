@@ -1,28 +1,31 @@
-"""The slave's link to its master's HA port without CURVE: a plain TCP socket of the HA client's
-thread, speaking ZMTP 3.1 (NULL) as a DEALER (``common/format/zmtp.py``), with no libzmq thread
-between a DATA frame and the append, nor between the ack and the master.
+"""A DEALER's side of ZMTP 3.1 (NULL) on a plain non-blocking TCP socket owned by one thread,
+with no libzmq thread between a message and that thread: the slave's link to its master's HA
+port (``slave/ha_client.py``) and the client's I/O thread's connection to each broker
+(``common/client/transport.py``), both without CURVE (CURVE stays libzmq's).
 
-Why: a SYNC put waits for a slave's ack, and through a DEALER each DATA frame crossed libzmq's
-I/O thread on its way to the HA client's thread and each ack crossed it back, two thread
-wake-ups a round trip on top of the master's (issue 43; the master's HA port is its loop's own
-sockets for the same reason, ``common/broker/tcp_port.py``).
+Why: through a DEALER each message crosses libzmq's I/O thread twice a round trip (the request
+handed to it, the answer handed back through the socket's mailbox), thread wake-ups that cost
+as much as the work on these VMs. A SYNC put waits for a slave's ack: with the master's HA port
+on the loop's own sockets (``common/broker/tcp_port.py``) and this link on the slave, the gate's
+SYNC_MASTER row went from 0.49 to 0.74 of the bare relay (docs/benchmarks.md, issue 43).
 
-What the HA client sees is what the DEALER gave it (``slave/ha_client.py``):
+What its owner sees is what a DEALER gave it:
 - the connection is made in the background and made again after it drops: every
-  ``RECONNECT_S`` at first, doubling to ``RECONNECT_MAX_S`` while the master refuses
-  (libzmq's RECONNECT_IVL and RECONNECT_IVL_MAX), back to the first once one succeeds;
-- messages sent before the first connection wait for it (a DEALER's pipe exists from
-  ``connect``); after a connection dropped, a message is dropped until the next one is made
-  (``send`` says False: the client counts it, the core sends again), and the client is told
-  ``connected`` each time the handshake completes (it says HELLO again after a reconnect) and
-  ``lost`` when an established connection ends;
-- the greeting goes first and READY only once the master's greeting is read (libzmq's ROUTER,
-  which a master with ``aclEnable`` off may still be on an older version, refuses a READY before
-  it has sent the rest of its greeting); the master's PINGs are answered PONG;
+  ``RECONNECT_S`` at first, doubling to ``RECONNECT_MAX_S`` while the peer refuses (libzmq's
+  RECONNECT_IVL and RECONNECT_IVL_MAX), back to the first once one succeeds;
+- with ``queue_first`` (the slave's), messages sent before the first connection wait for it (a
+  DEALER's pipe exists from ``connect``); without it (the client's: ``ZMQ_IMMEDIATE``) nothing
+  is queued for a peer not connected. After a connection dropped, a message is dropped until the
+  next one is made (``send`` says False); the owner is told ``just_connected`` each time the
+  handshake completes and ``lost`` when an established connection ends;
+- the greeting goes first and READY only once the peer's greeting is read (libzmq's ROUTER
+  refuses a READY before it has sent the rest of its greeting); the peer's PINGs are answered
+  PONG; with ``heartbeat_s`` (the client's, as its DEALERs had ZMTP heartbeats) an idle
+  connection is pinged that often and one silent for three times as long is dropped (a host
+  gone without a FIN, a cut network);
 - a message past ``max_frames`` or ``max_bytes`` is read to its end and dropped, and reported
-  (``oversized``): the core takes it as a bad frame; a master that breaks ZMTP is a lost
-  connection, and one that speaks CURVE a handshake failure (``failure``) tried again as the
-  master may change.
+  (``oversized``); a peer that breaks ZMTP is a lost connection, and one that speaks CURVE a
+  handshake failure (``failure``), tried again as the peer may change.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import errno
 import socket
 import time
+from collections.abc import Sequence
 
 import zmq
 
@@ -37,19 +41,21 @@ from common.format import zmtp
 
 RECONNECT_S = 0.1  # libzmq's RECONNECT_IVL, as the DEALER had it
 RECONNECT_MAX_S = 1.0  # RECONNECT_IVL_MAX
-RECV_BYTES = 256 * 1024  # a read: two DATA frames of the default haTransferBatchSize
+RECV_BYTES = 256 * 1024  # a read: two HA DATA frames of the default haTransferBatchSize
 RECV_BURST = 16  # reads a turn before the client looks at its timers and the stop pipe
 MAX_QUEUED = 1000  # messages waiting for the first connection (the DEALER's SNDHWM)
-MAX_BUFFERED = 16 * 1024 * 1024  # bytes the master has not read; beyond, a send is dropped
+MAX_BUFFERED = 16 * 1024 * 1024  # bytes the peer has not read; beyond, a send is refused
+DEAD_AFTER_BEATS = 3  # silent this many heartbeats: the connection is dropped
 READY = zmtp.ready(b"DEALER")
 # the client polls the socket with a zmq.Poller: its bits (a hang-up is POLLERR there)
 POLLIN, POLLOUT, POLLERR = zmq.POLLIN, zmq.POLLOUT, zmq.POLLERR
 
 
-class TcpLink:
+class ZmtpLink:
     """One connection at a time to ``address`` (host:port), owned by one thread."""
 
-    def __init__(self, address: str, max_frames: int, max_bytes: int):
+    def __init__(self, address: str, max_frames: int, max_bytes: int, queue_first: bool = True,
+                 heartbeat_s: float | None = None):
         host, _, port = address.rpartition(":")
         self._target = (host.strip("[]"), int(port))
         self._max_frames = max_frames
@@ -59,11 +65,14 @@ class TcpLink:
         self._connecting = False  # a connect in progress (non-blocking)
         self.connected = False  # the handshake completed: messages flow
         self._out = bytearray()  # bytes the socket did not take yet
-        self._queued: list[bytes] | None = []  # before the first connection; None after it
+        self._queued: list[bytes] | None = [] if queue_first else None  # until connected once
+        self._heartbeat_s = heartbeat_s
+        self._heard = 0.0  # monotonic: the peer's last bytes (heartbeat)
+        self._pinged = 0.0  # monotonic: our last PING
         self._retry_s = RECONNECT_S
         self.next_attempt = 0.0  # monotonic: when to connect (no socket now)
         self.connections = 0  # handshakes completed
-        # what the last ``on_ready`` found, for the client to act on
+        # what happened, for the owner to act on and clear
         self.just_connected = False
         self.lost = ""  # why an established connection ended ("" if it did not)
         self.failure = ""  # a handshake the master refused (it speaks CURVE)
@@ -77,8 +86,28 @@ class TcpLink:
         return POLLIN | POLLOUT if self._connecting or self._out else POLLIN
 
     def timeout_s(self, now: float) -> float | None:
-        """How long until a connection attempt is due (None while a socket is open)."""
-        return None if self.sock is not None else max(0.0, self.next_attempt - now)
+        """How long until ``tick`` has work (a connection attempt, a heartbeat), or None."""
+        if self.sock is None:
+            return max(0.0, self.next_attempt - now)
+        if self._heartbeat_s is not None and self.connected:
+            return max(0.0, min(self._pinged, self._heard) + self._heartbeat_s - now)
+        return None
+
+    def tick(self, now: float) -> None:
+        """Connect when an attempt is due; with ``heartbeat_s``, ping an idle connection and
+        drop one silent for ``DEAD_AFTER_BEATS`` beats (``lost`` says so)."""
+        if self.sock is None:
+            self.connect_if_due(now)
+            return
+        beat = self._heartbeat_s
+        if beat is None or not self.connected:
+            return
+        if now - self._heard >= beat * DEAD_AFTER_BEATS:
+            self._drop(reconnect=True,
+                       why=f"the peer was silent for {beat * DEAD_AFTER_BEATS:g} s")
+        elif now - self._heard >= beat and now - self._pinged >= beat:
+            self._pinged = now
+            self._write(zmtp.PING)
 
     # ---- connecting ---------------------------------------------------------------------------
     def connect_if_due(self, now: float) -> None:
@@ -122,6 +151,7 @@ class TcpLink:
         self.just_connected = True
         self._retry_s = RECONNECT_S
         self.failure = ""
+        self._heard = self._pinged = time.monotonic()
         hello = bytearray(READY)
         if self._queued is not None:  # the first connection takes what waited for it
             for data in self._queued:
@@ -132,8 +162,8 @@ class TcpLink:
     # ---- a turn -------------------------------------------------------------------------------
     def on_ready(self, revents: int) -> list[list[bytes]]:
         """The socket was ready: connect, read, write. The whole messages that arrived;
-        ``just_connected``, ``lost``, ``failure`` and ``oversized`` say what else happened."""
-        self.just_connected, self.lost = False, ""
+        ``just_connected``, ``lost``, ``failure`` and ``oversized`` say what else happened
+        (here, in ``tick`` or in ``send``), each until its owner clears it."""
         if self.sock is None:
             return []
         if self._connecting:
@@ -157,19 +187,21 @@ class TcpLink:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
-                self._drop(reconnect=True, why=f"the master's connection failed: {e}")
+                self._drop(reconnect=True, why=f"the connection failed: {e}")
                 return
             if not chunk:
-                self._drop(reconnect=True, why="the master's connection closed")
+                self._drop(reconnect=True, why="the peer closed the connection")
                 return
+            if self._heartbeat_s is not None:
+                self._heard = time.monotonic()
             try:
                 messages.extend(wire.feed(chunk))
             except zmtp.MechanismError as e:
-                self.failure = f"{e}: the master runs with aclEnable, and this slave has no keys"
+                self.failure = f"{e}: the peer runs with aclEnable, and this side has no keys"
                 self._drop(reconnect=True, why=self.failure)
                 return
             except zmtp.ZmtpError as e:
-                self._drop(reconnect=True, why=f"the master broke ZMTP: {e}")
+                self._drop(reconnect=True, why=f"the peer broke ZMTP: {e}")
                 return
             if not self.connected and wire.greeted:
                 self._handshake_done()
@@ -191,25 +223,34 @@ class TcpLink:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
-            self._drop(reconnect=True, why=f"the master's connection failed: {e}")
+            self._drop(reconnect=True, why=f"the connection failed: {e}")
             return
         del self._out[:sent]
 
     # ---- sending ------------------------------------------------------------------------------
-    def send(self, frames: tuple[bytes | memoryview, ...] | list[bytes]) -> bool:
-        """A message to the master; False when it was dropped (no connection since one was
-        lost, or the master has not read ``MAX_BUFFERED`` bytes)."""
-        data = zmtp.encode(frames)
+    def send(self, frames: Sequence[bytes | memoryview]) -> bool:
+        """A message to the peer; False when it was not taken (no connection: none yet
+        without ``queue_first``, or none since one was lost; or the peer has not read
+        ``MAX_BUFFERED`` bytes)."""
         if not self.connected:
             if self._queued is None or len(self._queued) >= MAX_QUEUED:
                 return False
-            self._queued.append(data)
+            self._queued.append(zmtp.encode(frames))
             return True
-        if len(self._out) + len(data) > MAX_BUFFERED:
+        if len(self._out) > MAX_BUFFERED:
             return False
+        self._write(zmtp.encode(frames))
+        return self.sock is not None
+
+    @property
+    def writable(self) -> bool:
+        """Connected, with room for more (``send`` would take a message)."""
+        return self.connected and len(self._out) <= MAX_BUFFERED
+
+    def _write(self, data: bytes) -> None:
         if self._out:
             self._out += data
-            return True
+            return
         sock = self.sock
         assert sock is not None
         try:
@@ -217,11 +258,10 @@ class TcpLink:
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as e:
-            self._drop(reconnect=True, why=f"the master's connection failed: {e}")
-            return False
+            self._drop(reconnect=True, why=f"the connection failed: {e}")
+            return
         if sent < len(data):
             self._out += memoryview(data)[sent:]
-        return True
 
     # ---- ending -------------------------------------------------------------------------------
     def _drop(self, reconnect: bool, why: str = "") -> None:
@@ -236,6 +276,10 @@ class TcpLink:
             sock.close()
         if reconnect:
             self._retry_later()
+
+    def reset(self, why: str) -> None:
+        """Drop the connection (``lost`` says ``why``) and make another."""
+        self._drop(reconnect=True, why=why)
 
     def close(self) -> None:
         self._drop(reconnect=False)
