@@ -706,6 +706,8 @@ class Transport:
                 self._ctx.term()  # close() closed the blocking-call sockets first
 
     def _loop_once(self) -> None:
+        if self._links:  # connections made or kept, and polled for what each wants now
+            self._tend_links(time.monotonic())
         events = dict(self._poller.poll(self._poll_timeout_ms()))
         if self._wakeup.fileno() in events:
             self._wakeup.clear()
@@ -724,8 +726,6 @@ class Transport:
                 for frames in link.on_ready(mask):
                     self._on_frames(address, frames)
                 self._link_state(address, link)
-        if self._links:
-            self._tend_links(time.monotonic())
         now = time.monotonic()
         self.batches.send_ready(now)
         self._expire(now)
@@ -778,19 +778,24 @@ class Transport:
             link = self._links[address] = ZmtpLink(
                 address, CLIENT_LIMITS.max_batch_count + 2, CLIENT_LIMITS.max_frame_bytes,
                 queue_first=False, heartbeat_s=HEARTBEAT_S)
-            link.tick(time.monotonic())
-            self._tend_links(time.monotonic())
+            link.tick(time.monotonic())  # polled from the next turn on (_loop_once)
         return link
 
     def _tend_links(self, now: float) -> None:
-        """Each turn: connections due are made, heartbeats kept, what happened acted on, and
-        the poller told which descriptors to watch for what (closed ones first: a number may
-        be reused by a new socket)."""
+        """Before each poll: connections due are made, heartbeats kept, what happened acted
+        on, and the poller told which descriptors to watch for what (closed ones first: a
+        number may be reused by a new socket)."""
         wanted: dict[int, tuple[str, int]] = {}
+        tended: set[str] = set()
+        while len(tended) < len(self._links):  # acting on one may make another: tended too
+            for address, link in list(self._links.items()):
+                if address in tended:
+                    continue
+                tended.add(address)
+                link.tick(now)
+                if link.lost or link.just_connected or link.failure:
+                    self._link_state(address, link)
         for address, link in self._links.items():
-            link.tick(now)
-            if link.lost or link.just_connected or link.failure:
-                self._link_state(address, link)
             fd = link.fileno()
             if fd is not None:
                 wanted[fd] = (address, link.events())

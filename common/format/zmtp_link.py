@@ -89,8 +89,10 @@ class ZmtpLink:
         """How long until ``tick`` has work (a connection attempt, a heartbeat), or None."""
         if self.sock is None:
             return max(0.0, self.next_attempt - now)
-        if self._heartbeat_s is not None and self.connected:
-            return max(0.0, min(self._pinged, self._heard) + self._heartbeat_s - now)
+        beat = self._heartbeat_s
+        if beat is not None and self.connected:  # the next PING, or the drop
+            due = min(max(self._heard, self._pinged) + beat, self._heard + beat * DEAD_AFTER_BEATS)
+            return max(0.0, due - now)
         return None
 
     def tick(self, now: float) -> None:

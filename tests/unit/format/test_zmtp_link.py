@@ -233,6 +233,12 @@ def test_the_heartbeat_pings_an_idle_connection_and_drops_a_silent_one() -> None
     quiet_until = time.monotonic() + 0.5  # five beats: pinged, the port's PONGs keep it
     rig.pump(lambda: time.monotonic() >= quiet_until)
     assert rig.lost == [] and rig.link.connected
+    # just after a PING, the next work is a beat away (the PONG may take its time): no busy
+    # loop on a poll timeout of zero while it is awaited
+    now = time.monotonic()
+    rig.link.tick(now + 0.1)
+    wait_s = rig.link.timeout_s(now + 0.1)
+    assert wait_s is not None and wait_s >= 0.05
     # a peer that stops answering (a cut network): nothing read from it any more
     fd = rig.link.fileno()
     started = time.monotonic()
