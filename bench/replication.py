@@ -23,6 +23,9 @@
 6. Redis (Debian ``redis-server``) master + replica started here: XADD then ``WAIT 1 1000`` one
    at a time, and 64 pipelined XADDs then one WAIT 1 (issue 24: our SYNC single sends reported
    against the first, our SYNC ``send_batch`` of 64 >= 2x the second).
+``--rounds N`` runs only issue 43's two SYNC rows against Redis (6.), in N interleaved rounds
+of short legs, and prints each round's ratios and their medians (targets 0.7x and 1.5x).
+
 7. The acceptance rows of issue 24, each ratio from this run: SYNC single >= 0.8x the bare
    relay (5.), SYNC ``send_batch`` of 64 >= 0.6x the bare relay of 64-body frames and >= 2x
    Redis, catch-up >= 50% of bare PUSH/PULL. ``--body`` sets the put figures' body size
@@ -35,16 +38,18 @@ under a temp dir that is removed at the end; children are stopped by pid.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -391,20 +396,22 @@ def relay(count: int, body_bytes: int, msgs_per_request: int, name: str) -> Figu
 
 
 # ---- 6. redis ---------------------------------------------------------------------------------
-def redis_figures(home: Path, count: int) -> dict[str, Figure] | None:
+@contextlib.contextmanager
+def redis_pair(home: Path) -> Iterator[Any]:
+    """A Redis master and its replica, linked: the master's client (None: no redis-server)."""
     if shutil.which("redis-server") is None:
-        return None
+        yield None
+        return
     import redis
 
     mport, rport = _support.free_port(1), _support.free_port(1)
     started = [_support.start_redis(home / "redis-m", mport),
                _support.start_redis(home / "redis-r", rport, mport)]
     procs = [p for p in started if p is not None]
-    if len(procs) < 2:
-        for p in procs:
-            p.kill()
-        return None
     try:
+        if len(procs) < 2:
+            yield None
+            return
         client = redis.Redis(port=mport)
         wait_until(
             lambda: (
@@ -419,33 +426,85 @@ def redis_figures(home: Path, count: int) -> dict[str, Figure] | None:
             20,
             "redis replica link",
         )
-        body = b"x" * BODY
-        lat = []
-        t0 = time.perf_counter()
-        for _ in range(count // 4):
-            t = time.perf_counter()
-            client.xadd("bench", {"b": body})
-            assert client.wait(1, 1000) >= 1
-            lat.append((time.perf_counter() - t) * 1000)
-        one = Figure("redis XADD+WAIT 1", count // 4, time.perf_counter() - t0, lat, BODY)
-        lat = []
-        t0 = time.perf_counter()
-        for _ in range(count * 2 // 64):
-            t = time.perf_counter()
-            pipe = client.pipeline(transaction=False)
-            for _ in range(64):
-                pipe.xadd("bench", {"b": body})
-            pipe.execute()
-            assert client.wait(1, 1000) >= 1
-            lat.append((time.perf_counter() - t) * 1000)
-        batch = Figure("redis XADD x64+WAIT 1", count * 2 // 64 * 64, time.perf_counter() - t0, lat, BODY)
-        client.close()
         replica.close()
-        return {"1": one, "batch": batch}
+        yield client
+        client.close()
     finally:
         for p in procs:
             p.kill()
             p.wait(10)
+
+
+def redis_single(client: Any, count: int) -> Figure:
+    """XADD then ``WAIT 1 1000``, one at a time."""
+    body = b"x" * BODY
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(count):
+        t = time.perf_counter()
+        client.xadd("bench", {"b": body})
+        assert client.wait(1, 1000) >= 1
+        lat.append((time.perf_counter() - t) * 1000)
+    return Figure("redis XADD+WAIT 1", count, time.perf_counter() - t0, lat, BODY)
+
+
+def redis_batch(client: Any, count: int) -> Figure:
+    """64 pipelined XADDs, then one ``WAIT 1 1000``."""
+    body = b"x" * BODY
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(count // 64):
+        t = time.perf_counter()
+        pipe = client.pipeline(transaction=False)
+        for _ in range(64):
+            pipe.xadd("bench", {"b": body})
+        pipe.execute()
+        assert client.wait(1, 1000) >= 1
+        lat.append((time.perf_counter() - t) * 1000)
+    return Figure("redis XADD x64+WAIT 1", count // 64 * 64, time.perf_counter() - t0, lat, BODY)
+
+
+def redis_figures(home: Path, count: int) -> dict[str, Figure] | None:
+    with redis_pair(home) as client:
+        if client is None:
+            return None
+        return {"1": redis_single(client, count // 4), "batch": redis_batch(client, count * 2)}
+
+
+def sync_rounds(home: Path, rounds: int, count: int) -> int:
+    """Issue 43's two SYNC_MASTER rows in interleaved short legs (a slow spell of the VM hits
+    both sides of a round): a SYNC single send against Redis XADD + WAIT 1 (target >= 0.7x)
+    and a SYNC ``send_batch`` of 64 against 64 pipelined XADDs + WAIT 1 (target >= 1.5x);
+    each round's ratio, and their median."""
+    master, slave = group(home / "rounds", "SYNC_MASTER")
+    ratios: dict[str, list[float]] = {"1": [], "batch": []}
+    try:
+        with redis_pair(home) as client, Producer([master.address], retries=0) as p:
+            if client is None:
+                print("redis-server not installed: no rounds")
+                return 1
+            sends(p, 500, "warm-up")
+            redis_single(client, 200)
+            for i in range(rounds):
+                one = sends(p, count // 4, "SYNC 1 in flight")
+                r_one = redis_single(client, count // 4)
+                batch = batches(p, count * 2, "SYNC send_batch x64")
+                r_batch = redis_batch(client, count * 2)
+                ratios["1"].append(one.rate / r_one.rate)
+                ratios["batch"].append(batch.rate / r_batch.rate)
+                print(f"  round {i + 1}: SYNC 1 {one.rate:.0f}/s vs {r_one.rate:.0f}/s "
+                      f"{ratios['1'][-1]:.2f}x; SYNC batch x64 {batch.rate:.0f}/s vs "
+                      f"{r_batch.rate:.0f}/s {ratios['batch'][-1]:.2f}x", flush=True)
+    finally:
+        slave.stop()
+        master.stop()
+    print(f"issue 43, bodies {BODY} B, medians of {rounds} interleaved rounds:")
+    for key, name, target in (("1", "SYNC 1 in flight vs XADD+WAIT 1", 0.7),
+                              ("batch", "SYNC send_batch x64 vs XADD x64+WAIT 1", 1.5)):
+        median = statistics.median(ratios[key])
+        print(f"    {name:40s} {median:.2f}x  [{min(ratios[key]):.2f}-{max(ratios[key]):.2f}]"
+              f"  (target >= {target}x: {'met' if median >= target else 'MISSED'})")
+    return 0
 
 
 def _redis_up(client: Any) -> bool:
@@ -467,10 +526,17 @@ def main() -> int:
     ap.add_argument("--ha-window-mib", type=int, default=4, help="haWindowBytes (catch-up)")
     ap.add_argument("--only-catchup", action="store_true")
     ap.add_argument("--body", type=int, default=1024, help="body bytes of the put figures")
+    ap.add_argument("--rounds", type=int, default=0, help="only issue 43's two SYNC rows "
+                    "against Redis, in this many interleaved rounds of --count sends")
     args = ap.parse_args()
     global BODY
     BODY = args.body
     home = Path(tempfile.mkdtemp(prefix="replog-bench-repl-"))
+    if args.rounds:
+        try:
+            return sync_rounds(home, args.rounds, args.count)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
     try:
         total = args.catchup_mib * 1024 * 1024
         print(f"replication benchmark, {os.cpu_count()} CPUs, bodies {BODY} B, home {home}")

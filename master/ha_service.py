@@ -10,7 +10,7 @@ server's I/O thread, "replog-io", polls the HA socket beside the client ROUTER a
     after_burst        after each burst of client requests (puts were appended on that very
                        thread): store.max_phy_offset -> core.on_log_advanced -> DATA frames
                        go out at once; no pipe, no other thread
-    on_events          ROUTER readable: decode -> core.on_frame / on_bad_frame; writable while
+    on_events          the port readable: decode -> core.on_frame / on_bad_frame; writable while
                        a peer's backlog waits: flush it
     timeout_ms/on_timer core.next_deadline_ms -> core.tick (heartbeats, silent peers);
                        store.min_phy_offset grew -> core.on_log_trimmed; transfer rates;
@@ -33,13 +33,17 @@ Appends on the host's own thread need no signal (``after_burst`` follows them); 
 listener only wakes the host for appends made on other threads, and only while a slave is
 connected (a connecting slave's HELLO reads the log max anyway).
 
-Bounds: at most ``haWindowBytes`` unacked per slave (the core), ``SNDHWM`` messages queued per
-peer in ZeroMQ, ``ROUTER_MANDATORY`` so a full peer says EAGAIN and a gone one EHOSTUNREACH
-instead of ZeroMQ dropping silently. EAGAIN parks that peer's remaining actions in a per-peer
-backlog (bounded; its reads are deferred, so no log bytes are held) that is retried when the
-socket is writable again; EHOSTUNREACH or an overflowing backlog disconnects the peer in the
-core. Incoming messages are capped: whole, by the plain port (2 frames, the largest header +
-1 KiB; past it a bad frame), or per frame with ``MAXMSGSIZE`` (CURVE).
+Bounds: at most ``haWindowBytes`` unacked per slave (the core). On the plain port what a slow
+slave has not read waits in the port (so at most its window and a few heartbeats), and a frame
+that cannot go (the slave gone, or past the port's ``MAX_BUFFERED``) disconnects the peer in
+the core. On the CURVE ROUTER: ``SNDHWM`` messages queued per peer in ZeroMQ,
+``ROUTER_MANDATORY`` so a full peer says EAGAIN and a gone one EHOSTUNREACH instead of ZeroMQ
+dropping silently; EAGAIN parks that peer's remaining actions in a per-peer backlog (bounded;
+its reads are deferred, so no log bytes are held) that is retried when the socket is writable
+again (on the plain port, which never says EAGAIN, by a timer); EHOSTUNREACH or an overflowing
+backlog disconnects the peer in the core. Incoming messages are capped: whole, by the plain
+port (2 frames, the largest header + 1 KiB; past it a bad frame), or per frame with
+``MAXMSGSIZE`` (CURVE).
 
 Controller mode (``common/broker/controller.py``): acks count per SyncStateSet member. A SYNC
 put completes once *every* member but the master holds it (``MasterCore.acked_offset_all``) and
