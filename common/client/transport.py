@@ -817,15 +817,10 @@ class Transport:
         if link.oversized:  # an answer this client cannot read: as a DEALER's MAXMSGSIZE
             link.oversized.clear()
             link.reset("an answer past the client's bounds")
-        if link.failure:
+        if link.failure:  # the link tries again by itself; every call to it fails now
             err = HandshakeError(address, False, link.failure)
             link.failure = ""
-            self._backlog.pop(address, None)  # its calls are pending too: failed here
-            calls = [c for c in self._pending.values() if c.address == address]
-            for call in calls:
-                del self._pending[call.opaque]
-            for call in calls:
-                self._finish(call, err)
+            self._fail_every_call(address, err)
         if link.lost:
             link.lost = ""
             self._fail_sent(address)
@@ -869,6 +864,10 @@ class Transport:
         """No request to ``address`` can go through: fail them all now (sent or waiting in
         the backlog) with ``err``; the next call makes a new socket, hence a new attempt."""
         self._close_socket(address)
+        self._fail_every_call(address, err)
+
+    def _fail_every_call(self, address: str, err: BrokerError) -> None:
+        """Every call to ``address``, sent or in the backlog, ends with ``err``."""
         self._backlog.pop(address, None)  # its calls are pending too: failed below
         calls = [c for c in self._pending.values() if c.address == address]
         for call in calls:

@@ -63,6 +63,17 @@ class Rig:
         self.port.shutdown(0)
 
 
+def turn(link: ZmtpLink) -> None:
+    """One poll of the link's socket (it has one), and its turn if it was ready."""
+    fd = link.fileno()
+    assert fd is not None
+    poller = zmq.Poller()
+    poller.register(fd, link.events())
+    events = dict(poller.poll(100))
+    if fd in events:
+        link.on_ready(events[fd])
+
+
 def test_a_message_sent_before_the_connection_waits_for_it_and_answers_come_back() -> None:
     rig = Rig()
     assert rig.link.send((b"hello",))  # no connection yet: queued, as in a DEALER's pipe
@@ -140,17 +151,10 @@ def test_a_master_speaking_curve_is_a_handshake_failure() -> None:
         with conn:
             conn.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x01" + b"CURVE".ljust(20, b"\x00")
                          + bytes(32))
-            poller = zmq.Poller()
             deadline = time.monotonic() + 10
             while not link.failure:
                 assert time.monotonic() < deadline
-                fd = link.fileno()
-                assert fd is not None
-                poller.register(fd, link.events())
-                events = dict(poller.poll(100))
-                if fd in events:
-                    link.on_ready(events[fd])
-                poller.unregister(fd)
+                turn(link)
             assert "aclEnable" in link.failure and link.fileno() is None
     link.close()
 
@@ -181,16 +185,9 @@ def test_the_greeting_goes_first_and_ready_after_the_masters(monkeypatch: Any) -
         conn, _ = server.accept()
         with conn:
             conn.settimeout(5)
-            poller = zmq.Poller()
             got = b""
             while len(got) < zmtp.GREETING_BYTES:
-                fd = link.fileno()
-                assert fd is not None
-                poller.register(fd, link.events())
-                events = dict(poller.poll(100))
-                if fd in events:
-                    link.on_ready(events[fd])
-                poller.unregister(fd)
+                turn(link)
                 conn.setblocking(False)
                 try:
                     got += conn.recv(4096)
@@ -199,13 +196,7 @@ def test_the_greeting_goes_first_and_ready_after_the_masters(monkeypatch: Any) -
             assert got == zmtp.GREETING  # nothing more before the master's greeting
             conn.sendall(zmtp.SERVER_HELLO)
             while not link.connected:
-                fd = link.fileno()
-                assert fd is not None
-                poller.register(fd, link.events())
-                events = dict(poller.poll(100))
-                if fd in events:
-                    link.on_ready(events[fd])
-                poller.unregister(fd)
+                turn(link)
             conn.setblocking(True)
             rest = b""
             want = ha_link.READY + zmtp.encode([b"queued"])
