@@ -13,16 +13,19 @@ The package, one module a layer (everything is imported from ``common.client``):
 
 Threads and sockets::
 
-    user threads --(inbox deque + pipe wakeup)--> one I/O thread per client --DEALER--> brokers
+    user threads --(inbox deque + pipe wakeup)--> one I/O thread per client --ZMTP--> brokers
                  <---------- concurrent.futures.Future resolved by the I/O thread ----------
 
-* One background I/O thread owns a ZeroMQ context and one DEALER socket per broker address. Any
-  number of requests are in flight on a socket at once; answers are matched by their opaque id.
-  Sockets use ``ZMQ_IMMEDIATE`` so a request is never parked for a broker that is down (it waits
-  in a bounded backlog until the connection is up or its deadline passes) and heartbeats so a
-  frozen broker is noticed. (libzmq drops an IMMEDIATE socket's unread answers when its
-  connection drops; a draining broker keeps its connections open a moment after its last
-  answers for that, see ``common/broker/server.py``.)
+* One background I/O thread owns one connection per broker address: without CURVE keys a plain
+  socket of its own speaking ZMTP as a DEALER (``common/format/zmtp_link.py``: no libzmq thread
+  between a batch and its answer), with keys (or ``plain_calls=False``) a DEALER of a ZeroMQ
+  context it owns. Any number of requests are in flight on a connection at once; answers are
+  matched by their opaque id. Nothing is queued for a broker that is not connected (a DEALER's
+  ``ZMQ_IMMEDIATE``; the request waits in a bounded backlog until the connection is up or its
+  deadline passes), and heartbeats notice a frozen broker. (libzmq drops an IMMEDIATE socket's
+  unread answers when its connection drops; a draining broker keeps its connections open a
+  moment after its last answers for that, see ``common/broker/server.py``. A plain link reads
+  what arrived before the close first.)
 * A blocking call (``send``, ``send_batch``, ``pull``, ``status``...) runs on the calling
   thread's own connection. Without CURVE keys that is a plain TCP socket speaking ZMTP
   (``plain_call.py``: the caller writes the request and reads the answer itself, no libzmq
