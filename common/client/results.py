@@ -8,6 +8,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from common.core import accel
 from common.core.errors import (
     BrokerError,
     CorruptMessageError,
@@ -152,6 +153,12 @@ class PullResult:
         }
 
 
+# Where the C codec is built, a send answer's SendResults are made there (``send_results`` in
+# ``_codec.c``), one call for the whole batch; ``_send_results`` is the Python reference
+# (tests/unit/client/test_client_results.py runs both).
+_native_results = getattr(accel.load("common.format._codec"), "send_results", None)
+
+
 def send_results(topic: str, resp: Response, broker_name: str = "") -> list[SendResult]:
     """A SEND / SEND_BATCH answer -> one SendResult per message (raises if refused).
 
@@ -166,11 +173,31 @@ def send_results(topic: str, resp: Response, broker_name: str = "") -> list[Send
     prefix = fields.get("storeHost")
     first_phy = fields.get("commitLogOffset")
     offsets = fields.get("offsets") or ([first_phy] if first_phy is not None else [])
-    if (type(prefix) is not str or len(prefix) != 16 or not set(map(type, offsets)) <= {int}
-            or not 0 <= min(offsets, default=0) <= max(offsets, default=0) < 1 << 63):
+    if type(prefix) is not str or len(prefix) != 16:
         raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed send answer {fields!r:.200}")
     queue_id = int(fields.get("queueId", -1))
     first = int(fields.get("queueOffset", -1))
+    handle = fields.get("recallHandle") or ""
+    if type(handle) is not str:
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed send answer {fields!r:.200}")
+    if _native_results is not None and prefix.isascii():
+        try:
+            return _native_results(SendResult, status, prefix, offsets, queue_id, first, topic,
+                                   broker_name, handle)
+        except (ValueError, TypeError, OverflowError):
+            pass  # anything unusual (a bad offset, a huge queue offset): the reference decides
+    return _send_results(status, prefix, offsets, queue_id, first, topic, broker_name, handle,
+                         fields)
+
+
+def _send_results(status: SendStatus, prefix: str, offsets: list[Any], queue_id: int,
+                  first: int, topic: str, broker_name: str, handle: str,
+                  fields: dict[str, Any]) -> list[SendResult]:
+    """``send_results``' loop in Python: the reference the C one (``_codec.send_results``) is
+    held to, and what runs where the extension is not built."""
+    if (not set(map(type, offsets)) <= {int}
+            or not 0 <= min(offsets, default=0) <= max(offsets, default=0) < 1 << 63):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed send answer {fields!r:.200}")
     make = tuple.__new__  # SendResult's fields in order, without its Python-level __new__
     cls = SendResult
     if len(offsets) < 8:
@@ -178,9 +205,6 @@ def send_results(topic: str, resp: Response, broker_name: str = "") -> list[Send
     else:  # one hex conversion for the whole batch, cut in 16 digits per id
         digits = struct.pack(f">{len(offsets)}Q", *offsets).hex().upper()
         ids = [prefix + digits[i : i + 16] for i in range(0, len(digits), 16)]
-    handle = fields.get("recallHandle") or ""
-    if type(handle) is not str:
-        raise BrokerError(ResponseCode.SYSTEM_ERROR, f"malformed send answer {fields!r:.200}")
     return [
         make(cls, (status, msg_id, queue_id, first + i, phy, topic, broker_name, handle))
         for i, (msg_id, phy) in enumerate(zip(ids, offsets, strict=True))

@@ -1,10 +1,11 @@
 """The C extensions, where built: ``load(name)`` is the module or None.
 
-Six hot loops have a C version beside their Python one: the CommitLog's record writer
+Seven hot loops have a C version beside their Python one: the CommitLog's record writer
 (``common.format._record_writer``, see ``common/format/record_writer.py``), the client
 protocol's decode and checks of a plain request or answer and its encodes
 (``common.format._codec``, see ``decode_request`` in ``common/format/protocol.py``), the plain
-ports' ZMTP frame scan and framing (the same module, see ``common/format/zmtp.py``), the HA
+ports' ZMTP frame scan and framing (the same module, see ``common/format/zmtp.py``), a send
+answer's SendResults (the same module, see ``send_results`` in ``common/client/results.py``), the HA
 protocol's DATA and ACK (``common.ha._ha_codec``, see ``decode`` in ``common/ha/protocol.py``),
 reput's record
 scan and its merge of write digests (``common.store._reput_scan``, see ``common/store/reput.py``

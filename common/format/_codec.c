@@ -657,6 +657,101 @@ done:
     return result;
 }
 
+/* send_results(cls, status, prefix, offsets, queue_id, first, topic, broker_name, handle)
+ * -> [cls(status, prefix + "%016X" % phy, queue_id, first + i, phy, topic, broker_name,
+ *         handle) for i, phy in enumerate(offsets)]
+ * results.py's send_results after its checks of the answer: one SendResult (a tuple subclass,
+ * made as tuple.__new__ makes it) per offset. ``prefix`` must be 16 ASCII characters and each
+ * offset an int in [0, 2**63); anything else is ValueError, which the caller reports as the
+ * Python loop does (a malformed answer). */
+static PyObject *send_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char hex[] = "0123456789ABCDEF";
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "send_results takes 9 arguments");
+        return NULL;
+    }
+    PyObject *cls_obj = args[0], *status = args[1], *prefix = args[2], *offsets = args[3];
+    PyObject *queue_id = args[4], *topic = args[6], *broker = args[7], *handle = args[8];
+    if (!PyType_Check(cls_obj) || !PyType_IsSubtype((PyTypeObject *)cls_obj, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "send_results: cls must be a tuple subclass");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)cls_obj;
+    if (!PyUnicode_Check(prefix) || PyUnicode_GET_LENGTH(prefix) != 16 ||
+        !PyUnicode_IS_ASCII(prefix)) {
+        PyErr_SetString(PyExc_ValueError, "send_results: the prefix is not 16 ASCII characters");
+        return NULL;
+    }
+    const char *pre = (const char *)PyUnicode_1BYTE_DATA(prefix);
+    long long first = PyLong_AsLongLong(args[5]);
+    if (first == -1 && PyErr_Occurred()) return NULL;
+    PyObject *seq = PySequence_Fast(offsets, "send_results: offsets must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = NULL;
+    if (first > LLONG_MAX - (long long)n) {
+        PyErr_SetString(PyExc_OverflowError, "send_results: queue offsets past 2**63");
+        goto fail;
+    }
+    out = PyList_New(n);
+    if (out == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *phy = items[i];
+        if (!PyLong_CheckExact(phy)) {
+            PyErr_SetString(PyExc_ValueError, "send_results: an offset is not an int");
+            goto fail;
+        }
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(phy, &overflow);
+        if (overflow || v < 0) {
+            PyErr_SetString(PyExc_ValueError, "send_results: an offset out of range");
+            goto fail;
+        }
+        PyObject *msg_id = PyUnicode_New(32, 127);
+        if (msg_id == NULL) goto fail;
+        char *w = (char *)PyUnicode_1BYTE_DATA(msg_id);
+        memcpy(w, pre, 16);
+        unsigned long long u = (unsigned long long)v;
+        for (int k = 15; k >= 0; k--) {
+            w[16 + k] = hex[u & 0xF];
+            u >>= 4;
+        }
+        PyObject *offset = PyLong_FromLongLong(first + (long long)i);
+        if (offset == NULL) {
+            Py_DECREF(msg_id);
+            goto fail;
+        }
+        PyObject *result = cls->tp_alloc(cls, 8);
+        if (result == NULL) {
+            Py_DECREF(msg_id);
+            Py_DECREF(offset);
+            goto fail;
+        }
+        Py_INCREF(status);
+        PyTuple_SET_ITEM(result, 0, status);
+        PyTuple_SET_ITEM(result, 1, msg_id);
+        Py_INCREF(queue_id);
+        PyTuple_SET_ITEM(result, 2, queue_id);
+        PyTuple_SET_ITEM(result, 3, offset);
+        Py_INCREF(phy);
+        PyTuple_SET_ITEM(result, 4, phy);
+        Py_INCREF(topic);
+        PyTuple_SET_ITEM(result, 5, topic);
+        Py_INCREF(broker);
+        PyTuple_SET_ITEM(result, 6, broker);
+        Py_INCREF(handle);
+        PyTuple_SET_ITEM(result, 7, handle);
+        PyList_SET_ITEM(out, i, result);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)configure, METH_O, "configure(tables)"},
     {"decode_request", (PyCFunction)(void (*)(void))decode_request, METH_FASTCALL,
@@ -670,6 +765,9 @@ static PyMethodDef methods[] = {
     {"zmtp_scan", (PyCFunction)(void (*)(void))zmtp_scan, METH_FASTCALL,
      "zmtp_scan(buf, pos, frames, size, max_frames, max_bytes, out) -> (pos, frames, size)"},
     {"zmtp_encode", (PyCFunction)zmtp_encode, METH_O, "zmtp_encode(frames) -> bytes"},
+    {"send_results", (PyCFunction)(void (*)(void))send_results, METH_FASTCALL,
+     "send_results(cls, status, prefix, offsets, queue_id, first, topic, broker_name, handle)"
+     " -> [SendResult]"},
     {NULL, NULL, 0, NULL},
 };
 

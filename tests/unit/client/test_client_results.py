@@ -1,13 +1,17 @@
-"""A SEND / SEND_BATCH answer -> SendResults: msgIds, queue offsets, and malformed answers."""
+"""A SEND / SEND_BATCH answer -> SendResults: msgIds, queue offsets, and malformed answers;
+each case with the C loop (``_codec.send_results``, where built) and the Python reference, and
+the two held to the same results on random answers."""
 
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from common.client import SendResult, send_results
+from common.client import SendResult, results, send_results
 from common.core.errors import BrokerError, PullStatus, SendStatus
 from common.core.message import encode_msg_id
 from common.format.protocol import Response, ResponseCode
@@ -15,6 +19,17 @@ from common.format.protocol import Response, ResponseCode
 pytestmark = pytest.mark.unit
 
 HOST = "7F00000100002A9F"
+NATIVE = results._native_results
+
+
+@pytest.fixture(params=["native", "python"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    if request.param == "native":
+        if NATIVE is None:
+            pytest.skip("the C codec is not built")
+    else:
+        monkeypatch.setattr(results, "_native_results", None)
+    yield request.param
 
 
 def answer(**fields: Any) -> Response:
@@ -23,7 +38,7 @@ def answer(**fields: Any) -> Response:
 
 
 @pytest.mark.parametrize("count", [1, 7, 8, 64, 300])
-def test_each_result_has_its_offset_msg_id_and_queue_offset(count: int) -> None:
+def test_each_result_has_its_offset_msg_id_and_queue_offset(count: int, path: str) -> None:
     offsets = [(1 << 40) + 233 * i for i in range(count)]
     fields = {"commitLogOffset": offsets[0]}
     if count > 1:
@@ -55,10 +70,48 @@ def test_each_result_has_its_offset_msg_id_and_queue_offset(count: int) -> None:
     ],
     ids=["str-offset", "negative", "too-big", "bool", "short-host", "no-host"],
 )
-def test_a_malformed_answer_is_a_system_error_not_a_crash(fields: dict[str, Any]) -> None:
+def test_a_malformed_answer_is_a_system_error_not_a_crash(fields: dict[str, Any],
+                                                          path: str) -> None:
     with pytest.raises(BrokerError) as err:
         send_results("orders", answer(**fields))
     assert err.value.code is ResponseCode.SYSTEM_ERROR
+
+
+@pytest.mark.skipif(NATIVE is None, reason="the C codec is not built")
+def test_the_c_loop_makes_what_the_python_one_makes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """500 random answers, near the edges (offsets 0 and 2**63 - 1, one message and many, a
+    recall handle, a broker name, a queue offset near 2**63, a bad offset among good ones,
+    a prefix that is not ASCII): the same SendResults, field for field and type for type, or
+    the same error."""
+    rng = random.Random(43)
+
+    def outcome(resp: Response, use_c: bool) -> Any:
+        monkeypatch.setattr(results, "_native_results", NATIVE if use_c else None)
+        try:
+            out = send_results("t", resp, "broker-x")
+        except BrokerError as e:
+            return ("error", e.code, str(e))
+        return [(type(r), tuple(r), [type(v) for v in r]) for r in out]
+
+    for _ in range(500):
+        n = rng.choice([1, 2, 7, 8, 9, 64, 200])
+        offsets: list[Any] = [rng.choice([0, (1 << 63) - 1, rng.randrange(1 << 63)])
+                              for _ in range(n)]
+        fields: dict[str, Any] = {"storeHost": HOST, "queueId": rng.randrange(16),
+                                  "queueOffset": rng.choice([0, 40, (1 << 63) - n,
+                                                             (1 << 63) - 1])}
+        if rng.random() < 0.2:
+            offsets[rng.randrange(n)] = rng.choice([-1, 1 << 63, "7", 1.5, True, None])
+        if rng.random() < 0.1:
+            fields["storeHost"] = "7F0000010000\u00e9A9F"
+        if rng.random() < 0.3:
+            fields["recallHandle"] = f"handle-{rng.randrange(100)}"
+        if n == 1 and rng.random() < 0.5:
+            fields["commitLogOffset"] = offsets[0]
+        else:
+            fields["offsets"] = offsets
+        resp = Response(ResponseCode.SUCCESS, 1, "", fields, [])
+        assert outcome(resp, True) == outcome(resp, False), fields
 
 
 def _records(n: int) -> list[bytes]:
