@@ -187,6 +187,7 @@ class HaService:
         self._sock: Any = None  # the CURVE ROUTER, or the TcpPort (self._tcp)
         self._items: tuple[tuple[Any, int], ...] = ()
         self._tcp: TcpPort | None = None  # security off: the port's own sockets and ZMTP
+        self._taken: list[mc.MasterAction] = []  # the actions of the plain port's current read
         self._wake: Callable[[], None] | None = None
         self._loop_ident = 0  # the host's thread: its appends need no wake
         self._streaming = False  # a slave is connected: appends elsewhere must wake the host
@@ -543,14 +544,18 @@ class HaService:
     def _receive_tcp(self, port: TcpPort) -> list[mc.MasterAction]:
         """As ``_receive``, from the port's own connections (a read of each ready one, its
         ZMTP read by the port); a message past the bounds is a bad frame."""
-        actions: list[mc.MasterAction] = []
-        port.serve(lambda peer, body: self._take(peer, body, actions, secure=False))
+        actions = self._taken = []
+        port.serve(self._take_plain)
         if port.dropped:
             dropped, port.dropped = port.dropped, []
             for who, what in dropped:
                 self._bad_frame(who, f"{what.reason} in one message ({what.frames} "
                                 f"frames, {what.size} bytes)", actions)
         return actions
+
+    def _take_plain(self, peer: bytes, body: list[bytes]) -> None:
+        """The plain port's handler of a whole message (bound once, not made per read)."""
+        self._take(peer, body, self._taken, secure=False)
 
     def _bad_frame(self, peer: bytes, reason: str, actions: list[mc.MasterAction]) -> None:
         self.stats.bad_frames += 1

@@ -785,16 +785,11 @@ class Transport:
         """Before each poll: connections due are made, heartbeats kept, what happened acted
         on, and the poller told which descriptors to watch for what (closed ones first: a
         number may be reused by a new socket)."""
+        for address, link in list(self._links.items()):  # acting may make a link: ticked
+            link.tick(now)                                  # as it is made, polled below
+            if link.lost or link.just_connected or link.failure:
+                self._link_state(address, link)
         wanted: dict[int, tuple[str, int]] = {}
-        tended: set[str] = set()
-        while len(tended) < len(self._links):  # acting on one may make another: tended too
-            for address, link in list(self._links.items()):
-                if address in tended:
-                    continue
-                tended.add(address)
-                link.tick(now)
-                if link.lost or link.just_connected or link.failure:
-                    self._link_state(address, link)
         for address, link in self._links.items():
             fd = link.fileno()
             if fd is not None:

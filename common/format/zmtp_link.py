@@ -75,7 +75,7 @@ class ZmtpLink:
         # what happened, for the owner to act on and clear
         self.just_connected = False
         self.lost = ""  # why an established connection ended ("" if it did not)
-        self.failure = ""  # a handshake the master refused (it speaks CURVE)
+        self.failure = ""  # a handshake this side cannot make (the peer speaks CURVE)
         self.oversized: list[zmtp.Oversized] = []
 
     # ---- what the client's poll needs ---------------------------------------------------------
@@ -144,7 +144,7 @@ class ZmtpLink:
             self._drop(reconnect=True)
             return False
         self._connecting = False
-        self._out += zmtp.GREETING  # READY once the master's greeting is read
+        self._out += zmtp.GREETING  # READY once the peer's greeting is read
         return True
 
     def _handshake_done(self) -> None:

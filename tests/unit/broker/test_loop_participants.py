@@ -292,8 +292,9 @@ def test_promotion_attaches_the_ha_service_to_the_running_server(
 
 
 def test_a_parked_send_is_retried_by_the_loop_alone(make_broker: Callable[..., Broker]) -> None:
-    """EAGAIN parks the DATA frame in the peer's backlog; the I/O thread retries it (writable
-    socket, then the backlog timer once a flush made no progress) with no other traffic."""
+    """EAGAIN parks the DATA frame in the peer's backlog; the I/O thread retries it with no
+    other traffic. (Only the CURVE ROUTER says EAGAIN, and retries on POLLOUT; the plain port
+    this broker has never does, and its backlog, forced here, is retried by the timer.)"""
     broker = make_broker(brokerRole="SYNC_MASTER")
     service = ha_service(broker)
     slave = FakeSlave(broker)
