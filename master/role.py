@@ -56,7 +56,7 @@ from common.store.api import WriteStore
 from common.store.flush import FLUSHED
 from common.store.schedule import born_host_of
 from common.store.timer import recall
-from master import pop, send_back
+from master import pop, put_path, send_back
 from master.group_transfer import GroupTransfer, ReplicaPut
 from master.transaction_check import TransactionCheck
 
@@ -122,6 +122,14 @@ class MasterRole:
         self.replication_stopped = True  # a master replicates into nothing
         self.transaction_check = transaction_check  # the check-back (master/transaction_check.py)
         self.pop_revive = pop.PopRevive(self, write_gate)  # POP's DLQ moves (master/pop.py)
+        # the plain SENDs of a burst in one C call (master/put_path.py): an ASYNC_MASTER's
+        # with ASYNC_FLUSH, on the store's CommitLog, where the extension is built
+        commit_log = getattr(store, "commit_log", None)
+        self.put_path = put_path.PutPath(
+            store, topics, _SPECIAL_PROPERTIES, write_gate,
+            store_host_text(commit_log.store_ip, commit_log.store_port),
+        ) if (put_path.enabled() and role_name == "ASYNC_MASTER" and commit_log is not None
+              and cfg.flushDiskType != "SYNC_FLUSH") else None
 
     @property
     def name(self) -> str:

@@ -179,6 +179,7 @@ class Broker:
                                  self._route_stored_topics)
         self.security = Security.from_config(cfg)  # ConfigError before anything started
         self.server = RequestServer(cfg, self, security=self.security)
+        self.server.put_path_of = self._put_path
         store.delivery_gate = self.write_refusal  # no delayed delivery from a fenced master
         self._started = time.monotonic()
         self._admin = concurrent.futures.ThreadPoolExecutor(1, "replog-admin")
@@ -689,6 +690,10 @@ class Broker:
         if code == RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG:
             return self.groups.replace(raw, source)
         raise ValueError(f"{code!r} carries no table")
+
+    def _put_path(self) -> Any:
+        """The running master's native put path (``master/put_path.py``), or None."""
+        return getattr(self.roles.role, "put_path", None)
 
     def writer(self, req: Request) -> Writer | Response:
         """The master role that takes the write ``req`` (its processor calls it), or the

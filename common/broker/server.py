@@ -91,7 +91,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -194,6 +194,14 @@ class _LeaseHeld:
 # ---- the server -------------------------------------------------------------------------------
 
 
+class PutPath(Protocol):
+    """A master's native put path (``master/put_path.py``), as the request server calls it."""
+
+    def take(self, burst: list[tuple[bytes, list[bytes]]], start: int,
+             peers: dict[bytes, tuple[str, int]],
+             limits: Limits) -> tuple[int, list[tuple[bytes, bytes]]]: ...
+
+
 class RequestServer:
     """The ROUTER loop; ``start`` runs it on its own thread, ``drain``/``stop`` end it."""
 
@@ -240,6 +248,9 @@ class RequestServer:
         self.reply_gate: Callable[[Response, bool], Response | None] | None = None
         self.reply_hold_s = 0.0
         self._lease_held: list[_LeaseHeld] = []
+        # the running master's native put path (master/put_path.py), asked once per burst;
+        # None: every request by the Python path
+        self.put_path_of: Callable[[], PutPath | None] | None = None
         self._peers: dict[bytes, tuple[str, int]] = {}  # ROUTER identity -> (ip, port)
         # without CURVE the port is the I/O thread's own TCP sockets, read by replog's ZMTP
         self._tcp: TcpPort | None = None
@@ -520,11 +531,49 @@ class RequestServer:
     def _receive(self, sock: Any) -> None:
         """A burst of requests: what the TcpPort has ready, or the CURVE ROUTER's."""
         if self._tcp is not None:
-            self._tcp.serve(self._handle)
+            if self.put_path_of is None:
+                self._tcp.serve(self._handle)
+            else:  # the whole burst first: its plain SENDs go to the native path together
+                burst: list[tuple[bytes, list[bytes]]] = []
+                self._tcp.serve(self._handle, burst)
+                if burst:
+                    self._serve_burst(sock, burst)
             if self._tcp.dropped:
                 self._refuse_oversized(sock, self._tcp)
             return
         self._receive_secure(sock)
+
+    def _serve_burst(self, sock: Any, burst: list[tuple[bytes, list[bytes]]]) -> None:
+        """A burst from the client port, in order: each run of plain SENDs the running
+        master's native path takes (``master/put_path.py``), every other request by
+        ``_serve``. The path is not asked while the server drains, is full, or has a reply
+        gate (controller mode); those turn every request away or hold answers, in Python."""
+        i, n = 0, len(burst)
+        while i < n:
+            path = self.put_path_of() if self.put_path_of is not None else None
+            if path is not None and not self._draining and self.reply_gate is None \
+                    and self.stats.inflight < self.max_inflight:
+                started = time.monotonic()
+                i, answers = path.take(burst, i, self._peers, self.limits)
+                if answers:
+                    self._answer_taken(answers, started)
+                if i >= n:
+                    return
+            identity, frames = burst[i]
+            self._serve(sock, identity, frames)
+            i += 1
+
+    def _answer_taken(self, answers: list[tuple[bytes, bytes]], started: float) -> None:
+        """The SEND_OKs of the native path's run: counted as ``_serve`` and ``_account``
+        count each, and written."""
+        count = len(answers)
+        stats = self.stats
+        stats.requests += count
+        stats.put_msgs.add(count)
+        stats.put_latency.add_many((time.monotonic() - started) * 1000, count)
+        write = self._tcp.write  # type: ignore[union-attr]  # bursts come from the TcpPort
+        for identity, data in answers:
+            write(None, identity, data)
 
     def _refuse_oversized(self, sock: Any, port: TcpPort) -> None:
         """Messages past the bounds, dropped as they arrived: each request whose header came

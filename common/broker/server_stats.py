@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,10 @@ class LatencyWindow:
         self._values: collections.deque[float] = collections.deque(maxlen=size)
         # the deque's own append (a C call; atomic under the GIL, as ``copy`` below is)
         self.add: Callable[[float], None] = self._values.append
+
+    def add_many(self, value: float, count: int) -> None:
+        """``count`` requests served together, each taking ``value``."""
+        self._values.extend(itertools.repeat(value, count))
 
     def percentile(self, q: float) -> float:
         values = list(self._values.copy())  # a snapshot taken in one C call, not iterated

@@ -66,6 +66,11 @@ class TopicTable:
     def queue_nums(self, topic: str) -> int:
         return self._queues.get(topic, 0)
 
+    @property
+    def version(self) -> int:
+        """Grows with every change of the table (a topic made, grown, retyped, replaced)."""
+        return self._counter
+
     def create(self, topic: str, queue_nums: int,
                attributes: dict[str, str] | None = None) -> None:
         """Make or grow ``topic``; ``attributes`` (when given) replace the ones it had."""

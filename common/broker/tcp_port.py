@@ -159,9 +159,12 @@ class TcpPort:
         return int(self._listener.getsockname()[1])
 
     # ---- the loop's turn --------------------------------------------------------------------
-    def serve(self, handle: Callable[[bytes, list[bytes]], None]) -> None:
+    def serve(self, handle: Callable[[bytes, list[bytes]], None],
+              burst: list[tuple[bytes, list[bytes]]] | None = None) -> None:
         """What is ready now: connections accepted, bytes read (``handle(identity, frames)``
-        for each whole message), waiting answers written, the closed forgotten."""
+        for each whole message, or, given ``burst``, each appended to it as ``(identity,
+        frames)``, for the caller to serve together), waiting answers written, the closed
+        forgotten."""
         listener_fd = self._listener.fileno()
         for fd, events in self._epoll.poll(0):
             if fd == listener_fd:
@@ -175,7 +178,7 @@ class TcpPort:
                 if peer.identity not in self.conns:
                     continue
             if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
-                self._read(peer, handle)
+                self._read(peer, handle, burst)
 
     def _accept(self) -> None:
         for _ in range(ACCEPT_BURST):
@@ -201,7 +204,8 @@ class TcpPort:
             self._epoll.register(sock.fileno(), _IN)
             self.write(None, identity, zmtp.SERVER_HELLO)
 
-    def _read(self, peer: TcpPeer, handle: Callable[[bytes, list[bytes]], None]) -> None:
+    def _read(self, peer: TcpPeer, handle: Callable[[bytes, list[bytes]], None],
+              burst: list[tuple[bytes, list[bytes]]] | None) -> None:
         try:
             chunk = peer.sock.recv(RECV_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -214,6 +218,10 @@ class TcpPort:
             return
         peer.silent = 0
         identity = peer.identity
+        if burst is not None:
+            burst.extend([(identity, frames)
+                          for frames in feed_chunk(self, None, identity, peer.wire, chunk)])
+            return
         for frames in feed_chunk(self, None, identity, peer.wire, chunk):
             handle(identity, frames)
 

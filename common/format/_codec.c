@@ -21,6 +21,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include "../core/_native_helpers.h"
+#include "_codec_internal.h"
 #include <string.h>
 
 enum { K_INT = 0, K_STR, K_TOPIC, K_GROUP, K_PROPS, K_SYSFLAG, K_ROLE, K_OTHER };
@@ -752,6 +753,20 @@ fail:
     return NULL;
 }
 
+/* For the native put path (_put_path.c, the same extension): the functions above, by name. */
+PyObject *replog_decode_request(PyObject *frames, PyObject *limits) {
+    PyObject *args[2] = {frames, limits};
+    return decode_request(NULL, args, 2);
+}
+
+PyObject *replog_encode_response(PyObject *const *args, Py_ssize_t nargs) {
+    return encode(args, nargs, 1);
+}
+
+PyObject *replog_zmtp_encode(PyObject *frames) { return zmtp_encode(NULL, frames); }
+
+PyObject *replog_request_type(void) { return S.ready ? S.request_type : NULL; }
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)configure, METH_O, "configure(tables)"},
     {"decode_request", (PyCFunction)(void (*)(void))decode_request, METH_FASTCALL,
@@ -768,6 +783,8 @@ static PyMethodDef methods[] = {
     {"send_results", (PyCFunction)(void (*)(void))send_results, METH_FASTCALL,
      "send_results(cls, status, prefix, offsets, queue_id, first, topic, broker_name, handle)"
      " -> [SendResult]"},
+    {"put_sends", (PyCFunction)(void (*)(void))replog_put_sends, METH_FASTCALL,
+     "put_sends(conf, burst, start, buf, pos, stop, base, ts) -> (next, pos, answers, ts)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,477 @@
+/* The master's common put in C: a run of plain SEND requests of one burst, from their frames to
+ * their answers' bytes, in one call (master/put_path.py drives it; docs/architecture.md, "A
+ * request path outside the interpreter").
+ *
+ * For each request, in order: its header decoded and checked by decode_request (the same C
+ * checks as every request's), then what the Python path decides for a SEND (the request
+ * server's _serve, master/role.py's send, the store's put_nowait and the CommitLog's put),
+ * then its record written into the segment's mapping by the record writer's write_one, the
+ * topic's queue offset advanced, the write's digest left for reput, and its SEND_OK answer
+ * encoded and framed for ZMTP. The run stops, before anything of it is changed, at the first
+ * request that is anything but a plain SEND this path takes whole: a response, another code, a
+ * header decode_request does not take for plain, a topic the caller's table does not list
+ * (system topics, topics not made yet, FIFO topics without a message group), a queue id past
+ * the topic's queues, a delay level, a prepared transaction, a property the caller screens (a
+ * put hook's trigger, a timer's, a transaction's, one only the broker sets), a body or
+ * properties past the bounds, a record that does not fit before ``stop`` (the segment's end or
+ * its populated pages), a peer without an address. The caller serves that one by the Python
+ * path, which takes or refuses it with its reason, and calls again after it.
+ *
+ * Everything a request needs is checked and every object it makes is made before its record is
+ * written; the only steps after the write cannot fail. The Python path is the reference: the
+ * tests (tests/unit/master/test_put_path.py) hold the two to the same log bytes, queue offsets,
+ * digests and answers.
+ *
+ * put_sends(conf, burst, start, buf, pos, stop, base, ts) -> (next, pos, answers, last_ts)
+ *   conf: the tuple master/put_path.py builds (see CONF_* below)
+ *   burst: [(identity, frames)], start: the first to look at
+ *   buf: the segment's writable mapping; pos: its write position; stop: the end no record may
+ *   pass; base: the segment's first offset; ts: the store timestamp (0: the clock's, per put)
+ *   next: the first request not taken; answers: [(identity, bytes)] of those taken
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <zlib.h>
+
+#include "_codec_internal.h"
+#include "_record_core.h"
+
+enum {
+    CONF_LIMITS = 0, CONF_TABLE, CONF_TOPICS, CONF_LEARN, CONF_PEERS, CONF_HOSTS,
+    CONF_HOST_BYTES, CONF_SCREEN, CONF_STORE_IP, CONF_STORE_PORT, CONF_CRC_LEN, CONF_MAX_BODY,
+    CONF_DIGESTS, CONF_DIGEST_TYPE, CONF_STORE_HOST, CONF_SEND_CODE, CONF_SHARDING_KEY,
+    CONF_TAGS, CONF_KEYS, CONF_MAX_PROPS, CONF_MAX_RECORD, CONF_PREPARED, CONF_RESPONSE_MARK,
+    CONF_SIZE
+};
+
+#define MAX_HOSTS 4096
+#define MAX_TAIL (1 + 255 + 2 + 65536)
+
+static PyObject *s_topic, *s_queue_id, *s_tags, *s_keys, *s_properties, *s_flag, *s_delay,
+    *s_born, *s_sys_flag, *s_queue_offset, *s_commit_log_offset, *s_store_host, *s_append,
+    *s_empty, *i_zero;
+
+static int intern_names(void) {
+    if (s_topic != NULL) return 0;
+    struct { PyObject **slot; const char *text; } names[] = {
+        {&s_topic, "topic"}, {&s_queue_id, "queueId"}, {&s_tags, "tags"}, {&s_keys, "keys"},
+        {&s_properties, "properties"}, {&s_flag, "flag"}, {&s_delay, "delayLevel"},
+        {&s_born, "bornTimestamp"}, {&s_sys_flag, "sysFlag"}, {&s_queue_offset, "queueOffset"},
+        {&s_commit_log_offset, "commitLogOffset"}, {&s_store_host, "storeHost"},
+        {&s_append, "append"}, {&s_empty, ""},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        *names[i].slot = PyUnicode_InternFromString(names[i].text);
+        if (*names[i].slot == NULL) return -1;
+    }
+    i_zero = PyLong_FromLong(0);
+    return i_zero == NULL ? -1 : 0;
+}
+
+static long long clock_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* A field's int value (the checks made it an int in range), or -1 with an exception. */
+static int long_of(PyObject *fields, PyObject *name, long long *out) {
+    PyObject *v = PyDict_GetItemWithError(fields, name);
+    if (v == NULL) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "field %S", name);
+        return -1;
+    }
+    *out = PyLong_AsLongLong(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Append ``text`` as UTF-8 at t (room for ``room`` bytes): its length, or -1 when it does not
+ * fit or is not a str (the Python path then decides). */
+static Py_ssize_t put_text(unsigned char *t, Py_ssize_t room, PyObject *text) {
+    if (!PyUnicode_CheckExact(text)) return -1;
+    Py_ssize_t n;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(text, &n);
+    if (utf8 == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (n > room) return -1;
+    memcpy(t, utf8, (size_t)n);
+    return n;
+}
+
+/* The record's properties, as Message.all_properties and encode_properties make them (the
+ * producer's, then TAGS and KEYS set over them), at t: their length, or -1 when the Python
+ * path must decide (too long, not text) or -2 on an error. */
+static Py_ssize_t put_properties(unsigned char *t, Py_ssize_t room, PyObject *props,
+                                 PyObject *tags, PyObject *keys, PyObject *conf) {
+    PyObject *all = props != NULL && props != Py_None ? PyDict_Copy(props) : PyDict_New();
+    if (all == NULL) return -2;
+    int tags_true = tags != NULL && tags != Py_None ? PyObject_IsTrue(tags) : 0;
+    int keys_true = keys != NULL && keys != Py_None ? PyObject_IsTrue(keys) : 0;
+    if (tags_true < 0 || keys_true < 0
+        || (tags_true && PyDict_SetItem(all, PyTuple_GET_ITEM(conf, CONF_TAGS), tags) < 0)
+        || (keys_true && PyDict_SetItem(all, PyTuple_GET_ITEM(conf, CONF_KEYS), keys) < 0)) {
+        Py_DECREF(all);
+        return -2;
+    }
+    Py_ssize_t at = 0, it = 0, n;
+    PyObject *name, *value;
+    while (PyDict_Next(all, &it, &name, &value)) {
+        if (value == Py_None) continue;
+        if ((n = put_text(t + at, room - at, name)) < 0) goto not_plain;
+        at += n;
+        if (at >= room) goto not_plain;
+        t[at++] = 0x01;
+        if ((n = put_text(t + at, room - at, value)) < 0) goto not_plain;
+        at += n;
+        if (at >= room) goto not_plain;
+        t[at++] = 0x02;
+    }
+    Py_DECREF(all);
+    return at;
+not_plain:
+    Py_DECREF(all);
+    return -1;
+}
+
+/* The born host's 4 bytes of ``identity``'s peer (cached by host text), or NULL: the Python
+ * path's (no peer known), or an error (set). */
+static int born_host_of(PyObject *conf, PyObject *identity, unsigned char ip[4], int *port) {
+    PyObject *peer = PyDict_GetItemWithError(PyTuple_GET_ITEM(conf, CONF_PEERS), identity);
+    if (peer == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_CheckExact(peer) || PyTuple_GET_SIZE(peer) != 2) return 0;
+    PyObject *host = PyTuple_GET_ITEM(peer, 0), *hosts = PyTuple_GET_ITEM(conf, CONF_HOSTS);
+    long p = PyLong_AsLong(PyTuple_GET_ITEM(peer, 1));
+    if (p == -1 && PyErr_Occurred()) return -1;
+    PyObject *raw = PyDict_GetItemWithError(hosts, host);
+    if (raw == NULL) {
+        if (PyErr_Occurred()) return -1;
+        raw = PyObject_CallOneArg(PyTuple_GET_ITEM(conf, CONF_HOST_BYTES), host);
+        if (raw == NULL) return -1;
+        if (PyDict_GET_SIZE(hosts) >= MAX_HOSTS) PyDict_Clear(hosts);
+        int failed = PyDict_SetItem(hosts, host, raw);
+        Py_DECREF(raw);  /* the dict holds it */
+        if (failed < 0) return -1;
+    }
+    if (!PyBytes_CheckExact(raw) || PyBytes_GET_SIZE(raw) != 4) return 0;
+    memcpy(ip, PyBytes_AS_STRING(raw), 4);
+    *port = (int)p;
+    return 1;
+}
+
+/* The topic's entry (topic part, queue count, FIFO) from the caller's table, asking ``learn``
+ * for one it has not seen; NULL with no exception: the Python path's. Borrowed. */
+static PyObject *topic_entry(PyObject *conf, PyObject *topic) {
+    PyObject *topics = PyTuple_GET_ITEM(conf, CONF_TOPICS);
+    PyObject *entry = PyDict_GetItemWithError(topics, topic);
+    if (entry == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        PyObject *learnt = PyObject_CallOneArg(PyTuple_GET_ITEM(conf, CONF_LEARN), topic);
+        if (learnt == NULL) return NULL;
+        Py_DECREF(learnt);
+        entry = PyDict_GetItemWithError(topics, topic);  /* learn keeps what it found */
+        if (entry == NULL) return NULL;
+    }
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3
+        || !PyBytes_CheckExact(PyTuple_GET_ITEM(entry, 0)))
+        return NULL;  /* None: a topic the Python path serves */
+    return entry;
+}
+
+/* 1: ``props`` (a dict or None) holds a screened name, or lacks the message group a FIFO
+ * topic needs; 0: neither; -1: an error. */
+static int screened(PyObject *conf, PyObject *props, int fifo) {
+    if (props == NULL || props == Py_None || PyDict_GET_SIZE(props) == 0) return fifo;
+    PyObject *screen = PyTuple_GET_ITEM(conf, CONF_SCREEN), *name, *value;
+    Py_ssize_t it = 0;
+    while (PyDict_Next(props, &it, &name, &value)) {
+        int hit = PySet_Contains(screen, name);
+        if (hit != 0) return hit;
+    }
+    if (!fifo) return 0;
+    int has = PyDict_Contains(props, PyTuple_GET_ITEM(conf, CONF_SHARDING_KEY));
+    return has < 0 ? -1 : !has;
+}
+
+/* The SEND_OK answer's ZMTP bytes, as the request server frames reply(req, SUCCESS, "",
+ * fields): fields in master/role.py's order. */
+static PyObject *answer_bytes(PyObject *opaque, PyObject *queue_id, long long queue_offset,
+                              long long phy, PyObject *store_host) {
+    PyObject *fields = PyDict_New(), *qo = PyLong_FromLongLong(queue_offset);
+    PyObject *offset = PyLong_FromLongLong(phy), *out = NULL;
+    if (fields == NULL || qo == NULL || offset == NULL
+        || PyDict_SetItem(fields, s_queue_id, queue_id) < 0
+        || PyDict_SetItem(fields, s_queue_offset, qo) < 0
+        || PyDict_SetItem(fields, s_commit_log_offset, offset) < 0
+        || PyDict_SetItem(fields, s_store_host, store_host) < 0)
+        goto done;
+    PyObject *args[4] = {i_zero, opaque, s_empty, fields};
+    PyObject *frames = replog_encode_response(args, 4);
+    if (frames == NULL) goto done;
+    out = replog_zmtp_encode(frames);
+    Py_DECREF(frames);
+done:
+    Py_XDECREF(fields);
+    Py_XDECREF(qo);
+    Py_XDECREF(offset);
+    return out;
+}
+
+/* The write's digest for reput (commit_log.WriteDigest): one record, no user properties. */
+static PyObject *digest_of(PyObject *conf, PyObject *topic, PyObject *queue_id, long long phy,
+                           Py_ssize_t size, long long queue_offset, long long ts) {
+    unsigned char cq[CQ_ENTRY_BYTES];
+    cq_entry(cq, phy, (int32_t)size);
+    PyObject *entries = Py_BuildValue("[(Lni)]", phy, size, 0);
+    if (entries == NULL) return NULL;
+    PyObject *items = Py_BuildValue("(LLOOLNLy#)", phy, phy + (long long)size, topic, queue_id,
+                                    queue_offset, entries, ts, (const char *)cq,
+                                    (Py_ssize_t)CQ_ENTRY_BYTES);
+    if (items == NULL) return NULL;
+    PyObject *wrapped = PyTuple_Pack(1, items);  /* tuple.__new__(WriteDigest, items) */
+    Py_DECREF(items);
+    if (wrapped == NULL) return NULL;
+    PyObject *digest = PyTuple_Type.tp_new(
+        (PyTypeObject *)PyTuple_GET_ITEM(conf, CONF_DIGEST_TYPE), wrapped, NULL);
+    Py_DECREF(wrapped);
+    return digest;
+}
+
+PyObject *replog_put_sends(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "put_sends(conf, burst, start, buf, pos, stop, base, ts)");
+        return NULL;
+    }
+    PyObject *conf = args[0], *burst = args[1];
+    if (!PyTuple_CheckExact(conf) || PyTuple_GET_SIZE(conf) != CONF_SIZE
+        || !PyList_CheckExact(burst)) {
+        PyErr_SetString(PyExc_TypeError, "put_sends: conf must be its tuple, burst a list");
+        return NULL;
+    }
+    if (intern_names() < 0) return NULL;
+    PyObject *request_type = replog_request_type();
+    if (request_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "put_sends: the codec is not configured");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]), pos = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t stop = PyLong_AsSsize_t(args[5]);
+    long long base = PyLong_AsLongLong(args[6]), fixed_ts = PyLong_AsLongLong(args[7]);
+    long long store_port = PyLong_AsLongLong(PyTuple_GET_ITEM(conf, CONF_STORE_PORT));
+    long long crc_len = PyLong_AsLongLong(PyTuple_GET_ITEM(conf, CONF_CRC_LEN));
+    long long max_body = PyLong_AsLongLong(PyTuple_GET_ITEM(conf, CONF_MAX_BODY));
+    long long send_code = PyLong_AsLongLong(PyTuple_GET_ITEM(conf, CONF_SEND_CODE));
+    long long max_props = PyLong_AsLongLong(PyTuple_GET_ITEM(conf, CONF_MAX_PROPS));
+    long long max_record = PyLong_AsLongLong(PyTuple_GET_ITEM(conf, CONF_MAX_RECORD));
+    long long prepared = PyLong_AsLongLong(PyTuple_GET_ITEM(conf, CONF_PREPARED));
+    long long response_mark = PyLong_AsLongLong(PyTuple_GET_ITEM(conf, CONF_RESPONSE_MARK));
+    if (PyErr_Occurred()) return NULL;
+    PyObject *store_ip = PyTuple_GET_ITEM(conf, CONF_STORE_IP);
+    if (!PyBytes_CheckExact(store_ip) || PyBytes_GET_SIZE(store_ip) != 4
+        || (crc_len != 0 && crc_len != CRC_ENTRY_BYTES) || max_props > 65535) {
+        PyErr_SetString(PyExc_ValueError, "put_sends: a bad conf");
+        return NULL;
+    }
+    PyObject *table = PyTuple_GET_ITEM(conf, CONF_TABLE);
+    PyObject *digests = PyTuple_GET_ITEM(conf, CONF_DIGESTS);
+    PyObject *store_host = PyTuple_GET_ITEM(conf, CONF_STORE_HOST);
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[3], &view, PyBUF_WRITABLE) < 0) return NULL;
+    if (pos < 0 || stop > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "put_sends: pos and stop must be within the buffer");
+        return NULL;
+    }
+    unsigned char *tail = PyMem_Malloc(MAX_TAIL);
+    PyObject *answers = PyList_New(0);
+    PyObject *result = NULL;
+    long long last_ts = 0;
+    Py_ssize_t i = start, n = PyList_GET_SIZE(burst);
+    if (tail == NULL || answers == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(burst, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) break;
+        PyObject *identity = PyTuple_GET_ITEM(item, 0), *frames = PyTuple_GET_ITEM(item, 1);
+        if (!PyList_CheckExact(frames) || PyList_GET_SIZE(frames) != 2) break;
+        PyObject *head = PyList_GET_ITEM(frames, 0);
+        if (!PyBytes_CheckExact(head) || PyBytes_GET_SIZE(head) < 1
+            || (unsigned char)PyBytes_AS_STRING(head)[0] == response_mark)
+            break;
+        PyObject *req = replog_decode_request(frames, PyTuple_GET_ITEM(conf, CONF_LIMITS));
+        if (req == NULL) goto fail;
+        if (Py_TYPE(req) != (PyTypeObject *)request_type
+            || PyLong_AsLongLong(PyTuple_GET_ITEM(req, 0)) != send_code) {
+            Py_DECREF(req);
+            if (PyErr_Occurred()) goto fail;
+            break;
+        }
+        /* from here on ``req`` holds the objects borrowed below */
+        PyObject *fields = PyTuple_GET_ITEM(req, 2), *bodies = PyTuple_GET_ITEM(req, 3);
+        PyObject *topic = PyDict_GetItemWithError(fields, s_topic);
+        PyObject *queue_id_obj = topic ? PyDict_GetItemWithError(fields, s_queue_id) : NULL;
+        long long queue_id, delay, sys_flag, flag, born;
+        if (queue_id_obj == NULL || long_of(fields, s_queue_id, &queue_id) < 0
+            || long_of(fields, s_delay, &delay) < 0 || long_of(fields, s_sys_flag, &sys_flag) < 0
+            || long_of(fields, s_flag, &flag) < 0 || long_of(fields, s_born, &born) < 0) {
+            Py_DECREF(req);
+            goto fail;  /* decode_request's SEND always has these */
+        }
+        if (delay != 0 || (sys_flag & prepared) || !PyList_CheckExact(bodies)
+            || PyList_GET_SIZE(bodies) != 1) {
+            Py_DECREF(req);
+            break;
+        }
+        PyObject *entry = topic_entry(conf, topic);
+        if (entry == NULL) {
+            Py_DECREF(req);
+            if (PyErr_Occurred()) goto fail;
+            break;
+        }
+        PyObject *topic_part = PyTuple_GET_ITEM(entry, 0);
+        long long nums = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1));
+        int fifo = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 2));
+        PyObject *props = PyDict_GetItemWithError(fields, s_properties);
+        int screen = (fifo < 0 || PyErr_Occurred()) ? -1 : screened(conf, props, fifo);
+        if (screen != 0 || queue_id >= nums) {
+            Py_DECREF(req);
+            if (screen < 0 || PyErr_Occurred()) goto fail;
+            break;
+        }
+        PyObject *body = PyList_GET_ITEM(bodies, 0);
+        if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > max_body) {
+            Py_DECREF(req);
+            break;
+        }
+        unsigned char born_ip[4];
+        int born_port = 0;
+        int known = born_host_of(conf, identity, born_ip, &born_port);
+        if (known <= 0) {
+            Py_DECREF(req);
+            if (known < 0) goto fail;
+            break;
+        }
+        /* the tail: topic part, properties' length, properties (+ the CRC's placeholder) */
+        Py_ssize_t part_len = PyBytes_GET_SIZE(topic_part);
+        if (part_len < 2 || part_len > 256) {
+            Py_DECREF(req);
+            break;
+        }
+        memcpy(tail, PyBytes_AS_STRING(topic_part), (size_t)part_len);
+        unsigned char *props_at = tail + part_len + 2;
+        Py_ssize_t props_len = 0;
+        PyObject *tags = PyDict_GetItemWithError(fields, s_tags);
+        PyObject *keys = tags || !PyErr_Occurred() ? PyDict_GetItemWithError(fields, s_keys) : NULL;
+        if (PyErr_Occurred()) {
+            Py_DECREF(req);
+            goto fail;
+        }
+        if ((props != NULL && props != Py_None && PyDict_GET_SIZE(props))
+            || (tags != NULL && tags != Py_None) || (keys != NULL && keys != Py_None)) {
+            props_len = put_properties(props_at, (Py_ssize_t)max_props, props, tags, keys, conf);
+            if (props_len < 0) {
+                Py_DECREF(req);
+                if (props_len == -2) goto fail;
+                break;
+            }
+        }
+        if (crc_len) {
+            if (props_len + CRC_ENTRY_BYTES > max_props) {
+                Py_DECREF(req);
+                break;
+            }
+            memcpy(props_at + props_len, CRC_PREFIX, 9);
+            memset(props_at + props_len + 9, '0', 10);
+            props_at[props_len + 19] = 0x02;
+            props_len += CRC_ENTRY_BYTES;
+        }
+        tail[part_len] = (unsigned char)(props_len >> 8);
+        tail[part_len + 1] = (unsigned char)props_len;
+        Py_ssize_t body_len = PyBytes_GET_SIZE(body);
+        Py_ssize_t tail_len = part_len + 2 + props_len;
+        Py_ssize_t size = HEADER_BYTES + body_len + tail_len;
+        if (size > max_record || pos + size > stop) {
+            Py_DECREF(req);
+            break;
+        }
+        /* taken: everything that can fail first, the write last */
+        long long phy = base + pos, ts = fixed_ts > 0 ? fixed_ts : clock_ms();
+        if (born == 0) born = clock_ms();
+        PyObject *key = PyTuple_Pack(2, topic, queue_id_obj);
+        if (key == NULL) {
+            Py_DECREF(req);
+            goto fail;
+        }
+        PyObject *had = PyDict_GetItemWithError(table, key);
+        long long queue_offset = had ? PyLong_AsLongLong(had) : 0;
+        PyObject *next_offset = PyErr_Occurred() ? NULL : PyLong_FromLongLong(queue_offset + 1);
+        PyObject *answer = next_offset ? answer_bytes(PyTuple_GET_ITEM(req, 1), queue_id_obj,
+                                                      queue_offset, phy, store_host) : NULL;
+        PyObject *pair = answer ? PyTuple_Pack(2, identity, answer) : NULL;
+        int plain = props_len == crc_len;
+        PyObject *digest = pair && plain ? digest_of(conf, topic, queue_id_obj, phy, size,
+                                                     queue_offset, ts) : NULL;
+        int failed = pair == NULL || (plain && digest == NULL) || PyList_Append(answers, pair) < 0;
+        if (!failed && PyDict_SetItem(table, key, next_offset) < 0) {
+            failed = 1;
+            PyList_SetSlice(answers, PyList_GET_SIZE(answers) - 1, PyList_GET_SIZE(answers), NULL);
+        }
+        if (!failed && digest != NULL) {
+            PyObject *appended = PyObject_CallMethodOneArg(digests, s_append, digest);
+            if (appended == NULL) {
+                failed = 1;  /* put the table back: nothing of this request is kept */
+                PyObject *type, *value, *trace;
+                PyErr_Fetch(&type, &value, &trace);
+                if ((had != NULL ? PyDict_SetItem(table, key, had)
+                                 : PyDict_DelItem(table, key)) < 0)
+                    PyErr_Clear();
+                PyErr_Restore(type, value, trace);
+                PyList_SetSlice(answers, PyList_GET_SIZE(answers) - 1, PyList_GET_SIZE(answers), NULL);
+            }
+            Py_XDECREF(appended);
+        }
+        Py_XDECREF(digest);
+        Py_XDECREF(pair);
+        Py_XDECREF(answer);
+        Py_XDECREF(next_offset);
+        Py_DECREF(key);
+        if (failed) {
+            Py_DECREF(req);
+            goto fail;
+        }
+        Shared s = {.base = base, .queue_offset = queue_offset, .born = born, .ts = ts,
+                    .queue_id = (int)queue_id, .born_port = born_port,
+                    .store_port = (int)store_port, .crc_len = (int)crc_len};
+        memcpy(s.born_ip, born_ip, 4);
+        memcpy(s.store_ip, PyBytes_AS_STRING(store_ip), 4);
+        uLong body_crc = crc_of(0, (const unsigned char *)PyBytes_AS_STRING(body), body_len);
+        write_one((unsigned char *)view.buf + pos, phy, queue_offset, &s, (int32_t)size,
+                  (int32_t)(body_crc & 0x7FFFFFFFu), (int32_t)flag, 0, (int32_t)sys_flag, 0,
+                  PyBytes_AS_STRING(body), body_len, (const char *)tail, tail_len);
+        pos += size;
+        last_ts = ts;
+        Py_DECREF(req);
+    }
+    result = Py_BuildValue("(nnOL)", i, pos, answers, last_ts);
+    goto done;
+fail:
+    /* an error on request i: what the run took before it is kept and returned, for the
+     * caller to account and answer; request i goes to the Python path, which meets the same
+     * condition and reports it. With nothing taken, the error is the caller's. */
+    if (i > start && answers != NULL) {
+        PyErr_Clear();
+        result = Py_BuildValue("(nnOL)", i, pos, answers, last_ts);
+    }
+done:
+    PyBuffer_Release(&view);
+    PyMem_Free(tail);
+    Py_XDECREF(answers);
+    return result;
+}

@@ -1,0 +1,180 @@
+"""The master's common put on its native path: a run of plain SENDs of one burst of requests,
+from their frames to their answers, in one C call (``common/format/_put_path.c``).
+
+The request server hands every burst its client port read to ``PutPath.take``; the C function
+decodes each request with the same checks as every request's, makes the Python path's
+decisions for a SEND (``RequestServer._serve``, ``MasterRole.send``, the store's
+``put_nowait``, ``CommitLog.put``), writes the records into the segment's mapping with the
+record writer's code, advances the queue offsets, leaves reput its digests and encodes the
+SEND_OK answers; this module does the per-burst part around it: the gates that hold for the
+whole burst, the put lock, the segment, and after the call the write position, the append
+listeners (the HA service, reput) and the counters. The run stops at the first request it
+does not take whole, before changing anything of it; the server serves that one by the Python
+path (which takes it, or refuses it with its reason) and calls again after it.
+
+Which requests: SEND with one body to a topic this table lists (made already, not a system
+topic, a FIFO topic only with a message group), a queue id within it, no delay level, no
+prepared transaction, no property the broker screens (a put hook's trigger, a timer's, a
+transaction's, one only the broker sets), a record that fits before the segment's end and its
+faulted-in pages, from a peer whose address is known. Which brokers: an ASYNC_MASTER with
+ASYNC_FLUSH and no controller (a SYNC_MASTER's answers wait for its slave, a SYNC_FLUSH's for
+the disk, a controller's for its lease: all on the Python path). Everything else, and
+everything when the extension is not built or ``PYTHON_PUTS_REPLOG=1`` is set, is the Python
+path, which stays the reference: tests/unit/master/test_put_path.py holds the two to the same
+log bytes, offsets, digests and answers.
+
+Why: a plain send cost the broker about 80 Python calls, most of them on this path, and the
+broker's one I/O thread was what capped sixteen clients sending at once (docs/benchmarks.md,
+issue 43).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from common.broker.tables import TopicTable
+from common.core import accel
+from common.core.logs import log_event
+from common.core.message import (
+    PROPERTY_KEYS,
+    PROPERTY_SHARDING_KEY,
+    PROPERTY_TAGS,
+    SYSFLAG_TRANSACTION_PREPARED,
+    host_bytes,
+    is_system_topic,
+)
+from common.format import record
+from common.format.protocol import RESPONSE_MARK, Limits, RequestCode
+from common.store.commit_log import WriteDigest
+
+FAULT_AHEAD = 64 * 1024  # bytes faulted in at once where the allocate thread is behind
+MAX_TOPICS = 100_000  # topics kept in the table (each a few dozen bytes); past it, cleared
+
+_native = accel.load("common.format._codec")
+put_sends: Callable[..., tuple[int, int, list[tuple[bytes, bytes]], int]] | None = getattr(
+    _native, "put_sends", None)
+
+Burst = list[tuple[bytes, list[bytes]]]
+log = logging.getLogger("replog.server")
+
+
+def enabled() -> bool:
+    """The native path is built and not switched off (``PYTHON_PUTS_REPLOG=1``: the Python
+    path for every put, to compare the two)."""
+    return put_sends is not None and os.environ.get("PYTHON_PUTS_REPLOG") != "1"
+
+
+class PutPath:
+    """One master role's native put path; used by the request server's I/O thread only."""
+
+    def __init__(self, store: Any, topics: TopicTable, screen: frozenset[str],
+                 write_gate: Callable[[], str] | None, store_host: str):
+        self._store = store
+        self._store_host = store_host  # the answers' storeHost (the msgId prefix)
+        self._cl = store.commit_log
+        self._topics_table = topics
+        self._screen = screen  # the master role's own (timer, transaction, broker-only)
+        self._write_gate = write_gate
+        self._topics: dict[str, tuple[bytes, int, bool] | None] = {}
+        self._hosts: dict[str, bytes] = {}
+        self._conf: tuple[Any, ...] = ()
+        self._made_of: tuple[Any, ...] = ()
+        self._version = -1  # the topic table's, when the topics were learnt
+        self._faulted = (-1, 0)  # (segment's first offset, faulted in up to) by _stop
+        self.fixed_ts = 0  # tests: every record's store timestamp (0: the clock's)
+        self.taken = 0  # requests served here
+        self.declined_errors = 0  # bursts left to the Python path by an error
+
+    def take(self, burst: Burst, start: int, peers: dict[bytes, tuple[str, int]],
+             limits: Limits) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """Serve the plain SENDs of ``burst`` from ``start`` on: the index of the first one
+        not taken (``len(burst)``: all) and the answers of those taken, (identity, ZMTP
+        bytes) each, for the caller to write and account."""
+        cl = self._cl
+        gate = self._write_gate
+        if not cl.writeable or cl._lock_since or (gate is not None and gate()):
+            return start, []  # the Python path refuses with the reason, or waits its turn
+        conf = self._conf_for(peers, limits)
+        with cl.put_lock:
+            cl._lock_since = time.monotonic()
+            try:
+                mf = cl.queue.last_for_write()
+                pos = mf.wrote_position
+                stop = self._stop(mf, pos, cl.file_size - record.END_FILE_MIN_BLANK)
+                taken_to, end_pos, answers, ts = put_sends(  # type: ignore[misc]
+                    conf, burst, start, mf.buffer, pos, stop, mf.file_from_offset,
+                    self.fixed_ts)
+                if taken_to > start:
+                    mf.wrote_position = end_pos
+                    mf.store_timestamp = ts
+                    cl.last_store_timestamp = ts
+            except Exception as e:  # noqa: BLE001 - e.g. no new segment: the Python path's to say
+                self.declined_errors += 1
+                log_event(log, "native_put_declined", logging.WARNING, error=repr(e))
+                return start, []
+            finally:
+                cl._lock_since = 0.0
+        count = taken_to - start
+        if count:
+            cl._prefault(mf)
+            end = mf.file_from_offset + end_pos
+            for listener in cl.append_listeners:
+                listener(end)
+            self._store.puts += count
+            self.taken += count
+        return taken_to, answers
+
+    def _stop(self, mf: Any, pos: int, limit: int) -> int:
+        """How far this run may write: the segment's end less the end marker's room, and the
+        pages faulted in. Those are the allocate thread's to fault ahead (``populated``);
+        where it is behind (a segment just started), the next ``FAULT_AHEAD`` bytes are
+        faulted in here, as the Python path faults each put's own pages."""
+        stop = min(mf.populated, limit)
+        if stop >= limit or stop >= pos + FAULT_AHEAD:
+            return stop
+        segment, faulted = self._faulted
+        if segment == mf.file_from_offset and faulted >= pos + FAULT_AHEAD // 2:
+            return max(stop, min(faulted, limit))
+        end = min(pos + FAULT_AHEAD, limit)
+        if not mf.fault_in(pos, end):
+            return stop  # no space: the Python path refuses the put with the reason
+        self._faulted = (mf.file_from_offset, end)
+        return max(stop, end)
+
+    def _conf_for(self, peers: dict[bytes, tuple[str, int]], limits: Limits) -> tuple[Any, ...]:
+        """The C function's conf, made again when anything it holds was replaced."""
+        cl, topics = self._cl, self._topics_table
+        triggers = self._store.extensions.put_hook_triggers
+        made_of = (peers, limits, cl.topic_queue_table, cl.digests, triggers, topics.version)
+        if made_of == self._made_of:
+            return self._conf
+        if topics.version != self._version:
+            self._topics.clear()  # a topic made, grown or retyped: learnt again
+            self._version = topics.version
+        self._made_of = made_of
+        screen = self._screen | (triggers if triggers is not None else frozenset())
+        self._conf = (
+            limits, cl.topic_queue_table, self._topics, self._learn, peers, self._hosts,
+            host_bytes, screen, cl.store_ip, cl.store_port, cl._crc_len, cl.max_message_size,
+            cl.digests, WriteDigest, self._store_host,
+            int(RequestCode.SEND), PROPERTY_SHARDING_KEY, PROPERTY_TAGS, PROPERTY_KEYS,
+            record.MAX_PROPERTIES_BYTES, cl.max_message_size + record.RECORD_SLACK_BYTES,
+            SYSFLAG_TRANSACTION_PREPARED, RESPONSE_MARK[0])
+        return self._conf
+
+    def _learn(self, topic: str) -> None:
+        """The C function meets a topic it has no entry for: (topic part, queues, FIFO), or
+        None for one the Python path serves (a system topic, one not made yet, a bad name)."""
+        if len(self._topics) >= MAX_TOPICS:
+            self._topics.clear()
+        nums = self._topics_table.queue_nums(topic)
+        part = self._cl._topic_part(topic)
+        if nums <= 0 or is_system_topic(topic) or not isinstance(part, bytes):
+            self._topics[topic] = None
+            return
+        fifo = self._topics_table.message_type(topic) == "FIFO"
+        self._topics[topic] = (part, nums, fifo)

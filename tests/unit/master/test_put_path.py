@@ -1,0 +1,313 @@
+"""The master's native put path (master/put_path.py, common/format/_put_path.c) against the
+Python path it stands in for: the same requests through each, into two stores, leave the same
+CommitLog bytes, queue offsets, digests for reput and answers, byte for byte; every request
+the native path does not take whole is left untouched for the Python path; and through a real
+broker the two serve a mixed stream alike."""
+
+from __future__ import annotations
+
+import collections
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from helpers.stores import make_store
+
+from common.broker.broker import Broker
+from common.broker.tables import MESSAGE_TYPE, TopicTable
+from common.client import Admin, Consumer, Producer
+from common.core import timer, transaction
+from common.core.config import load_config
+from common.core.errors import BrokerError, ResponseCode
+from common.core.message import PROPERTY_SHARDING_KEY
+from common.format import zmtp
+from common.format.protocol import (
+    PROTOCOL_VERSION,
+    Limits,
+    RequestCode,
+    decode_record,
+    decode_request,
+    encode_response,
+)
+from common.store import commit_log as commit_log_module
+from common.store.message_store import MessageStore
+from master import put_path
+from master.role import MasterRole
+
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not put_path.enabled(), reason="the native put path is not built"),
+]
+
+TS = 1_764_000_000_123
+PEER = ("10.1.2.3", 40123)
+IDENTITY = b"\x00\x00\x00\x00\x07"
+TOPICS = {"orders": 4, "audit": 1, "fifo": 2}
+
+
+def send_frames(opaque: int, fields: dict[str, Any], body: bytes,
+                code: int = RequestCode.SEND) -> list[bytes]:
+    return [msgpack.packb([PROTOCOL_VERSION, int(code), opaque, fields]), body]
+
+
+class Side:
+    """A store, its topic table and an ASYNC_MASTER on it."""
+
+    def __init__(self, root: Path, crc: bool):
+        crc_keys = {"enabledAppendPropCRC": crc, "forceVerifyPropCRC": crc}
+        self.store: MessageStore = make_store(root, mappedFileSizeCommitLog=64 * 1024,
+                                              **crc_keys)
+        self.cfg = load_config(None, (), env={}, storePathRootDir=str(root), **crc_keys)
+        (root / "config").mkdir(exist_ok=True)
+        self.topics = TopicTable(root / "config")
+        for name, nums in TOPICS.items():
+            self.topics.create(name, nums, {MESSAGE_TYPE: "FIFO"} if name == "fifo" else None)
+        self.role = MasterRole(self.cfg, self.store, self.topics, "ASYNC_MASTER")
+        path = self.role.put_path
+        assert path is not None
+        self.path: put_path.PutPath = path
+        self.path.fixed_ts = TS
+        self.limits = Limits()
+        self.peers = {IDENTITY: PEER}
+        cl = self.store.commit_log
+        self.digest_log: list[Any] = []  # every digest left for reput, before reput takes it
+        cl.digests = Recording(self.digest_log, maxlen=cl.digests.maxlen)
+
+    def python(self, frames: list[bytes]) -> bytes:
+        """One request by the Python path (what the server's _serve does for a SEND)."""
+        req = decode_request(frames, self.limits)
+        req = req._replace(born_host=PEER)
+        resp = self.role.send(req)
+        return zmtp.encode(encode_response(resp.code, resp.opaque, resp.remark, resp.fields,
+                                           resp.bodies))
+
+    def native(self, burst: list[tuple[bytes, list[bytes]]]) -> tuple[list[bytes], int]:
+        """The burst as the server serves it: runs by the native path, the rest by Python's;
+        the answers in order, and how many the native path took."""
+        answers: list[bytes] = []
+        i, taken = 0, 0
+        while i < len(burst):
+            nxt, done = self.path.take(burst, i, self.peers, self.limits)
+            answers.extend(data for _identity, data in done)
+            taken += len(done)
+            assert len(done) == nxt - i
+            i = nxt
+            if i < len(burst):
+                answers.append(self.python(burst[i][1]))
+                i += 1
+        return answers, taken
+
+    def log_bytes(self) -> bytes:
+        cl = self.store.commit_log
+        return cl.read(cl.min_offset, cl.max_offset - cl.min_offset)
+
+    def digests(self) -> list[Any]:
+        return list(self.digest_log)
+
+    def queues(self) -> dict[tuple[str, int], list[Any]]:
+        """Every queue's entries once reput has dispatched the whole log."""
+        assert self.store.wait_dispatched(self.store.max_phy_offset, 10)
+        return {(topic, q): [(m.queue_offset, m.commit_log_offset, m.store_size)
+                             for m in self.store.get_message("g", topic, q, 0, 1000).messages()]
+                for topic, nums in TOPICS.items() for q in range(nums)}
+
+
+class Recording(collections.deque):  # type: ignore[type-arg]
+    """The CommitLog's digest deque, keeping a copy of every digest appended."""
+
+    def __init__(self, log: list[Any], maxlen: int | None):
+        super().__init__(maxlen=maxlen)
+        self.log = log
+
+    def append(self, item: Any) -> None:
+        self.log.append(item)
+        super().append(item)
+
+
+@pytest.fixture
+def sides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setattr(commit_log_module, "now_ms", lambda: TS)
+    made: list[Side] = []
+
+    def make(name: str, crc: bool = True) -> Side:
+        side = Side(tmp_path / name, crc)
+        made.append(side)
+        return side
+
+    yield make
+    for side in made:
+        side.store.shutdown()
+
+
+def random_send(rng: random.Random, opaque: int) -> list[bytes]:
+    topic = rng.choice(["orders", "audit", "fifo"])
+    fields: dict[str, Any] = {"topic": topic, "queueId": rng.randrange(TOPICS[topic]),
+                              "bornTimestamp": TS - rng.randrange(10_000)}
+    if rng.random() < 0.4:
+        fields["tags"] = rng.choice(["A", "", "tag-é", "x" * 50])
+    if rng.random() < 0.3:
+        fields["keys"] = rng.choice(["k1", "k1 k2", "ключ"])
+    props = {}
+    if rng.random() < 0.4 or topic == "fifo":
+        for _ in range(rng.randrange(4)):
+            props[rng.choice(["a", "b", "TAGS", "KEYS", "UNIQ_KEY", "名"])] = rng.choice(
+                ["1", "", "värde", "v" * 300])
+    if topic == "fifo":
+        props[PROPERTY_SHARDING_KEY] = f"g{rng.randrange(3)}"
+    if props:
+        fields["properties"] = props
+    if rng.random() < 0.2:
+        fields["flag"] = rng.randrange(-2**31, 2**31)
+    if rng.random() < 0.1:
+        fields["sysFlag"] = 1  # COMPRESSED, as a producer may set it
+    body = rng.randbytes(rng.choice([0, 1, 128, 1000, 3000]))
+    return send_frames(opaque, fields, body)
+
+
+@pytest.mark.parametrize("crc", [True, False])
+def test_the_same_bytes_offsets_digests_and_answers(sides: Any, crc: bool) -> None:
+    rng = random.Random(43 + crc)
+    native, python = sides("native", crc), sides("python", crc)
+    burst = [(IDENTITY, random_send(rng, opaque)) for opaque in range(300)]
+    answers, taken = native.native(burst)
+    expected = [python.python(frames) for _identity, frames in burst]
+    assert taken > 250  # a segment's end goes to the Python path: it rolls the segment
+    assert answers == expected
+    assert native.log_bytes() == python.log_bytes()
+    assert native.store.commit_log.topic_queue_table == python.store.commit_log.topic_queue_table
+    assert native.digests() == python.digests() and native.digests()
+    assert native.queues() == python.queues()
+    assert native.store.commit_log.last_store_timestamp == TS
+    assert native.store.puts == python.store.puts == 300
+
+
+def declined_requests() -> list[tuple[str, list[bytes]]]:
+    base = {"topic": "orders", "queueId": 0, "bornTimestamp": TS}
+    return [
+        ("delay level", send_frames(1, {**base, "delayLevel": 2}, b"x")),
+        ("delay property", send_frames(2, {**base, "properties": {"DELAY": "2"}}, b"x")),
+        ("prepared", send_frames(3, {**base, "sysFlag": 4,
+                                     "properties": {transaction.TRAN_MSG: "true"}}, b"x")),
+        ("timer", send_frames(4, {**base, "properties": {timer.TIMER_DELAY_SEC: "5"}}, b"x")),
+        ("broker only", send_frames(5, {**base, "properties": {timer.TIMER_OUT_MS: "5"}},
+                                    b"x")),
+        ("system topic", send_frames(6, {**base, "topic": "rmq_sys_wheel_timer"}, b"x")),
+        ("unknown topic", send_frames(7, {**base, "topic": "nope"}, b"x")),
+        ("queue past the topic's", send_frames(8, {**base, "queueId": 4}, b"x")),
+        ("FIFO without a group", send_frames(9, {**base, "topic": "fifo"}, b"x")),
+        ("another code", send_frames(10, {"topic": "orders", "queueId": 0, "offset": 0,
+                                          "maxMsgNums": 1}, b"", RequestCode.PULL)[:1]),
+        ("a response", [msgpack.packb([PROTOCOL_VERSION, 0, 11, "", {}])]),
+        ("malformed", send_frames(12, {**base, "queueId": -1}, b"x")),
+        ("body too large", send_frames(13, base, b"x" * (4 * 1024 * 1024 + 1))),
+        ("properties too long", send_frames(14, {**base, "properties": {"p": "v" * 32760}},
+                                            b"x")),
+    ]
+
+
+@pytest.mark.parametrize("name,frames", declined_requests(), ids=lambda v: v
+                         if isinstance(v, str) else "")
+def test_what_the_native_path_leaves_to_python(sides: Any, name: str,
+                                               frames: list[bytes]) -> None:
+    side = sides("native")
+    plain = (IDENTITY, send_frames(100, {"topic": "orders", "queueId": 1, "bornTimestamp": TS},
+                                   b"plain"))
+    before = side.log_bytes()
+    assert side.path.take([(IDENTITY, frames), plain], 0, side.peers, side.limits) == (0, [])
+    assert side.log_bytes() == before and side.digests() == []
+    # after a plain one, the run stops at it: the plain one taken, nothing of it changed
+    nxt, answers = side.path.take([plain, (IDENTITY, frames)], 0, side.peers, side.limits)
+    assert (nxt, len(answers)) == (1, 1)
+    assert side.store.commit_log.topic_queue_table == {("orders", 1): 1}
+
+
+def test_a_peer_without_an_address_is_left_to_python(sides: Any) -> None:
+    side = sides("native")
+    frames = send_frames(1, {"topic": "orders", "queueId": 0}, b"x")
+    assert side.path.take([(b"\x00gone", frames)], 0, side.peers, side.limits) == (0, [])
+
+
+def test_the_clock_stamps_a_send_without_a_born_time(sides: Any) -> None:
+    side = sides("native")
+    side.path.fixed_ts = 0
+    before = int(time.time() * 1000)
+    frames = send_frames(1, {"topic": "audit", "queueId": 0}, b"now")
+    nxt, _answers = side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)
+    after = int(time.time() * 1000)
+    assert nxt == 1
+    stored = decode_record(side.log_bytes())
+    assert before <= stored.born_timestamp <= after
+    assert before <= stored.store_timestamp <= after
+    assert stored.born_host == f"{PEER[0]}:{PEER[1]}" and stored.body == b"now"
+
+
+def test_a_new_topic_is_learnt_when_the_table_changes(sides: Any) -> None:
+    side = sides("native")
+    frames = send_frames(1, {"topic": "later", "queueId": 2, "bornTimestamp": TS}, b"x")
+    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)[0] == 0
+    side.topics.create("later", 3)
+    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)[0] == 1
+    side.topics.create("later", 3, {MESSAGE_TYPE: "FIFO"})  # now it needs a message group
+    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)[0] == 0
+
+
+def test_a_store_that_refuses_writes_leaves_every_put_to_python(sides: Any) -> None:
+    side = sides("native")
+    side.store.commit_log.writeable = False
+    frames = send_frames(1, {"topic": "audit", "queueId": 0, "bornTimestamp": TS}, b"x")
+    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits) == (0, [])
+
+
+def test_only_an_async_master_with_async_flush_has_one(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "s")
+    try:
+        (tmp_path / "c").mkdir()
+        topics = TopicTable(tmp_path / "c")
+        cfg = load_config(None, (), env={}, storePathRootDir=str(tmp_path / "s"))
+        assert MasterRole(cfg, store, topics, "ASYNC_MASTER").put_path is not None
+        assert MasterRole(cfg, store, topics, "SYNC_MASTER").put_path is None
+        sync_flush = load_config(None, (), env={}, storePathRootDir=str(tmp_path / "s"),
+                                 flushDiskType="SYNC_FLUSH")
+        assert MasterRole(sync_flush, store, topics, "ASYNC_MASTER").put_path is None
+    finally:
+        store.shutdown()
+
+
+def test_answers_decode_as_send_ok(sides: Any) -> None:
+    side = sides("native")
+    frames = send_frames(9, {"topic": "orders", "queueId": 3, "bornTimestamp": TS}, b"x")
+    _nxt, answers = side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)
+    raw = answers[0][1]  # one ZMTP frame, short and last: flags 0, its length, the header
+    assert raw[0] == 0 and len(raw) == 2 + raw[1] and msgpack.unpackb(raw[2:]) == [
+        PROTOCOL_VERSION, int(ResponseCode.SUCCESS), 9, "",
+        {"queueId": 3, "queueOffset": 0, "commitLogOffset": 0,
+         "storeHost": side.role.put_path._store_host},  # type: ignore[union-attr]
+    ]
+
+
+def test_a_broker_serves_plain_sends_natively_and_the_rest_in_python(
+        make_broker: Callable[..., Broker]) -> None:
+    broker = make_broker(real_store=True)
+    address = f"127.0.0.1:{broker.cfg.listenPort}"
+    with Admin([address]) as admin:
+        admin.create_topic("mixed", 2)
+    with Producer([address]) as producer, Consumer([address]) as consumer:
+        sent = [producer.send("mixed", b"plain-%d" % i, tags="T" if i % 2 else None,
+                              queue_id=i % 2) for i in range(40)]
+        delayed = producer.send("mixed", b"later", delay_level=1, queue_id=0)
+        with pytest.raises(BrokerError) as refused:
+            producer.send("mixed", b"x", queue_id=0, properties={timer.TIMER_OUT_MS: "1"})
+        assert refused.value.code == ResponseCode.MESSAGE_ILLEGAL
+        path = broker.roles.role.put_path  # type: ignore[union-attr]
+        assert path is not None and path.taken >= 40
+        assert delayed.status.name == "SEND_OK"
+        got = consumer.pull("mixed", 1, 0, 64)
+        assert [m.body for m in got.messages] == [b"plain-%d" % i for i in range(1, 40, 2)]
+        assert all(m.tags == "T" for m in got.messages)
+        assert [s.queue_offset for s in sent[1::2]] == list(range(20))
+    assert broker.server.stats.put_msgs.total >= 41
