@@ -48,14 +48,14 @@ from common.core.message import (
     is_system_topic,
 )
 from common.format import record
-from common.format.protocol import RESPONSE_MARK, Limits, RequestCode
+from common.format.protocol import RESPONSE_MARK, Limits, RequestCode, decode_request
 from common.store.commit_log import WriteDigest
 
 FAULT_AHEAD = 64 * 1024  # bytes faulted in at once where the allocate thread is behind
 MAX_TOPICS = 100_000  # topics kept in the table (each a few dozen bytes); past it, cleared
 
 _native = accel.load("common.format._codec")
-put_sends: Callable[..., tuple[int, int, list[tuple[bytes, bytes]], int]] | None = getattr(
+put_sends: Callable[..., tuple[int, int, list[tuple[bytes, bytes]], int, int]] | None = getattr(
     _native, "put_sends", None)
 
 Burst = list[tuple[bytes, list[bytes]]]
@@ -87,17 +87,19 @@ class PutPath:
         self._faulted = (-1, 0)  # (segment's first offset, faulted in up to) by _stop
         self.fixed_ts = 0  # tests: every record's store timestamp (0: the clock's)
         self.taken = 0  # requests served here
+        self.messages = 0  # and the messages they stored
         self.declined_errors = 0  # bursts left to the Python path by an error
 
     def take(self, burst: Burst, start: int, peers: dict[bytes, tuple[str, int]],
-             limits: Limits) -> tuple[int, list[tuple[bytes, bytes]]]:
-        """Serve the plain SENDs of ``burst`` from ``start`` on: the index of the first one
-        not taken (``len(burst)``: all) and the answers of those taken, (identity, ZMTP
-        bytes) each, for the caller to write and account."""
+             limits: Limits) -> tuple[int, list[tuple[bytes, bytes]], int]:
+        """Serve the plain SENDs (and SEND_BATCHes) of ``burst`` from ``start`` on: the index
+        of the first one not taken (``len(burst)``: all), the answers of those taken,
+        (identity, ZMTP bytes) each, for the caller to write and account, and how many
+        messages they stored."""
         cl = self._cl
         gate = self._write_gate
         if not cl.writeable or cl._lock_since or (gate is not None and gate()):
-            return start, []  # the Python path refuses with the reason, or waits its turn
+            return start, [], 0  # the Python path refuses with the reason, or waits its turn
         conf = self._conf_for(peers, limits)
         with cl.put_lock:
             cl._lock_since = time.monotonic()
@@ -105,7 +107,7 @@ class PutPath:
                 mf = cl.queue.last_for_write()
                 pos = mf.wrote_position
                 stop = self._stop(mf, pos, cl.file_size - record.END_FILE_MIN_BLANK)
-                taken_to, end_pos, answers, ts = put_sends(  # type: ignore[misc]
+                taken_to, end_pos, answers, ts, messages = put_sends(  # type: ignore[misc]
                     conf, burst, start, mf.buffer, pos, stop, mf.file_from_offset,
                     self.fixed_ts)
                 if taken_to > start:
@@ -115,18 +117,18 @@ class PutPath:
             except Exception as e:  # noqa: BLE001 - e.g. no new segment: the Python path's to say
                 self.declined_errors += 1
                 log_event(log, "native_put_declined", logging.WARNING, error=repr(e))
-                return start, []
+                return start, [], 0
             finally:
                 cl._lock_since = 0.0
-        count = taken_to - start
-        if count:
+        if taken_to > start:
             cl._prefault(mf)
             end = mf.file_from_offset + end_pos
             for listener in cl.append_listeners:
                 listener(end)
-            self._store.puts += count
-            self.taken += count
-        return taken_to, answers
+            self._store.puts += messages
+            self.taken += taken_to - start
+            self.messages += messages
+        return taken_to, answers, messages
 
     def _stop(self, mf: Any, pos: int, limit: int) -> int:
         """How far this run may write: the segment's end less the end marker's room, and the
@@ -163,7 +165,8 @@ class PutPath:
             cl.digests, WriteDigest, self._store_host,
             int(RequestCode.SEND), PROPERTY_SHARDING_KEY, PROPERTY_TAGS, PROPERTY_KEYS,
             record.MAX_PROPERTIES_BYTES, cl.max_message_size + record.RECORD_SLACK_BYTES,
-            SYSFLAG_TRANSACTION_PREPARED, RESPONSE_MARK[0])
+            SYSFLAG_TRANSACTION_PREPARED, RESPONSE_MARK[0], int(RequestCode.SEND_BATCH),
+            decode_request, cl.file_size - record.END_FILE_MIN_BLANK)
         return self._conf
 
     def _learn(self, topic: str) -> None:

@@ -199,7 +199,7 @@ class PutPath(Protocol):
 
     def take(self, burst: list[tuple[bytes, list[bytes]]], start: int,
              peers: dict[bytes, tuple[str, int]],
-             limits: Limits) -> tuple[int, list[tuple[bytes, bytes]]]: ...
+             limits: Limits) -> tuple[int, list[tuple[bytes, bytes]], int]: ...
 
 
 class RequestServer:
@@ -554,22 +554,23 @@ class RequestServer:
             if path is not None and not self._draining and self.reply_gate is None \
                     and self.stats.inflight < self.max_inflight:
                 started = time.monotonic()
-                i, answers = path.take(burst, i, self._peers, self.limits)
+                i, answers, messages = path.take(burst, i, self._peers, self.limits)
                 if answers:
-                    self._answer_taken(answers, started)
+                    self._answer_taken(answers, messages, started)
                 if i >= n:
                     return
             identity, frames = burst[i]
             self._serve(sock, identity, frames)
             i += 1
 
-    def _answer_taken(self, answers: list[tuple[bytes, bytes]], started: float) -> None:
+    def _answer_taken(self, answers: list[tuple[bytes, bytes]], messages: int,
+                      started: float) -> None:
         """The SEND_OKs of the native path's run: counted as ``_serve`` and ``_account``
         count each, and written."""
         count = len(answers)
         stats = self.stats
         stats.requests += count
-        stats.put_msgs.add(count)
+        stats.put_msgs.add(messages)
         stats.put_latency.add_many((time.monotonic() - started) * 1000, count)
         write = self._tcp.write  # type: ignore[union-attr]  # bursts come from the TcpPort
         for identity, data in answers:

@@ -273,6 +273,7 @@ class Transport:
         self._deadlines: list[tuple[float, int]] = []
         self._opaques = itertools.count(1)
         self._stop = threading.Event()
+        self._stopping = False  # set with _stop: a plain read for every submit (is_set is a call)
         # send_async's lanes (common/client/accumulator.py): driven by this transport's thread
         self.batches = Accumulator(self, batch_size, batch_bytes, linger_ms,
                                    max_batches_in_flight, max_in_flight, batch_timeout_ms)
@@ -590,10 +591,6 @@ class Transport:
         sock.close(linger=0)
 
     # -- the accumulator's network (common/client/accumulator.py) -----------------------------
-    def submit(self, entry: Entry) -> None:
-        """Any thread: hand ``entry`` to the accumulator on the I/O thread."""
-        self._submit(entry)
-
     def start_request(self, address: str, code: RequestCode, fields: dict[str, Any],
                       bodies: list[bytes], timeout_ms: int,
                       done: Callable[[Response | BrokerError], None]) -> None:
@@ -656,6 +653,7 @@ class Transport:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the I/O thread and close every socket (call once no thread uses the client)."""
+        self._stopping = True
         self._stop.set()
         with self._direct_lock:
             for sock in list(self._direct):
@@ -675,12 +673,15 @@ class Transport:
                            "every call from now on: close it and make a new one", False)
 
     def _submit(self, entry: _Call | _Answer | Entry) -> None:
-        if self._stop.is_set():
+        """Any thread: hand ``entry`` to the I/O thread (``submit``: an accumulator entry)."""
+        if self._stopping:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
         self._inbox.append(entry)
         self._wakeup.wake()
         if self.failure:  # no thread reads the inbox: fail it here (the dying one may race)
             self._fail_inbox(self.dead_error())
+
+    submit = _submit  # Network.submit, the same method: a Python call less a send_async
 
     # -- the I/O thread -------------------------------------------------------------------------
     def _run(self) -> None:

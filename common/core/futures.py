@@ -54,32 +54,43 @@ class LightFuture(concurrent.futures.Future[T]):
         return cond  # type: ignore[no-any-return]
 
     # -- the writer ---------------------------------------------------------------------------
+    # set_result is the hot one (every send_async settles through it): claim, store, settle and
+    # the callbacks inline, a Python call each fewer a message than through helpers
     def set_result(self, result: T) -> None:
-        self._claim()
+        fields = self.__dict__
+        if fields.pop("_open", None) is None:
+            raise concurrent.futures.InvalidStateError(f"{self!r} is already done")
         self._result = result
-        self._settle(exception=False)
+        self._state = FINISHED
+        if fields.get("_cond") is not None:  # someone blocks (or has blocked): wake them
+            self._notify(exception=False)
+        for cell in self._done_callbacks:  # sees cells appended while it walks
+            try:
+                fn = cell.pop()
+            except IndexError:
+                continue  # add_done_callback saw the future finished and called it
+            try:
+                fn(self)
+            except Exception:
+                log.exception("exception calling callback for %r", self)
 
     def set_exception(self, exception: BaseException | None) -> None:
-        self._claim()
-        self._exception = exception
-        self._settle(exception=True)
-
-    def _claim(self) -> None:
         if self.__dict__.pop("_open", None) is None:
             raise concurrent.futures.InvalidStateError(f"{self!r} is already done")
-
-    def _settle(self, exception: bool) -> None:
+        self._exception = exception
         self._state = FINISHED
-        cond = self.__dict__.get("_cond")
-        if cond is not None:  # someone blocks (or has blocked) on it: wake them under it
-            with cond:
-                for waiter in self._waiters:
-                    if exception:
-                        waiter.add_exception(self)
-                    else:
-                        waiter.add_result(self)
-                cond.notify_all()
+        if self.__dict__.get("_cond") is not None:
+            self._notify(exception=True)
         self._invoke_callbacks()
+
+    def _notify(self, exception: bool) -> None:
+        with self.__dict__["_cond"]:
+            for waiter in self._waiters:
+                if exception:
+                    waiter.add_exception(self)
+                else:
+                    waiter.add_result(self)
+            self.__dict__["_cond"].notify_all()
 
     def _invoke_callbacks(self) -> None:
         for cell in self._done_callbacks:  # sees cells appended while it walks

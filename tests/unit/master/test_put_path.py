@@ -82,7 +82,7 @@ class Side:
         """One request by the Python path (what the server's _serve does for a SEND)."""
         req = decode_request(frames, self.limits)
         req = req._replace(born_host=PEER)
-        resp = self.role.send(req)
+        resp = self.role.send(req) if req.code == RequestCode.SEND else self.role.send_batch(req)
         return zmtp.encode(encode_response(resp.code, resp.opaque, resp.remark, resp.fields,
                                            resp.bodies))
 
@@ -92,7 +92,7 @@ class Side:
         answers: list[bytes] = []
         i, taken = 0, 0
         while i < len(burst):
-            nxt, done = self.path.take(burst, i, self.peers, self.limits)
+            nxt, done, _messages = self.path.take(burst, i, self.peers, self.limits)
             answers.extend(data for _identity, data in done)
             taken += len(done)
             assert len(done) == nxt - i
@@ -144,8 +144,21 @@ def sides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         side.store.shutdown()
 
 
+def batch_frames(opaque: int, fields: dict[str, Any], bodies: list[bytes]) -> list[bytes]:
+    fields = {**fields, "sizes": [len(b) for b in bodies]}
+    return [msgpack.packb([PROTOCOL_VERSION, int(RequestCode.SEND_BATCH), opaque, fields]),
+            b"".join(bodies)]
+
+
 def random_send(rng: random.Random, opaque: int) -> list[bytes]:
     topic = rng.choice(["orders", "audit", "fifo"])
+    if topic != "fifo" and rng.random() < 0.2:  # a batch: bodies alone, or with meta
+        bodies = [rng.randbytes(rng.choice([0, 7, 128, 900])) for _ in range(rng.randrange(1, 9))]
+        batch: dict[str, Any] = {"topic": topic, "queueId": rng.randrange(TOPICS[topic]),
+                                 "bornTimestamp": TS - rng.randrange(10_000)}
+        if rng.random() < 0.3:
+            batch["meta"] = [["T", None, {"a": "1"}, 0] for _ in bodies]
+        return batch_frames(opaque, batch, bodies)
     fields: dict[str, Any] = {"topic": topic, "queueId": rng.randrange(TOPICS[topic]),
                               "bornTimestamp": TS - rng.randrange(10_000)}
     if rng.random() < 0.4:
@@ -183,7 +196,8 @@ def test_the_same_bytes_offsets_digests_and_answers(sides: Any, crc: bool) -> No
     assert native.digests() == python.digests() and native.digests()
     assert native.queues() == python.queues()
     assert native.store.commit_log.last_store_timestamp == TS
-    assert native.store.puts == python.store.puts == 300
+    assert native.store.puts == python.store.puts > 300  # batches hold several
+    assert native.path.messages > native.path.taken  # batches taken natively too
 
 
 def declined_requests() -> list[tuple[str, list[bytes]]]:
@@ -207,6 +221,11 @@ def declined_requests() -> list[tuple[str, list[bytes]]]:
         ("body too large", send_frames(13, base, b"x" * (4 * 1024 * 1024 + 1))),
         ("properties too long", send_frames(14, {**base, "properties": {"p": "v" * 32760}},
                                             b"x")),
+        ("batch with meta", batch_frames(15, {**base, "meta": [["T", None, None, 0]]}, [b"x"])),
+        ("batch to a FIFO topic", batch_frames(16, {**base, "topic": "fifo"}, [b"x"])),
+        ("batch past its sizes", [batch_frames(17, base, [b"xy"])[0], b"x"]),
+        ("batch body too large", batch_frames(18, base, [b"x", b"y" * (4 * 1024 * 1024 + 1)])),
+        ("batch past the segment", batch_frames(19, base, [b"z" * 40_000, b"z" * 40_000])),
     ]
 
 
@@ -218,18 +237,19 @@ def test_what_the_native_path_leaves_to_python(sides: Any, name: str,
     plain = (IDENTITY, send_frames(100, {"topic": "orders", "queueId": 1, "bornTimestamp": TS},
                                    b"plain"))
     before = side.log_bytes()
-    assert side.path.take([(IDENTITY, frames), plain], 0, side.peers, side.limits) == (0, [])
+    assert side.path.take([(IDENTITY, frames), plain], 0, side.peers, side.limits) == (0, [], 0)
     assert side.log_bytes() == before and side.digests() == []
     # after a plain one, the run stops at it: the plain one taken, nothing of it changed
-    nxt, answers = side.path.take([plain, (IDENTITY, frames)], 0, side.peers, side.limits)
-    assert (nxt, len(answers)) == (1, 1)
+    nxt, answers, messages = side.path.take([plain, (IDENTITY, frames)], 0, side.peers,
+                                            side.limits)
+    assert (nxt, len(answers), messages) == (1, 1, 1)
     assert side.store.commit_log.topic_queue_table == {("orders", 1): 1}
 
 
 def test_a_peer_without_an_address_is_left_to_python(sides: Any) -> None:
     side = sides("native")
     frames = send_frames(1, {"topic": "orders", "queueId": 0}, b"x")
-    assert side.path.take([(b"\x00gone", frames)], 0, side.peers, side.limits) == (0, [])
+    assert side.path.take([(b"\x00gone", frames)], 0, side.peers, side.limits) == (0, [], 0)
 
 
 def test_the_clock_stamps_a_send_without_a_born_time(sides: Any) -> None:
@@ -237,7 +257,7 @@ def test_the_clock_stamps_a_send_without_a_born_time(sides: Any) -> None:
     side.path.fixed_ts = 0
     before = int(time.time() * 1000)
     frames = send_frames(1, {"topic": "audit", "queueId": 0}, b"now")
-    nxt, _answers = side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)
+    nxt, _answers, _messages = side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)
     after = int(time.time() * 1000)
     assert nxt == 1
     stored = decode_record(side.log_bytes())
@@ -260,7 +280,7 @@ def test_a_store_that_refuses_writes_leaves_every_put_to_python(sides: Any) -> N
     side = sides("native")
     side.store.commit_log.writeable = False
     frames = send_frames(1, {"topic": "audit", "queueId": 0, "bornTimestamp": TS}, b"x")
-    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits) == (0, [])
+    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits) == (0, [], 0)
 
 
 def test_only_an_async_master_with_async_flush_has_one(tmp_path: Path) -> None:
@@ -281,7 +301,7 @@ def test_only_an_async_master_with_async_flush_has_one(tmp_path: Path) -> None:
 def test_answers_decode_as_send_ok(sides: Any) -> None:
     side = sides("native")
     frames = send_frames(9, {"topic": "orders", "queueId": 3, "bornTimestamp": TS}, b"x")
-    _nxt, answers = side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)
+    _nxt, answers, _messages = side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)
     raw = answers[0][1]  # one ZMTP frame, short and last: flags 0, its length, the header
     assert raw[0] == 0 and len(raw) == 2 + raw[1] and msgpack.unpackb(raw[2:]) == [
         PROTOCOL_VERSION, int(ResponseCode.SUCCESS), 9, "",
