@@ -16,12 +16,15 @@ Which requests: SEND with one body to a topic this table lists (made already, no
 topic, a FIFO topic only with a message group), a queue id within it, no delay level, no
 prepared transaction, no property the broker screens (a put hook's trigger, a timer's, a
 transaction's, one only the broker sets), a record that fits before the segment's end and its
-faulted-in pages, from a peer whose address is known. Which brokers: an ASYNC_MASTER with
-ASYNC_FLUSH and no controller (a SYNC_MASTER's answers wait for its slave, a SYNC_FLUSH's for
-the disk, a controller's for its lease: all on the Python path). Everything else, and
-everything when the extension is not built or ``PYTHON_PUTS_REPLOG=1`` is set, is the Python
-path, which stays the reference: tests/unit/master/test_put_path.py holds the two to the same
-log bytes, offsets, digests and answers.
+faulted-in pages, from a peer whose address is known; and SEND_BATCH of bodies alone (no
+meta) on the same terms. Which brokers: a master with ASYNC_FLUSH outside controller mode. An
+ASYNC_MASTER's answers are written at once; a SYNC_MASTER's run is held by its replica waits
+as one put (``NativeRun``: its last byte's ack answers them all, a timeout or a missing slave
+answers them all as the Python path answers each). SYNC_FLUSH (answers wait for the disk) and
+controller mode (the lease's reply gate) are the Python path's, as is everything else, and
+everything when the extension is not built or ``PYTHON_PUTS_REPLOG=1`` is set. The Python
+path stays the reference: tests/unit/master/test_put_path.py holds the two to the same log
+bytes, offsets, digests, queues and answers.
 
 Why: a plain send cost the broker about 80 Python calls, most of them on this path, and the
 broker's one I/O thread was what capped sixteen clients sending at once (docs/benchmarks.md,
@@ -36,8 +39,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
+
+from common.broker.replies import Deferred
 from common.broker.tables import TopicTable
 from common.core import accel
+from common.core.errors import PutStatus, ResponseCode
 from common.core.logs import log_event
 from common.core.message import (
     PROPERTY_KEYS,
@@ -47,9 +54,18 @@ from common.core.message import (
     host_bytes,
     is_system_topic,
 )
-from common.format import record
-from common.format.protocol import RESPONSE_MARK, Limits, RequestCode, decode_request
+from common.format import record, zmtp
+from common.format.protocol import (
+    RESPONSE_MARK,
+    Limits,
+    RequestCode,
+    Response,
+    decode_request,
+    encode_response,
+)
 from common.store.commit_log import WriteDigest
+from common.store.flush import FLUSHED
+from master.group_transfer import GroupTransfer, ReplicaPut
 
 FAULT_AHEAD = 64 * 1024  # bytes faulted in at once where the allocate thread is behind
 MAX_TOPICS = 100_000  # topics kept in the table (each a few dozen bytes); past it, cleared
@@ -72,8 +88,14 @@ class PutPath:
     """One master role's native put path; used by the request server's I/O thread only."""
 
     def __init__(self, store: Any, topics: TopicTable, screen: frozenset[str],
-                 write_gate: Callable[[], str] | None, store_host: str):
+                 write_gate: Callable[[], str] | None, store_host: str,
+                 waits: GroupTransfer | None = None,
+                 answer_of: Callable[[int, PutStatus, dict[str, Any]], Response] | None = None):
         self._store = store
+        # a SYNC_MASTER's: its replica waits hold each run until its slaves have it, and
+        # ``answer_of(opaque, status, fields)`` is the role's answer for another status
+        self._waits = waits
+        self._answer_of = answer_of
         self._store_host = store_host  # the answers' storeHost (the msgId prefix)
         self._cl = store.commit_log
         self._topics_table = topics
@@ -91,11 +113,13 @@ class PutPath:
         self.declined_errors = 0  # bursts left to the Python path by an error
 
     def take(self, burst: Burst, start: int, peers: dict[bytes, tuple[str, int]],
-             limits: Limits) -> tuple[int, list[tuple[bytes, bytes]], int]:
+             limits: Limits, room: int) -> tuple[int, list[tuple[bytes, bytes]] | Deferred, int]:
         """Serve the plain SENDs (and SEND_BATCHes) of ``burst`` from ``start`` on: the index
         of the first one not taken (``len(burst)``: all), the answers of those taken,
         (identity, ZMTP bytes) each, for the caller to write and account, and how many
-        messages they stored."""
+        messages they stored. A SYNC_MASTER's answers come as one Deferred its replica waits
+        hold (``run`` its answers once they are settled); it takes at most ``room`` requests
+        (the server's in-flight room)."""
         cl = self._cl
         gate = self._write_gate
         if not cl.writeable or cl._lock_since or (gate is not None and gate()):
@@ -109,7 +133,7 @@ class PutPath:
                 stop = self._stop(mf, pos, cl.file_size - record.END_FILE_MIN_BLANK)
                 taken_to, end_pos, answers, ts, messages = put_sends(  # type: ignore[misc]
                     conf, burst, start, mf.buffer, pos, stop, mf.file_from_offset,
-                    self.fixed_ts)
+                    self.fixed_ts, len(burst) if self._waits is None else room)
                 if taken_to > start:
                     mf.wrote_position = end_pos
                     mf.store_timestamp = ts
@@ -128,7 +152,22 @@ class PutPath:
             self._store.puts += messages
             self.taken += taken_to - start
             self.messages += messages
+            if self._waits is not None:
+                return taken_to, self._held(answers, messages, end), messages
         return taken_to, answers, messages
+
+    def _held(self, answers: list[tuple[bytes, bytes]], messages: int,
+              end: int) -> list[tuple[bytes, bytes]] | Deferred:
+        """A SYNC_MASTER's run: held until its slaves have its last byte, as each put the
+        Python path holds (``MasterRole._after_append``); answered now when the status is
+        known now (no slave in sync, too many waiting)."""
+        assert self._waits is not None and self._answer_of is not None
+        run = NativeRun(self._waits, answers, messages, self._answer_of)
+        status = self._waits.admit(run, end, FLUSHED)
+        if status is None:
+            return run
+        run.reply(status)
+        return run.run or []
 
     def _stop(self, mf: Any, pos: int, limit: int) -> int:
         """How far this run may write: the segment's end less the end marker's room, and the
@@ -181,3 +220,31 @@ class PutPath:
             return
         fifo = self._topics_table.message_type(topic) == "FIFO"
         self._topics[topic] = (part, nums, fifo)
+
+
+class NativeRun(ReplicaPut):
+    """A SYNC_MASTER's run of native puts, held by its replica waits as one put (its last
+    byte's ack acks them all); ``run`` holds the answers the server writes once it is handed
+    back: as the C function made them (SEND_OK), or made again for the status it ended with."""
+
+    __slots__ = ("answer_of",)
+
+    def __init__(self, owner: GroupTransfer, answers: list[tuple[bytes, bytes]], messages: int,
+                 answer_of: Callable[[int, PutStatus, dict[str, Any]], Response]) -> None:
+        super().__init__(owner)
+        self.run = answers
+        self.run_messages = messages
+        self.answer_of = answer_of
+
+    def reply(self, status: PutStatus) -> Response:
+        if status is not PutStatus.PUT_OK:
+            self.run = [(identity, self._again(raw, status)) for identity, raw in self.run or ()]
+        return Response(ResponseCode.SUCCESS, 0, "", {}, [])  # the server writes ``run``
+
+    def _again(self, raw: bytes, status: PutStatus) -> bytes:
+        """A SEND_OK's bytes made again as the role answers ``status``, from its own fields."""
+        header = raw[2:] if raw[0] & zmtp.LONG == 0 else raw[9:]
+        _version, _code, opaque, _remark, fields = msgpack.unpackb(header)
+        resp = self.answer_of(opaque, status, fields)
+        return zmtp.encode(encode_response(resp.code, resp.opaque, resp.remark, resp.fields,
+                                           resp.bodies))

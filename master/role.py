@@ -31,7 +31,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from common.broker.replies import Reply, reply
 from common.broker.tables import MESSAGE_TYPE, MESSAGE_TYPES, TopicTable, TopicTableFull
@@ -124,12 +124,15 @@ class MasterRole:
         self.pop_revive = pop.PopRevive(self, write_gate)  # POP's DLQ moves (master/pop.py)
         # the plain SENDs of a burst in one C call (master/put_path.py): an ASYNC_MASTER's
         # with ASYNC_FLUSH, on the store's CommitLog, where the extension is built
+        # (a SYNC_MASTER's held by its replica waits as the Python path's puts are)
         commit_log = getattr(store, "commit_log", None)
+        sync = role_name == "SYNC_MASTER"
         self.put_path = put_path.PutPath(
             store, topics, _SPECIAL_PROPERTIES, write_gate,
             store_host_text(commit_log.store_ip, commit_log.store_port),
-        ) if (put_path.enabled() and role_name == "ASYNC_MASTER" and commit_log is not None
-              and cfg.flushDiskType != "SYNC_FLUSH") else None
+            replica_waits if sync else None, _answer_of,
+        ) if (put_path.enabled() and commit_log is not None and cfg.flushDiskType != "SYNC_FLUSH"
+              and (not sync or replica_waits is not None)) else None
 
     @property
     def name(self) -> str:
@@ -569,6 +572,15 @@ BROKER_ONLY = (*timer_messages.RESERVED, *transactions.RESERVED)
 # is a plain one: ``_special_send``'s checks are skipped, one set look-up instead
 _SPECIAL_PROPERTIES = frozenset((PROPERTY_DELAY, transactions.TRAN_MSG,
                                  *timer_messages.REQUESTED, *BROKER_ONLY))
+
+
+class _Opaque(NamedTuple):
+    opaque: int
+
+
+def _answer_of(opaque: int, status: PutStatus, fields: dict[str, Any]) -> Response:
+    """The answer to a put of the native path that ended with ``status`` (``_put_reply``)."""
+    return _put_reply(_Opaque(opaque), status, fields)  # type: ignore[arg-type]
 
 
 def _no_message_group(req: Request, topic: str) -> Response:

@@ -32,13 +32,17 @@ class Deferred:
     asked (``identity``, ``code``, ``started``) and counts it in flight; ``owner.poll`` later hands
     it back with its ``Response``. Only the I/O thread touches a Deferred's fields."""
 
-    __slots__ = ("code", "identity", "owner", "started")
+    __slots__ = ("code", "identity", "owner", "run", "run_messages", "started")
 
     def __init__(self, owner: LoopWaits) -> None:
         self.owner = owner
         self.identity = b""
         self.code = RequestCode.SEND
         self.started = 0.0
+        # a run of the native put path's answers held together (master/put_path.py): their
+        # (identity, ZMTP bytes), final once its owner hands it back, and the messages stored
+        self.run: list[tuple[bytes, bytes]] | None = None
+        self.run_messages = 0
 
 
 Answers = list[tuple[Deferred, Response]]

@@ -198,8 +198,8 @@ class PutPath(Protocol):
     """A master's native put path (``master/put_path.py``), as the request server calls it."""
 
     def take(self, burst: list[tuple[bytes, list[bytes]]], start: int,
-             peers: dict[bytes, tuple[str, int]],
-             limits: Limits) -> tuple[int, list[tuple[bytes, bytes]], int]: ...
+             peers: dict[bytes, tuple[str, int]], limits: Limits,
+             room: int) -> tuple[int, list[tuple[bytes, bytes]] | Deferred, int]: ...
 
 
 class RequestServer:
@@ -554,14 +554,27 @@ class RequestServer:
             if path is not None and not self._draining and self.reply_gate is None \
                     and self.stats.inflight < self.max_inflight:
                 started = time.monotonic()
-                i, answers, messages = path.take(burst, i, self._peers, self.limits)
-                if answers:
+                i, answers, messages = path.take(burst, i, self._peers, self.limits,
+                                                 self.max_inflight - self.stats.inflight)
+                if isinstance(answers, Deferred):  # a SYNC_MASTER's run: when its slaves ack
+                    self._hold_run(answers, started)
+                elif answers:
                     self._answer_taken(answers, messages, started)
                 if i >= n:
                     return
             identity, frames = burst[i]
             self._serve(sock, identity, frames)
             i += 1
+
+    def _hold_run(self, held: Deferred, started: float) -> None:
+        """A run of the native path held by its owner (its replica waits) as one Deferred;
+        each of its requests counts in flight, as each held put does."""
+        held.started = started
+        self.stats.inflight += len(held.run or ())
+        owner = held.owner
+        if owner not in self._waits:
+            self._waits.add(owner)
+            owner.bind(self._wake_owner)
 
     def _answer_taken(self, answers: list[tuple[bytes, bytes]], messages: int,
                       started: float) -> None:
@@ -761,6 +774,11 @@ class RequestServer:
 
     def _send_answers(self, sock: zmq.Socket[bytes], answers: Answers) -> None:
         for held, resp in answers:
+            run = held.run
+            if run is not None:  # a native run: its answers made for the status it ended with
+                self.stats.inflight -= len(run)
+                self._answer_taken(run, held.run_messages, held.started)
+                continue
             self.stats.inflight -= 1
             self._reply(sock, held.identity, held.code, resp, held.started)
 

@@ -784,7 +784,7 @@ static PyMethodDef methods[] = {
      "send_results(cls, status, prefix, offsets, queue_id, first, topic, broker_name, handle)"
      " -> [SendResult]"},
     {"put_sends", (PyCFunction)(void (*)(void))replog_put_sends, METH_FASTCALL,
-     "put_sends(conf, burst, start, buf, pos, stop, base, ts) -> (next, pos, answers, ts, n)"},
+     "put_sends(conf, burst, start, buf, pos, stop, base, ts, limit) -> (next, pos, answers, ts, n)"},
     {NULL, NULL, 0, NULL},
 };
 

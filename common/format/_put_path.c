@@ -22,12 +22,13 @@
  * tests (tests/unit/master/test_put_path.py) hold the two to the same log bytes, queue offsets,
  * digests and answers.
  *
- * put_sends(conf, burst, start, buf, pos, stop, base, ts)
+ * put_sends(conf, burst, start, buf, pos, stop, base, ts, limit)
  *   -> (next, pos, answers, last_ts, messages)
  *   conf: the tuple master/put_path.py builds (see CONF_* below)
  *   burst: [(identity, frames)], start: the first to look at
  *   buf: the segment's writable mapping; pos: its write position; stop: the end no record may
- *   pass; base: the segment's first offset; ts: the store timestamp (0: the clock's, per put)
+ *   pass; base: the segment's first offset; ts: the store timestamp (0: the clock's, per put);
+ *   limit: how many requests the run may take at most
  *   next: the first request not taken; answers: [(identity, bytes)] of those taken; messages:
  *   how many records they wrote
  *
@@ -540,9 +541,9 @@ static int conf_ll(PyObject *conf, int at, long long *out) {
 }
 
 PyObject *replog_put_sends(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
+    if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError,
-                        "put_sends(conf, burst, start, buf, pos, stop, base, ts)");
+                        "put_sends(conf, burst, start, buf, pos, stop, base, ts, limit)");
         return NULL;
     }
     PyObject *conf = args[0], *burst = args[1];
@@ -561,7 +562,7 @@ PyObject *replog_put_sends(PyObject *self, PyObject *const *args, Py_ssize_t nar
              .digests = PyTuple_GET_ITEM(conf, CONF_DIGESTS),
              .store_host = PyTuple_GET_ITEM(conf, CONF_STORE_HOST)};
     long long send_code, batch_code, response_mark;
-    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]), limit = PyLong_AsSsize_t(args[8]);
     r.pos = PyLong_AsSsize_t(args[4]);
     r.stop = PyLong_AsSsize_t(args[5]);
     r.base = PyLong_AsLongLong(args[6]);
@@ -597,6 +598,7 @@ PyObject *replog_put_sends(PyObject *self, PyObject *const *args, Py_ssize_t nar
     r.answers = PyList_New(0);
     PyObject *result = NULL;
     Py_ssize_t i = start, n = PyList_GET_SIZE(burst);
+    if (limit < n - start) n = start + (limit > 0 ? limit : 0);
     if (r.tail == NULL || r.answers == NULL) {
         PyErr_NoMemory();
         goto fail;

@@ -18,17 +18,19 @@ import pytest
 from helpers.stores import make_store
 
 from common.broker.broker import Broker
+from common.broker.replies import Deferred
 from common.broker.tables import MESSAGE_TYPE, TopicTable
 from common.client import Admin, Consumer, Producer
 from common.core import timer, transaction
 from common.core.config import load_config
-from common.core.errors import BrokerError, ResponseCode
+from common.core.errors import BrokerError, PutStatus, ResponseCode
 from common.core.message import PROPERTY_SHARDING_KEY
 from common.format import zmtp
 from common.format.protocol import (
     PROTOCOL_VERSION,
     Limits,
     RequestCode,
+    Response,
     decode_record,
     decode_request,
     encode_response,
@@ -36,6 +38,7 @@ from common.format.protocol import (
 from common.store import commit_log as commit_log_module
 from common.store.message_store import MessageStore
 from master import put_path
+from master.group_transfer import GroupTransfer
 from master.role import MasterRole
 
 pytestmark = [
@@ -48,6 +51,7 @@ TS = 1_764_000_000_123
 PEER = ("10.1.2.3", 40123)
 IDENTITY = b"\x00\x00\x00\x00\x07"
 TOPICS = {"orders": 4, "audit": 1, "fifo": 2}
+ROOM = 1000  # requests the server has room for in flight
 
 
 def send_frames(opaque: int, fields: dict[str, Any], body: bytes,
@@ -58,7 +62,7 @@ def send_frames(opaque: int, fields: dict[str, Any], body: bytes,
 class Side:
     """A store, its topic table and an ASYNC_MASTER on it."""
 
-    def __init__(self, root: Path, crc: bool):
+    def __init__(self, root: Path, crc: bool, sync: bool = False):
         crc_keys = {"enabledAppendPropCRC": crc, "forceVerifyPropCRC": crc}
         self.store: MessageStore = make_store(root, mappedFileSizeCommitLog=64 * 1024,
                                               **crc_keys)
@@ -67,7 +71,12 @@ class Side:
         self.topics = TopicTable(root / "config")
         for name, nums in TOPICS.items():
             self.topics.create(name, nums, {MESSAGE_TYPE: "FIFO"} if name == "fifo" else None)
-        self.role = MasterRole(self.cfg, self.store, self.topics, "ASYNC_MASTER")
+        self.in_sync = 1
+        self.clock = [100.0]
+        self.waits = GroupTransfer(self.cfg, lambda: self.in_sync, lambda: self.clock[0]) \
+            if sync else None
+        self.role = MasterRole(self.cfg, self.store, self.topics,
+                               "SYNC_MASTER" if sync else "ASYNC_MASTER", self.waits)
         path = self.role.put_path
         assert path is not None
         self.path: put_path.PutPath = path
@@ -78,13 +87,13 @@ class Side:
         self.digest_log: list[Any] = []  # every digest left for reput, before reput takes it
         cl.digests = Recording(self.digest_log, maxlen=cl.digests.maxlen)
 
-    def python(self, frames: list[bytes]) -> bytes:
-        """One request by the Python path (what the server's _serve does for a SEND)."""
+    def python(self, frames: list[bytes]) -> Any:
+        """One request by the Python path (what the server's _serve does for a SEND): the
+        answer's bytes, or (SYNC_MASTER) what the role holds."""
         req = decode_request(frames, self.limits)
         req = req._replace(born_host=PEER)
         resp = self.role.send(req) if req.code == RequestCode.SEND else self.role.send_batch(req)
-        return zmtp.encode(encode_response(resp.code, resp.opaque, resp.remark, resp.fields,
-                                           resp.bodies))
+        return wire(resp) if isinstance(resp, Response) else resp
 
     def native(self, burst: list[tuple[bytes, list[bytes]]]) -> tuple[list[bytes], int]:
         """The burst as the server serves it: runs by the native path, the rest by Python's;
@@ -92,7 +101,7 @@ class Side:
         answers: list[bytes] = []
         i, taken = 0, 0
         while i < len(burst):
-            nxt, done, _messages = self.path.take(burst, i, self.peers, self.limits)
+            nxt, done, _messages = self.path.take(burst, i, self.peers, self.limits, ROOM)
             answers.extend(data for _identity, data in done)
             taken += len(done)
             assert len(done) == nxt - i
@@ -129,13 +138,18 @@ class Recording(collections.deque):  # type: ignore[type-arg]
         super().append(item)
 
 
+def wire(resp: Response) -> bytes:
+    return zmtp.encode(encode_response(resp.code, resp.opaque, resp.remark, resp.fields,
+                                       resp.bodies))
+
+
 @pytest.fixture
 def sides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(commit_log_module, "now_ms", lambda: TS)
     made: list[Side] = []
 
-    def make(name: str, crc: bool = True) -> Side:
-        side = Side(tmp_path / name, crc)
+    def make(name: str, crc: bool = True, sync: bool = False) -> Side:
+        side = Side(tmp_path / name, crc, sync)
         made.append(side)
         return side
 
@@ -237,11 +251,12 @@ def test_what_the_native_path_leaves_to_python(sides: Any, name: str,
     plain = (IDENTITY, send_frames(100, {"topic": "orders", "queueId": 1, "bornTimestamp": TS},
                                    b"plain"))
     before = side.log_bytes()
-    assert side.path.take([(IDENTITY, frames), plain], 0, side.peers, side.limits) == (0, [], 0)
+    burst = [(IDENTITY, frames), plain]
+    assert side.path.take(burst, 0, side.peers, side.limits, ROOM) == (0, [], 0)
     assert side.log_bytes() == before and side.digests() == []
     # after a plain one, the run stops at it: the plain one taken, nothing of it changed
     nxt, answers, messages = side.path.take([plain, (IDENTITY, frames)], 0, side.peers,
-                                            side.limits)
+                                            side.limits, ROOM)
     assert (nxt, len(answers), messages) == (1, 1, 1)
     assert side.store.commit_log.topic_queue_table == {("orders", 1): 1}
 
@@ -249,7 +264,8 @@ def test_what_the_native_path_leaves_to_python(sides: Any, name: str,
 def test_a_peer_without_an_address_is_left_to_python(sides: Any) -> None:
     side = sides("native")
     frames = send_frames(1, {"topic": "orders", "queueId": 0}, b"x")
-    assert side.path.take([(b"\x00gone", frames)], 0, side.peers, side.limits) == (0, [], 0)
+    gone = [(b"\x00gone", frames)]
+    assert side.path.take(gone, 0, side.peers, side.limits, ROOM) == (0, [], 0)
 
 
 def test_the_clock_stamps_a_send_without_a_born_time(sides: Any) -> None:
@@ -257,7 +273,8 @@ def test_the_clock_stamps_a_send_without_a_born_time(sides: Any) -> None:
     side.path.fixed_ts = 0
     before = int(time.time() * 1000)
     frames = send_frames(1, {"topic": "audit", "queueId": 0}, b"now")
-    nxt, _answers, _messages = side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)
+    nxt, _answers, _messages = side.path.take([(IDENTITY, frames)], 0, side.peers,
+                                              side.limits, ROOM)
     after = int(time.time() * 1000)
     assert nxt == 1
     stored = decode_record(side.log_bytes())
@@ -269,28 +286,31 @@ def test_the_clock_stamps_a_send_without_a_born_time(sides: Any) -> None:
 def test_a_new_topic_is_learnt_when_the_table_changes(sides: Any) -> None:
     side = sides("native")
     frames = send_frames(1, {"topic": "later", "queueId": 2, "bornTimestamp": TS}, b"x")
-    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)[0] == 0
+    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits, ROOM)[0] == 0
     side.topics.create("later", 3)
-    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)[0] == 1
+    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits, ROOM)[0] == 1
     side.topics.create("later", 3, {MESSAGE_TYPE: "FIFO"})  # now it needs a message group
-    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)[0] == 0
+    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits, ROOM)[0] == 0
 
 
 def test_a_store_that_refuses_writes_leaves_every_put_to_python(sides: Any) -> None:
     side = sides("native")
     side.store.commit_log.writeable = False
     frames = send_frames(1, {"topic": "audit", "queueId": 0, "bornTimestamp": TS}, b"x")
-    assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits) == (0, [], 0)
+    one = [(IDENTITY, frames)]
+    assert side.path.take(one, 0, side.peers, side.limits, ROOM) == (0, [], 0)
 
 
-def test_only_an_async_master_with_async_flush_has_one(tmp_path: Path) -> None:
+def test_a_master_with_async_flush_has_one(tmp_path: Path) -> None:
     store = make_store(tmp_path / "s")
     try:
         (tmp_path / "c").mkdir()
         topics = TopicTable(tmp_path / "c")
         cfg = load_config(None, (), env={}, storePathRootDir=str(tmp_path / "s"))
         assert MasterRole(cfg, store, topics, "ASYNC_MASTER").put_path is not None
-        assert MasterRole(cfg, store, topics, "SYNC_MASTER").put_path is None
+        assert MasterRole(cfg, store, topics, "SYNC_MASTER").put_path is None  # no waits
+        waits = GroupTransfer(cfg, lambda: 1)
+        assert MasterRole(cfg, store, topics, "SYNC_MASTER", waits).put_path is not None
         sync_flush = load_config(None, (), env={}, storePathRootDir=str(tmp_path / "s"),
                                  flushDiskType="SYNC_FLUSH")
         assert MasterRole(sync_flush, store, topics, "ASYNC_MASTER").put_path is None
@@ -301,7 +321,8 @@ def test_only_an_async_master_with_async_flush_has_one(tmp_path: Path) -> None:
 def test_answers_decode_as_send_ok(sides: Any) -> None:
     side = sides("native")
     frames = send_frames(9, {"topic": "orders", "queueId": 3, "bornTimestamp": TS}, b"x")
-    _nxt, answers, _messages = side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits)
+    _nxt, answers, _messages = side.path.take([(IDENTITY, frames)], 0, side.peers,
+                                              side.limits, ROOM)
     raw = answers[0][1]  # one ZMTP frame, short and last: flags 0, its length, the header
     assert raw[0] == 0 and len(raw) == 2 + raw[1] and msgpack.unpackb(raw[2:]) == [
         PROTOCOL_VERSION, int(ResponseCode.SUCCESS), 9, "",
@@ -331,3 +352,61 @@ def test_a_broker_serves_plain_sends_natively_and_the_rest_in_python(
         assert all(m.tags == "T" for m in got.messages)
         assert [s.queue_offset for s in sent[1::2]] == list(range(20))
     assert broker.server.stats.put_msgs.total >= 41
+
+
+def plain_sends(count: int) -> list[tuple[bytes, list[bytes]]]:
+    return [(IDENTITY, send_frames(i, {"topic": "orders", "queueId": i % 4, "bornTimestamp": TS},
+                                   b"m%d" % i)) for i in range(count)]
+
+
+def test_a_sync_master_holds_a_run_until_its_slave_has_it(sides: Any) -> None:
+    native, python = sides("native", sync=True), sides("python", sync=True)
+    burst = plain_sends(5)
+    nxt, held, messages = native.path.take(burst, 0, native.peers, native.limits, ROOM)
+    assert (nxt, messages) == (5, 5) and isinstance(held, Deferred)
+    expected = [python.python(frames) for _identity, frames in burst]
+    assert native.log_bytes() == python.log_bytes()
+    assert native.waits is not None and python.waits is not None
+    assert native.waits.pending == 1 and python.waits.pending == 5  # a run waits as one put
+    end = native.store.commit_log.max_offset
+    native.waits.report_quorum(end - 1)  # short of the run's last byte: nothing answered
+    assert native.waits.poll() == []
+    native.waits.report_quorum(end)
+    python.waits.report_quorum(end)
+    (answer,) = native.waits.poll()
+    assert answer[0] is held and held.run_messages == 5
+    assert [raw for _identity, raw in held.run or ()] == [
+        wire(resp) for _put, resp in python.waits.poll()] == [
+        wire(put.reply(PutStatus.PUT_OK)) for put in expected]
+
+
+@pytest.mark.parametrize("ending", ["timeout", "no slave"])
+def test_a_sync_run_that_ends_otherwise_is_answered_as_the_python_path_answers(
+        sides: Any, ending: str) -> None:
+    native, python = sides("native", sync=True), sides("python", sync=True)
+    burst = plain_sends(3)
+    if ending == "no slave":
+        native.in_sync = python.in_sync = 0
+    _nxt, held, _messages = native.path.take(burst, 0, native.peers, native.limits, ROOM)
+    expected = [python.python(frames) for _identity, frames in burst]
+    assert native.waits is not None and python.waits is not None
+    if ending == "timeout":
+        assert isinstance(held, Deferred)
+        native.clock[0] = python.clock[0] = 100.0 + native.cfg.slaveTimeout / 1000 + 1
+        ((run, _resp),) = native.waits.poll()
+        answers = run.run
+        python_answers = [wire(resp) for _put, resp in python.waits.poll()]
+    else:  # SLAVE_NOT_AVAILABLE at once: answers, nothing held
+        answers = held
+        python_answers = expected
+    assert [raw for _identity, raw in answers] == python_answers
+    status = msgpack.unpackb(python_answers[0][2:])[1]
+    assert status == int(ResponseCode.FLUSH_SLAVE_TIMEOUT if ending == "timeout"
+                         else ResponseCode.SLAVE_NOT_AVAILABLE)
+
+
+def test_a_sync_run_takes_no_more_than_the_servers_room(sides: Any) -> None:
+    side = sides("native", sync=True)
+    nxt, held, messages = side.path.take(plain_sends(5), 0, side.peers, side.limits, 2)
+    assert (nxt, messages) == (2, 2) and isinstance(held, Deferred) and len(held.run or ()) == 2
+    assert side.path.take(plain_sends(5), 0, side.peers, side.limits, 0)[0] == 0
