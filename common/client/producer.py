@@ -318,10 +318,18 @@ class Producer(ClientBase):
         ``delay`` (a timedelta or ms, counted from when the broker receives it) holds it until
         then (never earlier; later by at most the broker's ``timerPrecisionMs`` and its load);
         its result's ``recall_handle`` cancels it with ``recall`` until it is due."""
-        properties = _with_shard_key(properties, shard_key, queue_id)
-        if deliver_at is not None or delay is not None:
-            properties = _with_timer(properties, deliver_at, delay, delay_level)
-        fields, body = self.send_request(topic, body, tags, keys, properties, flag, delay_level)
+        over = self.compress_over_bytes
+        if (shard_key is None and deliver_at is None and delay is None and tags is None
+                and keys is None and not properties and not flag and not delay_level
+                and type(body) is bytes and topic and len(body) <= self.max_message_size
+                and (over is None or len(body) < over)):
+            fields: dict[str, Any] = {"topic": topic}  # send_request's, for a plain message
+        else:
+            properties = _with_shard_key(properties, shard_key, queue_id)
+            if deliver_at is not None or delay is not None:
+                properties = _with_timer(properties, deliver_at, delay, delay_level)
+            fields, body = self.send_request(topic, body, tags, keys, properties, flag,
+                                             delay_level)
 
         def attempt(cluster: Cluster, address: str, mq: MessageQueue) -> SendResult:
             resp = cluster.request(

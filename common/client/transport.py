@@ -322,7 +322,7 @@ class Transport:
         One request in flight per thread needs no hand-off to the I/O thread (two thread
         switches saved per call); answers to earlier timed-out calls are skipped by opaque.
         """
-        if self._stop.is_set():
+        if self._stopping:
             raise BrokerError(ResponseCode.SYSTEM_ERROR, "client is closed", False)
         if self.failure:
             raise self.dead_error()
@@ -436,7 +436,7 @@ class Transport:
         if resp is None:
             resp = conn.answer(opaque, deadline, timeout_ms)
             assert resp is not None  # blocking: the answer, or raised
-        self._note_rtt(time.perf_counter() - sent)
+        self._rtt_s += (time.perf_counter() - sent - self._rtt_s) / 8.0  # _note_rtt, inline
         return resp
 
     def _spin_plain(self, conn: PlainConnection, opaque: int, until: float, deadline: float,
