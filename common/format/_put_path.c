@@ -295,10 +295,11 @@ nothing:
     return -1;
 }
 
-/* The fields every write reads: topic, queue id (its object), born time; the topic's entry.
- * 1 with them, 0 when the Python path decides, -1 on an error. */
-static int write_target(Run *r, PyObject *fields, PyObject **topic, PyObject **queue_id_obj,
-                        long long *queue_id, long long *born, PyObject **entry, int *fifo) {
+/* The fields every write reads: topic, queue id (its object), born time; the topic's entry;
+ * the peer's address. 1 with them, 0 when the Python path decides, -1 on an error. */
+static int write_target(Run *r, PyObject *identity, PyObject *fields, PyObject **topic,
+                        PyObject **queue_id_obj, long long *queue_id, long long *born,
+                        PyObject **entry, int *fifo, unsigned char born_ip[4], int *born_port) {
     *topic = PyDict_GetItemWithError(fields, s_topic);
     *queue_id_obj = *topic ? PyDict_GetItemWithError(fields, s_queue_id) : NULL;
     if (*queue_id_obj == NULL || long_of(fields, s_queue_id, queue_id) < 0
@@ -309,7 +310,51 @@ static int write_target(Run *r, PyObject *fields, PyObject **topic, PyObject **q
     long long nums = PyLong_AsLongLong(PyTuple_GET_ITEM(*entry, 1));
     *fifo = PyObject_IsTrue(PyTuple_GET_ITEM(*entry, 2));
     if (*fifo < 0 || PyErr_Occurred()) return -1;
-    return *queue_id < nums;
+    Py_ssize_t part_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(*entry, 0));
+    if (*queue_id >= nums || part_len < 2 || part_len > 256) return 0;
+    return born_host_of(r->conf, identity, born_ip, born_port);
+}
+
+/* The whole-record CRC's entry with ten zeros for the digits (record.PROP_CRC_PLACEHOLDER):
+ * write_one puts the CRC's digits in. */
+static void put_crc_placeholder(unsigned char *at) {
+    memcpy(at, CRC_PREFIX, 9);
+    memset(at + 9, '0', 10);
+    at[19] = 0x02;
+}
+
+/* What every record of one write shares (the record writer's Shared). */
+static Shared shared_of(const Run *r, long long queue_offset, long long born, long long ts,
+                        long long queue_id, const unsigned char born_ip[4], int born_port) {
+    Shared s = {.base = r->base, .queue_offset = queue_offset, .born = born, .ts = ts,
+                .queue_id = (int)queue_id, .born_port = born_port,
+                .store_port = (int)r->store_port, .crc_len = (int)r->crc_len};
+    memcpy(s.born_ip, born_ip, 4);
+    memcpy(s.store_ip, r->store_ip, 4);
+    return s;
+}
+
+/* A taken write's start: its first offset, store and born times (a born time of 0 is now),
+ * the queue's key in the CommitLog's topic_queue_table (a new reference), its entry now
+ * (``*had``, a new reference or NULL) and the next queue offset; NULL on an error. */
+static PyObject *write_start(Run *r, PyObject *topic, PyObject *queue_id_obj, long long *born,
+                             long long *phy, long long *ts, PyObject **had,
+                             long long *queue_offset) {
+    *phy = r->base + r->pos;
+    *ts = r->fixed_ts > 0 ? r->fixed_ts : clock_ms();
+    if (*born == 0) *born = clock_ms();
+    *had = NULL;
+    PyObject *key = PyTuple_Pack(2, topic, queue_id_obj);
+    if (key == NULL) return NULL;
+    *had = PyDict_GetItemWithError(r->table, key);
+    Py_XINCREF(*had);
+    *queue_offset = *had ? PyLong_AsLongLong(*had) : 0;
+    if (PyErr_Occurred()) {
+        Py_XDECREF(*had);
+        Py_DECREF(key);
+        return NULL;
+    }
+    return key;
 }
 
 /* A SEND: 1 taken, 0 the Python path's, -1 an error (nothing of it kept). */
@@ -317,8 +362,10 @@ static int take_send(Run *r, PyObject *identity, PyObject *req) {
     PyObject *conf = r->conf, *fields = PyTuple_GET_ITEM(req, 2);
     PyObject *bodies = PyTuple_GET_ITEM(req, 3), *topic, *queue_id_obj, *entry;
     long long queue_id, delay, sys_flag, flag, born;
-    int fifo;
-    int target = write_target(r, fields, &topic, &queue_id_obj, &queue_id, &born, &entry, &fifo);
+    int fifo, born_port = 0;
+    unsigned char born_ip[4];
+    int target = write_target(r, identity, fields, &topic, &queue_id_obj, &queue_id, &born,
+                              &entry, &fifo, born_ip, &born_port);
     if (target <= 0) return target;
     if (long_of(fields, s_delay, &delay) < 0 || long_of(fields, s_sys_flag, &sys_flag) < 0
         || long_of(fields, s_flag, &flag) < 0)
@@ -332,14 +379,9 @@ static int take_send(Run *r, PyObject *identity, PyObject *req) {
     if (screen != 0) return screen < 0 ? -1 : 0;
     PyObject *body = PyList_GET_ITEM(bodies, 0);
     if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > r->max_body) return 0;
-    unsigned char born_ip[4];
-    int born_port = 0;
-    int known = born_host_of(conf, identity, born_ip, &born_port);
-    if (known <= 0) return known;
     /* the tail: topic part, properties' length, properties (+ the CRC's placeholder) */
     PyObject *topic_part = PyTuple_GET_ITEM(entry, 0);
     Py_ssize_t part_len = PyBytes_GET_SIZE(topic_part);
-    if (part_len < 2 || part_len > 256) return 0;
     unsigned char *tail = r->tail;
     memcpy(tail, PyBytes_AS_STRING(topic_part), (size_t)part_len);
     unsigned char *props_at = tail + part_len + 2;
@@ -354,9 +396,7 @@ static int take_send(Run *r, PyObject *identity, PyObject *req) {
     }
     if (r->crc_len) {
         if (props_len + CRC_ENTRY_BYTES > r->max_props) return 0;
-        memcpy(props_at + props_len, CRC_PREFIX, 9);
-        memset(props_at + props_len + 9, '0', 10);
-        props_at[props_len + 19] = 0x02;
+        put_crc_placeholder(props_at + props_len);
         props_len += CRC_ENTRY_BYTES;
     }
     tail[part_len] = (unsigned char)(props_len >> 8);
@@ -365,15 +405,12 @@ static int take_send(Run *r, PyObject *identity, PyObject *req) {
     Py_ssize_t size = HEADER_BYTES + body_len + tail_len;
     if (size > r->max_record || r->pos + size > r->stop) return 0;
     /* taken: everything that can fail first, the write last */
-    long long phy = r->base + r->pos, ts = r->fixed_ts > 0 ? r->fixed_ts : clock_ms();
-    if (born == 0) born = clock_ms();
-    PyObject *key = PyTuple_Pack(2, topic, queue_id_obj);
+    long long phy, ts, queue_offset;
+    PyObject *had;
+    PyObject *key = write_start(r, topic, queue_id_obj, &born, &phy, &ts, &had, &queue_offset);
     if (key == NULL) return -1;
-    PyObject *had = PyDict_GetItemWithError(r->table, key);
-    Py_XINCREF(had);
-    long long queue_offset = had ? PyLong_AsLongLong(had) : 0;
-    PyObject *answer = PyErr_Occurred() ? NULL : answer_bytes(
-        PyTuple_GET_ITEM(req, 1), queue_id_obj, queue_offset, phy, r->store_host, NULL);
+    PyObject *answer = answer_bytes(PyTuple_GET_ITEM(req, 1), queue_id_obj, queue_offset, phy,
+                                    r->store_host, NULL);
     PyObject *digest = NULL;
     if (answer != NULL && props_len == r->crc_len) {  /* no user properties: reput's digest */
         unsigned char cq[CQ_ENTRY_BYTES];
@@ -389,11 +426,7 @@ static int take_send(Run *r, PyObject *identity, PyObject *req) {
     Py_XDECREF(had);
     Py_DECREF(key);
     if (failed) return -1;
-    Shared s = {.base = r->base, .queue_offset = queue_offset, .born = born, .ts = ts,
-                .queue_id = (int)queue_id, .born_port = born_port,
-                .store_port = (int)r->store_port, .crc_len = (int)r->crc_len};
-    memcpy(s.born_ip, born_ip, 4);
-    memcpy(s.store_ip, r->store_ip, 4);
+    Shared s = shared_of(r, queue_offset, born, ts, queue_id, born_ip, born_port);
     uLong body_crc = crc_of(0, (const unsigned char *)PyBytes_AS_STRING(body), body_len);
     write_one(r->buf + r->pos, phy, queue_offset, &s, (int32_t)size,
               (int32_t)(body_crc & 0x7FFFFFFFu), (int32_t)flag, 0, (int32_t)sys_flag, 0,
@@ -410,20 +443,17 @@ static int take_batch(Run *r, PyObject *identity, PyObject *req) {
     PyObject *conf = r->conf, *fields = PyTuple_GET_ITEM(req, 2);
     PyObject *bodies = PyTuple_GET_ITEM(req, 3), *topic, *queue_id_obj, *entry;
     long long queue_id, born;
-    int fifo;
+    int fifo, born_port = 0;
+    unsigned char born_ip[4];
     PyObject *meta = PyDict_GetItemWithError(fields, s_meta);
     if (meta == NULL && PyErr_Occurred()) return -1;
     if (meta != NULL && meta != Py_None) return 0;
-    int target = write_target(r, fields, &topic, &queue_id_obj, &queue_id, &born, &entry, &fifo);
+    int target = write_target(r, identity, fields, &topic, &queue_id_obj, &queue_id, &born,
+                              &entry, &fifo, born_ip, &born_port);
     if (target <= 0) return target;
     if (fifo || !PyList_CheckExact(bodies) || PyList_GET_SIZE(bodies) < 1) return 0;
-    unsigned char born_ip[4];
-    int born_port = 0;
-    int known = born_host_of(conf, identity, born_ip, &born_port);
-    if (known <= 0) return known;
     PyObject *topic_part = PyTuple_GET_ITEM(entry, 0);
     Py_ssize_t part_len = PyBytes_GET_SIZE(topic_part);
-    if (part_len < 2 || part_len > 256) return 0;
     Py_ssize_t fixed = HEADER_BYTES + part_len + 2 + (Py_ssize_t)r->crc_len;
     long long plain_max = r->max_body;
     if (r->segment_room - fixed < plain_max) plain_max = r->segment_room - fixed;
@@ -440,20 +470,15 @@ static int take_batch(Run *r, PyObject *identity, PyObject *req) {
     tail[part_len] = (unsigned char)(r->crc_len >> 8);
     tail[part_len + 1] = (unsigned char)r->crc_len;
     if (r->crc_len) {
-        memcpy(tail + part_len + 2, CRC_PREFIX, 9);
-        memset(tail + part_len + 11, '0', 10);
-        tail[part_len + 21] = 0x02;
+        put_crc_placeholder(tail + part_len + 2);
     }
     Py_ssize_t tail_len = part_len + 2 + (Py_ssize_t)r->crc_len;
     /* taken: everything that can fail first, the writes last */
-    long long phy = r->base + r->pos, ts = r->fixed_ts > 0 ? r->fixed_ts : clock_ms();
-    if (born == 0) born = clock_ms();
-    PyObject *key = PyTuple_Pack(2, topic, queue_id_obj);
+    long long phy, ts, queue_offset;
+    PyObject *had;
+    PyObject *key = write_start(r, topic, queue_id_obj, &born, &phy, &ts, &had, &queue_offset);
     if (key == NULL) return -1;
-    PyObject *had = PyDict_GetItemWithError(r->table, key);
-    Py_XINCREF(had);
-    long long queue_offset = had ? PyLong_AsLongLong(had) : 0;
-    PyObject *entries = PyErr_Occurred() ? NULL : PyList_New(n);
+    PyObject *entries = PyList_New(n);
     PyObject *offsets = entries && n > 1 ? PyList_New(n) : NULL;
     PyObject *cq = entries ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)CQ_ENTRY_BYTES * n) : NULL;
     int failed = entries == NULL || cq == NULL || (n > 1 && offsets == NULL);
@@ -492,11 +517,7 @@ static int take_batch(Run *r, PyObject *identity, PyObject *req) {
     Py_XDECREF(had);
     Py_DECREF(key);
     if (failed) return -1;
-    Shared s = {.base = r->base, .queue_offset = queue_offset, .born = born, .ts = ts,
-                .queue_id = (int)queue_id, .born_port = born_port,
-                .store_port = (int)r->store_port, .crc_len = (int)r->crc_len};
-    memcpy(s.born_ip, born_ip, 4);
-    memcpy(s.store_ip, r->store_ip, 4);
+    Shared s = shared_of(r, queue_offset, born, ts, queue_id, born_ip, born_port);
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *body = PyList_GET_ITEM(bodies, k);
         Py_ssize_t body_len = PyBytes_GET_SIZE(body), size = fixed + body_len;
