@@ -110,6 +110,7 @@ from common.broker.tcp_port import TcpPort
 from common.core.errors import BrokerError, ResponseCode
 from common.core.logs import log_event
 from common.core.message import is_system_topic
+from common.format import zmtp
 from common.format.acl import Account, Denial, rule_for
 from common.format.protocol import (
     RESPONSE_MARK,
@@ -481,7 +482,8 @@ class RequestServer:
             inflight = self.stats.inflight
             # dispatched here before the answer can leave, as after a burst from the socket
             with self.services.store.dispatching_inline():
-                self._serve(sock, LOCAL_IDENTITY, frames)
+                if not self._take_local(frames):
+                    self._serve(sock, LOCAL_IDENTITY, frames)
             if self.stats.inflight != inflight:  # left waiting: the loop must see its deadline
                 try:
                     self._mailbox.post(_RECHECK)
@@ -566,6 +568,25 @@ class RequestServer:
             self._serve(sock, identity, frames)
             i += 1
 
+    def _take_local(self, frames: list[bytes]) -> bool:
+        """A local call's plain SEND by the native put path, as a burst of one (the gRPC
+        front end's sends); False: ``_serve``'s to serve (anything else, or no path)."""
+        path = self.put_path_of() if self.put_path_of is not None else None
+        if path is None or self._tcp is None or self._draining or self.reply_gate is not None \
+                or self.stats.inflight >= self.max_inflight:
+            return False
+        started = time.monotonic()
+        self._peers[LOCAL_IDENTITY] = self.local.born_host  # the address its records carry
+        taken, answers, messages = path.take([(LOCAL_IDENTITY, frames)], 0, self._peers,
+                                             self.limits, self.max_inflight - self.stats.inflight)
+        if not taken:
+            return False
+        if isinstance(answers, Deferred):
+            self._hold_run(answers, started)
+        else:
+            self._answer_taken(answers, messages, started)
+        return True
+
     def _hold_run(self, held: Deferred, started: float) -> None:
         """A run of the native path held by its owner (its replica waits) as one Deferred;
         each of its requests counts in flight, as each held put does."""
@@ -585,9 +606,12 @@ class RequestServer:
         stats.requests += count
         stats.put_msgs.add(messages)
         stats.put_latency.add_many((time.monotonic() - started) * 1000, count)
-        write = self._tcp.write  # type: ignore[union-attr]  # bursts come from the TcpPort
+        write = self._tcp.write  # type: ignore[union-attr]  # runs come with the TcpPort
         for identity, data in answers:
-            write(None, identity, data)
+            if len(identity) > 255:  # a local call's (LOCAL_IDENTITY): its one frame handed back
+                self.local.deliver([data[2:] if data[0] & zmtp.LONG == 0 else data[9:]])
+            else:
+                write(None, identity, data)
 
     def _refuse_oversized(self, sock: Any, port: TcpPort) -> None:
         """Messages past the bounds, dropped as they arrived: each request whose header came
@@ -890,7 +914,8 @@ class RequestServer:
         served = False
         for item in items:
             if type(item) is LocalCall:  # a request from this process (local_calls.py)
-                self._serve(sock, LOCAL_IDENTITY, item.frames)
+                if not self._take_local(item.frames):
+                    self._serve(sock, LOCAL_IDENTITY, item.frames)
                 served = True
             elif isinstance(item, _Done):
                 self.stats.inflight -= 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -410,3 +411,30 @@ def test_a_sync_run_takes_no_more_than_the_servers_room(sides: Any) -> None:
     nxt, held, messages = side.path.take(plain_sends(5), 0, side.peers, side.limits, 2)
     assert (nxt, messages) == (2, 2) and isinstance(held, Deferred) and len(held.run or ()) == 2
     assert side.path.take(plain_sends(5), 0, side.peers, side.limits, 0)[0] == 0
+
+
+def test_a_local_call_send_is_taken_natively(make_broker: Callable[..., Broker]) -> None:
+    """The gRPC front end's sends (local calls on the caller's thread) take the same path:
+    the answer handed back as a Response, the record stamped with the local born host."""
+    broker = make_broker(real_store=True)
+    with Admin([f"127.0.0.1:{broker.cfg.listenPort}"]) as admin:
+        admin.create_topic("local", 1)
+    path = broker.roles.role.put_path  # type: ignore[union-attr]
+    assert path is not None
+    broker.server.local.born_host = ("10.9.8.7", 4321)
+    answers: list[Any] = []
+    for i in range(20):
+        done = threading.Event()
+
+        def answer(resp: Any, done: threading.Event = done) -> None:
+            answers.append(resp)
+            done.set()
+
+        broker.server.local.call(lambda opaque, i=i: send_frames(
+            opaque, {"topic": "local", "queueId": 0}, b"local-%d" % i), answer)
+        assert done.wait(5)
+    assert [a.code for a in answers] == [ResponseCode.SUCCESS] * 20
+    assert [a.fields["queueOffset"] for a in answers] == list(range(20))
+    assert path.taken == 20  # served on the caller's thread or, posted, on the loop's
+    stored = broker.store.find_message(answers[-1].fields["commitLogOffset"])
+    assert stored.body == b"local-19" and stored.born_host == "10.9.8.7:4321"
