@@ -1,7 +1,8 @@
 """The master's common put on its native path: a run of plain SENDs of one burst of requests,
 from their frames to their answers, in one C call (``common/format/_put_path.c``).
 
-The request server hands every burst its client port read to ``PutPath.take``; the C function
+The request server hands every burst its client port read to ``PutPath.take`` (and each local
+call, the gRPC front end's sends, as a burst of one); the C function
 decodes each request with the same checks as every request's, makes the Python path's
 decisions for a SEND (``RequestServer._serve``, ``MasterRole.send``, the store's
 ``put_nowait``, ``CommitLog.put``), writes the records into the segment's mapping with the
