@@ -57,6 +57,7 @@ from common.core.message import (
 )
 from common.format import record, zmtp
 from common.format.protocol import (
+    PROTOCOL_VERSION,
     RESPONSE_MARK,
     Limits,
     RequestCode,
@@ -76,6 +77,11 @@ put_sends: Callable[..., tuple[int, int, list[tuple[bytes, bytes]], int, int]] |
     _native, "put_sends", None)
 
 Burst = list[tuple[bytes, list[bytes]]]
+# how a SEND's and a SEND_BATCH's header begin after the array's first byte (its version and
+# code, as every client packs them): a request that begins otherwise is the Python path's at
+# once, without the put lock and the C call (a consumer's pulls between the puts of a burst)
+_PUT_HEADS = tuple(msgpack.packb([PROTOCOL_VERSION, int(code)])[1:]
+                   for code in (RequestCode.SEND, RequestCode.SEND_BATCH))
 log = logging.getLogger("replog.server")
 
 
@@ -121,6 +127,9 @@ class PutPath:
         messages they stored. A SYNC_MASTER's answers come as one Deferred its replica waits
         hold (``run`` its answers once they are settled); it takes at most ``room`` requests
         (the server's in-flight room)."""
+        frames = burst[start][1]
+        if not frames or not frames[0].startswith(_PUT_HEADS, 1):
+            return start, [], 0  # not a SEND or a SEND_BATCH: no lock, no call (a pull, ...)
         cl = self._cl
         gate = self._write_gate
         if not cl.writeable or cl._lock_since or (gate is not None and gate()):
@@ -191,9 +200,13 @@ class PutPath:
         """The C function's conf, made again when anything it holds was replaced."""
         cl, topics = self._cl, self._topics_table
         triggers = self._store.extensions.put_hook_triggers
-        made_of = (peers, limits, cl.topic_queue_table, cl.digests, triggers, topics.version)
-        if made_of == self._made_of:
+        table, version, was = cl.topic_queue_table, topics.version, self._made_of
+        # the same objects, not equal ones: a queue table replaced by an equal one (a
+        # promotion's rebuild) must be the one the C function writes into from now on
+        if was and peers is was[0] and limits is was[1] and table is was[2] \
+                and cl.digests is was[3] and triggers is was[4] and version == was[5]:
             return self._conf
+        made_of = (peers, limits, table, cl.digests, triggers, version)
         if topics.version != self._version:
             self._topics.clear()  # a topic made, grown or retyped: learnt again
             self._version = topics.version

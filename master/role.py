@@ -122,9 +122,9 @@ class MasterRole:
         self.replication_stopped = True  # a master replicates into nothing
         self.transaction_check = transaction_check  # the check-back (master/transaction_check.py)
         self.pop_revive = pop.PopRevive(self, write_gate)  # POP's DLQ moves (master/pop.py)
-        # the plain SENDs of a burst in one C call (master/put_path.py): an ASYNC_MASTER's
-        # with ASYNC_FLUSH, on the store's CommitLog, where the extension is built
-        # (a SYNC_MASTER's held by its replica waits as the Python path's puts are)
+        # the plain SENDs of a burst in one C call (master/put_path.py): a master's with
+        # ASYNC_FLUSH, on the store's CommitLog, where the extension is built (a SYNC_MASTER's
+        # runs held by its replica waits, as the Python path holds its puts)
         commit_log = getattr(store, "commit_log", None)
         sync = role_name == "SYNC_MASTER"
         self.put_path = put_path.PutPath(

@@ -1,6 +1,6 @@
-/* The master's common put in C: a run of plain SEND requests of one burst, from their frames to
- * their answers' bytes, in one call (master/put_path.py drives it; docs/architecture.md, "A
- * request path outside the interpreter").
+/* The master's common put in C: a run of plain SEND (and SEND_BATCH) requests of one burst,
+ * from their frames to their answers' bytes, in one call (master/put_path.py drives it;
+ * docs/architecture.md, "A request path outside the interpreter").
  *
  * For each request, in order: its header decoded and checked by decode_request (the same C
  * checks as every request's), then what the Python path decides for a SEND (the request
@@ -146,8 +146,8 @@ not_plain:
     return -1;
 }
 
-/* The born host's 4 bytes of ``identity``'s peer (cached by host text), or NULL: the Python
- * path's (no peer known), or an error (set). */
+/* The born host's 4 bytes and port of ``identity``'s peer (the bytes cached by host text):
+ * 1, or 0 for the Python path's (no peer known), or -1 on an error (set). */
 static int born_host_of(PyObject *conf, PyObject *identity, unsigned char ip[4], int *port) {
     PyObject *peer = PyDict_GetItemWithError(PyTuple_GET_ITEM(conf, CONF_PEERS), identity);
     if (peer == NULL) return PyErr_Occurred() ? -1 : 0;
@@ -540,12 +540,13 @@ static PyObject *request_of(Run *r, PyObject *frames, PyObject *request_type,
     PyObject *limits = PyTuple_GET_ITEM(r->conf, CONF_LIMITS);
     PyObject *req = replog_decode_request(frames, limits);
     if (req == NULL || Py_TYPE(req) == (PyTypeObject *)request_type) return req;
+    int overflow = 0;
     int batch = PyList_CheckExact(req) && PyList_GET_SIZE(req) == 4
                 && PyLong_CheckExact(PyList_GET_ITEM(req, 1))
-                && PyLong_AsLongLong(PyList_GET_ITEM(req, 1)) == batch_code;
+                && PyLong_AsLongLongAndOverflow(PyList_GET_ITEM(req, 1), &overflow) == batch_code
+                && !overflow;
     Py_DECREF(req);
-    if (PyErr_Occurred()) return NULL;
-    if (!batch) return NULL;
+    if (!batch) return NULL;  /* another code (any size): the Python path's */
     req = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(r->conf, CONF_DECODE), frames, limits,
                                        NULL);
     if (req == NULL || Py_TYPE(req) != (PyTypeObject *)request_type) {

@@ -262,6 +262,18 @@ def test_what_the_native_path_leaves_to_python(sides: Any, name: str,
     assert side.store.commit_log.topic_queue_table == {("orders", 1): 1}
 
 
+def test_a_request_that_is_not_a_put_costs_no_call(sides: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull between the puts of a burst is the Python path's at once: no lock, no C call."""
+    side = sides("native")
+    calls: list[Any] = []
+    monkeypatch.setattr(put_path, "put_sends", lambda *args: calls.append(args))
+    pull = send_frames(1, {"topic": "orders", "queueId": 0, "offset": 0, "maxMsgNums": 1}, b"",
+                       RequestCode.PULL)[:1]
+    assert side.path.take([(IDENTITY, pull)], 0, side.peers, side.limits, ROOM) == (0, [], 0)
+    assert calls == [] and side.path.declined_errors == 0
+
+
 def test_a_peer_without_an_address_is_left_to_python(sides: Any) -> None:
     side = sides("native")
     frames = send_frames(1, {"topic": "orders", "queueId": 0}, b"x")
@@ -292,6 +304,22 @@ def test_a_new_topic_is_learnt_when_the_table_changes(sides: Any) -> None:
     assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits, ROOM)[0] == 1
     side.topics.create("later", 3, {MESSAGE_TYPE: "FIFO"})  # now it needs a message group
     assert side.path.take([(IDENTITY, frames)], 0, side.peers, side.limits, ROOM)[0] == 0
+
+
+def test_a_queue_table_replaced_by_an_equal_one_is_the_one_written(sides: Any) -> None:
+    """A promotion rebuilds the CommitLog's queue table as a new dict, often equal to the old:
+    the path must advance the table the CommitLog holds now, not the one it saw first."""
+    side = sides("native")
+    cl = side.store.commit_log
+    first = send_frames(1, {"topic": "audit", "queueId": 0, "bornTimestamp": TS}, b"a")
+    assert side.path.take([(IDENTITY, first)], 0, side.peers, side.limits, ROOM)[0] == 1
+    old = cl.topic_queue_table
+    cl.topic_queue_table = dict(old)  # equal, not the same
+    second = send_frames(2, {"topic": "audit", "queueId": 0, "bornTimestamp": TS}, b"b")
+    _nxt, answers, _messages = side.path.take([(IDENTITY, second)], 0, side.peers,
+                                              side.limits, ROOM)
+    assert cl.topic_queue_table == {("audit", 0): 2} and old == {("audit", 0): 1}
+    assert msgpack.unpackb(answers[0][1][2:])[4]["queueOffset"] == 1
 
 
 def test_a_store_that_refuses_writes_leaves_every_put_to_python(sides: Any) -> None:
