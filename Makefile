@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast venv bench lint clean zookeeper chromium console-shots bench-servers
 
-$(STAMP): pyproject.toml setup.py common/format/_record_writer.c common/format/_codec.c common/ha/_ha_codec.c common/core/_native_helpers.h common/store/_reput_scan.c
+$(STAMP): pyproject.toml setup.py common/format/_record_writer.c common/format/_codec.c common/format/_put_path.c common/format/_record_core.h common/format/_codec_internal.h common/ha/_ha_codec.c common/core/_native_helpers.h common/store/_reput_scan.c common/proxy/_received.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@# The C extensions (record writer, codecs, reput's scan) need gcc and the Python and zlib
 	@# headers: as root they are installed when missing; without them the install skips the

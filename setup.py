@@ -1,7 +1,7 @@
 """The compiled modules: the CommitLog's record writer (common/format/record_writer.py), the
 client protocol's request and answer checks (common/format/protocol.py), the HA protocol's DATA
-and ACK (common/ha/protocol.py) and reput's record scan (common/store/reput.py); see
-common/core/accel.py.
+and ACK (common/ha/protocol.py), reput's record scan (common/store/reput.py) and the gRPC front
+end's received messages (common/proxy/convert.py); see common/core/accel.py.
 
 ``optional=True``: where no C compiler, Python headers or zlib headers are found, the build
 goes on without it and the pure-Python writer runs (the same bytes, slower).
@@ -32,6 +32,13 @@ setup(
             "common.ha._ha_codec",
             sources=["common/ha/_ha_codec.c"],
             depends=["common/core/_native_helpers.h"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "common.proxy._received",
+            sources=["common/proxy/_received.c"],
+            libraries=["z"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

@@ -11,9 +11,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
 
+from common.core import accel
 from common.core.errors import BrokerError, ResponseCode, SendStatus
-from common.core.message import PROPERTY_UNIQ_KEY
+from common.core.message import (
+    PROPERTY_KEYS,
+    PROPERTY_SHARDING_KEY,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+)
+from common.format.protocol import ProtocolError, Response, decode_record
 
 MESSAGE_TYPES = {"NORMAL": pb.NORMAL, "FIFO": pb.FIFO, "DELAY": pb.DELAY,
                  "TRANSACTION": pb.TRANSACTION}
@@ -166,6 +174,47 @@ def incoming(received: Any) -> pb.Message:
     return out
 
 
+def received(resp: Response) -> list[rpc.ReceiveMessageResponse]:
+    """A POP answer (SUCCESS) -> the ReceiveMessageResponse of each message it hands out, in
+    order: ``incoming``'s message for each, made in C from the record's bytes where built
+    (``_received.c``; what it leaves, and everything without it, by ``decode_record`` and
+    ``incoming``). BrokerError SYSTEM_ERROR for an answer whose parts do not line up or a record
+    that fails its checks, as ``SimpleConsumer.receive`` refuses them."""
+    handles = list(resp.fields.get("handles") or [])
+    times = list(resp.fields.get("reconsumeTimes") or [])
+    bodies = resp.bodies if isinstance(resp.bodies, list) else list(resp.bodies)
+    if not len(handles) == len(times) == len(bodies):
+        raise BrokerError(ResponseCode.SYSTEM_ERROR, "a POP answer whose handles, counts and "
+                          "messages do not line up")
+    made = (_native.encode_received(bodies, handles, times) if _native is not None
+            else [None] * len(bodies))
+    parse = rpc.ReceiveMessageResponse.FromString
+    out = []
+    for raw, handle, n, data in zip(bodies, handles, times, made, strict=True):
+        if data is not None:
+            out.append(parse(data))
+            continue
+        try:
+            msg = decode_record(raw)
+        except ProtocolError as e:
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"corrupt record in answer: {e}") \
+                from None
+        if not 0 <= int(n) < 2**31 - 1:  # its delivery attempt (n + 1) is an int32
+            raise BrokerError(ResponseCode.SYSTEM_ERROR, f"a POP answer's count {n} is not one")
+        msg.reconsume_times = int(n)
+        out.append(rpc.ReceiveMessageResponse(message=incoming(_Received(msg, str(handle)))))
+    return out
+
+
+class _Received:
+    """What ``incoming`` reads of a received message (``common.client.Received``'s fields)."""
+
+    __slots__ = ("message", "receipt_handle")
+
+    def __init__(self, message: Any, receipt_handle: str):
+        self.message, self.receipt_handle = message, receipt_handle
+
+
 def transaction_id(broker: str, topic: str, commit_log_offset: int, queue_offset: int,
                    msg_id: str, uniq: str) -> str:
     """What an END needs, in the id the client hands back (RocketMQ's proxy encodes its
@@ -217,3 +266,11 @@ def message_of(msg: Any, topic: str, message_type: int) -> pb.Message:
     if keys:
         sp.keys.extend(keys)
     return out
+
+
+# a POP answer's records to gRPC bytes in C, where built (common/proxy/_received.c)
+_native = accel.load("common.proxy._received")
+if _native is not None:
+    _native.configure(PROPERTY_UNIQ_KEY.encode(), PROPERTY_TAGS.encode(), PROPERTY_KEYS.encode(),
+                      PROPERTY_SHARDING_KEY.encode(),
+                      tuple(sorted(name.encode() for name in SYSTEM_PROPERTIES)))

@@ -10,8 +10,11 @@ write permission, while it is a master. Anything else, and any retriable refusal
 became a slave, a busy or stopping server), goes on through the front end's Producer, which
 routes, retries and follows the master as for any client.
 
-The front end's blocking client calls to this broker (a receive's POP, its acks, a delayed
-send) go in-process too, by the clients' ``in_process`` (``common/client/in_process.py``),
+A receive's POP and its acks, when the request names this broker while it is a master, are
+awaited on the event loop the same way (``LocalConsume``): no executor thread between the
+front end and its broker. The front end's other blocking client calls to this broker (a
+delayed send, a change of invisible time, a receive from another broker group that reached
+this one) go in-process too, by the clients' ``in_process`` (``common/client/in_process.py``),
 on the executor threads they already run on.
 """
 
@@ -21,12 +24,13 @@ import asyncio
 import dataclasses
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from common.client import Producer
 from common.client.in_process import InProcess
-from common.client.results import SendResult, send_results
-from common.core.errors import BrokerError
+from common.client.results import ClientTimeoutError, SendResult, send_results
+from common.core.errors import BrokerError, ResponseCode
 from common.format.protocol import RequestCode, Response, encode_request
 from common.format.tables import PERM_WRITE
 
@@ -72,30 +76,8 @@ class LocalSend:
             return None
         fields, body = self.producer.send_request(topic, body, tags, keys, properties)
         fields["queueId"] = next(self._rr) % queues
-        loop = asyncio.get_running_loop()
-        answered: asyncio.Future[Response | BrokerError] = loop.create_future()
-        here = threading.get_ident()
-        now: list[Response | BrokerError] = []  # answered on this thread inside call()
-        inside = [True]
-
-        def answer(outcome: Response | BrokerError) -> None:
-            if inside[0] and threading.get_ident() == here:  # served here (the loop slept):
-                now.append(outcome)  # taken below with no turn of the event loop
-                return
-            try:  # the broker's I/O thread
-                loop.call_soon_threadsafe(_settle, answered, outcome)
-            except RuntimeError:  # the front end stopped (its loop closed): nobody waits
-                pass
-
         try:
-            try:
-                broker.calls.call(lambda opaque: encode_request(RequestCode.SEND, opaque,
-                                                                fields, [body]), answer)
-            finally:
-                inside[0] = False
-            outcome = now[0] if now else await answered
-            if isinstance(outcome, BrokerError):
-                raise outcome
+            outcome = await call(broker.calls, RequestCode.SEND, fields, [body])
             result = send_results(topic, outcome, broker.broker_name)[0]
         except BrokerError as e:
             if e.retriable:  # not stored here: the Producer finds where it can be
@@ -104,6 +86,79 @@ class LocalSend:
             raise
         self.sent += 1
         return result
+
+
+class LocalConsume:
+    """POPs and acks of messages this broker holds, in-process: ``serves`` says whether a
+    request naming ``broker_name`` is this broker's while it is a master (else the front end's
+    SimpleConsumer routes it). The caller reads the answers as SimpleConsumer does; a
+    retriable refusal (the broker became a slave, or stops) is the caller's to pass on to that
+    SimpleConsumer, which finds the master."""
+
+    def __init__(self, broker: LocalBroker, timeout_ms: int):
+        self.broker = broker
+        self.timeout_ms = timeout_ms
+        self.pops = self.acks = 0  # served here
+
+    def serves(self, broker_name: str) -> bool:
+        return broker_name == self.broker.broker_name and self.broker.is_master()
+
+    async def pop(self, fields: dict[str, Any]) -> Response:
+        """A POP_MESSAGE (``fields`` as SimpleConsumer's, ``pollTime`` included): the broker's
+        answer, whatever its code; BrokerError when none came (retriable)."""
+        self.pops += 1
+        return await call(self.broker.calls, RequestCode.POP_MESSAGE, fields, (),
+                          self.timeout_ms + int(fields["pollTime"]))
+
+    async def batch_ack(self, group: str, topic: str, handles: list[str]) -> list[list[str]]:
+        """A BATCH_ACK_MESSAGE of ``handles`` (this broker's, of ``topic``): the (handle, why) of
+        each that acked nothing; BrokerError when the broker refused them all."""
+        self.acks += 1
+        resp = await call(self.broker.calls, RequestCode.BATCH_ACK_MESSAGE,
+                          {"topic": topic, "group": group}, [h.encode() for h in handles],
+                          self.timeout_ms)
+        if resp.code != ResponseCode.SUCCESS:
+            raise BrokerError(resp.code, resp.remark)
+        return list(resp.fields.get("failed") or [])
+
+
+async def call(calls: InProcess, code: RequestCode, fields: dict[str, Any] | None,
+               bodies: Sequence[bytes], timeout_ms: int | None = None) -> Response:
+    """One request to this broker in-process, its answer awaited on the event loop: served on
+    this thread when the broker's loop sleeps (no turn of the event loop), else answered on
+    the broker's I/O thread. BrokerError when the server takes no more calls or stopped, or
+    (retriable) when no answer came within ``timeout_ms``."""
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[Response | BrokerError] = loop.create_future()
+    here = threading.get_ident()
+    now: list[Response | BrokerError] = []  # answered on this thread inside call()
+    inside = [True]
+
+    def answer(outcome: Response | BrokerError) -> None:
+        if inside[0] and threading.get_ident() == here:  # served here (the loop slept):
+            now.append(outcome)  # taken below with no turn of the event loop
+            return
+        try:  # the broker's I/O thread
+            loop.call_soon_threadsafe(_settle, answered, outcome)
+        except RuntimeError:  # the front end stopped (its loop closed): nobody waits
+            pass
+
+    try:
+        calls.call(lambda opaque: encode_request(code, opaque, fields, bodies), answer)
+    finally:
+        inside[0] = False
+    if now:
+        outcome = now[0]
+    elif timeout_ms is None:
+        outcome = await answered
+    else:
+        try:
+            outcome = await asyncio.wait_for(answered, timeout_ms / 1000)
+        except TimeoutError:
+            raise ClientTimeoutError("this broker (in-process)", timeout_ms) from None
+    if isinstance(outcome, BrokerError):
+        raise outcome
+    return outcome
 
 
 def _settle(fut: asyncio.Future[Response | BrokerError], outcome: Response | BrokerError) -> None:

@@ -34,14 +34,14 @@ from common.client.transaction import HalfSent, TransactionProducer
 from common.core.errors import BrokerError, ResponseCode, SendStatus
 from common.core.keys import ClientKeys
 from common.core.message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY
-from common.core.pop import ReceiptHandle
+from common.core.pop import HANDLE_VERSION, ReceiptHandle
 from common.core.transaction import TransactionState
 from common.format.acl import PUB, SUB
 from common.format.protocol import ProtocolError, Request, RequestCode, Response, decode_record
 from common.format.tables import GroupConfig
 from common.proxy import convert
 from common.proxy.auth import GrpcAuth, Need
-from common.proxy.local import LocalBroker, LocalSend
+from common.proxy.local import LocalBroker, LocalConsume, LocalSend
 
 log = logging.getLogger("replog.proxy")
 
@@ -73,8 +73,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self._in_process = {} if local is None else dict.fromkeys(local.addresses, local.calls)
         self.producer = Producer(servers, timeout_ms=timeout_ms, curve=curve,
                                  in_process=self._in_process)
-        # in the broker (grpcServerPort): plain sends to it in-process (local.py)
+        # in the broker (grpcServerPort): plain sends to it, and its POPs and acks, in-process
+        # on the event loop (local.py)
         self.local = None if local is None else LocalSend(local, self.producer)
+        self.local_consume = None if local is None else LocalConsume(local, timeout_ms)
         self.admin = Admin(servers, timeout_ms=timeout_ms, curve=curve)
         self._consumers: dict[str, SimpleConsumer] = {}  # consumer group -> its POP client
         self._consumers_lock = threading.Lock()
@@ -430,17 +432,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             sql = expression.expression
         elif expression.expression not in ("", "*"):
             tags = expression.expression
-        consumer = self._consumer(group)
+        max_nums = max(1, min(request.batch_size or 32, 32))
         deadline = time.monotonic() + wait / 1000
         try:
-            while True:  # waited a slice at a time: a stopping front end waits out one slice
-                slice_ms = max(0, min(RECEIVE_SLICE_MS, int((deadline - time.monotonic())
-                                                            * 1000)))
-                got = await asyncio.to_thread(
-                    consumer.receive, mq.topic.name, max(1, min(request.batch_size or 32, 32)),
-                    invisible, slice_ms, tags=tags, sql=sql, broker_name=mq.broker.name or None)
-                if got or time.monotonic() >= deadline or self.stopping.is_set():
-                    break
+            got: list[rpc.ReceiveMessageResponse] | None = None
+            local = self.local_consume
+            if local is not None and local.serves(mq.broker.name):
+                got = await self._pop_here(local, group, mq.topic.name, max_nums, invisible,
+                                           deadline, tags, sql)
+            if got is None:  # not this broker's, or it refused (a slave now): by the client
+                got = await self._pop(group, mq.topic.name, max_nums, invisible, deadline,
+                                      tags, sql, mq.broker.name or None)
         except BrokerError as e:
             yield rpc.ReceiveMessageResponse(status=convert.error_status(e))
             return
@@ -449,10 +451,54 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                                                                    "no new message"))
             return
         yield rpc.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(int(time.time() * 1000)))
-        for received in got:
-            yield rpc.ReceiveMessageResponse(message=convert.incoming(received))
+        for one in got:
+            yield one
         yield rpc.ReceiveMessageResponse(status=convert.status(pb.OK))
 
+    async def _pop(self, group: str, topic: str, max_nums: int, invisible: int, deadline: float,
+                   tags: str | None, sql: str | None,
+                   broker_name: str | None) -> list[rpc.ReceiveMessageResponse]:
+        """By the group's SimpleConsumer on an executor thread, a slice at a time (a stopping
+        front end waits out one slice)."""
+        consumer = self._consumer(group)
+        while True:
+            slice_ms = max(0, min(RECEIVE_SLICE_MS, int((deadline - time.monotonic()) * 1000)))
+            got = await asyncio.to_thread(consumer.receive, topic, max_nums, invisible, slice_ms,
+                                          tags=tags, sql=sql, broker_name=broker_name)
+            if got or time.monotonic() >= deadline or self.stopping.is_set():
+                return [rpc.ReceiveMessageResponse(message=convert.incoming(r)) for r in got]
+
+    async def _pop_here(self, local: LocalConsume, group: str, topic: str, max_nums: int,
+                        invisible: int, deadline: float, tags: str | None,
+                        sql: str | None) -> list[rpc.ReceiveMessageResponse] | None:
+        """POP from the broker the front end runs in, awaited on the event loop a slice at a
+        time, the answer read as ``SimpleConsumer.receive`` reads it; None when the broker
+        refused it as a client may retry elsewhere (not a master now, stopping)."""
+        fields: dict[str, Any] = {"topic": topic, "group": group, "queueId": -1,
+                                  "maxNums": max_nums, "invisibleTime": invisible, "order": 0,
+                                  "initMode": 0}
+        if tags:
+            fields["subscription"] = tags
+        if sql is not None:
+            fields["expressionType"] = "SQL92"
+            fields["subscription"] = sql
+        while True:
+            slice_ms = max(0, min(RECEIVE_SLICE_MS, int((deadline - time.monotonic()) * 1000)))
+            try:
+                resp = await local.pop({**fields, "pollTime": slice_ms})
+            except BrokerError as e:
+                if e.retriable:
+                    return None
+                raise
+            if resp.code == ResponseCode.SUCCESS:
+                return convert.received(resp)
+            if resp.code not in (ResponseCode.PULL_NOT_FOUND,
+                                 ResponseCode.PULL_RETRY_IMMEDIATELY):
+                if BrokerError(resp.code, resp.remark).retriable:
+                    return None
+                raise BrokerError(resp.code, resp.remark)
+            if time.monotonic() >= deadline or self.stopping.is_set():
+                return []
 
     async def AckMessage(self, request: rpc.AckMessageRequest,
                           context: Any) -> rpc.AckMessageResponse:
@@ -462,12 +508,23 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if refused := self._refused(context, _handle_needs(request.group.name,
                                                            request.topic.name, handles)):
             return rpc.AckMessageResponse(status=refused)
-        consumer = self._consumer(request.group.name)
-        try:
-            failed: dict[str, str | BrokerError] = dict(
-                await asyncio.to_thread(consumer.ack_batch, handles))
-        except BrokerError as e:  # a handle that is not one, or no master: every entry
-            failed = {h: e for h in handles}
+        failed: dict[str, str | BrokerError] | None = None
+        local = self.local_consume
+        if local is not None:  # this broker's handles of the topic, while it is its master
+            mine = f"{HANDLE_VERSION} {local.broker.broker_name} {request.topic.name} "
+            if handles and local.broker.is_master() and all(h.startswith(mine) for h in handles):
+                try:
+                    failed = {h: str(why) for h, why in await local.batch_ack(
+                        request.group.name, request.topic.name, handles)}
+                except BrokerError as e:
+                    if not e.retriable:
+                        failed = {h: e for h in handles}
+        if failed is None:
+            consumer = self._consumer(request.group.name)
+            try:
+                failed = dict(await asyncio.to_thread(consumer.ack_batch, handles))
+            except BrokerError as e:  # a handle that is not one, or no master: every entry
+                failed = {h: e for h in handles}
         resp = rpc.AckMessageResponse()
         add = resp.entries.add  # each entry made in place (a receive's 32 acks in one request)
         for entry in request.entries:

@@ -51,6 +51,11 @@ def simple(broker: Broker) -> Iterator[Any]:
     c.shutdown()
 
 
+def front(broker: Broker) -> Any:
+    assert broker._grpc is not None and broker._grpc.service is not None
+    return broker._grpc.service
+
+
 def send(broker: Broker, n: int, **kw: Any) -> list[Any]:
     with Producer([addr(broker)]) as p:
         return [p.send("jobs", b"job-%d" % i, **kw) for i in range(n)]
@@ -81,6 +86,8 @@ def test_a_simple_consumer_receives_acks_and_sees_what_it_did_not_ack_again(
         simple.ack(m)
     again = receive_all(simple, 1, invisible_s=30, timeout_s=10)  # after its 2 s
     assert [(m.body, m.delivery_attempt) for m in again] == [(first.body, 2)]
+    local = front(broker).local_consume  # the broker's own POPs and acks, in-process
+    assert local is not None and local.pops >= 2 and local.acks == 3
     with pytest.raises(Exception, match="INVALID_RECEIPT_HANDLE|receipt"):
         simple.ack(first)  # its old handle: handed out again since
     simple.change_invisible_duration(again[0], 60)
@@ -198,3 +205,96 @@ def test_an_ack_of_several_handles_answers_each_and_says_when_they_differ(
         assert [e.status.code for e in mixed.entries] == [pb.OK, pb.INVALID_RECEIPT_HANDLE]
         assert mixed.entries[1].status.message  # says why
         assert ack([]).status.code == pb.BAD_REQUEST
+
+
+def stub_of(channel: Any) -> Any:
+    from rocketmq.grpc_protocol import service_pb2_grpc
+
+    return service_pb2_grpc.MessagingServiceStub(channel)
+
+
+def receive_request(broker_name: str, wait_s: int = 0) -> Any:
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as rpc
+
+    req = rpc.ReceiveMessageRequest(
+        group=pb.Resource(name="workers"), batch_size=16,
+        message_queue=pb.MessageQueue(topic=pb.Resource(name="jobs"),
+                                      broker=pb.Broker(name=broker_name)))
+    req.invisible_duration.seconds = 30
+    if wait_s:
+        req.long_polling_timeout.seconds = wait_s
+    return req
+
+
+def test_a_long_polling_receive_from_this_broker_is_answered_when_a_message_comes(
+        broker: Broker) -> None:
+    """Held by the broker (its answer comes on the broker's I/O thread, not at once) and
+    awaited on the front end's event loop: the message sent meanwhile, well before the wait
+    ends."""
+    import grpc
+
+    local = front(broker).local_consume
+    with grpc.insecure_channel(f"127.0.0.1:{broker.cfg.grpcServerPort}") as channel:
+        stub = stub_of(channel)
+        later = threading.Timer(0.5, send, (broker, 1))
+        started = time.monotonic()
+        later.start()
+        try:
+            got = [r for r in stub.ReceiveMessage(receive_request("gb", wait_s=8), timeout=20)
+                   if r.HasField("message")]
+        finally:
+            later.join()
+        assert [r.message.body for r in got] == [b"job-0"]
+        assert time.monotonic() - started < 6
+    assert local.pops >= 1
+
+
+def test_a_receive_this_broker_refuses_as_retriable_goes_through_the_front_ends_client(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker became a slave, or stops, between the check and the call: the front end's
+    SimpleConsumer routes the receive (and the acks) as for any broker group."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as rpc
+
+    from common.core.errors import BrokerError, ResponseCode
+
+    asked: list[Any] = []
+
+    async def refused(*args: Any) -> Any:
+        asked.append(args)
+        raise BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE, "a slave now")
+
+    local = front(broker).local_consume
+    monkeypatch.setattr(local, "pop", refused)
+    monkeypatch.setattr(local, "batch_ack", refused)
+    send(broker, 3)
+    with grpc.insecure_channel(f"127.0.0.1:{broker.cfg.grpcServerPort}") as channel:
+        stub = stub_of(channel)
+        got: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 3 and time.monotonic() < deadline:  # a queue at a time
+            got += [r.message for r in stub.ReceiveMessage(receive_request("gb"), timeout=20)
+                    if r.HasField("message")]
+        assert sorted(m.body for m in got) == [b"job-0", b"job-1", b"job-2"]
+        ack = stub.AckMessage(rpc.AckMessageRequest(
+            group=pb.Resource(name="workers"), topic=pb.Resource(name="jobs"),
+            entries=[rpc.AckMessageEntry(receipt_handle=m.system_properties.receipt_handle)
+                     for m in got]), timeout=10)
+        assert ack.status.code == pb.OK
+        assert [r for r in stub.ReceiveMessage(receive_request("gb"), timeout=20)
+                if r.HasField("message")] == []
+    assert len(asked) >= 4  # each receive and the ack asked this broker first
+
+
+def test_a_refusal_that_is_final_is_answered_as_the_broker_gave_it(broker: Broker) -> None:
+    """A topic this broker does not have: not retried elsewhere, its status at once."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+
+    with grpc.insecure_channel(f"127.0.0.1:{broker.cfg.grpcServerPort}") as channel:
+        req = receive_request("gb")
+        req.message_queue.topic.name = "no-such-topic"
+        [answer] = list(stub_of(channel).ReceiveMessage(req, timeout=20))
+        assert answer.status.code == pb.TOPIC_NOT_FOUND, answer.status
