@@ -6,11 +6,23 @@
  * Walks the whole records of one segment's mapping from ``pos`` while they are plain v1 records
  * without user properties (a whole-record CRC entry is not one) and end by ``limit``; at most
  * ``max_records``. Consecutive records of one queue with consecutive queue offsets form a run:
- * [raw topic bytes, queue id, first queue offset, [(phy offset, size, 0), ...]], phy offsets
- * counted from ``base``. It stops, returning where, at the first record it does not take: a
- * BLANK, a bad header, a record past the segment or not whole yet, one with properties (tags,
- * keys, a delay). The Python loop handles that record as it always has, so every rare case
- * keeps one implementation. Reads only; the caller keeps the mapping mapped.
+ * [raw topic bytes, queue id, first queue offset, [(phy offset, size, tagsCode), ...]], phy
+ * offsets counted from ``base``. It stops, returning where, at the first record it does not
+ * take: a BLANK, a bad header, a record past the segment or not whole yet, one with properties
+ * (tags, keys, a delay). The Python loop handles that record as it always has, so every rare
+ * case keeps one implementation. Reads only; the caller keeps the mapping mapped.
+ *
+ * scan(buf, pos, limit, file_size, max_records, base, markers, rule_topics)
+ *     -> (runs, pos, count, last_store_timestamp, first)
+ *
+ * Takes records with properties too, as reput.dispatch_request reads them: one that holds none
+ * of ``markers`` (the "NAME\x01" of each watched property, bytes) is a plain entry (tagsCode
+ * 0, nothing to dispatch); one that holds any is taken only as the first record of the call,
+ * and not in a topic of ``rule_topics`` (raw topic bytes with a tags-code rule: Python's):
+ * ``first`` is then (tagsCode, store timestamp, index keys, properties), what the record
+ * dispatchers are handed, else None. So the Python loop calls the dispatchers for that record
+ * before its run is merged, as it does for a record it reads itself. configure(tags, keys,
+ * uniq) first: the names of the TAGS, KEYS and UNIQ_KEY properties (str).
  *
  * merge_run(digests, first, end, max_records)
  *     -> None, or (entries, cq, last_end, count, store_timestamp)
@@ -25,7 +37,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
-#include <string.h>
+#include <string.h> /* memmem: Python.h defines _GNU_SOURCE */
 
 #define MAGIC_V1 0xDAA320A7u
 #define FIXED_BYTES 91
@@ -38,6 +50,135 @@ static inline uint32_t get32(const unsigned char *p) {
 
 static inline int64_t get64(const unsigned char *p) {
     return (int64_t)(((uint64_t)get32(p) << 32) | get32(p + 4));
+}
+
+static PyObject *tags_name, *keys_name, *uniq_name, *item_sep, *key_sep;
+
+/* Java's String.hashCode over the UTF-16 units of ``text`` (common.core.message.java_hash) */
+static int32_t java_hash(PyObject *text) {
+    uint32_t h = 0;
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    for (Py_ssize_t i = 0, n = PyUnicode_GET_LENGTH(text); i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c > 0xFFFF) {
+            c -= 0x10000;
+            h = 31 * h + (0xD800 + (c >> 10));
+            h = 31 * h + (0xDC00 + (c & 0x3FF));
+        } else {
+            h = 31 * h + c;
+        }
+    }
+    return (int32_t)h;
+}
+
+/* decode_properties: the text (UTF-8, errors replaced) split at 0x02, each item with a 0x01
+ * split at its first one; items without are skipped, a later name wins. NULL: an exception. */
+static PyObject *properties(const unsigned char *raw, Py_ssize_t n) {
+    PyObject *props = PyDict_New(), *text = NULL, *items = NULL;
+    if (props == NULL) return NULL;
+    text = PyUnicode_DecodeUTF8((const char *)raw, n, "replace");
+    items = text ? PyUnicode_Split(text, item_sep, -1) : NULL;
+    if (items == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(item);
+        Py_ssize_t at = len ? PyUnicode_FindChar(item, 1, 0, len, 1) : -1;
+        if (at == -2) goto fail;
+        if (at < 0) continue;
+        PyObject *name = PyUnicode_Substring(item, 0, at);
+        PyObject *value = name ? PyUnicode_Substring(item, at + 1, len) : NULL;
+        int rc = value ? PyDict_SetItem(props, name, value) : -1;
+        Py_XDECREF(name);
+        Py_XDECREF(value);
+        if (rc < 0) goto fail;
+    }
+    Py_DECREF(items);
+    Py_DECREF(text);
+    return props;
+fail:
+    Py_XDECREF(items);
+    Py_XDECREF(text);
+    Py_DECREF(props);
+    return NULL;
+}
+
+/* What dispatch_request gives a marked record: (tagsCode, store timestamp, keys, properties) in
+ * ``*first`` and the tagsCode; -1 with an exception. */
+static int dispatched(const unsigned char *raw, Py_ssize_t n, int64_t ts, PyObject **first,
+                      int32_t *code) {
+    PyObject *props = properties(raw, n), *keys = NULL;
+    if (props == NULL) return -1;
+    *code = 0;
+    PyObject *tags = PyDict_GetItemWithError(props, tags_name);
+    if (tags == NULL && PyErr_Occurred()) goto fail;
+    if (tags != NULL && PyUnicode_GET_LENGTH(tags) > 0) *code = java_hash(tags);
+    keys = PyList_New(0);
+    if (keys == NULL) goto fail;
+    PyObject *text = PyDict_GetItemWithError(props, keys_name);
+    if (text == NULL && PyErr_Occurred()) goto fail;
+    if (text != NULL) {
+        PyObject *parts = PyUnicode_Split(text, key_sep, -1);
+        if (parts == NULL) goto fail;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(parts); i++) {
+            PyObject *part = PyList_GET_ITEM(parts, i);
+            if (PyUnicode_GET_LENGTH(part) && PyList_Append(keys, part) < 0) {
+                Py_DECREF(parts);
+                goto fail;
+            }
+        }
+        Py_DECREF(parts);
+    }
+    PyObject *uniq = PyDict_GetItemWithError(props, uniq_name);
+    if (uniq == NULL && PyErr_Occurred()) goto fail;
+    if (uniq != NULL && PyList_Append(keys, uniq) < 0) goto fail;
+    PyObject *found = PyList_AsTuple(keys);
+    if (found == NULL) goto fail;
+    *first = Py_BuildValue("(iLNN)", *code, (long long)ts, found, props);
+    Py_DECREF(keys);
+    return *first == NULL ? -1 : 0;
+fail:
+    Py_XDECREF(keys);
+    Py_DECREF(props);
+    return -1;
+}
+
+/* Whether ``raw`` holds any of ``markers`` (a tuple of bytes): -1 on a bad marker. */
+static int marked(const unsigned char *raw, Py_ssize_t n, PyObject *markers) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(markers); i++) {
+        PyObject *m = PyTuple_GET_ITEM(markers, i);
+        if (!PyBytes_Check(m)) {
+            PyErr_SetString(PyExc_TypeError, "a marker must be bytes");
+            return -1;
+        }
+        Py_ssize_t len = PyBytes_GET_SIZE(m);
+        if (len == 0 || (len <= n && memmem(raw, (size_t)n, PyBytes_AS_STRING(m), (size_t)len)))
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether the raw topic is one of ``topics`` (a tuple of bytes). */
+static int ruled(const unsigned char *topic, Py_ssize_t len, PyObject *topics) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(topics); i++) {
+        PyObject *t = PyTuple_GET_ITEM(topics, i);
+        if (PyBytes_Check(t) && PyBytes_GET_SIZE(t) == len
+            && memcmp(PyBytes_AS_STRING(t), topic, (size_t)len) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyUnicode_Check(args[0]) || !PyUnicode_Check(args[1])
+        || !PyUnicode_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "configure(tags, keys, uniq): three names (str)");
+        return NULL;
+    }
+    Py_XSETREF(tags_name, Py_NewRef(args[0]));
+    Py_XSETREF(keys_name, Py_NewRef(args[1]));
+    Py_XSETREF(uniq_name, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
 }
 
 /* Close the open run into ``runs``; 0 or -1 with an exception. */
@@ -54,8 +195,17 @@ static int close_run(PyObject *runs, PyObject **entries, const unsigned char *to
 }
 
 static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "scan takes 6 arguments");
+    if (nargs != 6 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "scan takes 6 or 8 arguments");
+        return NULL;
+    }
+    PyObject *markers = nargs == 8 ? args[6] : NULL, *rule_topics = nargs == 8 ? args[7] : NULL;
+    if (markers != NULL && (!PyTuple_Check(markers) || !PyTuple_Check(rule_topics))) {
+        PyErr_SetString(PyExc_TypeError, "markers and rule_topics must be tuples of bytes");
+        return NULL;
+    }
+    if (markers != NULL && tags_name == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "scan with markers before configure");
         return NULL;
     }
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
@@ -69,7 +219,7 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (limit > view.len) limit = view.len;
     if (file_size > view.len) file_size = view.len;
     const unsigned char *buf = (const unsigned char *)view.buf;
-    PyObject *runs = PyList_New(0), *entries = NULL, *result = NULL;
+    PyObject *runs = PyList_New(0), *entries = NULL, *result = NULL, *first = NULL;
     if (runs == NULL) goto done;
     const unsigned char *run_topic = NULL;
     Py_ssize_t run_topic_len = 0, count = 0;
@@ -91,7 +241,17 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (user_props >= CRC_ENTRY_BYTES
             && memcmp(r + total - CRC_ENTRY_BYTES, CRC_PREFIX, 9) == 0 && r[total - 1] == 2)
             user_props -= CRC_ENTRY_BYTES;
-        if (user_props) break; /* tags, keys or a delay: Python's */
+        int32_t code = 0;
+        if (user_props) { /* tags, keys or a delay */
+            if (markers == NULL) break; /* Python's */
+            const unsigned char *props = r + topic_end + 2;
+            int watched = marked(props, user_props, markers);
+            if (watched < 0) goto done;
+            if (watched) { /* dispatched: the call's first record only, no tags-code rule */
+                if (count > 0 || ruled(r + p + 1, topic_len, rule_topics)) break;
+                if (dispatched(props, user_props, get64(r + 56), &first, &code) < 0) goto done;
+            }
+        }
         int32_t queue_id = (int32_t)get32(r + 12);
         int64_t queue_offset = get64(r + 20);
         const unsigned char *topic = r + p + 1;
@@ -106,7 +266,7 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             run_queue = queue_id;
             run_first = run_next = queue_offset;
         }
-        PyObject *e = Py_BuildValue("(Lii)", base + (long long)pos, total, 0);
+        PyObject *e = Py_BuildValue("(Lii)", base + (long long)pos, total, code);
         if (e == NULL) goto done;
         int rc = PyList_Append(entries, e);
         Py_DECREF(e);
@@ -117,8 +277,13 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         count++;
     }
     if (close_run(runs, &entries, run_topic, run_topic_len, run_queue, run_first) < 0) goto done;
-    result = Py_BuildValue("(OnnL)", runs, pos, count, (long long)last_ts);
+    if (markers == NULL)
+        result = Py_BuildValue("(OnnL)", runs, pos, count, (long long)last_ts);
+    else
+        result = Py_BuildValue("(OnnLO)", runs, pos, count, (long long)last_ts,
+                               first ? first : Py_None);
 done:
+    Py_XDECREF(first);
     Py_XDECREF(entries);
     Py_XDECREF(runs);
     PyBuffer_Release(&view);
@@ -239,7 +404,9 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
-     "Plain records from pos: (runs, pos, count, last_store_timestamp)."},
+     "Plain records from pos: (runs, pos, count, last_store_timestamp[, first])."},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
+     "configure(tags, keys, uniq): the property names a dispatched record's are read by."},
     {"merge_run", (PyCFunction)(void (*)(void))merge_run, METH_FASTCALL,
      "The digests that continue first: None or (entries, cq, last_end, count, store_timestamp)."},
     {NULL, NULL, 0, NULL},
@@ -252,6 +419,9 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__reput_scan(void) {
     popleft_name = PyUnicode_InternFromString("popleft");
-    if (popleft_name == NULL) return NULL;
+    item_sep = PyUnicode_FromString("\x02");
+    key_sep = PyUnicode_FromString(" ");
+    if (popleft_name == NULL || item_sep == NULL || key_sep == NULL)
+        return NULL;
     return PyModule_Create(&module);
 }

@@ -83,7 +83,9 @@ def dispatch_request(view: memoryview, phy_offset: int,
 
 
 _HEAD = record.HEAD_PREFIX
-_scan = accel.load("common.store._reput_scan")  # the plain records' loop in C, where built
+_scan = accel.load("common.store._reput_scan")  # the common records' loop in C, where built
+if _scan is not None:
+    _scan.configure(PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY)
 MAX_PASS_RECORDS = 4096  # bounds how long a pass holds the reput lock and delays visibility
 RETRY_S = 1.0  # after a pass that could not finish (a bad record, a full disk)
 
@@ -260,6 +262,8 @@ class ReputService:
         phy = store.dispatched_phy_offset
         ext = store.extensions
         dispatchers = ext.dispatchers
+        # the topics whose tags code a rule gives: their records with properties are Python's
+        rule_topics = tuple(t.encode() for t in ext.tags_code_rules) if _scan else ()
         runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
         touched: dict[tuple[str, int], int] = {}
         count = 0
@@ -275,10 +279,17 @@ class ReputService:
             pos = phy - base
             limit = min(mf.wrote_position, end - base)
             while pos + record.END_FILE_MIN_BLANK <= limit and count < MAX_PASS_RECORDS:
-                if _scan is not None:  # the plain records up to the next one Python must read
-                    found, pos, taken, ts = _scan.scan(buf, pos, limit, mf.file_size,
-                                                       MAX_PASS_RECORDS - count, base)
+                if _scan is not None:  # the records up to the next one Python must read
+                    found, pos, taken, ts, first = _scan.scan(
+                        buf, pos, limit, mf.file_size, MAX_PASS_RECORDS - count, base,
+                        ext.markers, rule_topics)
                     if taken:
+                        if first is not None:  # its first record, read for the dispatchers
+                            raw_topic, queue_id, first_offset, (entry, *_) = found[0]
+                            req = DispatchRequest(_topic_text(raw_topic), queue_id,
+                                                  first_offset, entry[0], entry[1], *first)
+                            for dispatcher in dispatchers:
+                                dispatcher.dispatch(req)
                         count += taken
                         last_store_ts = ts
                         self._merge_runs(runs, touched, found)

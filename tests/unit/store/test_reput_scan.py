@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from common.core.errors import CorruptionError
-from common.core.message import Message
+from common.core.message import PROPERTY_UNIQ_KEY, Message
 from common.store import reput as reput_module
 from common.store.commit_log import CommitLog
 from common.store.extensions import StoreExtensions
@@ -35,13 +35,17 @@ class Recorder:
         self.dispatched_phy_offset = 0
         self.extensions = StoreExtensions()
         self.extensions.add_dispatcher(self)
+        # a feature's property, and a topic whose tags code a rule gives
+        self.extensions.watch("WATCHED")
+        self.extensions.add_tags_code_rule(
+            "ruled", lambda props, ts, code: code + len(props), ("RULED",))
         self.calls: list[tuple[Any, ...]] = []
 
     name = "recorder"
     watches = ()
 
     def dispatch(self, req: DispatchRequest) -> None:  # as a record dispatcher
-        if req.keys:
+        if req.keys or req.properties:
             self.calls.append(("index", req))
 
     def reput_end(self) -> int:
@@ -75,8 +79,18 @@ def fill(log: CommitLog, seed: int) -> None:
             assert log.put(Message(topic, body, tags=f"T{i % 4}"), queue_id).ok
         elif kind < 0.9:
             assert log.put(Message(topic, body, keys=f"k{i} j{i}"), queue_id).ok
-        else:
+        elif kind < 0.95:
             assert log.put_batch(topic, queue_id, [Message(topic, body, keys=f"b{i}"), body]).ok
+        else:  # what the official clients send (a message id), and properties reput reads
+            props = rnd.choice([{PROPERTY_UNIQ_KEY: f"id-{i}"}, {"color": "blue"},
+                                {"xKEYS": "not a key", "é": "日本"}, {"WATCHED": "1"},
+                                {PROPERTY_UNIQ_KEY: "", "KEYS": "  a b  "}, {"RULED": "x"}])
+            if rnd.random() < 0.5:
+                topic = "ruled"
+            msg = Message(topic, body, tags=rnd.choice([None, "T", "🙂x"]),
+                          keys=rnd.choice([None, f"k{i}"]), properties=props)
+            for _ in range(rnd.randrange(1, 4)):  # runs of them, one after another
+                assert log.put(msg, queue_id).ok
 
 
 def dispatch(log: CommitLog, scan: Any, monkeypatch: pytest.MonkeyPatch) -> Recorder:
@@ -110,16 +124,20 @@ def test_the_c_scan_dispatches_what_the_python_loop_dispatches(
     fill(log, seed)
     assert log.max_offset > 10 * 16 * 1024
     taken: list[int] = []
+    read: list[Any] = []  # records with properties C read for the dispatchers
 
     class Counting:
         @staticmethod
         def scan(*args: Any) -> Any:
             result = native.scan(*args)
             taken.append(result[2])
+            if result[4] is not None:
+                read.append(result[4])
             return result
 
     with_c = dispatch(log, Counting, monkeypatch)
     assert sum(taken) > 600, "the C scan took few records"
+    assert len(read) > 30, "the C scan read few records with properties"
     python = dispatch(log, None, monkeypatch)
     assert with_c.calls == python.calls
     assert with_c.dispatched_phy_offset == log.max_offset
@@ -158,3 +176,51 @@ def test_the_scan_stops_at_a_record_not_whole_yet_and_at_one_with_properties(
     assert (pos, count) == (third, 2)
     runs, pos, count, _ = native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 3, 7)
     assert (pos, count, runs[0][3][0][0]) == (third + size, 3, 7)  # max_records; phy from base
+
+
+def test_a_record_with_properties_is_read_as_python_reads_it(
+        log: CommitLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatched record's tags code, keys and properties from C: equal to
+    ``dispatch_request``'s, including text that is not UTF-8 (replaced, as Python decodes it)
+    and a later property of one name winning."""
+    for tags in ("T", "é🙂", None):
+        log.put(Message("orders", b"x", tags=tags, keys="k1 k2",
+                        properties={PROPERTY_UNIQ_KEY: "id-1", "color": "caf?"}), 1)
+    at = log.put(Message("orders", b"y", properties={"color": "caf?", "size": "1"}), 1)
+    mf = log.queue.find(0)
+    assert mf is not None
+    raw = bytes(mf.buffer[at.phy_offset:at.phy_offset + at.wrote_bytes])
+    mf.buffer[at.phy_offset + raw.index(b"caf?") + 3] = 0xE9  # not UTF-8 any more
+    with_c = dispatch(log, native, monkeypatch)
+    python = dispatch(log, None, monkeypatch)
+    assert with_c.calls == python.calls
+    indexed = [c[1] for c in python.calls if c[0] == "index"]
+    assert [r.keys for r in indexed] == [("k1", "k2", "id-1")] * 3
+    assert indexed[0].tags_code != 0 and indexed[2].tags_code == 0
+
+
+def test_the_scan_takes_a_record_to_dispatch_only_first_and_plain_properties_anywhere(
+        log: CommitLog) -> None:
+    from common.store.extensions import StoreExtensions
+
+    markers = StoreExtensions().markers
+    plain = log.put(Message("orders", b"p", properties={"color": "blue"}), 0)
+    keyed = log.put(Message("orders", b"k", keys="a"), 0)
+    last = log.put(Message("orders", b"q"), 0)
+    mf = log.queue.find(0)
+    assert mf is not None
+    found, pos, count, _, first = native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 100,
+                                              0, markers, ())
+    assert (pos, count, first) == (keyed.phy_offset, 1, None)  # stops before the keyed one
+    found, pos, count, _, first = native.scan(mf.buffer, pos, log.max_offset, mf.file_size,
+                                              100, 0, markers, ())
+    assert (pos, count) == (log.max_offset, 2)  # the keyed one first, then the plain one
+    assert first[2] == ("a",) and first[3] == {"KEYS": "a"}
+    assert [e[0] for e in found[0][3]] == [keyed.phy_offset, last.phy_offset]
+    # a topic with a tags-code rule: its keyed records are Python's
+    found, pos, count, _, first = native.scan(mf.buffer, keyed.phy_offset, log.max_offset,
+                                              mf.file_size, 100, 0, markers, (b"orders",))
+    assert (pos, count, first) == (keyed.phy_offset, 0, None)
+    assert plain.ok
+    with pytest.raises(TypeError):
+        native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 100, 0, ["x"], ())
