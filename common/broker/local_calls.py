@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from common.core.errors import BrokerError, ResponseCode
@@ -48,10 +48,13 @@ class LocalCalls:
 
     def __init__(self, post: Callable[[object], None], limits: Limits,
                  born_host: tuple[str, int] = ("127.0.0.1", 0),
-                 serve: Callable[[list[bytes]], bool] | None = None):
+                 serve: Callable[[list[bytes]], bool] | None = None,
+                 serve_many: Callable[[list[list[bytes]]], bool] | None = None):
         self._post = post  # the server's mailbox (raises BrokerError when full)
-        # the server serving a call on the caller's thread, if its loop is asleep (True)
+        # the server serving a call (or several, in order) on the caller's thread, if its loop
+        # is asleep (True)
         self._serve = serve
+        self._serve_many = serve_many
         self.inline = 0  # calls served on their caller's thread, since the start
         self._limits = limits.for_responses()
         self.born_host = born_host
@@ -85,6 +88,47 @@ class LocalCalls:
             with self._lock:
                 self._waiting.pop(opaque, None)
             raise
+
+    def call_many(self, calls: Sequence[tuple[Callable[[int], list[bytes]], Answer]]) -> None:
+        """Several calls at once, served in order as one burst (a run of plain SENDs is one
+        native put): each as ``call``'s, its answer to its own ``answer``. A call the server
+        takes no more (stopped, a full mailbox) is answered its BrokerError instead of
+        raising: the ones before it may be served already."""
+        with self._lock:
+            if self._closed:
+                error = BrokerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                    "the broker's request server has stopped")
+                opaques: list[int] = []
+            else:
+                error = None
+                opaques = [next(self._opaques) % (OPAQUE_SPAN - 1) + 1 for _ in calls]
+                for opaque, (_, answer) in zip(opaques, calls, strict=True):
+                    self._waiting[opaque] = answer
+                self.calls += len(calls)
+        if error is not None:
+            for _, answer in calls:
+                _hand_on(answer, error)
+            return
+        try:
+            many = [make(opaque) for opaque, (make, _) in zip(opaques, calls, strict=True)]
+        except BaseException:
+            with self._lock:
+                for opaque in opaques:
+                    self._waiting.pop(opaque, None)
+            raise
+        if self._serve_many is not None and self._serve_many(many):
+            self.inline += len(many)
+            return
+        for i, frames in enumerate(many):
+            try:
+                self._post(LocalCall(frames))
+            except BrokerError as e:  # those after it are not posted either
+                for opaque in opaques[i:]:
+                    with self._lock:
+                        refused = self._waiting.pop(opaque, None)
+                    if refused is not None:
+                        _hand_on(refused, e)
+                return
 
     def deliver(self, frames: list[bytes]) -> None:
         """The I/O thread: the answer to a local call (sent to ``IDENTITY``)."""

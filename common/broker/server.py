@@ -230,7 +230,8 @@ class RequestServer:
         self._turn = threading.Lock()
         self._serving: zmq.Socket[bytes] | None = None  # under _turn: the loop runs
         # requests from this process (the gRPC front end), answered with no socket
-        self.local = LocalCalls(self._mailbox.post, self.limits, serve=self._serve_local)
+        self.local = LocalCalls(self._mailbox.post, self.limits, serve=self._serve_local,
+                                serve_many=self._serve_local_many)
         self._io_ident = 0
         self._ctx = zmq.Context(io_threads=1)
         self._sock: zmq.Socket[bytes] | None = None
@@ -484,6 +485,34 @@ class RequestServer:
             with self.services.store.dispatching_inline():
                 if not self._take_local(frames):
                     self._serve(sock, LOCAL_IDENTITY, frames)
+            if self.stats.inflight != inflight:  # left waiting: the loop must see its deadline
+                try:
+                    self._mailbox.post(_RECHECK)
+                except BrokerError:  # a full mailbox: the loop is awake anyway
+                    pass
+            return True
+        finally:
+            turn.release()
+
+    def _serve_local_many(self, many: list[list[bytes]]) -> bool:
+        """``_serve_local`` for several local calls at once, in order, as one burst from the
+        socket is served (``_serve_burst``: a run of plain SENDs is one native put), and
+        dispatched once before any answer leaves. False: the loop is busy or not running."""
+        turn = self._turn
+        if not turn.acquire(blocking=False):
+            return False
+        try:
+            sock = self._serving
+            if sock is None:
+                return False
+            inflight = self.stats.inflight
+            with self.services.store.dispatching_inline():
+                if self._tcp is not None and self.put_path_of is not None:
+                    self._peers[LOCAL_IDENTITY] = self.local.born_host
+                    self._serve_burst(sock, [(LOCAL_IDENTITY, frames) for frames in many])
+                else:
+                    for frames in many:
+                        self._serve(sock, LOCAL_IDENTITY, frames)
             if self.stats.inflight != inflight:  # left waiting: the loop must see its deadline
                 try:
                     self._mailbox.post(_RECHECK)

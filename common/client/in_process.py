@@ -34,6 +34,11 @@ class InProcess(Protocol):
     def call(self, opaque_and_frames: Callable[[int], list[bytes]],
              answer: Callable[[Response | BrokerError], None]) -> None: ...
 
+    def call_many(self, calls: Sequence[tuple[Callable[[int], list[bytes]],
+                                              Callable[[Response | BrokerError], None]]]) -> None:
+        """Several calls served in order as one burst; each refused one answered its
+        BrokerError."""
+
 
 def call_in_process(calls: InProcess, address: str, code: RequestCode,
                     fields: dict[str, Any] | None, bodies: Sequence[bytes],

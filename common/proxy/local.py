@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -62,7 +63,10 @@ class LocalSend:
         self.broker = broker
         self.producer = producer
         self._rr = itertools.count()
+        # the sends of this turn of the event loop waiting to be served together (None: none)
+        self._queued: list[tuple[dict[str, Any], bytes, asyncio.Future[Any]]] | None = None
         self.sent = 0  # answered here
+        self.together = 0  # of them, served in a burst with others
         self.passed_on = 0  # handed back to the Producer (not this broker's, or refused)
 
     async def send(self, topic: str, body: bytes, tags: str | None, keys: list[str] | None,
@@ -77,7 +81,11 @@ class LocalSend:
         fields, body = self.producer.send_request(topic, body, tags, keys, properties)
         fields["queueId"] = next(self._rr) % queues
         try:
-            outcome = await call(broker.calls, RequestCode.SEND, fields, [body])
+            loop = asyncio.get_running_loop()
+            if self._queued is not None or _others_ready(loop):
+                outcome = await self._together(loop, fields, body)
+            else:
+                outcome = await call(broker.calls, RequestCode.SEND, fields, [body])
             result = send_results(topic, outcome, broker.broker_name)[0]
         except BrokerError as e:
             if e.retriable:  # not stored here: the Producer finds where it can be
@@ -86,6 +94,57 @@ class LocalSend:
             raise
         self.sent += 1
         return result
+
+
+    async def _together(self, loop: asyncio.AbstractEventLoop, fields: dict[str, Any],
+                        body: bytes) -> Response:
+        """Served with the other sends of this turn of the event loop, as one burst at its
+        end (``_flush``): one put, one dispatch, one lock for them all."""
+        answered: asyncio.Future[Response | BrokerError] = loop.create_future()
+        if self._queued is None:
+            self._queued = []
+            loop.call_soon(self._flush, loop)
+        self._queued.append((fields, body, answered))
+        outcome = await answered
+        if isinstance(outcome, BrokerError):
+            raise outcome
+        return outcome
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        queued, self._queued = self._queued or [], None
+        here = threading.get_ident()
+
+        def answer_to(fut: asyncio.Future[Any]) -> Callable[[Response | BrokerError], None]:
+            def answer(outcome: Response | BrokerError) -> None:
+                if threading.get_ident() == here:  # served in this callback
+                    _settle(fut, outcome)
+                    return
+                try:  # the broker's I/O thread (a SYNC master's, once its slave has it)
+                    loop.call_soon_threadsafe(_settle, fut, outcome)
+                except RuntimeError:  # the front end stopped (its loop closed)
+                    pass
+            return answer
+
+        calls = [(functools.partial(_send_frames, fields, body), answer_to(fut))
+                 for fields, body, fut in queued]
+        self.together += len(queued)
+        try:
+            self.broker.calls.call_many(calls)
+        except Exception as e:  # noqa: BLE001 - a request that does not encode: each its error
+            for _, _, fut in queued:
+                if not fut.done():
+                    fut.set_exception(e)
+
+
+def _send_frames(fields: dict[str, Any], body: bytes, opaque: int) -> list[bytes]:
+    return encode_request(RequestCode.SEND, opaque, fields, [body])
+
+
+def _others_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether more callbacks wait in this turn of the event loop (other calls' steps, under
+    load): then a send waits for the turn's end and is served with the others. The default
+    loop's ready queue, read as a hint only: a loop without one serves each send at once."""
+    return bool(getattr(loop, "_ready", None))
 
 
 class LocalConsume:

@@ -74,6 +74,12 @@ def service(broker: Broker) -> MessagingService:
     return grpc_front.service
 
 
+def front_loop(broker: Broker) -> asyncio.AbstractEventLoop:
+    loop = broker._grpc._loop if broker._grpc is not None else None
+    assert loop is not None
+    return loop
+
+
 def send(stub: service_pb2_grpc.MessagingServiceStub, topic: str, body: bytes,
          **system: Any) -> rpc.SendResultEntry:
     msg = pb.Message(topic=pb.Resource(name=topic), body=body, system_properties=pb.
@@ -301,6 +307,97 @@ def test_a_call_the_mailbox_refuses_is_not_left_waiting() -> None:
     with pytest.raises(BrokerError):
         calls.call(lambda op: [b"x"], lambda out: None)
     assert calls.pending() == 0
+
+
+def test_calls_made_together_are_answered_each_and_refused_each() -> None:
+    """``call_many``: each call its opaque and its own answer; a closed LocalCalls answers
+    each SERVICE_NOT_AVAILABLE, and a mailbox that fills midway answers the rest its error
+    (the ones posted before stay waiting for theirs)."""
+    posted: list[Any] = []
+    calls = LocalCalls(posted.append, Limits())
+    got: dict[int, Any] = {}
+    calls.call_many([(lambda op, i=i: [b"%d" % i, b"%d" % op],
+                      lambda out, i=i: got.__setitem__(i, out)) for i in range(3)])
+    assert [item.frames[0] for item in posted] == [b"0", b"1", b"2"]  # in order
+    opaques = [int(item.frames[1]) for item in posted]
+    assert len(set(opaques)) == 3 and calls.pending() == 3
+    for i in (2, 0, 1):
+        calls.deliver(encode_response(ResponseCode.SUCCESS, opaques[i], f"for {i}"))
+    assert [got[i].remark for i in range(3)] == ["for 0", "for 1", "for 2"]
+
+    room = [1]
+
+    def filling(item: Any) -> None:
+        if not room[0]:
+            raise BrokerError(ResponseCode.SYSTEM_BUSY, "server mailbox full")
+        room[0] -= 1
+
+    full = LocalCalls(filling, Limits())
+    answers: dict[int, Any] = {}
+    full.call_many([(lambda op: [b"x"], lambda out, i=i: answers.__setitem__(i, out))
+                    for i in range(3)])
+    assert sorted(answers) == [1, 2] and full.pending() == 1  # the first one was posted
+    assert all(answers[i].code == ResponseCode.SYSTEM_BUSY for i in (1, 2))
+    full.close("stopped")
+    assert answers[0].code == ResponseCode.SERVICE_NOT_AVAILABLE
+    closed: list[Any] = []
+    full.call_many([(lambda op: [b"y"], closed.append)] * 2)
+    assert [c.code for c in closed] == [ResponseCode.SERVICE_NOT_AVAILABLE] * 2
+
+
+def test_sends_of_one_turn_of_the_event_loop_are_one_burst_in_the_broker(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under load (other callbacks ready in the turn) the front end's plain sends wait for the
+    turn's end and go to the broker together: one native put takes them all, each answered
+    with its own queue offset, all readable."""
+    front = service(broker)
+    local = front.local
+    assert local is not None
+    path = broker.server.put_path_of()
+    assert path is not None
+
+    async def many(attempt: int) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        loop.call_soon(lambda: None)  # another callback ready: a loaded turn
+        return await asyncio.gather(*(local.send("orders", b"burst-%d-%d" % (attempt, i), None,
+                                                 None, {PROPERTY_UNIQ_KEY: f"u{attempt}-{i}"})
+                                      for i in range(8)))
+
+    bursts: list[int] = []
+    take = path.take
+
+    def counted(burst: Any, start: int, *args: Any) -> Any:
+        bursts.append(len(burst) - start)
+        return take(burst, start, *args)
+
+    monkeypatch.setattr(path, "take", counted)
+    server = broker.server
+    for attempt in range(10):  # the I/O thread met awake posts the calls: tried again
+        taken, inline, together = path.taken, server.local.inline, local.together
+        bursts.clear()
+        results = asyncio.run_coroutine_threadsafe(many(attempt),
+                                                   front_loop(broker)).result(20)
+        assert all(r is not None and r.status.name == "SEND_OK" for r in results)
+        assert local.together - together == 8 and path.taken - taken == 8
+        offsets = sorted((r.queue_id, r.queue_offset) for r in results)
+        assert len(set(offsets)) == 8
+        if server.local.inline - inline == 8:
+            break
+    else:
+        pytest.fail("10 bursts to an idle broker, none served on the front end's thread")
+    assert bursts == [8]  # served on the loop's thread, in one call of the native path
+    bodies = {m.body for m in stored(broker, "orders", 8 * (attempt + 1))}
+    assert {b"burst-%d-%d" % (attempt, i) for i in range(8)} <= bodies
+
+
+def test_a_send_alone_in_its_turn_is_served_at_once(broker: Broker) -> None:
+    front = service(broker)
+    local = front.local
+    assert local is not None
+    together = local.together
+    result = asyncio.run_coroutine_threadsafe(
+        local.send("orders", b"alone", None, None, {}), front_loop(broker)).result(20)
+    assert result is not None and local.together == together
 
 
 def test_a_call_made_while_the_loop_sleeps_is_served_on_the_callers_thread(
