@@ -108,6 +108,7 @@ class StoreExtensions:
         self.put_hook_triggers: frozenset[str] | None = frozenset()
         self.dispatchers: list[RecordDispatcher] = []
         self.tags_code_rules: dict[str, TagsCodeRule] = {}
+        self.rule_topics: tuple[bytes, ...] = ()  # their topics, encoded (reput's C scan)
         self.master_services: dict[str, Callable[[], MasterService]] = {}
         self.services: dict[str, MasterService] = {}  # every store's, master or slave
         self.cut_listeners: list[CutListener] = []
@@ -134,6 +135,7 @@ class StoreExtensions:
         if topic in self.tags_code_rules:
             raise ValueError(f"topic {topic} has a tags-code rule already")
         self.tags_code_rules[topic] = rule
+        self.rule_topics = tuple(t.encode() for t in self.tags_code_rules)
         self.watch(*watches)
 
     def add_master_service(self, name: str, factory: Callable[[], MasterService]) -> None:

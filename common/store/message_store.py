@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -588,22 +589,11 @@ class MessageStore:
         self.reput.inline_threads.add(threading.get_ident())
         return self.reput.dispatch_inline()
 
-    @contextlib.contextmanager
-    def dispatching_inline(self) -> Iterator[None]:
+    def dispatching_inline(self) -> AbstractContextManager[None]:
         """Appends made inside wake nobody, and are dispatched on this thread on the way out:
         ``dispatch_inline``'s promise for one stretch (the request server's local calls, served
         on their caller's thread), so that a thread which ends leaves no ident behind."""
-        ident = threading.get_ident()
-        threads = self.reput.inline_threads
-        added = ident not in threads
-        if added:
-            threads.add(ident)
-        try:
-            yield
-        finally:
-            if added:
-                threads.discard(ident)
-            self.reput.dispatch_inline()
+        return _InlineStretch(self.reput)
 
     def end_inline_dispatch(self) -> None:
         """The calling thread ends: a later thread with its (recycled) ident wakes reput."""
@@ -1060,3 +1050,26 @@ class MessageStore:
             time.sleep(0.001)
         return True
 
+
+
+class _InlineStretch:
+    """``MessageStore.dispatching_inline``'s stretch (a class, not a generator: it wraps every
+    local call the gRPC front end makes)."""
+
+    __slots__ = ("_ident", "_reput")
+
+    def __init__(self, reput: ReputService):
+        self._reput = reput
+        self._ident = 0  # this thread's, when the stretch added it
+
+    def __enter__(self) -> None:
+        ident = threading.get_ident()
+        threads = self._reput.inline_threads
+        if ident not in threads:
+            threads.add(ident)
+            self._ident = ident
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._ident:
+            self._reput.inline_threads.discard(self._ident)
+        self._reput.dispatch_inline()

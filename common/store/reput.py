@@ -263,7 +263,7 @@ class ReputService:
         ext = store.extensions
         dispatchers = ext.dispatchers
         # the topics whose tags code a rule gives: their records with properties are Python's
-        rule_topics = tuple(t.encode() for t in ext.tags_code_rules) if _scan else ()
+        rule_topics = ext.rule_topics
         runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
         touched: dict[tuple[str, int], int] = {}
         count = 0
