@@ -473,6 +473,30 @@ class RequestServer:
         Why: a posted call costs two thread hand-offs, the I/O thread woken from its poll and
         the caller woken with the answer, each tens of microseconds on these VMs, more than
         serving a plain send (docs/benchmarks.md, issue 41)."""
+        def serve(sock: Any) -> None:
+            if not self._take_local(frames):
+                self._serve(sock, LOCAL_IDENTITY, frames)
+
+        return self._serve_inline(serve)
+
+    def _serve_local_many(self, many: list[list[bytes]]) -> bool:
+        """``_serve_local`` for several local calls at once, in order, as one burst from the
+        socket is served (``_serve_burst``: a run of plain SENDs is one native put), and
+        dispatched once before any answer leaves. False: the loop is busy or not running."""
+        def serve(sock: Any) -> None:
+            if self._tcp is not None and self.put_path_of is not None:
+                self._peers[LOCAL_IDENTITY] = self.local.born_host
+                self._serve_burst(sock, [(LOCAL_IDENTITY, frames) for frames in many])
+            else:
+                for frames in many:
+                    self._serve(sock, LOCAL_IDENTITY, frames)
+
+        return self._serve_inline(serve)
+
+    def _serve_inline(self, serve: Callable[[Any], None]) -> bool:
+        """``serve(socket)`` on the calling thread under the loop's turn lock, if the loop
+        sleeps (False, nothing served, if it is busy or not running), its appends dispatched
+        here before any answer leaves."""
         turn = self._turn
         if not turn.acquire(blocking=False):
             return False
@@ -483,36 +507,7 @@ class RequestServer:
             inflight = self.stats.inflight
             # dispatched here before the answer can leave, as after a burst from the socket
             with self.services.store.dispatching_inline():
-                if not self._take_local(frames):
-                    self._serve(sock, LOCAL_IDENTITY, frames)
-            if self.stats.inflight != inflight:  # left waiting: the loop must see its deadline
-                try:
-                    self._mailbox.post(_RECHECK)
-                except BrokerError:  # a full mailbox: the loop is awake anyway
-                    pass
-            return True
-        finally:
-            turn.release()
-
-    def _serve_local_many(self, many: list[list[bytes]]) -> bool:
-        """``_serve_local`` for several local calls at once, in order, as one burst from the
-        socket is served (``_serve_burst``: a run of plain SENDs is one native put), and
-        dispatched once before any answer leaves. False: the loop is busy or not running."""
-        turn = self._turn
-        if not turn.acquire(blocking=False):
-            return False
-        try:
-            sock = self._serving
-            if sock is None:
-                return False
-            inflight = self.stats.inflight
-            with self.services.store.dispatching_inline():
-                if self._tcp is not None and self.put_path_of is not None:
-                    self._peers[LOCAL_IDENTITY] = self.local.born_host
-                    self._serve_burst(sock, [(LOCAL_IDENTITY, frames) for frames in many])
-                else:
-                    for frames in many:
-                        self._serve(sock, LOCAL_IDENTITY, frames)
+                serve(sock)
             if self.stats.inflight != inflight:  # left waiting: the loop must see its deadline
                 try:
                     self._mailbox.post(_RECHECK)
