@@ -533,6 +533,33 @@ def test_a_sync_masters_local_send_waits_for_its_slave_and_a_stop_answers_it(
     assert e.value.code == ResponseCode.SERVICE_NOT_AVAILABLE and e.value.retriable
 
 
+def test_a_sync_masters_burst_of_sends_waits_for_its_slave_as_one_run(
+        make_broker: Callable[..., Broker]) -> None:
+    """A loaded turn's sends to a SYNC_MASTER: one native run, held until the slave's ack
+    covers its last byte, then each answered SEND_OK on the event loop."""
+    with sync_master(make_broker) as (b, slave, _stub):
+        local = service(b).local
+        assert local is not None
+
+        async def burst() -> list[Any]:
+            asyncio.get_running_loop().call_soon(lambda: None)  # a loaded turn
+            return await asyncio.gather(*(local.send("orders", b"sync-%d" % i, None, None, {})
+                                          for i in range(4)))
+
+        together = local.together
+        sent = asyncio.run_coroutine_threadsafe(burst(), front_loop(b))
+        slave.data()  # streamed
+        time.sleep(0.2)
+        assert not sent.done()  # held: no ack covers them yet
+        deadline = time.monotonic() + 10
+        while not sent.done() and time.monotonic() < deadline:  # (a posted burst streams
+            slave.ack(b.store.max_phy_offset)  # its sends one by one: ack what is there)
+            time.sleep(0.05)
+        results = sent.result(10)
+        assert [r.status.name for r in results] == ["SEND_OK"] * 4
+        assert local.together - together == 4
+
+
 def test_a_held_local_send_answered_after_the_front_end_stopped_harms_nothing(
         make_broker: Callable[..., Broker]) -> None:
     """Broker.shutdown stops the gRPC front end before the server drains: the SYNC put it
