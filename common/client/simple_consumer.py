@@ -27,7 +27,7 @@ from common.client.consumer import Consumer
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import MessageExt
 from common.core.pop import ReceiptHandle
-from common.format.protocol import ProtocolError, RequestCode, decode_record
+from common.format.protocol import ProtocolError, RequestCode, Response, decode_record
 
 DEFAULT_INVISIBLE_MS = 30_000
 POP_SLICE_MS = 500  # over several broker groups, a receive waits on each this long in turn
@@ -57,6 +57,22 @@ class SimpleConsumer(Consumer):
         queue's messages in order (so too, whatever is asked, for a group made
         consumeMessageOrderly); ``max_reconsume_times``: hand-outs again before the DLQ (None:
         the group's ``retryMaxTimes``, 16 unless configured)."""
+        resp = self.receive_answer(topic, max_nums, invisible_ms, wait_ms, queue_id=queue_id,
+                                   tags=tags, sql=sql, fifo=fifo,
+                                   max_reconsume_times=max_reconsume_times,
+                                   from_newest=from_newest, broker_name=broker_name)
+        return [] if resp is None else _received(resp)
+
+    def receive_answer(self, topic: str, max_nums: int = 16,
+                       invisible_ms: int = DEFAULT_INVISIBLE_MS, wait_ms: int = 0, *,
+                       queue_id: int = -1, tags: str | None = None, sql: str | None = None,
+                       fifo: bool = False, max_reconsume_times: int | None = None,
+                       from_newest: bool = False,
+                       broker_name: str | None = None) -> Response | None:
+        """``receive``'s POP answer as the broker gave it (SUCCESS; its records, handles and
+        counts not read yet), or None when nothing came: for a caller that reads the records
+        itself (the gRPC front end makes its messages from their bytes, ``convert.received``).
+        """
         if tags and sql is not None:
             raise ValueError("subscribe by tags or by sql, not both")
         fields: dict[str, Any] = {"topic": topic, "group": self.group, "queueId": queue_id,
@@ -79,17 +95,17 @@ class SimpleConsumer(Consumer):
         order = [clusters[(turn + i) % len(clusters)] for i in range(len(clusters))]
         for cluster in order:
             got = self._pop(cluster, fields, time.monotonic(), None)
-            if got:
+            if got is not None:
                 return got
         while time.monotonic() < deadline:
             round_started = time.monotonic()
             for cluster in order:
                 got = self._pop(cluster, fields, deadline, POP_SLICE_MS)
-                if got:
+                if got is not None:
                     return got
             if time.monotonic() - round_started < 0.05:  # answered at once (a broker draining)
                 self._closed.wait(0.05)
-        return []
+        return None
 
     def _pop_clusters(self, topic: str, broker_name: str | None, queue_id: int) -> list[Any]:
         """Where a receive pops: the group named, or every broker group holding the topic
@@ -103,9 +119,9 @@ class SimpleConsumer(Consumer):
         return [cluster]
 
     def _pop(self, cluster: Any, fields: dict[str, Any], deadline: float,
-             slice_ms: int | None) -> list[Received]:
+             slice_ms: int | None) -> Response | None:
         """POP from one broker group, waiting until ``deadline`` (at most ``slice_ms``) for a
-        message; [] when none came."""
+        message: its SUCCESS answer, None when none came."""
         while True:
             poll_ms = max(0, int((deadline - time.monotonic()) * 1000))
             if slice_ms is not None:
@@ -118,11 +134,11 @@ class SimpleConsumer(Consumer):
 
             resp = self._with_retries(attempt, cluster=cluster)
             if resp.code == ResponseCode.SUCCESS:
-                return _received(resp)
+                return resp if resp.bodies else None
             if resp.code == ResponseCode.PULL_RETRY_IMMEDIATELY and time.monotonic() < deadline:
                 continue  # a message arrived while the broker held the request: pop it
             if resp.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):
-                return []
+                return None
             raise BrokerError(resp.code, resp.remark)
 
     def ack(self, received: Received | str) -> None:
@@ -184,7 +200,7 @@ class SimpleConsumer(Consumer):
         return self._with_retries(attempt, cluster=cluster)
 
 
-def _received(resp: Any) -> list[Received]:
+def _received(resp: Response) -> list[Received]:
     handles = resp.fields.get("handles") or []
     times = resp.fields.get("reconsumeTimes") or []
     if not len(handles) == len(times) == len(resp.bodies):

@@ -467,10 +467,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         consumer = self._consumer(group)
         while True:
             slice_ms = max(0, min(RECEIVE_SLICE_MS, int((deadline - time.monotonic()) * 1000)))
-            got = await asyncio.to_thread(consumer.receive, topic, max_nums, invisible, slice_ms,
-                                          tags=tags, sql=sql, broker_name=broker_name)
-            if got or time.monotonic() >= deadline or self.stopping.is_set():
-                return [rpc.ReceiveMessageResponse(message=convert.incoming(r)) for r in got]
+            got = await asyncio.to_thread(consumer.receive_answer, topic, max_nums, invisible,
+                                          slice_ms, tags=tags, sql=sql, broker_name=broker_name)
+            if got is not None:
+                return convert.received(got)  # the records' bytes to gRPC messages, in C
+            if time.monotonic() >= deadline or self.stopping.is_set():
+                return []
 
     async def _pop_here(self, local: LocalConsume, group: str, topic: str, max_nums: int,
                         invisible: int, deadline: float, tags: str | None,

@@ -58,6 +58,23 @@ def test_consumers_of_a_group_share_the_messages_and_acked_ones_never_come_back(
         assert len(c.receive("t", 32, INVISIBLE)) == 6
 
 
+def test_a_receives_answer_is_the_brokers_with_its_records_unread(
+        make_broker: Callable[..., Broker]) -> None:
+    """``receive_answer``: the POP answer as the broker gave it (what the gRPC front end makes
+    its messages from), the records, handles and counts lined up; None when nothing came."""
+    from common.format.protocol import decode_record
+
+    broker = make_broker(**POP_BROKER)
+    send(broker, 3)
+    with SimpleConsumer([addr(broker)], "g") as c:
+        resp = c.receive_answer("t", 4, INVISIBLE)
+        assert resp is not None and resp.code == ResponseCode.SUCCESS
+        assert [decode_record(raw).body for raw in resp.bodies] == [b"m0", b"m1", b"m2"]
+        assert len(resp.fields["handles"]) == len(resp.fields["reconsumeTimes"]) == 3
+        assert c.receive_answer("t", 4, INVISIBLE) is None  # all three in flight
+        assert not c.ack_batch(resp.fields["handles"])
+
+
 def test_a_batch_ack_acks_many_and_names_the_handles_it_could_not_use(
         make_broker: Callable[..., Broker]) -> None:
     broker = make_broker(**POP_BROKER)
