@@ -38,6 +38,7 @@ setup(
         Extension(
             "common.proxy._received",
             sources=["common/proxy/_received.c"],
+            depends=["common/format/_record_core.h"],
             libraries=["z"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,

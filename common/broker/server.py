@@ -473,25 +473,23 @@ class RequestServer:
         Why: a posted call costs two thread hand-offs, the I/O thread woken from its poll and
         the caller woken with the answer, each tens of microseconds on these VMs, more than
         serving a plain send (docs/benchmarks.md, issue 41)."""
-        def serve(sock: Any) -> None:
-            if not self._take_local(frames):
-                self._serve(sock, LOCAL_IDENTITY, frames)
-
-        return self._serve_inline(serve)
+        return self._serve_inline(lambda sock: self._serve_locals(sock, [frames]))
 
     def _serve_local_many(self, many: list[list[bytes]]) -> bool:
         """``_serve_local`` for several local calls at once, in order, as one burst from the
         socket is served (``_serve_burst``: a run of plain SENDs is one native put), and
         dispatched once before any answer leaves. False: the loop is busy or not running."""
-        def serve(sock: Any) -> None:
-            if self._tcp is not None and self.put_path_of is not None:
-                self._peers[LOCAL_IDENTITY] = self.local.born_host
-                self._serve_burst(sock, [(LOCAL_IDENTITY, frames) for frames in many])
-            else:
-                for frames in many:
-                    self._serve(sock, LOCAL_IDENTITY, frames)
+        return self._serve_inline(lambda sock: self._serve_locals(sock, many))
 
-        return self._serve_inline(serve)
+    def _serve_locals(self, sock: Any, many: list[list[bytes]]) -> None:
+        """Local calls, in order, as a burst from the socket: their plain SENDs by the native
+        put path (``_serve_burst``), the rest by ``_serve``."""
+        if self._tcp is not None and self.put_path_of is not None:
+            self._peers[LOCAL_IDENTITY] = self.local.born_host  # the address its records carry
+            self._serve_burst(sock, [(LOCAL_IDENTITY, frames) for frames in many])
+        else:
+            for frames in many:
+                self._serve(sock, LOCAL_IDENTITY, frames)
 
     def _serve_inline(self, serve: Callable[[Any], None]) -> bool:
         """``serve(socket)`` on the calling thread under the loop's turn lock, if the loop
@@ -591,25 +589,6 @@ class RequestServer:
             identity, frames = burst[i]
             self._serve(sock, identity, frames)
             i += 1
-
-    def _take_local(self, frames: list[bytes]) -> bool:
-        """A local call's plain SEND by the native put path, as a burst of one (the gRPC
-        front end's sends); False: ``_serve``'s to serve (anything else, or no path)."""
-        path = self.put_path_of() if self.put_path_of is not None else None
-        if path is None or self._tcp is None or self._draining or self.reply_gate is not None \
-                or self.stats.inflight >= self.max_inflight:
-            return False
-        started = time.monotonic()
-        self._peers[LOCAL_IDENTITY] = self.local.born_host  # the address its records carry
-        taken, answers, messages = path.take([(LOCAL_IDENTITY, frames)], 0, self._peers,
-                                             self.limits, self.max_inflight - self.stats.inflight)
-        if not taken:
-            return False
-        if isinstance(answers, Deferred):
-            self._hold_run(answers, started)
-        else:
-            self._answer_taken(answers, messages, started)
-        return True
 
     def _hold_run(self, held: Deferred, started: float) -> None:
         """A run of the native path held by its owner (its replica waits) as one Deferred;
@@ -938,8 +917,7 @@ class RequestServer:
         served = False
         for item in items:
             if type(item) is LocalCall:  # a request from this process (local_calls.py)
-                if not self._take_local(item.frames):
-                    self._serve(sock, LOCAL_IDENTITY, item.frames)
+                self._serve_locals(sock, [item.frames])
                 served = True
             elif isinstance(item, _Done):
                 self.stats.inflight -= 1

@@ -73,18 +73,9 @@ class SimpleConsumer(Consumer):
         counts not read yet), or None when nothing came: for a caller that reads the records
         itself (the gRPC front end makes its messages from their bytes, ``convert.received``).
         """
-        if tags and sql is not None:
-            raise ValueError("subscribe by tags or by sql, not both")
-        fields: dict[str, Any] = {"topic": topic, "group": self.group, "queueId": queue_id,
-                                  "maxNums": max_nums, "invisibleTime": invisible_ms,
-                                  "order": int(fifo), "initMode": int(from_newest)}
-        if max_reconsume_times is not None:
-            fields["maxReconsumeTimes"] = max_reconsume_times
-        if tags:
-            fields["subscription"] = tags
-        if sql is not None:
-            fields["expressionType"] = "SQL92"
-            fields["subscription"] = sql
+        fields = pop_fields(self.group, topic, max_nums, invisible_ms, queue_id=queue_id,
+                            tags=tags, sql=sql, fifo=fifo,
+                            max_reconsume_times=max_reconsume_times, from_newest=from_newest)
         clusters = self._pop_clusters(topic, broker_name, queue_id)
         deadline = time.monotonic() + wait_ms / 1000
         if len(clusters) == 1:
@@ -198,6 +189,27 @@ class SimpleConsumer(Consumer):
             return resp
 
         return self._with_retries(attempt, cluster=cluster)
+
+
+def pop_fields(group: str, topic: str, max_nums: int, invisible_ms: int, *, queue_id: int = -1,
+               tags: str | None = None, sql: str | None = None, fifo: bool = False,
+               max_reconsume_times: int | None = None,
+               from_newest: bool = False) -> dict[str, Any]:
+    """A POP_MESSAGE's fields but its ``pollTime`` (``receive``'s arguments; the gRPC front
+    end's POPs to its own broker are the same requests)."""
+    if tags and sql is not None:
+        raise ValueError("subscribe by tags or by sql, not both")
+    fields: dict[str, Any] = {"topic": topic, "group": group, "queueId": queue_id,
+                              "maxNums": max_nums, "invisibleTime": invisible_ms,
+                              "order": int(fifo), "initMode": int(from_newest)}
+    if max_reconsume_times is not None:
+        fields["maxReconsumeTimes"] = max_reconsume_times
+    if tags:
+        fields["subscription"] = tags
+    if sql is not None:
+        fields["expressionType"] = "SQL92"
+        fields["subscription"] = sql
+    return fields
 
 
 def _received(resp: Response) -> list[Received]:

@@ -1,5 +1,6 @@
-/* The CommitLog record's bytes, shared by the record writer (_record_writer.c) and the
- * native put path (_put_path.c): one record written at a pointer, its ConsumeQueue entry.
+/* The CommitLog record's bytes, shared by the record writer (_record_writer.c), the native put
+ * path (_put_path.c) and the gRPC front end's reader (common/proxy/_received.c): one record
+ * written at a pointer, its ConsumeQueue entry, its fields read.
  * Callers check every argument first; nothing here can fail. */
 #ifndef REPLOG_RECORD_CORE_H
 #define REPLOG_RECORD_CORE_H
@@ -23,6 +24,14 @@ static inline void put32(unsigned char *p, uint32_t v) {
 static inline void put64(unsigned char *p, uint64_t v) {
     put32(p, (uint32_t)(v >> 32));
     put32(p + 4, (uint32_t)v);
+}
+
+static inline uint32_t get32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline uint64_t get64(const unsigned char *p) {
+    return ((uint64_t)get32(p) << 32) | get32(p + 4);
 }
 
 static inline uLong crc_of(uLong crc, const unsigned char *p, Py_ssize_t n) {

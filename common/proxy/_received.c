@@ -19,14 +19,11 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#include <zlib.h>
 
-#define HEADER_BYTES 88
+#include "../format/_record_core.h"
+
 #define FIXED_BYTES 91
-#define MAGIC_V1 0xDAA320A7u
 #define SYSFLAG_COMPRESSED 0x1
-#define CRC_ENTRY_BYTES 20
-static const char CRC_PREFIX[] = "__CRC32#\x01"; /* 9 bytes */
 static const char CRC_NAME[] = "__CRC32#";
 
 /* protobuf wire types */
@@ -38,14 +35,6 @@ enum { NORMAL = 1, FIFO = 2, CRC32_TYPE = 1, IDENTITY = 1 };
 typedef struct {
     unsigned char *p; /* the next byte */
 } W;
-
-static inline uint32_t get32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-
-static inline uint64_t get64(const unsigned char *p) {
-    return ((uint64_t)get32(p) << 32) | get32(p + 4);
-}
 
 static inline void varint(W *w, uint64_t v) {
     while (v >= 0x80) {
@@ -172,11 +161,11 @@ static int sound(const unsigned char *r, Py_ssize_t size, int32_t *body_len, int
     const unsigned char *q = r + HEADER_BYTES + b + 1 + t;
     int pl = (q[0] << 8) | q[1];
     if (FIXED_BYTES + (Py_ssize_t)b + t + pl != size) return 0;
-    uint32_t crc = (uint32_t)crc32(0L, r + HEADER_BYTES, (uInt)b);
+    uint32_t crc = (uint32_t)crc_of(0, r + HEADER_BYTES, b);
     if ((crc & 0x7FFFFFFFu) != get32(r + 8)) return 0;
     if (pl >= CRC_ENTRY_BYTES && memcmp(r + size - CRC_ENTRY_BYTES, CRC_PREFIX, 9) == 0
         && r[size - 1] == 2) {
-        uint32_t whole = (uint32_t)crc32(0L, r, (uInt)(size - CRC_ENTRY_BYTES)) & 0x7FFFFFFFu;
+        uint32_t whole = (uint32_t)crc_of(0, r, size - CRC_ENTRY_BYTES) & 0x7FFFFFFFu;
         const unsigned char *digits = r + size - 11; /* least significant first */
         for (int k = 0; k < 10; k++) {
             if (digits[k] != (unsigned char)('0' + whole % 10)) return 0;

@@ -95,7 +95,6 @@ class LocalSend:
         self.sent += 1
         return result
 
-
     async def _together(self, loop: asyncio.AbstractEventLoop, fields: dict[str, Any],
                         body: bytes) -> Response:
         """Served with the other sends of this turn of the event loop, as one burst at its

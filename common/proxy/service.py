@@ -30,6 +30,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from common.client import Admin, Producer, SimpleConsumer
 from common.client.results import SendResult
+from common.client.simple_consumer import pop_fields
 from common.client.transaction import HalfSent, TransactionProducer
 from common.core.errors import BrokerError, ResponseCode, SendStatus
 from common.core.keys import ClientKeys
@@ -480,14 +481,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """POP from the broker the front end runs in, awaited on the event loop a slice at a
         time, the answer read as ``SimpleConsumer.receive`` reads it; None when the broker
         refused it as a client may retry elsewhere (not a master now, stopping)."""
-        fields: dict[str, Any] = {"topic": topic, "group": group, "queueId": -1,
-                                  "maxNums": max_nums, "invisibleTime": invisible, "order": 0,
-                                  "initMode": 0}
-        if tags:
-            fields["subscription"] = tags
-        if sql is not None:
-            fields["expressionType"] = "SQL92"
-            fields["subscription"] = sql
+        fields = pop_fields(group, topic, max_nums, invisible, tags=tags, sql=sql)
         while True:
             slice_ms = max(0, min(RECEIVE_SLICE_MS, int((deadline - time.monotonic()) * 1000)))
             try:

@@ -1,28 +1,24 @@
 /* Reput's record scan in C: the common case of ReputService._dispatch_pass (common/store/reput.py).
  *
- * scan(buf, pos, limit, file_size, max_records, base)
- *     -> (runs, pos, count, last_store_timestamp)
- *
- * Walks the whole records of one segment's mapping from ``pos`` while they are plain v1 records
- * without user properties (a whole-record CRC entry is not one) and end by ``limit``; at most
- * ``max_records``. Consecutive records of one queue with consecutive queue offsets form a run:
- * [raw topic bytes, queue id, first queue offset, [(phy offset, size, tagsCode), ...]], phy
- * offsets counted from ``base``. It stops, returning where, at the first record it does not
- * take: a BLANK, a bad header, a record past the segment or not whole yet, one with properties
- * (tags, keys, a delay). The Python loop handles that record as it always has, so every rare
- * case keeps one implementation. Reads only; the caller keeps the mapping mapped.
- *
  * scan(buf, pos, limit, file_size, max_records, base, markers, rule_topics)
  *     -> (runs, pos, count, last_store_timestamp, first)
  *
- * Takes records with properties too, as reput.dispatch_request reads them: one that holds none
- * of ``markers`` (the "NAME\x01" of each watched property, bytes) is a plain entry (tagsCode
- * 0, nothing to dispatch); one that holds any is taken only as the first record of the call,
- * and not in a topic of ``rule_topics`` (raw topic bytes with a tags-code rule: Python's):
- * ``first`` is then (tagsCode, store timestamp, index keys, properties), what the record
- * dispatchers are handed, else None. So the Python loop calls the dispatchers for that record
- * before its run is merged, as it does for a record it reads itself. configure(tags, keys,
- * uniq) first: the names of the TAGS, KEYS and UNIQ_KEY properties (str).
+ * Walks the whole records of one segment's mapping from ``pos`` while they end by ``limit``;
+ * at most ``max_records``. Consecutive records of one queue with consecutive queue offsets
+ * form a run: [raw topic bytes, queue id, first queue offset, [(phy offset, size, tagsCode),
+ * ...]], phy offsets counted from ``base``. A record whose properties (a whole-record CRC entry
+ * is not one) hold none of ``markers`` (the "NAME\x01" of each watched property, bytes) is a
+ * plain entry (tagsCode 0, nothing to dispatch); one that holds any is read as
+ * reput.dispatch_request reads it, and taken only as the first record of the call and not in
+ * a topic of ``rule_topics`` (raw topic bytes with a tags-code rule): ``first`` is then
+ * (tagsCode, store timestamp, index keys, properties), what the record dispatchers are
+ * handed, else None. So the Python loop calls the dispatchers for that record before its run
+ * is merged, as it does for a record it reads itself. It stops, returning where, at the first
+ * record it does not take: a BLANK, a bad header, a record past the segment or not whole yet,
+ * a record to dispatch that is not the first, one in a rule's topic. The Python loop handles one it
+ * stops at as it always has, so every rare case keeps one implementation. Reads only; the
+ * caller keeps the mapping mapped. configure(tags, keys, uniq) first: the names of the TAGS,
+ * KEYS and UNIQ_KEY properties (str).
  *
  * merge_run(digests, first, end, max_records)
  *     -> None, or (entries, cq, last_end, count, store_timestamp)
@@ -195,16 +191,16 @@ static int close_run(PyObject *runs, PyObject **entries, const unsigned char *to
 }
 
 static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 && nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "scan takes 6 or 8 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "scan takes 8 arguments");
         return NULL;
     }
-    PyObject *markers = nargs == 8 ? args[6] : NULL, *rule_topics = nargs == 8 ? args[7] : NULL;
-    if (markers != NULL && (!PyTuple_Check(markers) || !PyTuple_Check(rule_topics))) {
+    PyObject *markers = args[6], *rule_topics = args[7];
+    if (!PyTuple_Check(markers) || !PyTuple_Check(rule_topics)) {
         PyErr_SetString(PyExc_TypeError, "markers and rule_topics must be tuples of bytes");
         return NULL;
     }
-    if (markers != NULL && tags_name == NULL) {
+    if (tags_name == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "scan with markers before configure");
         return NULL;
     }
@@ -242,8 +238,7 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             && memcmp(r + total - CRC_ENTRY_BYTES, CRC_PREFIX, 9) == 0 && r[total - 1] == 2)
             user_props -= CRC_ENTRY_BYTES;
         int32_t code = 0;
-        if (user_props) { /* tags, keys or a delay */
-            if (markers == NULL) break; /* Python's */
+        if (user_props) { /* tags, keys, a delay, a user's */
             const unsigned char *props = r + topic_end + 2;
             int watched = marked(props, user_props, markers);
             if (watched < 0) goto done;
@@ -277,11 +272,8 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         count++;
     }
     if (close_run(runs, &entries, run_topic, run_topic_len, run_queue, run_first) < 0) goto done;
-    if (markers == NULL)
-        result = Py_BuildValue("(OnnL)", runs, pos, count, (long long)last_ts);
-    else
-        result = Py_BuildValue("(OnnLO)", runs, pos, count, (long long)last_ts,
-                               first ? first : Py_None);
+    result = Py_BuildValue("(OnnLO)", runs, pos, count, (long long)last_ts,
+                           first ? first : Py_None);
 done:
     Py_XDECREF(first);
     Py_XDECREF(entries);
@@ -404,7 +396,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
-     "Plain records from pos: (runs, pos, count, last_store_timestamp[, first])."},
+     "Records from pos: (runs, pos, count, last_store_timestamp, first)."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(tags, keys, uniq): the property names a dispatched record's are read by."},
     {"merge_run", (PyCFunction)(void (*)(void))merge_run, METH_FASTCALL,

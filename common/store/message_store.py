@@ -1051,7 +1051,6 @@ class MessageStore:
         return True
 
 
-
 class _InlineStretch:
     """``MessageStore.dispatching_inline``'s stretch (a class, not a generator: it wraps every
     local call the gRPC front end makes)."""

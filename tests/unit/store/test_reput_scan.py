@@ -159,23 +159,31 @@ def test_a_corrupt_record_stops_both_at_the_same_offset_after_the_same_dispatche
     assert with_c.calls == python.calls
 
 
-def test_the_scan_stops_at_a_record_not_whole_yet_and_at_one_with_properties(
+def test_the_scan_stops_at_a_record_not_whole_yet_and_at_one_to_dispatch(
         log: CommitLog) -> None:
+    from common.store.extensions import StoreExtensions
+
+    markers = StoreExtensions().markers
     first = log.put_batch("orders", 0, [b"a" * 100] * 5)
     tagged = log.put(Message("orders", b"t", tags="x"), 0)
     mf = log.queue.find(0)
     assert mf is not None
-    runs, pos, count, ts = native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 100, 0)
-    assert (pos, count) == (tagged.phy_offset, 5)  # the tagged record is Python's
+    runs, pos, count, ts, read = native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 100, 0,
+                                             markers, ())
+    assert (pos, count, read) == (tagged.phy_offset, 5, None)  # the tagged one starts the next
     size = 91 + 100 + len("orders") + 20  # fixed part, body, topic, the CRC entry
     assert runs == [[b"orders", 0, 0, [(o, size, 0) for o in first.record_offsets]]]
     assert ts == first.store_timestamp
     # a limit inside the third record: two records, and the stop where the third begins
     third = first.record_offsets[2]
-    runs, pos, count, _ = native.scan(mf.buffer, 0, third + 50, mf.file_size, 100, 0)
+    runs, pos, count, _, _ = native.scan(mf.buffer, 0, third + 50, mf.file_size, 100, 0,
+                                         markers, ())
     assert (pos, count) == (third, 2)
-    runs, pos, count, _ = native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 3, 7)
+    runs, pos, count, _, _ = native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 3, 7,
+                                         markers, ())
     assert (pos, count, runs[0][3][0][0]) == (third + size, 3, 7)  # max_records; phy from base
+    with pytest.raises(TypeError):
+        native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 100, 0)  # no markers
 
 
 def test_a_record_with_properties_is_read_as_python_reads_it(
