@@ -1,0 +1,38 @@
+"""The one trust boundary: what a client may put in a message and in a request.
+
+Every entry path (the client port's requests, in-process calls, the gRPC front end, the
+console) holds what a client sends to these rules before it reaches a processor or the store;
+the C paths enforce the same rules and tests hold them to these. Each rule answers with the
+reason a value is refused, or None: the caller turns a reason into its own refusal.
+``docs/security.md`` lists every entry path, what it checks here, and the test that holds it.
+"""
+
+from __future__ import annotations
+
+from common.core import timer, transaction
+from common.core.message import NAME_VALUE_SEP, PROPERTY_SEP, is_system_topic
+from common.core.pop import POP_RECORD
+
+SEPARATORS = (NAME_VALUE_SEP, PROPERTY_SEP)
+
+# properties only the broker writes: a client's message carrying one is refused
+BROKER_ONLY_PROPERTIES = frozenset((*timer.RESERVED, *transaction.RESERVED, POP_RECORD))
+
+
+def has_separator(text: str) -> bool:
+    """Whether ``text`` holds a property separator (``\\x01`` or ``\\x02``)."""
+    return NAME_VALUE_SEP in text or PROPERTY_SEP in text
+
+
+def text_refusal(text: str) -> str | None:
+    """Why a string bound for a record (tags, keys, a property's name or value) is refused."""
+    if NAME_VALUE_SEP in text or PROPERTY_SEP in text:
+        return "may not hold \\x01 or \\x02 (RocketMQ's property separators)"
+    return None
+
+
+def topic_refusal(topic: str) -> str | None:
+    """Why a client may not name ``topic`` as the topic of a record it sends or reads."""
+    if is_system_topic(topic):
+        return f"{topic} is a system topic: only the broker writes and reads it"
+    return None
