@@ -4,8 +4,12 @@ offset of group ``CID_RMQ_SYS_TRANS`` in the half topic, which slaves copy, so a
 resumes there) and, for each half:
 
 * decided (an op, or a commit whose op was cut short: the op is written then): passed;
-* younger than ``transactionTimeOut`` (or its ``CHECK_IMMUNITY_TIME_IN_SECONDS``): the round
-  ends (later halves are younger);
+* younger than ``transactionTimeOut``, by its store time (a born time is the client's to
+  set): the round ends (later halves were stored later);
+* younger than its own ``CHECK_IMMUNITY_TIME_IN_SECONDS`` (at most ``MAX_IMMUNITY_MS``), from
+  its first half's store time: put back at the end of the half queue, as it is, and the round
+  goes on (RocketMQ's ``putImmunityMsgBackToHalfQueue``): one client's long immunity never
+  keeps the halves after it from their checks;
 * checked ``transactionCheckMax`` times: kept in ``TRANS_CHECK_MAX_TIME_TOPIC`` and passed;
 * else put back at the end of the half queue one check more (the progress moves on, the next
   round meets it again), and a live producer of its group is asked
@@ -47,10 +51,13 @@ from common.store.transaction import records
 log = logging.getLogger("replog.transaction")
 
 MAX_ROUND_S = 60.0  # RocketMQ's MAX_PROCESS_TIME_LIMIT: a round gives way after this
+# a client's CHECK_IMMUNITY_TIME_IN_SECONDS is held to this (or transactionTimeOut if longer):
+# a held half is written again each round until then
+MAX_IMMUNITY_MS = 3_600_000
 ASK_TIMEOUT_MS = 3000
 BATCH = 256
-FIGURES = ("rounds", "checks", "answered_commit", "answered_rollback", "unknown", "unanswered",
-           "no_producer", "discarded", "gated")
+FIGURES = ("rounds", "checks", "held", "answered_commit", "answered_rollback", "unknown",
+           "unanswered", "no_producer", "discarded", "gated")
 
 
 class Ask(Protocol):
@@ -145,10 +152,14 @@ class TransactionCheck:
             if not decided.op:  # a commit without its op: the end was cut short
                 tx.end(half, decided.state, born_host_of(half))
             return True
-        since = half.born_timestamp if records.check_times(half) == 0 else \
-            half.store_timestamp  # a copy: from when it was put back
-        if now_ms - since < self._immunity_ms(half):
-            return False
+        if records.check_times(half) > 0:  # a copy checked: the next check a timeout after
+            if now_ms - half.store_timestamp < self.timeout_ms:
+                return False
+        else:
+            immunity_ms = self._immunity_ms(half)
+            if now_ms - self._first_stored(half) < (immunity_ms if immunity_ms is not None
+                                                    else self.timeout_ms):
+                return immunity_ms is not None and self._hold(half)
         if records.check_times(half) >= self.check_max:
             result = self.store.put_nowait(records.discarded(half), 0, born_host_of(half),
                                            half.born_timestamp)
@@ -168,9 +179,32 @@ class TransactionCheck:
         self._ask(half, copy.result.phy_offset, copy.result.queue_offset)
         return True
 
-    def _immunity_ms(self, half: MessageExt) -> int:
+    def _hold(self, half: MessageExt) -> bool:
+        """Put a half not due yet by its own immunity back at the end of the half queue."""
+        result = self.store.put_nowait(records.put_back(half), 0, born_host_of(half),
+                                       half.born_timestamp)
+        if not result.result.ok:
+            return False
+        self.stats["held"] += 1
+        return True
+
+    def _immunity_ms(self, half: MessageExt) -> int | None:
+        """The half's own CHECK_IMMUNITY_TIME_IN_SECONDS, capped; None if it sets none (or
+        one that is no count of seconds)."""
         text = half.properties.get(CHECK_IMMUNITY_SECONDS, "")
-        return int(text) * 1000 if text.isdigit() else self.timeout_ms
+        if not text or not (text.isascii() and text.isdigit()):
+            return None
+        cap_ms = max(MAX_IMMUNITY_MS, self.timeout_ms)
+        return cap_ms if len(text) > 10 else min(int(text) * 1000, cap_ms)
+
+    def _first_stored(self, half: MessageExt) -> int:
+        """When the transaction's first half was stored (a copy put back carries its origin);
+        0 if retention deleted it (long past any immunity)."""
+        origin = records.origin_of(half)
+        if origin == half.commit_log_offset:
+            return half.store_timestamp
+        first = self.store.transactions.half_at(origin)
+        return first.store_timestamp if first is not None else 0
 
     def _ask(self, half: MessageExt, copy_offset: int, copy_queue_offset: int) -> None:
         group = half.properties.get(PRODUCER_GROUP, "")

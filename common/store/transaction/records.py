@@ -81,8 +81,15 @@ def key_origins(keys: tuple[str, ...] | list[str]) -> list[int]:
 def checked_again(half: MessageExt) -> Message:
     """The half put back at the end of the half queue, one check more (so the check's
     progress moves on and the next round meets it again)."""
+    return put_back(half, check_times(half) + 1)
+
+
+def put_back(half: MessageExt, checks: int | None = None) -> Message:
+    """The half put back at the end of the half queue with ``checks`` checks (default: as
+    many as it had), naming its origin."""
     props = {k: v for k, v in half.properties.items() if k not in ("TAGS", "KEYS")}
-    props[CHECK_TIMES] = str(check_times(half) + 1)
+    if checks is not None:
+        props[CHECK_TIMES] = str(checks)
     props[HALF_ORIGIN] = str(origin_of(half))
     return Message(HALF_TOPIC, half.body, tags=half.tags, keys=half.keys, properties=props,
                    flag=half.flag, reconsume_times=half.reconsume_times, sys_flag=half.sys_flag)

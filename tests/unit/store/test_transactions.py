@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -398,5 +399,98 @@ def test_a_half_sent_twice_across_a_restart_is_committed_once(tmp_path: Path) ->
         assert tx.stats["fresh"] == fresh + 1  # the shortcut was taken, and still found it
         assert tx.end(second, COMMIT, HOST).conflict is None
         assert len(messages(store, "orders", 2)) == 1
+    finally:
+        store.shutdown()
+
+
+def _check_back(tmp_path: Path, store: MessageStore, asked: list[dict[str, object]],
+                clock: object = None) -> object:
+    """A check-back whose producers answer COMMIT to every check (each recorded in asked)."""
+    import concurrent.futures
+    import time
+
+    from common.broker.producer_groups import ProducerGroups
+    from common.broker.tables import ConsumerOffsetTable
+    from common.format.protocol import Response
+    from master.transaction_check import TransactionCheck
+
+    producers = ProducerGroups()
+    for group in ("slow", "fast", "other"):
+        producers.heartbeat(group, "app", group.encode(), "10.0.0.1:1")
+
+    def ask(identity: bytes, code: object, fields: dict[str, object], bodies: object = (),
+            timeout_ms: int = 0) -> concurrent.futures.Future[Response]:
+        asked.append(fields)
+        future: concurrent.futures.Future[Response] = concurrent.futures.Future()
+        future.set_result(Response(0, 0, "", {"state": "COMMIT"}, []))  # type: ignore[arg-type]
+        return future
+
+    (tmp_path / "config").mkdir(exist_ok=True)
+    return TransactionCheck(store.cfg, store, producers, ask,  # type: ignore[arg-type]
+                            ConsumerOffsetTable(tmp_path / "config"),
+                            clock=clock or time.time)  # type: ignore[arg-type]
+
+
+def _put_group_half(store: MessageStore, group: str, born_timestamp: int = 0,
+                    **props: str) -> MessageExt:
+    msg = half_message(group.encode(), "K" + group, group)
+    msg.properties.update(props)
+    result = store.put(msg, 2, HOST, born_timestamp)
+    assert result.ok, result
+    store.reput.catch_up()
+    half = store.transactions.half_at(result.phy_offset)
+    assert half is not None
+    return half
+
+
+@pytest.mark.parametrize("immunity", ["999999999", "9" * 5000])
+def test_a_half_immune_for_long_holds_up_no_later_half(tmp_path: Path, immunity: str) -> None:
+    """A half whose CHECK_IMMUNITY_TIME_IN_SECONDS is huge is put back at the end of the half
+    queue, unchecked, and the round goes on to the halves of other groups after it; it is
+    checked once the capped immunity is over."""
+    import time
+
+    from common.core.transaction import CHECK_IMMUNITY_SECONDS, CHECK_TIMES
+    from master.transaction_check import MAX_IMMUNITY_MS
+
+    store = open_store(tmp_path / "s", transactionTimeOut=0)
+    try:
+        held = _put_group_half(store, "slow", **{CHECK_IMMUNITY_SECONDS: immunity})
+        _put_group_half(store, "other")
+        asked: list[dict[str, object]] = []
+        check: Any = _check_back(tmp_path, store, asked)
+        check.check_round()
+        assert [f["producerGroup"] for f in asked] == ["other"]
+        assert check.stats["held"] == 1 and check.stats["checks"] == 1
+        [committed] = messages(store, "orders", 2)
+        assert committed.body == b"other"
+        check.check_round()  # the held copy, put back again; the other's copy is decided
+        assert len(asked) == 1 and check.stats["held"] == 2
+        held_copies = [c for c in messages(store, HALF_TOPIC)[2:] if c.body == b"slow"]
+        assert [records.origin_of(c) for c in held_copies] == [held.commit_log_offset] * 2
+        assert not any(CHECK_TIMES in c.properties for c in held_copies)  # not checked
+
+        later = time.time() + MAX_IMMUNITY_MS / 1000 + 1  # the cap is over: checked
+        check.clock = lambda: later
+        check.check_round()
+        assert [f["producerGroup"] for f in asked] == ["other", "slow"]
+    finally:
+        store.shutdown()
+
+
+def test_a_half_born_in_the_future_is_aged_by_its_store_time(tmp_path: Path) -> None:
+    """A client-set born time years ahead neither keeps its half from its check nor ends the
+    round before the halves after it: a half's age is taken from its store time."""
+    import time
+
+    store = open_store(tmp_path / "s", transactionTimeOut=0)
+    try:
+        future_ms = int(time.time() * 1000) + 10 * 365 * 86_400_000
+        _put_group_half(store, "fast", born_timestamp=future_ms)
+        _put_group_half(store, "other")
+        asked: list[dict[str, object]] = []
+        check: Any = _check_back(tmp_path, store, asked)
+        check.check_round()
+        assert sorted(str(f["producerGroup"]) for f in asked) == ["fast", "other"]
     finally:
         store.shutdown()
