@@ -110,6 +110,23 @@ def record_size(body_len: int, topic_len: int, props_len: int) -> int:
     return FIXED_BYTES + body_len + topic_len + props_len
 
 
+def layout_error(buf: bytes | bytearray | memoryview, pos: int, total: int,
+                 body_len: int) -> str | None:
+    """Why the length fields of the record at ``pos`` (``total`` bytes, in ``buf``) do not
+    add up to ``total``, or None; reads nothing past the record."""
+    if body_len < 0 or HEADER.size + body_len + 3 > total:
+        return f"body length {body_len} does not fit in record of {total}"
+    p = pos + HEADER.size + body_len
+    topic_len = buf[p]
+    if HEADER.size + body_len + 1 + topic_len + 2 > total:
+        return f"topic length {topic_len} does not fit"
+    q = p + 1 + topic_len
+    props_len = (buf[q] << 8) | buf[q + 1]
+    if record_size(body_len, topic_len, props_len) != total:
+        return f"size {total} != computed {record_size(body_len, topic_len, props_len)}"
+    return None
+
+
 class Header(NamedTuple):
     total_size: int
     magic: int
@@ -327,16 +344,11 @@ def check(
     view = memoryview(buf)
     header = Header._make(HEADER.unpack_from(view, pos))
     body_len = header.body_len
-    if body_len < 0 or HEADER.size + body_len + 3 > total:
-        return Check(-1, f"body length {body_len} does not fit in record of {total}")
-    p = pos + HEADER.size + body_len
-    topic_len = view[p]
-    if HEADER.size + body_len + 1 + topic_len + 2 > total:
-        return Check(-1, f"topic length {topic_len} does not fit")
-    q = p + 1 + topic_len
-    props_len = int.from_bytes(view[q : q + 2], "big")
-    if record_size(body_len, topic_len, props_len) != total:
-        return Check(-1, f"size {total} != computed {record_size(body_len, topic_len, props_len)}")
+    bad = layout_error(view, pos, total, body_len)
+    if bad is not None:
+        return Check(-1, bad)
+    topic_len = view[pos + HEADER.size + body_len]
+    props_len = total - record_size(body_len, topic_len, 0)  # the lengths add up
     if expect_phy_offset is not None and header.phy_offset != expect_phy_offset:
         return Check(-1, f"PHYSICALOFFSET {header.phy_offset} != position {expect_phy_offset}")
     if verify_crc:

@@ -15,6 +15,7 @@
  * handed, else None. So the Python loop calls the dispatchers for that record before its run
  * is merged, as it does for a record it reads itself. It stops, returning where, at the first
  * record it does not take: a BLANK, a bad header, a record past the segment or not whole yet,
+ * one whose body, topic and properties lengths do not add up to its size (record.layout_error),
  * a record to dispatch that is not the first, one in a rule's topic. The Python loop handles one it
  * stops at as it always has, so every rare case keeps one implementation. Reads only; the
  * caller keeps the mapping mapped. configure(tags, keys, uniq) first: the names of the TAGS,
@@ -234,6 +235,8 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_ssize_t topic_end = p + 1 + topic_len;
         if (topic_end + 2 > total) break;
         Py_ssize_t user_props = ((Py_ssize_t)r[topic_end] << 8) | r[topic_end + 1];
+        if (topic_end + 2 + user_props != total)
+            break; /* lengths that do not add up to the record's: Python's, which refuses it */
         if (user_props >= CRC_ENTRY_BYTES
             && memcmp(r + total - CRC_ENTRY_BYTES, CRC_PREFIX, 9) == 0 && r[total - 1] == 2)
             user_props -= CRC_ENTRY_BYTES;

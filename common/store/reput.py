@@ -41,6 +41,7 @@ ArrivalListener = Callable[[str, int, int], None]  # topic, queue_id, max queue 
 # Only the fields reput needs: TOTALSIZE@0 QUEUEID@12 QUEUEOFFSET@20 STORETIMESTAMP@56 BODYLEN@84.
 _REPUT_FIELDS = struct.Struct(">i8xi4xq28xq20xi")
 assert _REPUT_FIELDS.size == record.HEADER.size
+_BODY_LEN = struct.Struct(">i")  # at offset 84
 
 _topics: dict[bytes, str] = {}
 
@@ -115,6 +116,9 @@ def tail_records(log_: CommitLog, start: int, ext: StoreExtensions) -> list[Disp
                                                   f"size {total})")
             if pos + total > limit:
                 return found
+            bad = record.layout_error(buf, pos, total, _BODY_LEN.unpack_from(buf, pos + 84)[0])
+            if bad is not None:
+                raise CorruptionError(base + pos, bad)
             found.append(dispatch_request(buf[pos : pos + total], base + pos, ext))
             pos += total
         if base + pos == phy:
@@ -309,6 +313,10 @@ class ReputService:
                 if pos + total > limit:
                     break  # not whole yet (a slave may hold a record's first bytes only)
                 _, queue_id, queue_offset, store_ts, body_len = _REPUT_FIELDS.unpack_from(buf, pos)
+                bad = record.layout_error(buf, pos, total, body_len)
+                if bad is not None:  # lengths past the record: nothing after it is read
+                    self._flush_runs(runs, touched, base + pos)
+                    raise CorruptionError(base + pos, bad)
                 p = pos + 88 + body_len
                 topic_end = p + 1 + buf[p]
                 user_props = (buf[topic_end] << 8 | buf[topic_end + 1])

@@ -8,6 +8,7 @@ digests off so every record is parsed, and compares everything the store was tol
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,56 @@ def test_the_scan_takes_a_record_to_dispatch_only_first_and_plain_properties_any
     assert plain.ok
     with pytest.raises(TypeError):
         native.scan(mf.buffer, 0, log.max_offset, mf.file_size, 100, 0, ["x"], ())
+
+
+def _lengths_at(buf: Any, at: int) -> tuple[int, int, int]:
+    """Where the body, topic and properties lengths of the record at ``at`` are."""
+    body_len = int.from_bytes(buf[at + 84:at + 88], "big")
+    topic_at = at + 88 + body_len
+    return at + 84, topic_at, topic_at + 1 + buf[topic_at]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("props", b"\xff\xff"), ("props", b"\x00\x00"), ("topic", b"\xff"),
+    ("body", b"\x7f\xff\xff\xff"), ("body", b"\xff\xff\xff\xfb")])
+def test_a_length_past_its_record_stops_both_at_the_record_after_the_same_dispatches(
+        log: CommitLog, monkeypatch: pytest.MonkeyPatch, field: str, value: bytes) -> None:
+    """A record whose body, topic or properties length does not add up to its size (a
+    corrupt log) is refused as corrupt by both loops, at its offset, nothing read past it:
+    the last record of a segment, whose properties length would reach past the mapping."""
+    fill(log, 5)
+    records = [phy for phy, _ in log.iter_records(0, log.max_offset)]
+    size = 16 * 1024
+    victim = next(a for a, b in itertools.pairwise(records) if a // size != b // size)
+    mf = log.queue.find(victim)
+    assert mf is not None
+    at = victim - mf.file_from_offset
+    body, topic, props = _lengths_at(mf.buffer, at)
+    where = {"body": body, "topic": topic, "props": props}[field]
+    mf.buffer[where:where + len(value)] = value
+    python = dispatch(log, None, monkeypatch)
+    assert ("raised", victim) in python.calls
+    with_c = dispatch(log, native, monkeypatch)
+    assert with_c.calls == python.calls
+
+
+def test_the_scan_reads_no_property_past_its_record(log: CommitLog) -> None:
+    """A properties length reaching into the bytes after the record: the scan stops at the
+    record (Python's to refuse), and never reads what follows as the record's keys."""
+    from common.store.extensions import StoreExtensions
+
+    markers = StoreExtensions().markers
+    at = log.put(Message("orders", b"x", properties={"color": "blue"}), 0)
+    mf = log.queue.find(0)
+    assert mf is not None
+    raw = bytearray(mf.buffer[at.phy_offset:at.phy_offset + at.wrote_bytes])
+    _, _, props = _lengths_at(raw, 0)
+    after = b"KEYS\x01stolen\x02"
+    buf = raw + after + bytes(64)
+    buf[props:props + 2] = (int.from_bytes(raw[props:props + 2], "big")
+                            + len(after)).to_bytes(2, "big")
+    found, pos, count, _, first = native.scan(bytes(buf), 0, len(raw), len(buf), 100, 0,
+                                              markers, ())
+    assert (found, pos, count, first) == ([], 0, 0, None)
+    buf[props:props + 2] = (0).to_bytes(2, "big")  # too short: the record's bytes left over
+    assert native.scan(bytes(buf), 0, len(raw), len(buf), 100, 0, markers, ())[1:3] == (0, 0)
