@@ -30,6 +30,9 @@ from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import LarkError, VisitError
 
 MAX_EXPRESSION_CHARS = 4096
+# parentheses and NOTs one inside another: the parser and the compiled selector recurse once
+# (or a few times) a level, and a deeper expression would exhaust Python's recursion
+MAX_NESTING = 64
 
 _GRAMMAR = r"""
 ?start: or_expr
@@ -328,6 +331,9 @@ def compile_selector(text: str) -> Selector:
     if len(text) > MAX_EXPRESSION_CHARS:
         raise SelectorError(f"a SQL92 expression of at most {MAX_EXPRESSION_CHARS} characters")
     try:
+        if _nesting(text) > MAX_NESTING:
+            raise SelectorError(f"a SQL92 expression nests parentheses and NOTs at most "
+                                f"{MAX_NESTING} deep")
         tree = _PARSER.parse(text)
         node = _Build().transform(tree)
     except VisitError as e:
@@ -336,10 +342,37 @@ def compile_selector(text: str) -> Selector:
         raise SelectorError(f"cannot read {text!r}: {e.orig_exc}") from None
     except LarkError as e:
         raise SelectorError(f"cannot parse {text!r}: {_first_line(e)}") from None
+    except RecursionError:  # parsed from a deep stack already: refused, not a broker fault
+        raise SelectorError("a SQL92 expression too deep to parse here") from None
     if isinstance(node, _Property) or (isinstance(node, _Constant)
                                        and not isinstance(node.value, bool)):
         raise SelectorError(f"{text!r} is a value, not a condition")
     return Selector(text, node)
+
+
+def _nesting(text: str) -> int:
+    """How deep ``text`` nests, from its tokens alone (a lexer does not recurse): the open
+    parentheses around its deepest part and the NOTs in a row at each of them (an AND or an
+    OR ends a row: NOT binds tighter). Counts no further past MAX_NESTING."""
+    rows = [0]  # NOTs in a row at each open parenthesis
+    depth = deepest = 0
+    for token in _PARSER.lex(text):
+        kind = token.type
+        if kind == "_NOT":
+            rows[-1] += 1
+            depth += 1
+        elif kind == "LPAR":
+            rows.append(0)
+            depth += 1
+        elif kind == "RPAR" and len(rows) > 1:
+            depth -= 1 + rows.pop()
+        elif kind in ("_AND", "_OR"):
+            depth -= rows[-1]
+            rows[-1] = 0
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING:
+            break
+    return deepest
 
 
 def _first_line(e: Exception) -> str:

@@ -94,7 +94,8 @@ def test_sql92_waits_for_enable_property_filter_and_a_bad_expression_is_refused(
     on = make_broker(real_store=True, enablePropertyFilter=True)
     with Consumer([addr(on)], group="g", retries=0) as c:
         for bad, says in (("a > 'x'", "only numbers"), ("a AND", "cannot parse"),
-                          ("", "empty")):
+                          ("", "empty"), ("(" * 1000 + "a = 1" + ")" * 1000, "deep"),
+                          ("NOT " * 1000 + "a = 1", "deep")):
             with pytest.raises(BrokerError) as refused:
                 c.pull("s", 0, 0, 32, sql=bad)
             assert refused.value.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED, bad

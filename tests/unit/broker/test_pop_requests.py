@@ -175,6 +175,20 @@ def test_a_filtered_receive_gets_only_what_matches(make_broker: Callable[..., Br
             [b"4", b"5"]
 
 
+def test_a_receive_with_a_sql92_filter_nested_too_deep_is_refused_as_unreadable(
+        make_broker: Callable[..., Broker]) -> None:
+    """Not a broker fault (SYSTEM_ERROR, retried): the expression cannot be used."""
+    broker = make_broker(**POP_BROKER)
+    send(broker, 1)
+    with SimpleConsumer([addr(broker)], "g", retries=0) as c:
+        for deep in ("(" * 1000 + "n = 1" + ")" * 1000, "NOT " * 1000 + "n = 1"):
+            with pytest.raises(BrokerError) as e:
+                c.receive("t", 1, INVISIBLE, sql=deep)
+            assert e.value.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+            assert "deep" in e.value.remark
+        assert len(c.receive("t", 1, INVISIBLE, sql="NOT " * 64 + "n IS NULL")) == 1
+
+
 def test_bad_requests_are_refused_and_the_broker_serves_on(
         make_broker: Callable[..., Broker]) -> None:
     broker = make_broker(**POP_BROKER)

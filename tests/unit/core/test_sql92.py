@@ -70,6 +70,10 @@ def test_what_matches(text: str, props: dict[str, str], matches: bool) -> None:
     ("a = 1 AND", "cannot parse"),
     ("a LIKE 'x%'", "cannot parse"),  # RocketMQ removed LIKE
     ("x" * 5000 + " = 1", "at most"),
+    ("(" * 1000 + "a = 1" + ")" * 1000, "64 deep"),  # Python's recursion, not a refusal, once
+    ("NOT " * 1000 + "a = 1", "64 deep"),
+    ("NOT (" * 33 + "a = 1" + ")" * 33, "64 deep"),
+    ("(" * 65 + "a = 1" + ")" * 65, "64 deep"),
 ])
 def test_what_is_refused_says_why(text: str, says: str) -> None:
     with pytest.raises(SelectorError, match=says):
@@ -90,3 +94,22 @@ def test_numeric_comparisons_agree_with_python(value: int, low: int, high: int) 
     assert compile_selector(f"v BETWEEN {lo} AND {hi}").matches(props) is (lo <= value <= hi)
     assert compile_selector(f"v NOT BETWEEN {lo} AND {hi}").matches(props) is not (
         lo <= value <= hi)
+
+
+@pytest.mark.parametrize("text", [
+    "(" * 64 + "a = 1" + ")" * 64,
+    "NOT " * 64 + "a = 1",
+    "NOT (" * 32 + "a = 1" + ")" * 32,
+    "(a = 2 OR (" * 32 + "a = 1" + "))" * 32,
+    " AND ".join(["NOT (a = 2)"] * 200),  # wide, not deep
+])
+def test_an_expression_as_deep_as_allowed_compiles_and_runs_from_a_deep_stack(
+        text: str) -> None:
+    """At the nesting limit, parsed and evaluated with 300 frames already on the stack (a
+    broker thread's request path), without a RecursionError."""
+    def at_depth(frames: int) -> bool:
+        if frames:
+            return at_depth(frames - 1)
+        return compile_selector.__wrapped__(text).matches({"a": "1"})
+
+    assert at_depth(300) is True

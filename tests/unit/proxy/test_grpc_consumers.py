@@ -298,3 +298,24 @@ def test_a_refusal_that_is_final_is_answered_as_the_broker_gave_it(broker: Broke
         req.message_queue.topic.name = "no-such-topic"
         [answer] = list(stub_of(channel).ReceiveMessage(req, timeout=20))
         assert answer.status.code == pb.TOPIC_NOT_FOUND, answer.status
+
+
+@pytest.mark.parametrize("served_here", [True, False])
+def test_a_sql92_filter_nested_too_deep_is_an_illegal_filter_expression(
+        make_broker: Callable[..., Broker], served_here: bool) -> None:
+    """Refused as the expression's fault on both ways a receive goes (this broker's own POP,
+    the front end's client), never an internal error."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+
+    b = make_broker(real_store=True, brokerName="gb", grpcServerPort=free_port(),
+                    enablePropertyFilter=True)
+    with Admin([addr(b)]) as admin:
+        admin.create_topic("jobs", 2)
+    with grpc.insecure_channel(f"127.0.0.1:{b.cfg.grpcServerPort}") as channel:
+        for deep in ("(" * 1000 + "n = 1" + ")" * 1000, "NOT " * 1000 + "n = 1"):
+            req = receive_request("gb" if served_here else "")
+            req.filter_expression.type = pb.SQL
+            req.filter_expression.expression = deep
+            [answer] = list(stub_of(channel).ReceiveMessage(req, timeout=20))
+            assert answer.status.code == pb.ILLEGAL_FILTER_EXPRESSION, answer.status
