@@ -62,7 +62,7 @@ COUNTERS = frozenset({
     "transaction_check_unknown", "transaction_check_unanswered",
     "transaction_check_no_producer", "transaction_check_gated",
     "pop_popped", "pop_redelivered", "pop_acked", "pop_acks_stale", "pop_changed", "pop_dlq",
-    "pop_skipped_records",
+    "pop_skipped_records", "pop_expired",
 })
 
 

@@ -56,7 +56,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("replog.pop")
 
 CHECKPOINT_INTERVAL_S = 1.0
-FIGURES = ("popped", "redelivered", "acked", "acks_stale", "changed", "dlq", "skipped_records")
+FIGURES = ("popped", "redelivered", "acked", "acks_stale", "changed", "dlq", "skipped_records",
+           "expired")
+EXPIRED_PER_RECORD = 1024  # offsets one record resolves as gone (the rest: at the next POP)
 
 
 class Popped(NamedTuple):
@@ -178,13 +180,18 @@ class PopStore:
             limit = max_attempts
             fresh, scanned = self._fresh(key, state.next, max_nums, sub, fifo)
             again, new = choose(state, now_ms, max_nums, fresh, fifo, limit)
+            kept = {off: self._record_of(topic, queue_id, off) for off in again}
+            if None in kept.values() and self._expire(key, state, now_ms, born_host):
+                again, new = choose(state, now_ms, max_nums, fresh, fifo, limit)
+                kept = {off: kept[off] if off in kept else self._record_of(topic, queue_id, off)
+                        for off in again}
             if len(new) < len(fresh):  # full, or (FIFO) a group blocked: go on from there
                 scanned = new[-1].offset + 1 if new else state.next
             groups_of = {c.offset: c.group for c in new}
             chosen: list[int] = []
             raws: list[bytes] = []
             for off in again:
-                raw = self._record_of(topic, queue_id, off)
+                raw = kept[off]
                 if raw is not None:  # gone with its segment: nothing to hand out
                     chosen.append(off)
                     raws.append(raw)
@@ -213,11 +220,35 @@ class PopStore:
             self.redelivered[key[0]] = self.redelivered.get(key[0], 0) + again_count
         return Popped(raws, chosen, attempts, phy, deadline, pending, state.next)
 
+    def _expire(self, key: Key, state: QueueState, now_ms: int,
+                born_host: tuple[str, int]) -> bool:
+        """Resolve the offsets out below the queue's min offset (retention deleted their
+        records): never handed out again, each held a POP's slot, or its message group, for
+        good. One ``ack`` record, so every replica resolves them too; whether any were."""
+        _, topic, queue_id = key
+        low = self.store.min_queue_offset(topic, queue_id)
+        gone = sorted(off for off in state.out if off < low)[:EXPIRED_PER_RECORD]
+        if not gone:
+            return False
+        rec = records.resolve(records.ACK, key, gone, [state.out[o].handle for o in gone])
+        pending = self.store.put_nowait(rec.message(self.topic), 0, born_host, now_ms)
+        if not pending.result.ok:
+            return False
+        apply_resolve(state, rec.offsets, rec.handles)
+        self._applied(pending)
+        self.stats["expired"] += len(gone)
+        log.warning("event=pop_expired group=%s topic=%s queue=%d offsets=%d below=%d: "
+                    "deleted by retention while out, resolved", key[0], topic, queue_id,
+                    len(gone), low)
+        return True
+
     def _fresh(self, key: Key, start: int, max_nums: int, sub: Subscription,
                fifo: bool) -> tuple[list[Candidate], int]:
-        """The queue's messages from ``start`` that match ``sub`` (at most ``max_nums``), and
-        the offset the read stopped at."""
+        """The queue's messages from ``start`` (or its min offset, if retention deleted
+        what was there) that match ``sub`` (at most ``max_nums``), and the offset the read
+        stopped at."""
         _, topic, queue_id = key
+        start = max(start, self.store.min_queue_offset(topic, queue_id))
         got = self.store.get_message(key[0], topic, queue_id, start, max_nums, sub.codes,
                                      tags=sub.tags, selector=sub.selector)
         out = []

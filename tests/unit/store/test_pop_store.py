@@ -190,3 +190,46 @@ def test_a_replica_applying_the_records_holds_the_same_state(tmp_path: Path) -> 
         assert (mine.next, mine.out) == (theirs.next, theirs.out)
     finally:
         master.shutdown()
+
+
+@pytest.mark.parametrize("fifo", [True, False])
+def test_an_offset_out_that_retention_deleted_holds_no_slot_and_no_group(
+        tmp_path: Path, fifo: bool) -> None:
+    """Handed out, then its segment deleted before an ack: the next POP once it is due
+    resolves it (an ack record a replica applies too) and hands out what the queue still
+    holds, from its min offset; it never takes a slot, nor (FIFO) holds its group, again."""
+    store = open_store(tmp_path / "s", fileReservedTime=0, deleteFileBatchMax=100)
+    try:
+        for i in range(120):
+            assert store.put(Message("t", b"m%03d" % i + b"x" * 200,
+                                     properties={PROPERTY_SHARDING_KEY: "A"}), 0).ok
+        store.reput.catch_up()
+        ps = store.pop
+        first = pop(ps, T0, n=2, fifo=fifo)
+        assert first.offsets == ([0] if fifo else [0, 1])
+        store.reput.catch_up()
+        replica = PopStore(store)  # what a slave applies, record by record
+        replica.ready = True
+        cq = store.cq_store.get(replica.topic, 0)
+        assert cq is not None
+
+        def follow() -> None:
+            store.reput.catch_up()
+            for q_off, phy, size, _ in cq.entries(replica.applied_cq, 100):
+                replica._apply_at(phy, size, q_off)
+
+        follow()
+        assert store.clean_now() > 0
+        low = store.min_queue_offset("t", 0)
+        assert low > 2
+        got = pop(ps, T0 + 20_000, n=2, fifo=fifo)  # what was out is due now, and gone
+        assert got.offsets == ([low] if fifo else [low, low + 1])
+        assert bodies(got.records)[0].startswith(b"m%03d" % low)
+        assert ps.stats["expired"] == len(first.offsets)
+        state = ps.state(KEY)
+        assert state is not None and min(state.out) == low
+        follow()  # the resolving record too: the same state
+        theirs = replica.state(KEY)
+        assert theirs is not None and theirs.out == state.out
+    finally:
+        store.shutdown()
