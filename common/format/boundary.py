@@ -12,6 +12,7 @@ from __future__ import annotations
 from common.core import timer, transaction
 from common.core.message import NAME_VALUE_SEP, PROPERTY_SEP, is_system_topic
 from common.core.pop import POP_RECORD
+from common.format.acl import PUB, Account
 
 SEPARATORS = (NAME_VALUE_SEP, PROPERTY_SEP)
 
@@ -36,3 +37,26 @@ def topic_refusal(topic: str) -> str | None:
     if is_system_topic(topic):
         return f"{topic} is a system topic: only the broker writes and reads it"
     return None
+
+
+def record_refusal(found_topic: str) -> str | None:
+    """Why a client may not have a record it named by CommitLog offset, msgId or receipt
+    handle: one of a system topic (a half not yet ended, a timer or delayed message not yet
+    due, a POP or op record) is the broker's alone. Checked on the record found, whatever the
+    request's own ``topic`` says, with or without the ACL."""
+    if is_system_topic(found_topic):
+        return (f"the record named is of {found_topic}, a system topic: only the broker "
+                "reads it (its message is not delivered yet, or is the broker's own)")
+    return None
+
+
+def publisher_refusal(account: Account | None, topic: str) -> str | None:
+    """Why ``account`` may not be asked about, nor end, a transaction of ``topic``: only an
+    account that may publish ``topic`` (PUB) sees a half's body or decides it, whatever its
+    producer group allows. None: allowed (``account`` None: the ACL is off)."""
+    if account is None:
+        return None
+    if not account.enabled:
+        return f"{account.access_key} is disabled"
+    denial = account.may_topic(topic, PUB)
+    return None if denial is None else denial.remark("")
