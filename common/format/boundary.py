@@ -9,8 +9,10 @@ reason a value is refused, or None: the caller turns a reason into its own refus
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from common.core import timer, transaction
-from common.core.message import NAME_VALUE_SEP, PROPERTY_SEP, is_system_topic
+from common.core.message import NAME_VALUE_SEP, PROPERTY_REAL_TOPIC, PROPERTY_SEP, is_system_topic
 from common.core.pop import POP_RECORD
 from common.format.acl import PUB, Account
 
@@ -60,3 +62,20 @@ def publisher_refusal(account: Account | None, topic: str) -> str | None:
         return f"{account.access_key} is disabled"
     denial = account.may_topic(topic, PUB)
     return None if denial is None else denial.remark("")
+
+
+def end_refusal(half: Mapping[str, str], producer_group: str, topic: str,
+                transaction_id: str) -> str | None:
+    """Why an END_TRANSACTION naming a half (whose properties are ``half``) is refused: it
+    must name the half's producer group, its real topic (the one PUB is checked on) and its
+    transaction id exactly as the broker gave it. An empty id is no wildcard: the id is the
+    only part of an END that was not guessable from offsets."""
+    owner, real = half.get(transaction.PRODUCER_GROUP), half.get(PROPERTY_REAL_TOPIC)
+    if owner != producer_group:
+        return f"it belongs to producer group {owner}"
+    if real != topic:
+        return f"it is a message of topic {real}"
+    if transaction_id != half.get(transaction.TRANSACTION_ID, ""):
+        return ("its transactionId is not the one given (the broker's answer to the half's "
+                "send, or its check, names it)")
+    return None
