@@ -15,6 +15,7 @@ from helpers.brokers import addr, wait_for
 
 from common.broker.broker import Broker
 from common.client import Consumer, TransactionProducer, TransactionState
+from common.core.errors import BrokerError
 from common.core.message import MessageExt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
@@ -54,10 +55,15 @@ def test_a_check_back_goes_only_to_an_account_that_may_publish_the_topic(
                          **realm.broker_fields())
     with TransactionProducer([addr(broker)], "pg", Checker(TransactionState.UNKNOWN),
                              **realm.curve("owner")) as first:
-        first.send_half("orders", b"paid", queue_id=0)  # its producer is gone before its end
+        half = first.send_half("orders", b"paid", queue_id=0)  # gone before its end
     snoop = Checker(TransactionState.ROLLBACK)
     with TransactionProducer([addr(broker)], "pg", snoop, heartbeat_ms=200,
-                             **realm.curve("snoop")):
+                             **realm.curve("snoop")) as snooping:
+        # nor does its END decide it, even with the broker's id: PUB on the real topic
+        with pytest.raises(BrokerError, match="PUB Topic:orders"):
+            snooping.end(half, TransactionState.ROLLBACK)
+        with pytest.raises(BrokerError, match="a message of topic orders"):
+            snooping.end(half._replace(topic="mine"), TransactionState.ROLLBACK)
         wait_for(lambda: snoop.asked or broker.status()["transactions"]["check"]["checks"] >= 3,
                  "three check rounds with the snoop's producer live", timeout_s=30)
         check = broker.status()["transactions"]["check"]
