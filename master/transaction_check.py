@@ -72,7 +72,7 @@ class TransactionCheck:
                  publisher_refusal: Callable[[str, str], str | None] | None = None):
         self.store = store
         # (account, topic) -> why that producer may not be asked about a half of the topic
-        # (the ACL: it must may publish it); None: the ACL is off, any producer of the group
+        # (the ACL: it must be allowed to publish it); None: the ACL is off, any producer will do
         self.publisher_refusal = publisher_refusal
         self.producers = producers
         self.ask = ask

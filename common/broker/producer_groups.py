@@ -104,7 +104,7 @@ class ProducerGroups:
     def pick(self, group: str,
              allowed: Callable[[ProducerChannel], bool] | None = None) -> ProducerChannel | None:
         """One live producer of the group, in turn (who a check-back goes to): one that did
-        not fall silent, if there is one; only one ``allowed`` passes, when given."""
+        not fall silent, if there is one; given ``allowed``, only one it passes."""
         live = self.live(group)
         if allowed is not None:
             live = [c for c in live if allowed(c)]
