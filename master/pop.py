@@ -27,6 +27,7 @@ from common.core.errors import PutStatus, ResponseCode
 from common.core.logs import log_event
 from common.core.pop import ReceiptHandle
 from common.core.subscription import Subscription
+from common.format.boundary import record_refusal
 from common.format.protocol import Request, Response
 from common.format.record import decode_message
 from common.store.pop import records
@@ -79,7 +80,9 @@ def pop_message(role: MasterRole, req: Request, sub: Subscription, queues: list[
                  {"status": "NO_NEW_MSG"})
 
 
-def _handle(req: Request) -> ReceiptHandle | Response:
+def _handle(role: MasterRole, req: Request) -> ReceiptHandle | Response:
+    """The request's receipt handle, if it names a record of this broker group, of the
+    request's topic, and of no system topic (``record_refusal``); else the refusal."""
     try:
         handle = ReceiptHandle.decode(req.fields["receiptHandle"])
     except ValueError as e:
@@ -87,16 +90,19 @@ def _handle(req: Request) -> ReceiptHandle | Response:
     if handle.topic != req.fields["topic"]:
         return reply(req, ResponseCode.BAD_REQUEST, f"the receipt handle is of topic "
                      f"{handle.topic}, not {req.fields['topic']}", {"field": "receiptHandle"})
+    refusal = record_refusal(handle.topic)
+    if refusal is not None:
+        return reply(req, ResponseCode.NO_PERMISSION, refusal)
+    if handle.broker_name != role.cfg.brokerName:
+        return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"the receipt handle is of broker "
+                     f"group {handle.broker_name}, not {role.cfg.brokerName}")
     return handle
 
 
 def ack_message(role: MasterRole, req: Request) -> Reply:
-    handle = _handle(req)
+    handle = _handle(role, req)
     if isinstance(handle, Response):
         return handle
-    if handle.broker_name != role.cfg.brokerName:
-        return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"the receipt handle is of broker "
-                     f"group {handle.broker_name}, not {role.cfg.brokerName}")
     key = (req.fields["group"], handle.topic, handle.queue_id)
     done = role.store.pop.ack(key, handle.offset, handle.handle, int(time.time() * 1000),
                               req.born_host)
@@ -148,7 +154,7 @@ def batch_ack(role: MasterRole, req: Request) -> Reply:
 
 
 def change_invisible(role: MasterRole, req: Request) -> Reply:
-    handle = _handle(req)
+    handle = _handle(role, req)
     if isinstance(handle, Response):
         return handle
     invisible = req.fields["invisibleTime"]

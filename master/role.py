@@ -42,15 +42,14 @@ from common.core.errors import PutStatus, ResponseCode
 from common.core.logs import log_event
 from common.core.message import (
     PROPERTY_DELAY,
-    PROPERTY_REAL_TOPIC,
     PROPERTY_SHARDING_KEY,
-    PROPERTY_UNIQ_KEY,
     SYSFLAG_TRANSACTION_PREPARED,
     Message,
     encode_msg_id,
 )
 from common.core.subscription import Subscription
 from common.core.transaction import TransactionState
+from common.format.boundary import end_refusal
 from common.format.protocol import SCHEMAS, Request, RequestCode, Response
 from common.store.api import WriteStore
 from common.store.flush import FLUSHED
@@ -233,6 +232,9 @@ class MasterRole:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                          f"property {reserved} is set by the broker, not by a producer")
         extra = None
+        if transactions.is_half(props):  # the id its END must name: the broker's, not guessed
+            tx_id = props[transactions.TRANSACTION_ID] = transactions.new_transaction_id()
+            extra = {"transactionId": tx_id}
         if recall.is_timer_send(props, delay):
             stamped = recall.stamp(props, int(time.time() * 1000))
             if stamped is not None:
@@ -280,14 +282,10 @@ class MasterRole:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                          f"end refused: no half message starts at commitLogOffset "
                          f"{f['commitLogOffset']}")
-        props = half.properties
-        owner, topic = props.get(transactions.PRODUCER_GROUP), props.get(PROPERTY_REAL_TOPIC)
-        tx_id = props.get(transactions.TRANSACTION_ID) or props.get(PROPERTY_UNIQ_KEY, "")
-        why = (f"it belongs to producer group {owner}" if owner != f["producerGroup"] else
-               f"it is a message of topic {topic}" if topic != f["topic"] else
-               f"its transactionId is {tx_id}"
-               if f.get("transactionId") and f["transactionId"] != tx_id else "")
-        if why:
+        tx_id = half.properties.get(transactions.TRANSACTION_ID, "")
+        why = end_refusal(half.properties, f["producerGroup"], f["topic"],
+                          f.get("transactionId") or "")
+        if why is not None:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                          f"end refused: the half message at {f['commitLogOffset']} does not "
                          f"match: {why}")

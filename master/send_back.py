@@ -34,13 +34,13 @@ from common.core.message import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_RETRY_TOPIC,
     SCHEDULE_SOURCE,
-    SCHEDULE_TOPIC,
     Message,
     MessageExt,
     dlq_topic,
     retry_topic,
 )
 from common.core.timer import RESERVED as TIMER_RESERVED
+from common.format.boundary import record_refusal, topic_refusal
 
 FIRST_RETRY_LEVEL = 3  # RocketMQ: delay level 3 + reconsumeTimes when the consumer gives 0
 MAX_RECONSUME_TIMES = 0x7FFFFFFF  # RECONSUMETIMES is a Java int
@@ -69,8 +69,12 @@ def plan(stored: MessageExt, group: str, origin_topic: str, delay_level: int,
 
     ``origin_topic`` is the topic the consumer knows the message by: the record's own topic, or,
     for a record of the group's retry topic, the topic it first went to. Anything else means the
-    offset is not the consumer's message, and is refused rather than copying another's.
+    offset is not the consumer's message, and is refused rather than copying another's; so is
+    a record of a system topic (``record_refusal``), which no consumer was handed.
     """
+    refusal = record_refusal(stored.topic) or topic_refusal(origin_topic)
+    if refusal is not None:
+        raise SendBackRefused(refusal)
     first_topic = stored.properties.get(PROPERTY_RETRY_TOPIC)
     if not (stored.topic == origin_topic
             or (stored.topic == retry_topic(group) and first_topic == origin_topic)):
@@ -78,7 +82,7 @@ def plan(stored: MessageExt, group: str, origin_topic: str, delay_level: int,
         raise SendBackRefused(
             f"the record at commitLogOffset {stored.commit_log_offset} is a message of topic "
             f"{known}, not of {origin_topic}")
-    if stored.topic.startswith((DLQ_PREFIX, SCHEDULE_TOPIC)):
+    if stored.topic.startswith(DLQ_PREFIX):
         raise SendBackRefused(f"a message of {stored.topic} cannot be sent back")
     props = {k: v for k, v in stored.properties.items() if k not in _COPY_ONLY}
     props.setdefault(PROPERTY_RETRY_TOPIC, stored.topic)

@@ -75,8 +75,12 @@ class Offsets(Protocol):
 class TransactionCheck:
     def __init__(self, cfg: BrokerConfig, store: Any, producers: ProducerGroups, ask: Ask,
                  offsets: Offsets, gate: Callable[[], str] | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 publisher_refusal: Callable[[str, str], str | None] | None = None):
         self.store = store
+        # (account, topic) -> why that producer may not be asked about a half of the topic
+        # (the ACL: it must be allowed to publish it); None: the ACL is off, any producer will do
+        self.publisher_refusal = publisher_refusal
         self.producers = producers
         self.ask = ask
         self.offsets = offsets
@@ -208,7 +212,11 @@ class TransactionCheck:
 
     def _ask(self, half: MessageExt, copy_offset: int, copy_queue_offset: int) -> None:
         group = half.properties.get(PRODUCER_GROUP, "")
-        channel = self.producers.pick(group)
+        topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
+        refusal = self.publisher_refusal
+        # the half's body and its decision go only to an account that may publish its topic
+        channel = self.producers.pick(group, None if refusal is None else
+                                      lambda c: refusal(c.account, topic) is None)
         if channel is None:
             self.stats["no_producer"] += 1
             return  # the copy is met again next round

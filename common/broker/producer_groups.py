@@ -36,6 +36,9 @@ class ProducerChannel:
     identity: bytes  # the ROUTER identity of its connection (what a request to it goes on)
     address: str  # host:port of that connection, as the broker sees it
     last_seen: float  # the registry clock's time of its last heartbeat
+    # the ACL account its connection authenticated as (its CURVE key; "" with the ACL off):
+    # what it may be asked is checked against the ACL in force when it is asked
+    account: str = ""
 
     def to_json(self, now: float) -> dict[str, object]:
         return {"clientId": self.client_id, "address": self.address,
@@ -53,7 +56,7 @@ class ProducerGroups:
         self._silent: set[tuple[str, str]] = set()  # (group, client id) since a request
 
     def heartbeat(self, group: str, client_id: str, identity: bytes, address: str,
-                  leave: bool = False) -> int:
+                  leave: bool = False, account: str = "") -> int:
         """Record (or, with ``leave``, drop) a producer; returns the group's live producers."""
         now = self._clock()
         with self._lock:
@@ -73,7 +76,8 @@ class ProducerGroups:
             if client_id not in members and len(members) >= MAX_PRODUCERS_PER_GROUP:
                 oldest = min(members.values(), key=lambda c: c.last_seen)
                 del members[oldest.client_id]
-            members[client_id] = ProducerChannel(group, client_id, identity, address, now)
+            members[client_id] = ProducerChannel(group, client_id, identity, address, now,
+                                                 account)
             self._silent.discard((group, client_id))
             return len(members)
 
@@ -97,10 +101,13 @@ class ProducerGroups:
             self._expire(now)
             return sorted(self._groups.get(group, {}).values(), key=lambda c: c.client_id)
 
-    def pick(self, group: str) -> ProducerChannel | None:
+    def pick(self, group: str,
+             allowed: Callable[[ProducerChannel], bool] | None = None) -> ProducerChannel | None:
         """One live producer of the group, in turn (who a check-back goes to): one that did
-        not fall silent, if there is one."""
+        not fall silent, if there is one; given ``allowed``, only one it passes."""
         live = self.live(group)
+        if allowed is not None:
+            live = [c for c in live if allowed(c)]
         with self._lock:
             answering = [c for c in live if (group, c.client_id) not in self._silent]
         live = answering or live

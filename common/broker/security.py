@@ -75,6 +75,7 @@ from common.format.acl import (
     perm_name,
     unknown_key,
 )
+from common.format.boundary import publisher_refusal
 
 log = logging.getLogger("replog.security")
 audit_log = logging.getLogger("replog.audit")
@@ -542,6 +543,17 @@ class Security:
             return acct
         denial = acct.may_connect(peer_address(frame))
         return acct if denial is None else denial
+
+    def publisher_refusal(self, user_id: str, topic: str) -> str | None:
+        """Why the account of ``user_id`` (a connection's CURVE key), in the ACL in force now,
+        may not be asked about, nor decide, a transaction of ``topic``
+        (``boundary.publisher_refusal``); None with the ACL off."""
+        if not self.enabled or self.acl is None:
+            return None
+        acct = self.acl.current.by_key.get(user_id)
+        if acct is None:
+            return unknown_key(user_id).reason
+        return publisher_refusal(acct, topic)
 
     def refused(self, port: str, user_id: str, frame: zmq.Frame | None, denial: Denial) -> str:
         """Audit a refusal; returns the remark the requester gets."""

@@ -45,7 +45,9 @@ def make_role(state: RoleState, broker: Broker) -> Role:
     )
     check = TransactionCheck(cfg, broker.store, broker.producer_groups,
                              broker.server.client_requests.ask, broker.offsets,
-                             gate=broker.write_refusal)
+                             gate=broker.write_refusal,
+                             publisher_refusal=broker.security.publisher_refusal
+                             if broker.security.enabled else None)
     gate = broker.write_refusal if broker.controller is not None else None
     return MasterRole(cfg, broker.store, broker.topics, state.name, waiter, service,
                       write_gate=gate, transaction_check=check)

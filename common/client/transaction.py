@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Self
 
 from common.client.cluster import Cluster
 from common.client.producer import Producer
-from common.client.results import SendResult
+from common.client.results import SendResult, send_results
 from common.client.routing import MessageQueue
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import PROPERTY_UNIQ_KEY, MessageExt
@@ -41,8 +41,9 @@ class HalfSent(NamedTuple):
     """A half message stored: what its end names."""
 
     topic: str
-    transaction_id: str
+    transaction_id: str  # the broker's, from its answer to the half (an END must name it)
     send: SendResult  # its offsets are the half's (the broker's half topic, queue 0)
+    message_id: str = ""  # the half's unique key (UNIQ_KEY): the id its consumers see
 
 
 class TransactionResult(NamedTuple):
@@ -107,10 +108,18 @@ class TransactionProducer:
         props = dict(properties or {})
         props[TRAN_MSG] = "true"
         props[PRODUCER_GROUP] = self.group
-        transaction_id = props.setdefault(PROPERTY_UNIQ_KEY, uuid.uuid4().hex.upper())
-        sent = self.producer.send(topic, body, tags, keys, props, queue_id=queue_id,
-                                  broker_name=broker_name)
-        return HalfSent(topic, transaction_id, sent)
+        key = props.setdefault(PROPERTY_UNIQ_KEY, uuid.uuid4().hex.upper())
+        fields, payload = self.producer.send_request(topic, body, tags, keys, props)
+
+        def attempt(cluster: Cluster, address: str, mq: MessageQueue) -> HalfSent:
+            resp = cluster.request(address, RequestCode.SEND, {**fields, "queueId": mq.queue_id},
+                                   [payload])
+            sent = send_results(topic, resp, mq.broker_name)[0]
+            given = resp.fields.get("transactionId")
+            return HalfSent(topic, given if isinstance(given, str) and given else key, sent, key)
+
+        return self.producer._routed(topic, queue_id, None, broker_name,  # type: ignore[no-any-return]
+                                     attempt)
 
     def end(self, half: HalfSent, state: TransactionState, from_check: bool = False,
             wait: bool = True) -> None:

@@ -18,6 +18,7 @@ decided (RocketMQ's op body says only that it was).
 from __future__ import annotations
 
 import enum
+import secrets
 from collections.abc import Mapping
 
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -28,6 +29,8 @@ OP_TAG = "d"
 
 TRAN_MSG = "TRAN_MSG"
 PRODUCER_GROUP = "PGROUP"
+# set by the broker on each half it stores (a client's value is replaced): the id an END
+# must name, random so that nobody who was not told it can end the transaction
 TRANSACTION_ID = "__transactionId__"
 CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 CHECK_IMMUNITY_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
@@ -70,3 +73,10 @@ class TransactionState(enum.Enum):
 def is_half(props: Mapping[str, str] | None) -> bool:
     """A half message's properties (``TRAN_MSG=true``); None or empty: not one."""
     return props is not None and props.get(TRAN_MSG, "").lower() == "true"
+
+
+def new_transaction_id() -> str:
+    """A half's transaction id, chosen by the broker: 128 random bits, not derived from any
+    offset or key a client could know. It travels in the half's record (``TRANSACTION_ID``),
+    so every replica, a restarted broker and a new master after a failover hold it."""
+    return secrets.token_hex(16).upper()

@@ -258,7 +258,7 @@ class _Sender:
             return
         state = TransactionState.COMMIT if commit else TransactionState.ROLLBACK
         for half in self.halves:
-            self.decided[half.transaction_id] = state  # what a check-back now hears
+            self.decided[half.message_id] = state  # what a check-back now hears (by UNIQ_KEY)
         failed: BrokerError | None = None
         for half in self.halves:
             try:

@@ -216,10 +216,12 @@ class _Received:
 
 
 def transaction_id(broker: str, topic: str, commit_log_offset: int, queue_offset: int,
-                   msg_id: str, uniq: str) -> str:
+                   msg_id: str, token: str) -> str:
     """What an END needs, in the id the client hands back (RocketMQ's proxy encodes its
-    TransactionId the same way): no state is kept, so any proxy can end any transaction."""
-    raw = f"v1 {broker} {topic} {commit_log_offset} {queue_offset} {msg_id} {uniq}"
+    TransactionId the same way): no state is kept, so any proxy can end any transaction.
+    ``token``: the broker's transaction id of the half, which the broker requires of an END
+    (the rest is offsets, which anyone may guess)."""
+    raw = f"v1 {broker} {topic} {commit_log_offset} {queue_offset} {msg_id} {token}"
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 

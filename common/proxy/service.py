@@ -34,9 +34,9 @@ from common.client.simple_consumer import pop_fields
 from common.client.transaction import HalfSent, TransactionProducer
 from common.core.errors import BrokerError, ResponseCode, SendStatus
 from common.core.keys import ClientKeys
-from common.core.message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY
+from common.core.message import PROPERTY_REAL_TOPIC
 from common.core.pop import HANDLE_VERSION, ReceiptHandle
-from common.core.transaction import TransactionState
+from common.core.transaction import TRANSACTION_ID, TransactionState
 from common.format.acl import PUB, SUB
 from common.format.protocol import ProtocolError, Request, RequestCode, Response, decode_record
 from common.format.tables import GroupConfig
@@ -353,7 +353,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         sent = half.send
         return rpc.SendResultEntry(
             status=convert.status(convert.SEND_CODES[sent.status], sent.status.value),
-            message_id=out.message_id or half.transaction_id, offset=sent.queue_offset,
+            message_id=out.message_id or half.message_id, offset=sent.queue_offset,
             transaction_id=convert.transaction_id(
                 sent.broker_name, half.topic, sent.commit_log_offset, sent.queue_offset,
                 sent.msg_id, half.transaction_id))
@@ -362,7 +362,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                              context: Any) -> rpc.EndTransactionResponse:
         """COMMIT or ROLLBACK a half by the transaction id its send (or its check) gave."""
         try:
-            broker, topic, clo, qo, msg_id, uniq = convert.parse_transaction_id(
+            broker, topic, clo, qo, msg_id, token = convert.parse_transaction_id(
                 request.transaction_id)
         except ValueError as e:
             if refused := self._refused(context, [("topic", request.topic.name, PUB)]):
@@ -376,7 +376,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if state is None:
             return rpc.EndTransactionResponse(status=convert.status(
                 pb.BAD_REQUEST, "a resolution is COMMIT or ROLLBACK"))
-        half = HalfSent(topic, uniq, SendResult(SendStatus.SEND_OK, msg_id, 0, qo, clo, topic,
+        half = HalfSent(topic, token, SendResult(SendStatus.SEND_OK, msg_id, 0, qo, clo, topic,
                                                 broker))
         try:
             await asyncio.to_thread(self.tx.end, half, state,
@@ -411,7 +411,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 message=convert.message_of(half, topic, pb.TRANSACTION),
                 transaction_id=convert.transaction_id(
                     broker, topic, half.commit_log_offset, half.queue_offset, half.msg_id,
-                    half.properties.get(PROPERTY_UNIQ_KEY, ""))))
+                    half.properties.get(TRANSACTION_ID, ""))))
         stream.loop.call_soon_threadsafe(stream.out.put_nowait, command)
         self.checks_forwarded += 1
         return unknown

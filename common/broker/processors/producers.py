@@ -18,11 +18,15 @@ RUNNING_INFO_TIMEOUT_MS = 3000
 
 def heartbeat(ctx: Context, req: Request) -> Response:
     """PRODUCER_HEARTBEAT: this connection is how the group's producer ``clientId`` is
-    reached (or, with ``leave``, it is gone); answers the group's live producers."""
+    reached (or, with ``leave``, it is gone), as the account it authenticated as (a
+    check-back goes only to an account that may publish the half's topic); answers the
+    group's live producers."""
     f = req.fields
     ip, port = req.born_host
+    account = ctx.caller.user if ctx.caller is not None else ""
     live = ctx.services.producer_groups.heartbeat(
-        f["group"], f["clientId"], ctx.identity, f"{ip}:{port}", leave=bool(f["leave"]))
+        f["group"], f["clientId"], ctx.identity, f"{ip}:{port}", leave=bool(f["leave"]),
+        account=account)
     return reply(req, fields={"producers": live})
 
 

@@ -8,8 +8,9 @@ from typing import Any
 from common.broker.processors.context import Context
 from common.broker.replies import reply
 from common.core.errors import ResponseCode
-from common.core.message import PROPERTY_REAL_TOPIC, MessageExt, decode_msg_id, is_system_topic
+from common.core.message import MessageExt, decode_msg_id
 from common.format.acl import SUB
+from common.format.boundary import record_refusal
 from common.format.protocol import ProtocolError, Request, RequestCode, Response
 from common.store.api import ReadStore
 
@@ -19,7 +20,9 @@ def query_by_key(ctx: Context, req: Request) -> Response:
     found = ctx.services.store.query_by_key(
         f["topic"], f["key"], max_nums=f["maxNums"], begin_ms=f["beginMs"], end_ms=f["endMs"]
     )
-    return messages_reply(req, found, ctx.services.store)
+    # the index is searched by ``topic`` (never a system one): a record of another is dropped
+    return messages_reply(req, [m for m in found if record_refusal(m.topic) is None],
+                          ctx.services.store)
 
 
 def query_by_msg_id(ctx: Context, req: Request) -> Response:
@@ -43,15 +46,16 @@ def query_by_offset(ctx: Context, req: Request) -> Response:
 
 
 def found_reply(ctx: Context, req: Request, found: list[Any]) -> Response:
-    """A look-up by msgId or offset may name any topic: with security on, the caller needs
-    SUB on the topic of what was found (and on the real topic of a delayed message)."""
+    """A look-up by msgId or offset may name any record: one of a system topic is refused
+    (``record_refusal``), and with security on the caller needs SUB on the topic found."""
+    for msg in found:
+        refusal = record_refusal(msg.topic)
+        if refusal is not None:
+            return reply(req, ResponseCode.NO_PERMISSION, refusal)
     caller = ctx.caller
     if caller is not None:
         for msg in found:
             denial = caller.account.may_topic(msg.topic, SUB)
-            real = msg.properties.get(PROPERTY_REAL_TOPIC)
-            if denial is None and real and is_system_topic(msg.topic):
-                denial = caller.account.may_topic(real, SUB)  # a delayed message is real's
             if denial is not None:
                 return reply(req, ResponseCode.NO_PERMISSION, ctx.refused(denial),
                              {"account": denial.account})

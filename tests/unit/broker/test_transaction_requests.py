@@ -174,6 +174,23 @@ def test_what_a_producer_may_not_send(broker: Broker) -> None:
     assert [m.body for m in read_all(broker, "orders")] == [b"plain"]
 
 
+def test_an_end_must_name_the_transaction_id_the_broker_gave(broker: Broker) -> None:
+    """An END whose transactionId was empty was checked on its offsets, group and topic
+    alone, all of which can be guessed; the half's unique key is the client's (and its
+    consumers') id, not a secret. Only the broker's random id, in its answer to the half,
+    ends the transaction."""
+    with TransactionProducer([addr(broker)], "pg", by_body({})) as tp:
+        half = tp.send_half("orders", b"h", queue_id=0)
+        for guess in ("", half.send.msg_id, getattr(half, "message_id", "")):
+            with pytest.raises(BrokerError, match="transactionId") as refused:
+                tp.end(half._replace(transaction_id=guess), ROLLBACK)
+            assert refused.value.code == ResponseCode.MESSAGE_ILLEGAL
+        assert len(half.transaction_id) == 32 and half.transaction_id != half.message_id
+        tp.end(half, COMMIT)
+    [got] = wait_for(lambda: read_all(broker, "orders"), "the commit", timeout_s=20)
+    assert got.body == b"h"
+
+
 def test_a_commit_the_slave_did_not_take_is_not_rolled_back(tmp_path: Path) -> None:
     """rmq#3885: a SYNC_MASTER whose slave is away stores the commit (its op waits for the
     next batch) but cannot promise it (SLAVE_NOT_AVAILABLE); the transaction stays committed:

@@ -68,7 +68,13 @@ def test_the_last_allowed_return_and_level_minus_one_go_to_the_dlq() -> None:
     (stored("%RETRY%other", RETRY_TOPIC="orders"), "orders", "%RETRY%other (from orders)"),
     (stored("%RETRY%billing", RETRY_TOPIC="payments"), "orders", "(from payments), not of orders"),
     (stored("%DLQ%billing"), "%DLQ%billing", "cannot be sent back"),
-    (stored("SCHEDULE_TOPIC_XXXX"), "SCHEDULE_TOPIC_XXXX", "cannot be sent back"),
+    (stored("SCHEDULE_TOPIC_XXXX"), "SCHEDULE_TOPIC_XXXX", "a system topic"),
+    # a timer message not due yet, an uncommitted half: never handed to a consumer
+    (stored("rmq_sys_wheel_timer"), "rmq_sys_wheel_timer", "a system topic"),
+    (stored("RMQ_SYS_TRANS_HALF_TOPIC"), "RMQ_SYS_TRANS_HALF_TOPIC", "a system topic"),
+    # a retry copy that names a system topic as its first one
+    (stored("%RETRY%billing", RETRY_TOPIC="rmq_sys_wheel_timer"), "rmq_sys_wheel_timer",
+     "a system topic"),
 ])
 def test_an_offset_that_is_not_the_consumers_message_is_refused(
         record: MessageExt, origin: str, why: str) -> None:

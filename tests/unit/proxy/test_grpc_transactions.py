@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import grpc
 import pytest
 from helpers.brokers import addr, free_port
 from rocketmq import (
@@ -21,9 +22,13 @@ from rocketmq import (
     TransactionChecker,
     TransactionResolution,
 )
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol import service_pb2_grpc
 
 from common.broker.broker import Broker
 from common.client import Admin, Consumer
+from common.proxy import convert
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -96,3 +101,35 @@ def test_an_open_transaction_is_decided_by_the_clients_checker(
     assert set(checker.asked) >= {b"yes, commit me", b"no, roll me back"}
     status = broker.status()["transactions"]
     assert status["commits"] >= 1 and status["rollbacks"] >= 1
+
+
+def test_an_end_naming_a_half_by_its_offsets_alone_is_refused(broker: Broker) -> None:
+    """Every half sent through the front end shares its producer group, so offsets and topic
+    were all an END had to name when its id's token part was empty: any account that may
+    publish the topic could end another's transaction by guessing them. The broker's token
+    is required now."""
+    with grpc.insecure_channel(f"127.0.0.1:{broker.cfg.grpcServerPort}") as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        msg = pb.Message(topic=pb.Resource(name="tx"), body=b"victim's",
+                         system_properties=pb.SystemProperties(
+                             message_id="victim-1", body_encoding=pb.IDENTITY,
+                             message_type=pb.TRANSACTION))
+        [entry] = stub.SendMessage(rpc.SendMessageRequest(messages=[msg]), timeout=10).entries
+        assert entry.status.code == pb.OK, entry
+        name, topic, clo, qo, msg_id, token = convert.parse_transaction_id(entry.transaction_id)
+
+        def end(transaction_id: str, resolution: Any) -> Any:
+            return stub.EndTransaction(rpc.EndTransactionRequest(
+                topic=pb.Resource(name="tx"), message_id="victim-1",
+                transaction_id=transaction_id, resolution=resolution), timeout=10).status
+
+        for guess in ("", "victim-1", "0" * 32):
+            forged = convert.transaction_id(name, topic, clo, qo, msg_id, guess)
+            refused = end(forged, pb.ROLLBACK)
+            assert refused.code != pb.OK and "transactionId" in refused.message, refused
+        assert len(token) == 32 and token != "victim-1"  # the broker's, not the client's id
+        assert end(entry.transaction_id, pb.COMMIT).code == pb.OK
+    deadline = time.monotonic() + 10
+    while delivered(broker) != [b"victim's"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert delivered(broker) == [b"victim's"]
