@@ -292,14 +292,29 @@ def test_the_victims_records_are_not_named_through_a_topic_the_account_reads(
         })
 
 
-def test_a_receipt_handle_is_held_to_its_topic_and_broker(broker: BrokerProcess,
-                                                         wire: Wire) -> None:
+@pytest.fixture(scope="module")
+def popped(broker: BrokerProcess, realm: Realm, wires: dict[str, Wire]) -> ReceiptHandle:
+    """A live receipt handle of a message of ``mine`` that mallory's group popped."""
+    with Producer([broker.address], **realm.curve("mallory")) as p:
+        p.send(MINE, b"to pop", queue_id=1)
+    answer = wires["mallory"].call(RequestCode.POP_MESSAGE, {
+        "topic": MINE, "group": GROUP, "queueId": 1, "maxNums": 1, "invisibleTime": 600_000})
+    assert answer.code == ResponseCode.SUCCESS and len(answer.fields["handles"]) == 1, answer
+    return ReceiptHandle.decode(answer.fields["handles"][0])
+
+
+def test_a_receipt_handle_is_held_to_its_topic_and_broker(broker: BrokerProcess, wire: Wire,
+                                                         popped: ReceiptHandle) -> None:
     """An ACK or a change through the account's own topic of a handle that names another
-    topic, or another broker: refused, no ack or revive record written."""
+    topic or another broker (made up, or a live one altered): refused, no ack or revive
+    record written."""
     attempts = {}
     for label, handle in (("victim's", forged_handle(VICTIM)),
                           ("revive topic's", forged_handle(revive_topic(CLUSTER))),
                           ("another broker's", forged_handle(MINE, "another-broker")),
+                          ("a live one as another broker's",
+                           popped._replace(broker_name="another-broker").encode()),
+                          ("a live one as the victim's", popped._replace(topic=VICTIM).encode()),
                           ("garbage", "v1 " + "x" * 40)):
         attempts[f"ACK {label}"] = (RequestCode.ACK_MESSAGE, {
             "topic": MINE, "group": GROUP, "receiptHandle": handle}, ())
