@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -81,15 +82,20 @@ def realm(tmp_path_factory: pytest.TempPathFactory) -> Realm:
 
 
 @pytest.fixture(scope="module")
-def broker(realm: Realm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_certificate(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def broker(realm: Realm, tmp_path_factory: pytest.TempPathFactory,
+           certificate: tuple[Path, Path]) -> Iterator[BrokerProcess]:
     port = free_port()
-    cert, key = make_certificate(tmp_path_factory.mktemp("tls"))
+    cert, key = certificate
     b = BrokerProcess(tmp_path_factory.mktemp("broker"), client_curve=realm.curve("admin"),
                       listenPort=port, metricsPort=port + 2, brokerName=BROKER_NAME,
                       defaultTopicQueueNums=2, **realm.broker_fields(
                           grpcServerPort=free_port(1), tlsCertPath=str(cert),
                           tlsKeyPath=str(key), grpcClientKeyFile=str(realm.key("frontend"))))
-    b.certificate = cert  # type: ignore[attr-defined]
     with brokers(b):
         with Admin([b.address], **realm.curve("admin")) as admin:
             for topic in (MINE, VICTIM, "honest"):
@@ -382,6 +388,24 @@ def test_malformed_and_oversized_frames_are_refused(broker: BrokerProcess, mallo
     assert refused(answer) is None, f"{label}: {refused(answer)}"
 
 
+def test_a_frame_past_the_transport_limit_cuts_only_its_own_connection(
+        broker: BrokerProcess, realm: Realm, mallory: Wire) -> None:
+    """One frame over maxFrameBytes: libzmq (ZMQ_MAXMSGSIZE) drops the connection before the
+    broker reads it. Nothing is written, and mallory's other connection is still answered."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        sock = realm.dealer(ctx, "mallory", broker.port)
+        body = b"x" * (Limits().max_frame_bytes + 1)
+        with nothing_written(broker):
+            sock.send_multipart([header(RequestCode.SEND, {"topic": MINE, "queueId": 0}), body])
+            if sock.poll(3000):  # answered after all: then as a named refusal
+                answer = decode_response(sock.recv_multipart(), mallory.limits)
+                assert refused(answer) is None, refused(answer)
+    finally:
+        ctx.destroy(linger=0)
+    assert mallory.call(RequestCode.STATUS, {}).code == ResponseCode.SUCCESS
+
+
 # ---- the gRPC front end: SendMessage -------------------------------------------------------------
 GRPC_REFUSALS = {pb.BAD_REQUEST, pb.FORBIDDEN, pb.ILLEGAL_TOPIC, pb.ILLEGAL_MESSAGE_TAG,
                  pb.ILLEGAL_MESSAGE_KEY, pb.ILLEGAL_MESSAGE_PROPERTY_KEY,
@@ -389,8 +413,8 @@ GRPC_REFUSALS = {pb.BAD_REQUEST, pb.FORBIDDEN, pb.ILLEGAL_TOPIC, pb.ILLEGAL_MESS
 
 
 @pytest.fixture(scope="module")
-def stub(broker: BrokerProcess) -> Iterator[Any]:
-    creds = grpc.ssl_channel_credentials(broker.certificate.read_bytes())  # type: ignore[attr-defined]
+def stub(broker: BrokerProcess, certificate: tuple[Path, Path]) -> Iterator[Any]:
+    creds = grpc.ssl_channel_credentials(certificate[0].read_bytes())
     with grpc.secure_channel(f"127.0.0.1:{broker.cfg.grpcServerPort}", creds) as channel:
         yield service_pb2_grpc.MessagingServiceStub(channel)
 
