@@ -26,6 +26,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from security_harness import Realm
 
 from common.client import Admin, Consumer, Producer
+from common.client.transaction import HalfSent, TransactionProducer
 from common.core import timer, transaction
 from common.core.errors import BrokerError, ResponseCode, SendStatus
 from common.core.message import (
@@ -38,6 +39,7 @@ from common.core.message import (
     SYSTEM_TOPICS,
 )
 from common.core.pop import POP_RECORD, ReceiptHandle, revive_topic
+from common.core.transaction import TransactionState
 from common.format.boundary import BROKER_ONLY_PROPERTIES
 from common.format.protocol import PROTOCOL_VERSION, Limits, RequestCode, decode_response
 from common.proxy.auth import DATE_HEADER, sign
@@ -93,7 +95,9 @@ def broker(realm: Realm, tmp_path_factory: pytest.TempPathFactory,
     cert, key = certificate
     b = BrokerProcess(tmp_path_factory.mktemp("broker"), client_curve=realm.curve("admin"),
                       listenPort=port, metricsPort=port + 2, brokerName=BROKER_NAME,
-                      defaultTopicQueueNums=2, **realm.broker_fields(
+                      defaultTopicQueueNums=2,
+                      transactionTimeOut=600_000,  # no check-back writes during the module
+                      **realm.broker_fields(
                           grpcServerPort=free_port(1), tlsCertPath=str(cert),
                           tlsKeyPath=str(key), grpcClientKeyFile=str(realm.key("frontend"))))
     with brokers(b):
@@ -152,7 +156,12 @@ def mallory(wires: dict[str, Wire]) -> Wire:
 
 @pytest.fixture(autouse=True)
 def still_serving(broker: BrokerProcess, realm: Realm) -> Iterator[None]:
-    """After each test an honest client sends and reads as before."""
+    """After each test an honest client sends and reads as before. Before it, if an earlier
+    test's attempt got through, the writes that follow later (a delayed delivery, a batch of
+    transaction ops) are waited out, so they are not taken for this test's."""
+    if LEAKED:
+        settle(broker)
+        LEAKED.clear()
     yield
     with Producer([broker.address], **realm.curve("admin")) as p:
         sent = p.send("honest", b"after", queue_id=0)
@@ -166,12 +175,33 @@ def max_phy(broker: BrokerProcess) -> int:
     return int(broker.status()["maxPhyOffset"])
 
 
+LEAKED: list[str] = []  # a test whose attempts got through: later writes may follow
+SETTLED_S = 3.5  # past the 1 s delays the tests ask for and the op batches' 3 s
+
+
+def settle(broker: BrokerProcess, deadline_s: float = 30) -> None:
+    """Until the CommitLog's max offset has not moved for ``SETTLED_S``."""
+    deadline = time.monotonic() + deadline_s
+    last, since = max_phy(broker), time.monotonic()
+    while time.monotonic() - since < SETTLED_S:
+        assert time.monotonic() < deadline, "the broker kept writing"
+        time.sleep(0.2)
+        if (now := max_phy(broker)) != last:
+            last, since = now, time.monotonic()
+
+
 @contextlib.contextmanager
 def nothing_written(broker: BrokerProcess) -> Iterator[None]:
     """No record of any topic is written in the block."""
     before = max_phy(broker)
-    yield
-    assert max_phy(broker) == before, "the refused requests wrote to the CommitLog"
+    try:
+        yield
+    except BaseException:
+        LEAKED.append("failed")
+        raise
+    if max_phy(broker) != before:
+        LEAKED.append("wrote")
+        raise AssertionError("the refused requests wrote to the CommitLog")
 
 
 def refused(answer: Any, code: int = 0, bodies: int = 0) -> str | None:
@@ -520,3 +550,39 @@ def test_the_client_library_refuses_separators_too(broker: BrokerProcess, realm:
                        **{field: inject((PROPERTY_REAL_TOPIC, VICTIM))})  # type: ignore[arg-type]
             if isinstance(info.value, BrokerError):
                 assert info.value.code in REFUSALS and not info.value.retriable, info.value
+
+
+# ---- another producer's transaction ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def halves(broker: BrokerProcess, realm: Realm) -> dict[str, HalfSent]:
+    """Open transactions of another producer: on the victim's topic, and on mallory's own."""
+    with TransactionProducer([broker.address], "admin-producers",
+                             lambda _half: TransactionState.UNKNOWN,
+                             **realm.curve("admin")) as tp:
+        return {topic: tp.send_half(topic, b"half of " + topic.encode(), queue_id=0)
+                for topic in (VICTIM, MINE)}
+
+
+def test_another_producers_transaction_is_not_ended(broker: BrokerProcess, wire: Wire,
+                                                    halves: dict[str, HalfSent]) -> None:
+    """An END naming another producer's half by its offsets, without its transaction id or
+    through a topic that is not the half's: refused, and the half stays open."""
+    attempts = {}
+    for topic, half in halves.items():
+        base = {"producerGroup": "admin-producers", "commitLogOffset":
+                half.send.commit_log_offset, "tranStateTableOffset": half.send.queue_offset}
+        for state in (transaction.TRANSACTION_COMMIT_TYPE, transaction.TRANSACTION_ROLLBACK_TYPE):
+            for label, extra in (("no id", {}), ("an empty id", {"transactionId": ""}),
+                                 ("a guessed id", {"transactionId": "0" * 32}),
+                                 ("its msgId alone", {"msgId": half.send.msg_id})):
+                attempts[f"{state:#x} {topic}'s half as mine, {label}"] = (
+                    RequestCode.END_TRANSACTION, {**base, "topic": MINE,
+                                                  "commitOrRollback": state, **extra}, ())
+            if topic == VICTIM:
+                attempts[f"{state:#x} victim's half, its id"] = (RequestCode.END_TRANSACTION, {
+                    **base, "topic": VICTIM, "commitOrRollback": state,
+                    "transactionId": half.transaction_id}, ())
+    with nothing_written(broker):
+        check_all(wire, attempts)
