@@ -10,6 +10,7 @@ import zmq
 from common.broker.broker import Broker
 from common.ha.protocol import Ack, Data, Frame, Heartbeat, Hello, HelloReply, Limits, decode
 from common.ha.protocol import encode as encode_frame
+from helpers.zmq_sockets import bounded_socket
 from master.ha_service import HaService
 
 
@@ -18,9 +19,7 @@ class FakeSlave:
 
     def __init__(self, broker: Broker, session: int = 7) -> None:
         self.ctx: zmq.Context[Any] = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.RCVTIMEO, 5000)
+        self.sock = bounded_socket(self.ctx, zmq.DEALER, recv_timeout_ms=5000)
         self.sock.connect(f"tcp://127.0.0.1:{broker.cfg.ha_port}")
         self.session = session
         self.name = broker.cfg.brokerName

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 import zmq
+from helpers.zmq_sockets import SEND_TIMEOUT_MS, bounded_socket
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.core.keys import load_public, load_secret, new_key_pair
@@ -75,12 +76,12 @@ class Realm:
         return {**fields, **extra}
 
     def dealer(self, ctx: zmq.Context[Any], name: str, port: int, server: str = "broker",
-               routing_id: bytes | None = None) -> zmq.Socket[Any]:
-        """A raw CURVE DEALER of ``name`` to 127.0.0.1:``port``."""
+               routing_id: bytes | None = None,
+               send_timeout_ms: int = SEND_TIMEOUT_MS) -> zmq.Socket[Any]:
+        """A raw CURVE DEALER of ``name`` to 127.0.0.1:``port`` (``bounded_socket``)."""
         pair = load_secret(self.key(name))
         assert pair.secret is not None
-        sock = ctx.socket(zmq.DEALER)
-        sock.linger = 0
+        sock = bounded_socket(ctx, zmq.DEALER, send_timeout_ms=send_timeout_ms)
         sock.curve_publickey = pair.public
         sock.curve_secretkey = pair.secret
         self.key(server)

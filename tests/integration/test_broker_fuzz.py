@@ -27,6 +27,7 @@ import pytest
 import zmq
 from broker_harness import BrokerProcess, brokers
 from helpers.memory import anon_rss
+from helpers.zmq_sockets import bounded_socket
 
 from common.client import Producer
 from common.core.errors import ResponseCode, SendStatus
@@ -105,8 +106,7 @@ def random_frames(rng: random.Random) -> list[bytes]:
 class RawClient:
     def __init__(self, address: str):
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock = bounded_socket(self.ctx, zmq.DEALER)
         self.sock.connect(f"tcp://{address}")
         self.limits = Limits().for_responses()
 

@@ -20,6 +20,7 @@ import pytest
 import zmq
 from broker_harness import BrokerProcess, brokers, free_port
 from helpers.memory import anon_rss
+from helpers.zmq_sockets import bounded_socket
 from replication_harness import commitlog_digest, wait_for
 
 from common.client import Consumer, Producer, pull_result
@@ -63,8 +64,7 @@ def recv(sock: zmq.Socket[Any]) -> list[bytes]:
 
 # ---- a fake slave against a real master --------------------------------------------------------
 def fake_slave(ctx: zmq.Context[Any], master: BrokerProcess) -> zmq.Socket[Any]:
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
+    s = bounded_socket(ctx, zmq.DEALER)
     s.connect(f"tcp://127.0.0.1:{master.port + 1}")
     return s
 
@@ -182,8 +182,7 @@ def log_bytes(tmp_path: Path) -> bytes:
 class FakeMaster:
     def __init__(self, ctx: zmq.Context[Any]):
         self.port = free_port(1)
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock = bounded_socket(ctx, zmq.ROUTER)
         self.sock.bind(f"tcp://127.0.0.1:{self.port}")
         self.peer = b""
         self.session = -1

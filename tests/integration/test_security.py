@@ -18,6 +18,7 @@ import pytest
 import zmq
 from broker_harness import REPO, BrokerProcess, brokers, free_port, run_cli
 from helpers.memory import anon_rss
+from helpers.zmq_sockets import SendTimedOut, bounded_socket
 from security_harness import RELOAD_MS, Realm, scrape, wait_until
 
 from common.client import Admin, Consumer, Producer
@@ -74,11 +75,21 @@ def acl_restored(realm: Realm, broker: BrokerProcess) -> Iterator[None]:
 
 def raw_call(sock: zmq.Socket[Any], code: int, fields: dict[str, Any] | None = None,
              timeout_ms: int = ANSWER_WAIT_MS) -> Any:
-    """One request on a raw socket: the decoded answer, or None if none came in time."""
+    """One request on a raw socket (``bounded_socket``: a send no peer takes fails): the
+    decoded answer, or None if none came in time."""
     sock.send_multipart(encode_request(code, 1, fields or {}))
     if not sock.poll(timeout_ms):
         return None
     return decode_response(sock.recv_multipart(), LIMITS)
+
+
+def no_answer(sock: zmq.Socket[Any], code: int, timeout_ms: int = ANSWER_WAIT_MS) -> bool:
+    """A request a refused peer makes gets nothing: either no answer in time, or, once its
+    socket has seen the failed handshake (and dropped its only pipe), no send at all."""
+    try:
+        return raw_call(sock, code, timeout_ms=timeout_ms) is None
+    except SendTimedOut:
+        return True
 
 
 def refusals(broker: BrokerProcess) -> int:
@@ -96,10 +107,9 @@ def audit_lines(broker: BrokerProcess) -> list[str]:
 def test_a_plain_client_gets_no_answer(broker: BrokerProcess) -> None:
     ctx: zmq.Context[Any] = zmq.Context()
     try:
-        sock = ctx.socket(zmq.DEALER)
-        sock.linger = 0
+        sock = bounded_socket(ctx, zmq.DEALER, send_timeout_ms=ANSWER_WAIT_MS)
         sock.connect(f"tcp://{broker.address}")
-        assert raw_call(sock, RequestCode.STATUS) is None
+        assert no_answer(sock, RequestCode.STATUS)
         with Admin([broker.address], timeout_ms=1500, retries=0) as plain, \
                 pytest.raises(BrokerError) as info:
             plain.status()
@@ -122,6 +132,27 @@ def test_a_plain_client_gets_no_answer(broker: BrokerProcess) -> None:
         ctx.destroy(linger=0)
 
 
+
+def test_a_send_no_peer_takes_fails_fast(broker: BrokerProcess) -> None:
+    """A plain client's handshake is refused: once its socket sees that, the DEALER has no
+    pipe, and before, a pipe nothing drains (here of one message). Either way a blocking send
+    waits for ever (one such send hung a CI run for 180 s); the bounded one fails at its
+    timeout, saying why."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        sock = bounded_socket(ctx, zmq.DEALER, send_timeout_ms=500)
+        sock.sndhwm = 1
+        sock.connect(f"tcp://{broker.address}")
+        started = time.monotonic()
+        with pytest.raises(SendTimedOut, match="no handshake succeeded"):
+            for _ in range(2):
+                raw_call(sock, RequestCode.STATUS, timeout_ms=100)
+        assert time.monotonic() - started < 3
+        assert no_answer(sock, RequestCode.STATUS)
+    finally:
+        ctx.destroy(linger=0)
+
+
 def test_an_unknown_key_is_refused_at_the_handshake_with_an_audit_line(
         broker: BrokerProcess, realm: Realm) -> None:
     with Admin([broker.address], timeout_ms=5000, **realm.curve("intruder")) as admin:
@@ -132,7 +163,7 @@ def test_an_unknown_key_is_refused_at_the_handshake_with_an_audit_line(
     assert info.value.code == ResponseCode.NO_PERMISSION and not info.value.retriable
     ctx: zmq.Context[Any] = zmq.Context()
     try:
-        assert raw_call(realm.dealer(ctx, "intruder", broker.port), RequestCode.STATUS) is None
+        assert no_answer(realm.dealer(ctx, "intruder", broker.port), RequestCode.STATUS)
     finally:
         ctx.destroy(linger=0)
     fp = fingerprint(realm.pub("intruder"))
@@ -150,7 +181,7 @@ def test_a_client_pinning_the_wrong_server_key_gets_nothing(broker: BrokerProces
     try:
         # the app's own key, but the server key of someone else: the broker cannot read it
         wrong = realm.dealer(ctx, "app", broker.port, server="intruder")
-        assert raw_call(wrong, RequestCode.STATUS) is None
+        assert no_answer(wrong, RequestCode.STATUS)
     finally:
         ctx.destroy(linger=0)
     with Admin([broker.address], timeout_ms=3000, retries=0,
@@ -303,8 +334,7 @@ def test_an_unauthenticated_client_cannot_make_the_broker_buffer_a_huge_message(
     before = anon_rss(broker.pid)
     ctx: zmq.Context[Any] = zmq.Context()
     try:
-        sock = realm.dealer(ctx, "intruder", broker.port)
-        sock.setsockopt(zmq.SNDTIMEO, 10_000)
+        sock = realm.dealer(ctx, "intruder", broker.port, send_timeout_ms=10_000)
         frame = b"x" * (4 * 1024 * 1024)
         with contextlib.suppress(zmq.Again):
             sock.send_multipart([frame] * 160)

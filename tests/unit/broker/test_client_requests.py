@@ -14,6 +14,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
+from helpers.zmq_sockets import bounded_socket
 
 from common.broker.broker import Broker
 from common.broker.producer_groups import MAX_PRODUCERS_PER_GROUP, ProducerGroups
@@ -109,8 +110,8 @@ def test_an_answer_counts_only_from_the_client_asked(make_broker: Callable[..., 
     dropped; the first one's own answer settles it."""
     broker = make_broker()
     ctx: zmq.Context[Any] = zmq.Context()
-    asked_sock = ctx.socket(zmq.DEALER)
-    other = ctx.socket(zmq.DEALER)
+    asked_sock = bounded_socket(ctx, zmq.DEALER)
+    other = bounded_socket(ctx, zmq.DEALER)
     try:
         for s in (asked_sock, other):
             s.setsockopt(zmq.LINGER, 0)
@@ -147,9 +148,8 @@ def test_a_frame_that_looks_like_an_answer_but_is_garbage_is_answered_bad_reques
     20260421 frame 14)."""
     broker = make_broker()
     ctx: zmq.Context[Any] = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
+    sock = bounded_socket(ctx, zmq.DEALER)
     try:
-        sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVTIMEO, 5000)
         sock.connect(f"tcp://{addr(broker)}")
         sock.send_multipart([b"\x95\x01\n\x01\x82\xa5topic\xa4fuzz\xa7queueId@", b"body"])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import zmq
 from helpers.brokers import addr
+from helpers.zmq_sockets import bounded_socket
 
 from common.broker.broker import Broker
 from common.client import Consumer, Producer
@@ -109,8 +110,7 @@ def test_sql92_waits_for_enable_property_filter_and_a_bad_expression_is_refused(
 def wire_pull(address: str, topic: str, offset: int, **fields: Any) -> tuple[Any, int]:
     """One PULL on a raw socket: (the answer, bytes received)."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock = bounded_socket(ctx, zmq.DEALER)
     sock.setsockopt(zmq.RCVTIMEO, 10_000)
     try:
         sock.connect(f"tcp://{address}")

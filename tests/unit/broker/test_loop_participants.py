@@ -23,6 +23,7 @@ import zmq
 from helpers.brokers import addr, free_port
 from helpers.fake_slave import FakeSlave, ha_service
 from helpers.fake_store import FakeStore
+from helpers.zmq_sockets import bounded_socket
 
 from common.broker.broker import Broker
 from common.broker.loop import ParticipantThread
@@ -48,8 +49,7 @@ class Probe:
 
     def __init__(self, timeout_ms: int | None = None, fail_in: str = "") -> None:
         self.ctx: zmq.Context[Any] = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PULL)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock = bounded_socket(self.ctx, zmq.PULL)
         self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
         self.calls: collections.Counter[str] = collections.Counter()
         self.threads: set[str] = set()
@@ -97,7 +97,7 @@ class Probe:
         self.closed.set()
 
     def push(self, payload: bytes) -> None:
-        with self.ctx.socket(zmq.PUSH) as push:
+        with bounded_socket(self.ctx, zmq.PUSH) as push:
             push.setsockopt(zmq.LINGER, 1000)
             push.connect(self.endpoint)
             push.send(payload)
@@ -240,8 +240,7 @@ def test_sync_put_is_answered_from_the_ack_in_the_io_threads_own_pass(
 
 def free_to_bind(port: int) -> bool:
     ctx: zmq.Context[Any] = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock = bounded_socket(ctx, zmq.ROUTER)
     try:
         sock.bind(f"tcp://127.0.0.1:{port}")
         return True

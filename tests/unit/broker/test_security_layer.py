@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers.zmq_sockets import bounded_socket
 from zmq.auth.thread import ThreadAuthenticator
 
 from common.broker import security as sec_mod
@@ -108,8 +109,7 @@ def ctx() -> Iterator[zmq.Context[Any]]:
 def client(ctx: zmq.Context[Any], keys: Keys, name: str, server_pub: bytes,
            endpoint: str) -> zmq.Socket[Any]:
     pair = load_secret(keys.secret(name))
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
+    sock = bounded_socket(ctx, zmq.DEALER)
     sock.curve_publickey = pair.public
     assert pair.secret is not None
     sock.curve_secretkey = pair.secret
@@ -135,8 +135,7 @@ def test_without_a_zap_handler_curve_admits_any_key(ctx: zmq.Context[Any], keys:
     """Why the guard exists: libzmq lets in every client that knows the server's public key
     when no ZAP handler runs in the Context, zap_domain or not."""
     server_pair = load_secret(keys.secret("broker"))
-    server = ctx.socket(zmq.ROUTER)
-    server.linger = 0
+    server = bounded_socket(ctx, zmq.ROUTER)
     assert server_pair.secret is not None
     server.curve_secretkey = server_pair.secret
     server.curve_publickey = server_pair.public
@@ -406,8 +405,7 @@ def test_the_zap_handler_refuses_other_mechanisms_and_survives_a_failing_check(
 
     auth = sec_mod.ZapAuthenticator(ctx, admit)
     auth.start()
-    req = ctx.socket(zmq.REQ)
-    req.linger = 0
+    req = bounded_socket(ctx, zmq.REQ)
     req.connect(sec_mod.ZAP_ENDPOINT)
     try:
         def ask(*frames: bytes) -> list[bytes]:

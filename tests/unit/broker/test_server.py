@@ -14,6 +14,7 @@ import msgpack
 import pytest
 import zmq
 from helpers.brokers import addr
+from helpers.zmq_sockets import bounded_socket
 
 from common.broker.broker import Broker
 from common.client import Consumer, Producer
@@ -31,8 +32,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 def raw_call(address: str, frames: list[bytes], timeout_ms: int = 3000) -> Any:
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock = bounded_socket(ctx, zmq.DEALER)
     sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
     try:
         sock.connect(f"tcp://{address}")

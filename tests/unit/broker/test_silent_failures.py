@@ -26,6 +26,7 @@ import pytest
 import zmq
 from helpers.brokers import addr
 from helpers.replica_store import MemoryReplicaStore
+from helpers.zmq_sockets import bounded_socket
 from test_loop_participants import FakeSlave, Probe, ha_service, in_sync, probes, wait_for
 
 from common.broker import loop
@@ -146,8 +147,7 @@ class ReopenProbe(Probe):
         self.reopened += 1
         self._fail_in = ""  # the cause is gone
         port = int(self.endpoint.rsplit(":", 1)[1])
-        self.sock = self.ctx.socket(zmq.PULL)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock = bounded_socket(self.ctx, zmq.PULL)
         self.sock.bind(f"tcp://127.0.0.1:{port}")
         self.closed.clear()
 
@@ -224,8 +224,7 @@ class FlakyStore(MemoryReplicaStore):
 def test_a_dead_ha_client_thread_is_logged_and_restarted_from_its_store(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     ctx: zmq.Context[Any] = zmq.Context()
-    master = ctx.socket(zmq.ROUTER)
-    master.setsockopt(zmq.LINGER, 0)
+    master = bounded_socket(ctx, zmq.ROUTER)
     master.setsockopt(zmq.RCVTIMEO, 10_000)
     port = master.bind_to_random_port("tcp://127.0.0.1")
     cfg = load_config(None, (), env={}, brokerRole="SLAVE", brokerId=1,
@@ -278,8 +277,7 @@ def test_a_dead_ha_client_thread_is_logged_and_restarted_from_its_store(
 def silent_broker() -> Iterator[str]:
     """A ROUTER that reads requests and never answers."""
     ctx: zmq.Context[Any] = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock = bounded_socket(ctx, zmq.ROUTER)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     stop = threading.Event()
 

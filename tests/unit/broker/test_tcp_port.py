@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers.zmq_sockets import bounded_socket
 
 from common.broker import tcp_port
 from common.broker.tcp_port import SILENT_SWEEPS, TcpPort, parse_endpoint
@@ -33,8 +34,7 @@ class Rig:
         self.messages: list[tuple[bytes, list[bytes]]] = []
 
     def dealer(self) -> zmq.Socket[Any]:
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock = bounded_socket(self.ctx, zmq.DEALER)
         sock.connect(f"tcp://127.0.0.1:{self.port.port}")
         return sock
 

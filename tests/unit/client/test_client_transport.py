@@ -18,6 +18,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
+from helpers.zmq_sockets import bounded_socket
 from time_bounds import late_s
 
 from common.client import ClientTimeoutError, ConnectionLostError, Transport
@@ -46,8 +47,7 @@ class ScriptedBroker:
         self.received = 0
         self.served = 0
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock = bounded_socket(self._ctx, zmq.ROUTER)
         if port:
             self._sock.bind(f"tcp://127.0.0.1:{port}")
         else:
@@ -240,7 +240,7 @@ def test_an_answer_sent_just_before_the_broker_closes_is_kept() -> None:
     from common.client import new_dealer
 
     sctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    router = sctx.socket(zmq.ROUTER)
+    router = bounded_socket(sctx, zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     server = threading.Thread(target=_answer_once_then_close, args=(router, sctx))
     server.start()
@@ -272,8 +272,7 @@ def test_a_timed_out_call_leaves_no_request_behind(plain: bool) -> None:
             t.call_sync(f"127.0.0.1:{port}", RequestCode.STATUS, {"marker": marker},
                         timeout_ms=300)
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        router = ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
+        router = bounded_socket(ctx, zmq.ROUTER)
         router.bind(f"tcp://127.0.0.1:{port}")
         strays = []
         try:
@@ -312,7 +311,7 @@ def test_a_call_whose_connection_drops_ends_at_once(blocking: bool, plain: bool)
     ConnectionLostError (retriable, outcome unknown) right away rather than at its deadline
     (a blocking call within LOST_CHECK_MS); the next call goes over a new connection."""
     sctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    router = sctx.socket(zmq.ROUTER)
+    router = bounded_socket(sctx, zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     server = threading.Thread(target=_take_one_request_then_close, args=(router, sctx))
     server.start()
@@ -599,7 +598,7 @@ def test_an_io_thread_call_waits_for_a_broker_not_up_yet_and_goes_out_once_it_is
 
 def test_a_plain_call_keeps_an_answer_sent_just_before_the_broker_closes() -> None:
     sctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    router = sctx.socket(zmq.ROUTER)
+    router = bounded_socket(sctx, zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     server = threading.Thread(target=_answer_once_then_close, args=(router, sctx))
     server.start()

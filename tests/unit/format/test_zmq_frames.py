@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
+from helpers.zmq_sockets import bounded_socket
 
 from common.format.zmq_frames import POLLIN, recv_buffers, recv_message, send_frames
 
@@ -22,8 +23,8 @@ def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
 def test_frames_arrive_as_one_message_each_with_the_identity_first(
     ctx: zmq.Context[zmq.Socket[bytes]],
 ) -> None:
-    router = ctx.socket(zmq.ROUTER)
-    dealer = ctx.socket(zmq.DEALER)
+    router = bounded_socket(ctx, zmq.ROUTER)
+    dealer = bounded_socket(ctx, zmq.DEALER)
     try:
         router.bind("inproc://frames")
         dealer.setsockopt(zmq.ROUTING_ID, b"peer-1")
@@ -42,8 +43,8 @@ def test_frames_arrive_as_one_message_each_with_the_identity_first(
 
 
 def test_nothing_is_sent_when_the_socket_cannot_take_it(ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
-    dealer = ctx.socket(zmq.DEALER)
-    router = ctx.socket(zmq.ROUTER)
+    dealer = bounded_socket(ctx, zmq.DEALER)
+    router = bounded_socket(ctx, zmq.ROUTER)
     try:
         with pytest.raises(zmq.Again):  # no peer at all: the first frame is refused
             send_frames(dealer, [b"lost-header", b"lost-body"])
@@ -70,8 +71,8 @@ def test_an_identity_alone_is_refused() -> None:
 def test_whole_messages_are_received_as_bytes_or_as_buffers(
     ctx: zmq.Context[zmq.Socket[bytes]],
 ) -> None:
-    router = ctx.socket(zmq.ROUTER)
-    dealer = ctx.socket(zmq.DEALER)
+    router = bounded_socket(ctx, zmq.ROUTER)
+    dealer = bounded_socket(ctx, zmq.DEALER)
     try:
         router.bind("inproc://whole")
         dealer.setsockopt(zmq.ROUTING_ID, b"peer-2")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import zmq
+from helpers.zmq_sockets import bounded_socket
 
 from common.format import zmtp
 from common.format.zmtp import Connection, Oversized, ZmtpError
@@ -140,9 +141,9 @@ def test_libzmq_dealer_talks_to_it() -> None:
     other: the greeting, READY, messages both ways, PING answered, a bounded message refused."""
     ctx: zmq.Context[Any] = zmq.Context()
     try:
-        server = ctx.socket(zmq.STREAM)
+        server = bounded_socket(ctx, zmq.STREAM)
         port = server.bind_to_random_port("tcp://127.0.0.1")
-        client = ctx.socket(zmq.DEALER)
+        client = bounded_socket(ctx, zmq.DEALER)
         client.setsockopt(zmq.HEARTBEAT_IVL, 100)
         client.setsockopt(zmq.HEARTBEAT_TIMEOUT, 2000)
         client.connect(f"tcp://127.0.0.1:{port}")

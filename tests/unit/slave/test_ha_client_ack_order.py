@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import zmq
 from helpers.replica_store import MemoryReplicaStore
+from helpers.zmq_sockets import bounded_socket
 
 from common.core.config import load_config
 from common.ha.epochs import EpochEntry
@@ -54,8 +55,7 @@ class RecordingStore(MemoryReplicaStore):
 
 def test_ack_is_sent_before_the_appended_bytes_are_dispatched(tmp_path: Path) -> None:
     ctx: zmq.Context[Any] = zmq.Context()
-    master = ctx.socket(zmq.ROUTER)
-    master.setsockopt(zmq.LINGER, 0)
+    master = bounded_socket(ctx, zmq.ROUTER)
     master.setsockopt(zmq.RCVTIMEO, 5000)
     port = master.bind_to_random_port("tcp://127.0.0.1")
     cfg = load_config(
