@@ -231,7 +231,6 @@ def forged_handle(topic: str, broker_name: str = BROKER_NAME) -> str:
 # ---- system topics, on every request that names a topic ------------------------------------------
 
 
-
 def by_topic(topic: str) -> dict[str, tuple[int, dict[str, Any], tuple[bytes, ...]]]:
     return {
         "SEND": (RequestCode.SEND, {"topic": topic, "queueId": 0}, (b"x",)),
