@@ -81,6 +81,16 @@ def test_valid_base_requests_are_accepted() -> None:
         decode_request([_header(code, _valid_fields(code)), *_bodies(code)], LIMITS)
 
 
+# the request fields whose strings go into a stored record (a batch's meta aside)
+RECORD_STRINGS = {(RequestCode.SEND, "tags"), (RequestCode.SEND, "keys"),
+                  (RequestCode.CONSUMER_SEND_MSG_BACK, "originMsgId")}
+
+
+def test_the_strings_bound_for_a_record_are_the_text_fields() -> None:
+    assert RECORD_STRINGS == {(code, name) for code, schema in SCHEMAS.items()
+                              for name, spec in schema.items() if spec.kind == "text"}
+
+
 def fixed_corpus(limits: Limits = LIMITS) -> list[tuple[str, list[bytes]]]:
     """The named nasty frames of docs/drills.md row 9, as (label, frames)."""
     corpus: list[tuple[str, list[bytes]]] = [("empty message", []), ("empty header", [b""])]
@@ -123,13 +133,11 @@ def fixed_corpus(limits: Limits = LIMITS) -> list[tuple[str, list[bytes]]]:
                     (f"{code.name}.{name}={wrong!r:.12}", [_header(code, fields), *_bodies(code)])
                 )
     # a property separator in a string bound for a record: it would add properties of its own
-    for code, schema in SCHEMAS.items():
-        for name, spec in schema.items():
-            if spec.kind == "text":
-                for text in ("t\x02REAL_TOPIC\x01victim", "\x01", "a\x02"):
-                    fields = {**_valid_fields(code), name: text}
-                    corpus.append((f"{code.name}.{name}={text!r}",
-                                   [_header(code, fields), *_bodies(code)]))
+    for code, name in sorted(RECORD_STRINGS):
+        for text in ("t\x02REAL_TOPIC\x01victim", "\x01", "a\x02"):
+            fields = {**_valid_fields(code), name: text}
+            corpus.append((f"{code.name}.{name}={text!r}",
+                           [_header(code, fields), *_bodies(code)]))
     for item in ("tags", "keys"):
         entry = ["t\x02REAL_TOPIC\x01v", None, None, 0] if item == "tags" else \
             [None, "k\x01", None, 0]

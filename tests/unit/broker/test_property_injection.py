@@ -22,7 +22,7 @@ from common.client import Admin, Consumer, Producer
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import Message
 from common.core.pop import revive_topic
-from common.core.timer import TIMER_TICK
+from common.core.timer import TIMER_TICK, RecallHandle
 from common.format.protocol import RequestCode
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
@@ -93,6 +93,17 @@ def test_a_batch_entry_cannot_carry_a_separator(broker: Broker) -> None:
             msgs = [Message("mine", b"ok"), Message("mine", b"bad", tags=tags, keys=keys)]
             refused(lambda m=msgs: p.send_batch("mine", m, queue_id=0))  # type: ignore[misc]
     assert stored(broker, "mine") == []
+
+
+def test_a_recall_handle_cannot_carry_properties_into_its_marker(broker: Broker) -> None:
+    """The handle's message key goes into the marker's TIMER_DEL_UNIQKEY."""
+    due = int(time.time() * 1000) + 60_000
+    handle = RecallHandle("mine", "ib", due, "K\x02REAL_QID\x01-1").encode()
+    with Producer([addr(broker)]) as p:
+        resp = p._routed("mine", 0, None, None, lambda c, a, _m: c.request(
+            a, RequestCode.RECALL_MESSAGE, {"topic": "mine", "recallHandle": handle}))
+    assert resp.code == ResponseCode.MESSAGE_ILLEGAL and "message key" in resp.remark
+    assert broker.store.timer_status()["pending"] == 0
 
 
 def test_a_raw_send_is_refused_by_the_decoder_whatever_the_client(broker: Broker) -> None:
