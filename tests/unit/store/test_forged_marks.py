@@ -174,3 +174,20 @@ def test_an_op_delivered_into_the_op_topic_ends_nothing(replica: MessageStore) -
         store.set_confirm_offset(None)
     store.reput.catch_up()  # indexed now: found by the index, and still not taken
     assert store.transactions.decided(half).state is None  # type: ignore[arg-type]
+
+
+def test_a_forged_tick_not_yet_dispatched_does_not_move_a_new_masters_read_time(
+        replica: MessageStore) -> None:
+    """A promotion starts the dequeue from the newest tick in the records reput has not
+    dispatched yet: a forged one there would move the read time to 2100."""
+    store = replica
+    store.set_confirm_offset(store.commit_log.max_offset)  # what follows stays undispatched
+    assert store.put(Message("mine", b"forged", properties={
+        TIMER_TICK: str(YEAR_2100_MS), TIMER_SOURCE: "0"}), 0).ok
+    assert store.dispatched_phy_offset < store.commit_log.max_offset
+    store.set_master_services(True)  # promoted: the dequeue starts
+    assert store.timer.dequeuing
+    assert store.timer.read_time_ms < YEAR_2100_MS
+    store.set_confirm_offset(None)
+    assert store.put(Message("mine", b"due", properties={TIMER_DELAY_MS: "200"}), 0).ok
+    wait_for(lambda: b"due" in bodies(store, "mine"), "a delivery after the promotion")
