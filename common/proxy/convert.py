@@ -148,8 +148,9 @@ def outgoing(msg: pb.Message) -> Outgoing:
 
 
 # replog's and RocketMQ's system properties: carried in SystemProperties or not at all, never
-# among a received message's user properties
-SYSTEM_PROPERTIES = frozenset({
+# among a received message's user properties (a client that sends a received message on keeps
+# its user properties, and one only the broker sets would be refused)
+SYSTEM_PROPERTIES = boundary.BROKER_ONLY_PROPERTIES | frozenset({
     PROPERTY_UNIQ_KEY, "KEYS", "TAGS", "WAIT", "DELAY", "REAL_TOPIC", "REAL_QID", "RETRY_TOPIC",
     "ORIGIN_MESSAGE_ID", "__SHARDINGKEY", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC",
     "TIMER_DELAY_MS", "TIMER_OUT_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES",

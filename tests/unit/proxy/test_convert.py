@@ -82,3 +82,13 @@ def test_a_send_with_a_separator_or_a_brokers_property_is_refused_at_the_front_e
                      system_properties=pb.SystemProperties(**system))
     with pytest.raises(ValueError, match=words):
         convert.outgoing(msg)
+
+
+def test_a_received_message_shows_no_brokers_property_as_a_user_property() -> None:
+    """A client that sends a received message on keeps its user properties: one only the
+    broker sets (a delayed delivery's __SCHED_SRC) would get it refused."""
+    props = {**STORED.properties, "__SCHED_SRC": "4096", "__TIMER_SRC": "8192"}
+    out = convert.message_of(stored(properties=props), "orders", pb.NORMAL)
+    assert dict(out.user_properties) == {"color": "blue"}
+    convert.outgoing(pb.Message(topic=pb.Resource(name="orders"), body=b"x",
+                                user_properties=out.user_properties))  # sent on as it is
