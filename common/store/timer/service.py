@@ -762,7 +762,8 @@ class TimerDequeue:
         for found in index.query(topic, key, 4, 0, 2**62):
             msg = store.entry_message(found)
             if msg is not None and msg.properties.get(TIMER_SOURCE) == \
-                    str(held.commit_log_offset):
+                    str(held.commit_log_offset) and \
+                    self._timer.trusted_tick(msg.topic, found, msg.properties) is not None:
                 return True
         return False
 

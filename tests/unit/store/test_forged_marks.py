@@ -191,3 +191,17 @@ def test_a_forged_tick_not_yet_dispatched_does_not_move_a_new_masters_read_time(
     store.set_confirm_offset(None)
     assert store.put(Message("mine", b"due", properties={TIMER_DELAY_MS: "200"}), 0).ok
     wait_for(lambda: b"due" in bodies(store, "mine"), "a delivery after the promotion")
+
+
+def test_a_forged_delivery_mark_does_not_pass_for_a_delivery(replica: MessageStore) -> None:
+    """A new master looks up whether each due message was delivered already (by its
+    ``__TIMER_SRC`` in the log): a record of the topic naming it, with no tick the timer
+    wrote, is not its delivery, and the message is delivered."""
+    store = replica
+    held = store.put(Message("mine", b"due", properties={TIMER_DELAY_MS: "300"}), 0)
+    assert held.ok
+    assert store.put(Message("mine", b"forged", properties={
+        TIMER_SOURCE: str(held.phy_offset)}), 0).ok
+    store.reput.catch_up()
+    store.set_master_services(True)  # promoted: the dequeue checks what was delivered
+    wait_for(lambda: b"due" in bodies(store, "mine"), "the delivery of the held message")
