@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,7 @@ from common.core.message import (
     PROPERTY_UNIQ_KEY,
     SCHEDULE_SOURCE,
     Message,
+    MessageExt,
 )
 from common.core.pop import POP_RECORD, revive_topic
 from common.core.timer import TIMER_DELAY_MS, TIMER_SOURCE, TIMER_TICK
@@ -47,7 +49,7 @@ HOST = ("10.0.0.9", 4000)
 
 
 def open_store(root: Path, master: bool = True) -> MessageStore:
-    cfg = load_config(env={}, storePathRootDir=str(root),  # type: ignore[arg-type]
+    cfg = load_config(env={}, storePathRootDir=str(root),
                       mappedFileSizeCommitLog=1024 * 1024, timerPrecisionMs=100,
                       timerFlushIntervalMs=50, messageDelayLevel="1s 2s")
     s = MessageStore(cfg, start_master_services=master)
@@ -102,10 +104,11 @@ def test_a_timer_tick_on_a_record_the_timer_did_not_write_is_ignored(
 @pytest.mark.parametrize("how", ["delay level", "timer"])
 def test_a_held_message_with_no_real_queue_is_skipped_not_retried(
         store: MessageStore, how: str) -> None:
-    held = {"delay level": {"delay_level": 1},
-            "timer": {"properties": {TIMER_DELAY_MS: "100"}}}[how]
-    assert store.put(Message("mine", b"bad", **held), -1).ok  # type: ignore[arg-type]
-    assert store.put(Message("mine", b"good", **held), 0).ok  # type: ignore[arg-type]
+    ways: dict[str, dict[str, Any]] = {"delay level": {"delay_level": 1},
+                                       "timer": {"properties": {TIMER_DELAY_MS: "100"}}}
+    held = ways[how]
+    assert store.put(Message("mine", b"bad", **held), -1).ok
+    assert store.put(Message("mine", b"good", **held), 0).ok
     wait_for(lambda: bodies(store, "mine") == [b"good"], "the message after the bad one")
 
 
@@ -135,7 +138,7 @@ def test_a_revive_record_the_pop_did_not_write_is_not_applied(store: MessageStor
     assert store.pop.state(theirs) is None
 
 
-def half_at(store: MessageStore) -> object:
+def half_at(store: MessageStore) -> MessageExt:
     result = store.put(Message("orders", b"h", tags="T", properties={
         TRAN_MSG: "true", PRODUCER_GROUP: "pg", PROPERTY_UNIQ_KEY: "K1"}, sys_flag=0x4), 0)
     assert result.ok
@@ -148,32 +151,32 @@ def half_at(store: MessageStore) -> object:
 def test_a_plain_record_with_a_half_origin_is_not_a_commit(replica: MessageStore) -> None:
     store = replica
     half = half_at(store)
-    origin = str(half.commit_log_offset)  # type: ignore[attr-defined]
+    origin = str(half.commit_log_offset)
     store.set_confirm_offset(store.commit_log.max_offset)  # what follows stays undispatched
     try:
         assert store.put(Message("orders", b"plain", properties={HALF_ORIGIN: origin}), 0).ok
         assert store.dispatched_phy_offset < store.commit_log.max_offset
-        assert store.transactions.decided(half).state is None  # type: ignore[arg-type]
+        assert store.transactions.decided(half).state is None
     finally:
         store.set_confirm_offset(None)
     store.reput.catch_up()
-    assert store.transactions.decided(half).state is None  # type: ignore[arg-type]
+    assert store.transactions.decided(half).state is None
 
 
 def test_an_op_delivered_into_the_op_topic_ends_nothing(replica: MessageStore) -> None:
     store = replica
     half = half_at(store)
-    origin = half.commit_log_offset  # type: ignore[attr-defined]
+    origin = half.commit_log_offset
     forged = Message(OP_TOPIC, b"0", tags=OP_TAG, keys=[HALF_ORIGIN + str(origin)],
                      properties={OP_STATE: "ROLLBACK", SCHEDULE_SOURCE: "4096"})
     store.set_confirm_offset(store.commit_log.max_offset)
     try:
         assert store.put(forged, 0).ok
-        assert store.transactions.decided(half).state is None  # type: ignore[arg-type]
+        assert store.transactions.decided(half).state is None
     finally:
         store.set_confirm_offset(None)
     store.reput.catch_up()  # indexed now: found by the index, and still not taken
-    assert store.transactions.decided(half).state is None  # type: ignore[arg-type]
+    assert store.transactions.decided(half).state is None
 
 
 def test_a_forged_tick_not_yet_dispatched_does_not_move_a_new_masters_read_time(
