@@ -92,6 +92,7 @@ def test_a_timer_tick_on_a_record_the_timer_did_not_write_is_ignored(
     assert forged.ok
     store.reput.catch_up()
     assert store.timer.delivered_tick < YEAR_2100_MS
+    assert store.timer.stats["untrusted_marks"] == 1  # counted (and logged once)
     # a delivery the timer wrote still counts
     assert store.put(Message("mine", b"due", properties={TIMER_DELAY_MS: "200"}), 0).ok
     wait_for(lambda: b"due" in bodies(store, "mine"), "the timer's delivery")
@@ -110,6 +111,9 @@ def test_a_held_message_with_no_real_queue_is_skipped_not_retried(
     assert store.put(Message("mine", b"bad", **held), -1).ok
     assert store.put(Message("mine", b"good", **held), 0).ok
     wait_for(lambda: bodies(store, "mine") == [b"good"], "the message after the bad one")
+    skipped = store.schedule.refused if how == "delay level" else \
+        store.timer.stats["refused_targets"]
+    assert skipped == 1
 
 
 def test_a_held_message_is_never_delivered_into_the_revive_topic(store: MessageStore) -> None:
