@@ -131,3 +131,18 @@ def test_grpc_send_message_with_a_separator_in_its_tag_or_keys_is_refused(
             assert "\\x01 or \\x02" in resp.status.message
     assert broker.store.timer_status()["pending"] == 0  # nothing held to deliver
     assert stored(broker, "mine") == [] and stored(broker, "victim") == []
+
+
+def test_a_producer_may_not_set_the_schedules_mark_or_the_record_crc(broker: Broker) -> None:
+    """__SCHED_SRC would tell the delay service a message was delivered; __CRC32# at the end
+    of the properties would make readers check a CRC never computed."""
+    with Producer([addr(broker)]) as p:
+        for name in ("__SCHED_SRC", "__CRC32#"):
+            with pytest.raises(BrokerError) as e:
+                p.send("mine", b"x", queue_id=0, properties={name: "0000000000"})
+            assert e.value.code == ResponseCode.MESSAGE_ILLEGAL and name in e.value.remark
+            with pytest.raises(BrokerError) as batch:
+                p.send_batch("mine", [Message("mine", b"x", properties={name: "0"})],
+                             queue_id=0)
+            assert name in batch.value.remark
+    assert stored(broker, "mine") == []
