@@ -49,7 +49,7 @@ from common.core.message import (
 )
 from common.core.subscription import Subscription
 from common.core.transaction import TransactionState
-from common.format.boundary import end_refusal
+from common.format import boundary
 from common.format.protocol import SCHEMAS, Request, RequestCode, Response
 from common.store.api import WriteStore
 from common.store.flush import FLUSHED
@@ -250,6 +250,10 @@ class MasterRole:
             handle = recall.RecallHandle.decode(f["recallHandle"])
         except ValueError as e:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"recall refused: {e}")
+        why = boundary.text_refusal(handle.uniq_key)
+        if why is not None:  # it goes into the marker's TIMER_DEL_UNIQKEY
+            return reply(req, ResponseCode.MESSAGE_ILLEGAL,
+                         f"recall refused: the handle's message key {why}")
         if handle.topic != f["topic"]:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                          f"recall refused: the handle is of topic {handle.topic}, not "
@@ -283,7 +287,7 @@ class MasterRole:
                          f"end refused: no half message starts at commitLogOffset "
                          f"{f['commitLogOffset']}")
         tx_id = half.properties.get(transactions.TRANSACTION_ID, "")
-        why = end_refusal(half.properties, f["producerGroup"], f["topic"],
+        why = boundary.end_refusal(half.properties, f["producerGroup"], f["topic"],
                           f.get("transactionId") or "")
         if why is not None:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL,
@@ -563,9 +567,9 @@ def _put_reply(
 
 
 MAX_DELAY_LEVEL = SCHEMAS[RequestCode.SEND]["delayLevel"].hi
-# properties only the broker sets: a forged one would resolve a transaction, or tell slaves
-# that timer ticks were delivered
-BROKER_ONLY = (*timer_messages.RESERVED, *transactions.RESERVED)
+# properties only the broker sets (the trust boundary's list): a forged one would resolve a
+# transaction, tell slaves that timer ticks were delivered, or pass for a revive record
+BROKER_ONLY = tuple(sorted(boundary.BROKER_ONLY_PROPERTIES))
 # a SEND whose properties hold none of these (and with no delay level, no prepared sysflag)
 # is a plain one: ``_special_send``'s checks are skipped, one set look-up instead
 _SPECIAL_PROPERTIES = frozenset((PROPERTY_DELAY, transactions.TRAN_MSG,
@@ -589,7 +593,7 @@ def _no_message_group(req: Request, topic: str) -> Response:
 
 def _broker_only(props: dict[str, str]) -> str | None:
     """The first property of ``props`` that only the broker sets, if any."""
-    return next((name for name in BROKER_ONLY if name in props), None)
+    return boundary.broker_only(props)
 
 
 def _delay_property(props: dict[str, str]) -> int | None:

@@ -24,17 +24,19 @@ from common.core.message import (
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_TAGS,
-    SCHEDULE_SOURCE,
     MessageExt,
     dlq_topic,
     retry_topic,
 )
+from common.format.boundary import BROKER_ONLY_PROPERTIES
 
 DLQ_QUEUE = 0  # RocketMQ's DLQ_NUMS_PER_GROUP is 1
 
-# properties of one stored copy, not of the message (a resend is a new copy)
-_NOT_CARRIED = {PROPERTY_TAGS, PROPERTY_KEYS, SCHEDULE_SOURCE, "DELAY", "REAL_TOPIC",
-                "REAL_QID", "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"}
+# properties of one stored copy, not of the message (a resend is a new copy); the ones only
+# the broker sets (a committed transaction's __TRAN_HALF, kept by a send-back) would get the
+# resend refused
+_NOT_CARRIED = {PROPERTY_TAGS, PROPERTY_KEYS, "DELAY", "REAL_TOPIC", "REAL_QID",
+                "UNIQ_CLIENT_MESSAGE_ID_KEYIDX", *BROKER_ONLY_PROPERTIES}
 
 
 @dataclasses.dataclass

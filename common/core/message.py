@@ -113,7 +113,10 @@ assert _MSG_ID.size == 16
 
 
 def encode_properties(props: dict[str, str]) -> bytes:
-    """RocketMQ ``messageProperties2String``: every entry ends with \\x02 (trailing one too)."""
+    """RocketMQ ``messageProperties2String``: every entry ends with \\x02 (trailing one too).
+
+    ValueError for a separator in a name or a value: it would add properties of its own (the
+    entry paths refuse it first, ``common/format/boundary.py``; this is the last line)."""
     if not props:
         return b""
     parts = []
@@ -121,7 +124,13 @@ def encode_properties(props: dict[str, str]) -> bytes:
         if value is None:
             continue
         parts.append(f"{name}{NAME_VALUE_SEP}{value}{PROPERTY_SEP}")
-    return "".join(parts).encode("utf-8")
+    text = "".join(parts)
+    if text.count(NAME_VALUE_SEP) != len(parts) or text.count(PROPERTY_SEP) != len(parts):
+        bad = next(n for n, v in props.items() if v is not None
+                   and (NAME_VALUE_SEP in f"{n}{v}" or PROPERTY_SEP in f"{n}{v}"))
+        raise ValueError(f"property {bad[:64]!r}: a name or value holds \\x01 or \\x02 "
+                         "(the property separators)")
+    return text.encode("utf-8")
 
 
 def decode_properties(raw: bytes | memoryview) -> dict[str, str]:

@@ -24,7 +24,9 @@
 #include "_codec_internal.h"
 #include <string.h>
 
-enum { K_INT = 0, K_STR, K_TOPIC, K_GROUP, K_PROPS, K_SYSFLAG, K_ROLE, K_OTHER };
+/* protocol.py's _NATIVE_KINDS, in its order; K_TEXT is a str bound for a record (tags, keys):
+ * one with a property separator is left to the Python path, which refuses it */
+enum { K_INT = 0, K_STR, K_TOPIC, K_GROUP, K_PROPS, K_SYSFLAG, K_ROLE, K_TEXT, K_OTHER };
 
 typedef struct {
     PyObject *limits;  /* strong: the Limits object these were read from */
@@ -179,10 +181,12 @@ static int value_ok(PyObject *spec, PyObject *v, const LimitsEntry *lim) {
     switch (kind) {
     case K_INT:
         return int_in(v, lo, hi, NULL);
-    case K_STR: {
+    case K_STR:
+    case K_TEXT: {
         if (!PyUnicode_CheckExact(v)) return 0;
         Py_ssize_t size = utf8_size(v);
-        return size >= 0 && size >= lo && size <= hi;
+        if (size < 0 || size < lo || size > hi) return 0;
+        return kind == K_STR || !has_separator(v);
     }
     case K_TOPIC:
         return good_name(v, lim->max_topic_length);

@@ -107,6 +107,10 @@ static Py_ssize_t put_text(unsigned char *t, Py_ssize_t room, PyObject *text) {
         return -1;
     }
     if (n > room) return -1;
+    /* a separator would add properties: decode_request refuses it before here, and a text
+     * that holds one anyway is the Python path's to refuse (boundary.py) */
+    if (memchr(utf8, 0x01, (size_t)n) != NULL || memchr(utf8, 0x02, (size_t)n) != NULL)
+        return -1;
     memcpy(t, utf8, (size_t)n);
     return n;
 }

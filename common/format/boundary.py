@@ -5,21 +5,43 @@ console) holds what a client sends to these rules before it reaches a processor 
 the C paths enforce the same rules and tests hold them to these. Each rule answers with the
 reason a value is refused, or None: the caller turns a reason into its own refusal.
 ``docs/security.md`` lists every entry path, what it checks here, and the test that holds it.
+
+A record's properties are ``name\\x01value\\x02`` (``common/core/message.py``): a separator in
+any string bound for a record (tags, keys, a property's name or value, a message id) would add
+properties of the sender's choosing, and the last of a name wins when read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from common.core import timer, transaction
-from common.core.message import NAME_VALUE_SEP, PROPERTY_REAL_TOPIC, PROPERTY_SEP, is_system_topic
+from common.core.message import (
+    NAME_VALUE_SEP,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_SEP,
+    SCHEDULE_SOURCE,
+    is_system_topic,
+)
 from common.core.pop import POP_RECORD
 from common.format.acl import PUB, Account
+from common.format.record import PROP_CRC_NAME
 
 SEPARATORS = (NAME_VALUE_SEP, PROPERTY_SEP)
+MAX_QUEUE_ID = 65535  # a topic's queue ids are 0 to this (RocketMQ's, and the codec's bound)
+SEPARATOR_REASON = "may not hold \\x01 or \\x02 (RocketMQ's property separators)"
 
-# properties only the broker writes: a client's message carrying one is refused
-BROKER_ONLY_PROPERTIES = frozenset((*timer.RESERVED, *transaction.RESERVED, POP_RECORD))
+# Properties only the broker writes: a client's message carrying one is refused. Each is read as
+# the broker's own word: the timer's marks (a forged tick stops deliveries, a forged recall drops
+# a message), a transaction's (a forged origin or op state ends another's transaction), a
+# revive record's kind, the schedule's delivery mark (a forged one tells the delay service a
+# message was delivered), the whole-record CRC entry (a forged one at the end of the properties
+# makes a reader check a CRC the writer never computed). REAL_TOPIC and REAL_QID are not here:
+# a client may carry them (RocketMQ leaves them on a delivered delay message, and a client that
+# forwards one keeps them); the broker sets both itself on every record it holds for later
+# (schedule, timer, half), over a client's, and reads them only on those records.
+BROKER_ONLY_PROPERTIES = frozenset((*timer.RESERVED, *transaction.RESERVED, POP_RECORD,
+                                    SCHEDULE_SOURCE, PROP_CRC_NAME))
 
 
 def has_separator(text: str) -> bool:
@@ -30,8 +52,46 @@ def has_separator(text: str) -> bool:
 def text_refusal(text: str) -> str | None:
     """Why a string bound for a record (tags, keys, a property's name or value) is refused."""
     if NAME_VALUE_SEP in text or PROPERTY_SEP in text:
-        return "may not hold \\x01 or \\x02 (RocketMQ's property separators)"
+        return SEPARATOR_REASON
     return None
+
+
+def texts_refusal(texts: Iterable[str]) -> str | None:
+    """``text_refusal`` of the first refused of ``texts`` (a message's keys, one each)."""
+    return next((why for why in map(text_refusal, texts) if why is not None), None)
+
+
+def properties_refusal(props: Mapping[str, str]) -> str | None:
+    """Why a client's properties map is refused: a separator in a name or a value."""
+    for name, value in props.items():
+        if has_separator(name) or has_separator(value):
+            return f"property {name[:64]!r}: names and values {SEPARATOR_REASON}"
+    return None
+
+
+def broker_only(props: Iterable[str]) -> str | None:
+    """The first of the property names ``props`` that only the broker sets, if any."""
+    return next((name for name in props if name in BROKER_ONLY_PROPERTIES), None)
+
+
+def delivery_refusal(real_topic: str, real_queue: str) -> str | None:
+    """Why a held record (a delayed or timer message, its ``REAL_TOPIC`` and ``REAL_QID``) may
+    not be delivered: into a system topic, or to a queue id that is not one. The broker sets
+    both from the send it held, so neither happens but for a record it did not write itself;
+    the delivering service skips such a record rather than retry a put that cannot succeed."""
+    if is_system_topic(real_topic):
+        return f"REAL_TOPIC {real_topic} is a system topic"
+    if not (real_queue.isascii() and real_queue.isdigit()) or int(real_queue) > MAX_QUEUE_ID:
+        return f"REAL_QID {real_queue[:32]!r} is not a queue id (0 to {MAX_QUEUE_ID})"
+    return None
+
+
+def delivered_here(props: Mapping[str, str]) -> bool:
+    """Whether a record carries the mark of a delayed delivery (the schedule's or the timer's
+    source): in a system topic but the timer's own (its rolls carry its source), such a record
+    is not the broker's, whatever else it says (the services deliver into a client's topics
+    only: ``delivery_refusal``)."""
+    return SCHEDULE_SOURCE in props or timer.TIMER_SOURCE in props
 
 
 def topic_refusal(topic: str) -> str | None:

@@ -47,13 +47,11 @@ from common.core.errors import ResponseCode
 from common.core.message import (
     CLIENT_SYSFLAGS,
     MAX_INFLATED_BYTES,
-    NAME_VALUE_SEP,
-    PROPERTY_SEP,
     SYSFLAG_COMPRESSED,
     MessageExt,
     inflate_body,
 )
-from common.format import record
+from common.format import boundary, record
 
 PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 1024 * 1024  # never more than the frame limit either
@@ -62,7 +60,7 @@ MAX_MAP_ENTRIES = 256  # fields of a header, entries of a properties map
 MAX_DEPTH = 5  # header -> fields -> meta list -> one meta entry -> its properties map
 MAX_PULL_NUMS = 1024
 MAX_POP_NUMS = 32  # RocketMQ's ceiling for one POP
-MAX_QUEUE_ID = 65535
+MAX_QUEUE_ID = boundary.MAX_QUEUE_ID
 MAX_QUEUE_NUMS = 1024
 MAX_OFFSET = (1 << 63) - 1
 # LOG_CHECKSUM hashes at most this many bytes per request (the broker reads and hashes them
@@ -210,7 +208,9 @@ class Response(NamedTuple):
 class Field:
     """One named header field: its kind, whether it is required and its bounds."""
 
-    kind: str  # int, str, topic, group, props, meta, sizes, role, sysflag
+    # int, str, text (a str bound for a record: no property separator), topic, group, props,
+    # meta, sizes, role, sysflag
+    kind: str
     required: bool = False
     lo: int = 0
     hi: int = MAX_INT32
@@ -219,8 +219,8 @@ class Field:
 
 _TOPIC = Field("topic", required=True)
 _QUEUE = Field("int", required=True, lo=0, hi=MAX_QUEUE_ID)
-_TAGS = Field("str", hi=MAX_TAGS_LENGTH)
-_KEYS = Field("str", hi=MAX_KEYS_LENGTH)
+_TAGS = Field("text", hi=MAX_TAGS_LENGTH)
+_KEYS = Field("text", hi=MAX_KEYS_LENGTH)
 _GROUP = Field("group")
 _BORN = Field("int", lo=0, hi=MAX_OFFSET, default=0)
 
@@ -375,7 +375,7 @@ SPECS: dict[RequestCode, RequestSpec] = {
         "group": Field("group", required=True),
         "offset": Field("int", required=True, lo=0, hi=MAX_OFFSET),  # the record's CommitLog offset
         "originTopic": _TOPIC,  # the topic the consumer read it as (RocketMQ's originTopic)
-        "originMsgId": Field("str", hi=64),
+        "originMsgId": Field("text", hi=64),  # the copy's ORIGIN_MESSAGE_ID
         # 0: the broker's choice (3 + reconsume times); -1: straight to the DLQ
         "delayLevel": Field("int", lo=-1, hi=64, default=0),
         # -1: the group's retryMaxTimes (subscriptionGroup.json; 16 unless configured)
@@ -646,8 +646,9 @@ _RESPONSE_CODES: dict[int, ResponseCode] = {int(c): c for c in ResponseCode}
 
 # The C codec's view of the field kinds (``_codec.c``): the kinds it checks itself; any other
 # (meta, sizes) sends the request to the Python path.
-_NATIVE_KINDS = {"int": 0, "str": 1, "topic": 2, "group": 3, "props": 4, "sysflag": 5, "role": 6}
-_NATIVE_OTHER = 7
+_NATIVE_KINDS = {"int": 0, "str": 1, "topic": 2, "group": 3, "props": 4, "sysflag": 5, "role": 6,
+                 "text": 7}
+_NATIVE_OTHER = 8
 
 
 def _native_tables() -> dict[str, Any]:
@@ -860,6 +861,8 @@ def _check_value(name: str, spec: Field, value: Any, limits: Limits) -> Any:
         return value
     if kind == "str":
         return _check_str(name, value, spec.lo, spec.hi)
+    if kind == "text":
+        return _check_text(name, value, spec.lo, spec.hi)
     if kind == "topic":
         return _check_name(name, value, limits.max_topic_length)
     if kind == "group":
@@ -888,6 +891,15 @@ def _check_str(name: str, value: Any, lo: int, hi: int) -> str:
     return value
 
 
+def _check_text(name: str, value: Any, lo: int, hi: int) -> str:
+    """A string bound for a record (``boundary.text_refusal``)."""
+    text = _check_str(name, value, lo, hi)
+    why = boundary.text_refusal(text)
+    if why is not None:
+        raise ProtocolError(name, why)
+    return text
+
+
 _GOOD_NAMES: dict[str, int] = {}  # topic and group names already checked -> their UTF-8 size
 MAX_GOOD_NAMES = 4096
 
@@ -913,16 +925,12 @@ def _check_props(name: str, value: Any) -> dict[str, str]:
     for key, item in value.items():
         if not isinstance(item, str) or not key:
             raise ProtocolError(name, "entries must be non-empty str -> str")
-        if _has_separator(key) or _has_separator(item):
-            raise ProtocolError(name, "names and values may not hold \\x01 or \\x02")
+        if boundary.has_separator(key) or boundary.has_separator(item):
+            raise ProtocolError(name, f"names and values {boundary.SEPARATOR_REASON}")
         size += len(key) + len(item) + 2
     if size > record.MAX_PROPERTIES_BYTES:
         raise ProtocolError(name, f"{size} bytes of properties, at most {record.MAX_PROPERTIES_BYTES}")
     return value
-
-
-def _has_separator(text: str) -> bool:
-    return NAME_VALUE_SEP in text or PROPERTY_SEP in text
 
 
 def _check_meta(name: str, value: Any, limits: Limits) -> list[tuple[Any, ...]]:
@@ -942,8 +950,8 @@ def _check_meta(name: str, value: Any, limits: Limits) -> list[tuple[Any, ...]]:
         tags, keys, props, flag = entry[:4]
         out.append(
             (
-                None if tags is None else _check_str(where + ".tags", tags, 0, MAX_TAGS_LENGTH),
-                None if keys is None else _check_str(where + ".keys", keys, 0, MAX_KEYS_LENGTH),
+                None if tags is None else _check_text(where + ".tags", tags, 0, MAX_TAGS_LENGTH),
+                None if keys is None else _check_text(where + ".keys", keys, 0, MAX_KEYS_LENGTH),
                 {} if props is None else _check_props(where + ".properties", props),
                 _check_flag(where + ".flag", flag),
                 _check_sys_flag(where + ".sysFlag", entry[4] if len(entry) > 4 else None,

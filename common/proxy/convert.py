@@ -21,6 +21,7 @@ from common.core.message import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
 )
+from common.format import boundary
 from common.format.protocol import ProtocolError, Response, decode_record
 
 MESSAGE_TYPES = {"NORMAL": pb.NORMAL, "FIFO": pb.FIFO, "DELAY": pb.DELAY,
@@ -115,12 +116,23 @@ class Outgoing:
 def outgoing(msg: pb.Message) -> Outgoing:
     """A gRPC message to send; ValueError (BAD_REQUEST to the client) for what replog cannot
     store as it was meant: a compressed body encoding it does not know, a property name it
-    reserves."""
+    reserves, a property separator in a string bound for the record (``boundary.py``)."""
     sp = msg.system_properties
     if sp.body_encoding not in (pb.IDENTITY, pb.ENCODING_UNSPECIFIED):
         raise ValueError(f"body encoding {pb.Encoding.Name(sp.body_encoding)} is not "
                          "supported: send the body as it is (IDENTITY)")
+    for name, texts in (("tag", (sp.tag,)), ("keys", sp.keys), ("message_group",
+                        (sp.message_group,)), ("message_id", (sp.message_id,))):
+        why = boundary.texts_refusal(texts)
+        if why is not None:
+            raise ValueError(f"system_properties.{name} {why}")
     properties = dict(msg.user_properties)
+    why = boundary.properties_refusal(properties)
+    if why is not None:
+        raise ValueError(f"user_properties: {why}")
+    reserved = boundary.broker_only(properties)
+    if reserved is not None:
+        raise ValueError(f"user property {reserved} is set by the broker, not by a producer")
     if PROPERTY_UNIQ_KEY in properties:
         raise ValueError(f"user property {PROPERTY_UNIQ_KEY} is reserved (the message id)")
     if sp.message_id:
@@ -136,8 +148,9 @@ def outgoing(msg: pb.Message) -> Outgoing:
 
 
 # replog's and RocketMQ's system properties: carried in SystemProperties or not at all, never
-# among a received message's user properties
-SYSTEM_PROPERTIES = frozenset({
+# among a received message's user properties (a client that sends a received message on keeps
+# its user properties, and one only the broker sets would be refused)
+SYSTEM_PROPERTIES = boundary.BROKER_ONLY_PROPERTIES | frozenset({
     PROPERTY_UNIQ_KEY, "KEYS", "TAGS", "WAIT", "DELAY", "REAL_TOPIC", "REAL_QID", "RETRY_TOPIC",
     "ORIGIN_MESSAGE_ID", "__SHARDINGKEY", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC",
     "TIMER_DELAY_MS", "TIMER_OUT_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES",

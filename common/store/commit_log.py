@@ -264,7 +264,10 @@ class CommitLog:
         """(size, crc, flag, body, tail, reconsume times, sysflag) of one record, or the
         refusal."""
         if msg.tags or msg.keys or msg.properties or msg.delay_level:
-            props = encode_properties(msg.all_properties())
+            try:
+                props = encode_properties(msg.all_properties())
+            except ValueError as e:
+                return refused(PutStatus.MESSAGE_ILLEGAL, str(e))
         else:
             props = b""
         if self._crc_len:

@@ -45,6 +45,7 @@ from common.core.message import (
     Message,
     MessageExt,
 )
+from common.format import boundary
 from common.format.tables import parse_delay_offsets, read_table
 
 if TYPE_CHECKING:
@@ -141,6 +142,7 @@ class ScheduleService:
         self._thread: threading.Thread | None = None
         self.delivered = 0
         self.gated = 0  # passes that delivered nothing because the gate was shut
+        self.refused = 0  # held records skipped: their target is not one (boundary.py)
 
     def _load(self) -> dict[int, int]:
         """The file's progress; a file of the wrong shape is a ValueError naming it (the
@@ -243,6 +245,12 @@ class ScheduleService:
         held = store.entry_message(phy)
         if held is None or PROPERTY_REAL_TOPIC not in held.properties:
             log.error("event=schedule_skip offset=%d reason=unreadable_or_not_delayed", phy)
+            return True
+        why = boundary.delivery_refusal(held.properties[PROPERTY_REAL_TOPIC],
+                                        held.properties.get(PROPERTY_REAL_QID, "0"))
+        if why is not None:  # not a record this broker held: skipped, never retried
+            self.refused += 1
+            log.error("event=schedule_skip offset=%d reason=refused_target (%s)", phy, why)
             return True
         msg, queue_id = to_real_message(held)
         # delivered as RocketMQ's messageTimeup does: born time, born host and reconsume count

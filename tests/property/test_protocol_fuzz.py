@@ -81,6 +81,16 @@ def test_valid_base_requests_are_accepted() -> None:
         decode_request([_header(code, _valid_fields(code)), *_bodies(code)], LIMITS)
 
 
+# the request fields whose strings go into a stored record (a batch's meta aside)
+RECORD_STRINGS = {(RequestCode.SEND, "tags"), (RequestCode.SEND, "keys"),
+                  (RequestCode.CONSUMER_SEND_MSG_BACK, "originMsgId")}
+
+
+def test_the_strings_bound_for_a_record_are_the_text_fields() -> None:
+    assert RECORD_STRINGS == {(code, name) for code, schema in SCHEMAS.items()
+                              for name, spec in schema.items() if spec.kind == "text"}
+
+
 def fixed_corpus(limits: Limits = LIMITS) -> list[tuple[str, list[bytes]]]:
     """The named nasty frames of docs/drills.md row 9, as (label, frames)."""
     corpus: list[tuple[str, list[bytes]]] = [("empty message", []), ("empty header", [b""])]
@@ -122,6 +132,18 @@ def fixed_corpus(limits: Limits = LIMITS) -> list[tuple[str, list[bytes]]]:
                 corpus.append(
                     (f"{code.name}.{name}={wrong!r:.12}", [_header(code, fields), *_bodies(code)])
                 )
+    # a property separator in a string bound for a record: it would add properties of its own
+    for code, name in sorted(RECORD_STRINGS):
+        for text in ("t\x02REAL_TOPIC\x01victim", "\x01", "a\x02"):
+            fields = {**_valid_fields(code), name: text}
+            corpus.append((f"{code.name}.{name}={text!r}",
+                           [_header(code, fields), *_bodies(code)]))
+    for item in ("tags", "keys"):
+        entry = ["t\x02REAL_TOPIC\x01v", None, None, 0] if item == "tags" else \
+            [None, "k\x01", None, 0]
+        fields = {**_valid_fields(RequestCode.SEND_BATCH), "meta": [None, entry]}
+        corpus.append((f"SEND_BATCH.meta[1].{item} with a separator",
+                       [_header(RequestCode.SEND_BATCH, fields), b"a", b"b"]))
     corpus.append(("header not an array", [msgpack.packb({"a": 1})]))
     corpus.append(("header too short", [msgpack.packb([PROTOCOL_VERSION, 10])]))
     corpus.append(("fields not a map", [_header(RequestCode.STATUS, [1, 2])]))

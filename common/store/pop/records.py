@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from common.core.message import Message
+from common.core.message import PROPERTY_TAGS, Message
 from common.core.pop import POP_RECORD
 
 CK, ACK, CHANGE, DLQ = "ck", "ack", "chg", "dlq"
@@ -36,6 +36,14 @@ class PopRecord(NamedTuple):
                               "G": self.groups, "h": self.handles, "d": self.deadline_ms,
                               "n": self.next_after, "m": self.max_attempts})
         return Message(topic, body, tags=self.kind, properties={POP_RECORD: self.kind})
+
+
+def written_here(rec: PopRecord, props: dict[str, str]) -> bool:
+    """Whether a revive record's properties are the ones ``PopRecord.message`` writes (its kind
+    as ``__POP`` and as its tag, nothing else): any other record of the revive topic (a
+    delayed message once delivered into it, from before deliveries were held to
+    ``boundary.delivery_refusal``) is not the POP's, whatever its body says."""
+    return props == {POP_RECORD: rec.kind, PROPERTY_TAGS: rec.kind}
 
 
 def ck(key: Key, offsets: list[int], attempts: list[int], groups: list[str | None],

@@ -137,6 +137,9 @@ class PopStore:
         if rec is None:
             self.stats["skipped_records"] += 1
             log.warning("event=pop_record_unreadable offset=%d", phy)
+        elif raw is None or not records.written_here(rec, record_properties(raw)):
+            self.stats["skipped_records"] += 1  # a record of this topic the POP did not write
+            log.warning("event=pop_record_not_ours offset=%d kind=%s", phy, rec.kind)
         else:
             self._apply(rec, phy)
         self.applied_cq = queue_offset + 1

@@ -37,7 +37,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from common.core.config import TIMER_WHEEL_TICKS, BrokerConfig
@@ -63,7 +63,7 @@ from common.core.timer import (
     TIMER_TICK,
     TIMER_TOPIC,
 )
-from common.format import record
+from common.format import boundary, record
 from common.store.timer.checkpoint import TimerCheckpoint
 from common.store.timer.layout import (
     MAGIC_DEFAULT,
@@ -174,8 +174,38 @@ class TimerStore:
     def dispatch(self, req: Any) -> None:
         tick = req.properties.get(TIMER_TICK)
         if tick is not None and tick.isdigit() and int(tick) > self.delivered_tick:
-            self.delivered_tick = int(tick)
+            trusted = self.trusted_tick(req.topic, req.phy_offset, req.properties)
+            if trusted is None:
+                return
+            self.delivered_tick = trusted
             self._marks.note(req.phy_offset + req.size, self.delivered_tick)
+
+    def trusted_tick(self, topic: str, phy_offset: int, props: Mapping[str, str]) -> int | None:
+        """The tick a record of the timer's own says it was written for, or None for a record
+        that carries the marks but is not one (a client's, from before the entry paths refused
+        them): a roll is a record of the timer topic, which only the broker writes; a delivery
+        names by ``TIMER_SOURCE`` a timer record before it, held for this record's topic and
+        due no earlier than the tick. A forged tick would move the read time past every
+        message due before it."""
+        tick, source = props.get(TIMER_TICK, ""), props.get(TIMER_SOURCE, "")
+        if not (tick.isascii() and tick.isdigit()):
+            return None
+        if topic == TIMER_TOPIC:
+            return int(tick)
+        held = None
+        if source.isascii() and source.isdigit() and int(source) < phy_offset:
+            held = self.store.entry_message(int(source))
+        due = [held.properties.get(name, "") for name in (TIMER_DELIVER_MS, TIMER_OUT_MS)] \
+            if held is not None else []
+        if held is None or held.topic != TIMER_TOPIC or not any(d.isdigit() for d in due) \
+                or held.properties.get(PROPERTY_REAL_TOPIC) != topic \
+                or int(tick) > max(int(d) for d in due if d.isdigit()):
+            self.stats["untrusted_marks"] += 1
+            if self.stats["untrusted_marks"] == 1:  # once: an old log may hold many
+                log.warning("event=timer_mark_ignored offset=%d topic=%s: a timer tick on a "
+                            "record the timer did not write", phy_offset, topic)
+            return None
+        return int(tick)
 
     # ---- the store's service: recovery, enqueue, checkpoint ---------------------------------------
     def start(self) -> None:
@@ -602,11 +632,10 @@ class TimerDequeue:
         if not timer.enabled or timer.stop_dequeue:
             return
         store = timer.store
-        tail = [req.properties for req in store.undispatched_records()
-                if TIMER_SOURCE in req.properties]
-        self._pending = {int(props[TIMER_SOURCE]) for props in tail}
-        newest = max((int(p[TIMER_TICK]) for p in tail if p.get(TIMER_TICK, "").isdigit()),
-                     default=0)
+        ticks = [(req.properties, timer.trusted_tick(req.topic, req.phy_offset, req.properties))
+                 for req in store.undispatched_records() if TIMER_SOURCE in req.properties]
+        self._pending = {int(props[TIMER_SOURCE]) for props, tick in ticks if tick is not None}
+        newest = max((tick for _props, tick in ticks if tick is not None), default=0)
         with timer.lock:
             timer.read_time_ms = max(timer.read_time_ms, timer.delivered_tick, newest)
             timer.dequeuing = True
@@ -681,6 +710,13 @@ class TimerDequeue:
                 log.error("event=timer_skip offset=%d reason=unreadable_or_not_a_timer_record",
                           unit.offset_py)
                 continue
+            why = boundary.delivery_refusal(held.properties[PROPERTY_REAL_TOPIC],
+                                            held.properties.get(PROPERTY_REAL_QID, "0"))
+            if why is not None:  # not a record this broker held: skipped, never retried
+                timer.stats["refused_targets"] += 1
+                log.error("event=timer_skip offset=%d reason=refused_target (%s)",
+                          unit.offset_py, why)
+                continue
             target = held.properties.get(TIMER_DEL_UNIQKEY)
             if unit.magic & MAGIC_DELETE and not unit.magic & MAGIC_ROLL:
                 # a marker deletes in its own topic only (a send to A recalls nothing of B)
@@ -726,7 +762,8 @@ class TimerDequeue:
         for found in index.query(topic, key, 4, 0, 2**62):
             msg = store.entry_message(found)
             if msg is not None and msg.properties.get(TIMER_SOURCE) == \
-                    str(held.commit_log_offset):
+                    str(held.commit_log_offset) and \
+                    self._timer.trusted_tick(msg.topic, found, msg.properties) is not None:
                 return True
         return False
 

@@ -48,6 +48,7 @@ from common.core.transaction import (
     TRANSACTION_COMMIT_TYPE,
     TransactionState,
 )
+from common.format import boundary
 from common.store.reput import tail_records
 from common.store.transaction import records
 from common.store.transaction.hook import HalfHook
@@ -212,13 +213,14 @@ class TransactionStore:
                 text = req.properties.get(HALF_ORIGIN, "")
                 if req.topic == OP_TOPIC:
                     state = _state(req.properties.get(OP_STATE))
-                    if state is not None:
+                    if state is not None and not boundary.delivered_here(req.properties):
                         ended = records.key_origins(req.keys)
                         if text.isdigit():
                             ended.append(int(text))
                         for origin_ in ended:
                             self._tail[origin_] = (Decided(state, True), req.phy_offset)
-                elif text.isdigit():  # a commit, in its real topic
+                elif text.isdigit() and _is_commit_of(  # a commit, in its real topic
+                        store.entry_message(req.phy_offset), req.topic, int(text)):
                     if int(text) not in self._tail:
                         self._tail[int(text)] = (Decided(TransactionState.COMMIT, False),
                                                  req.phy_offset)
@@ -232,7 +234,8 @@ class TransactionStore:
 
     @staticmethod
     def _op_state(msg: MessageExt | None, origin: int) -> TransactionState | None:
-        if msg is None or msg.topic != OP_TOPIC or origin not in records.op_origins(msg):
+        if msg is None or msg.topic != OP_TOPIC or origin not in records.op_origins(msg) \
+                or boundary.delivered_here(msg.properties):
             return None
         return _state(msg.properties.get(OP_STATE))
 

@@ -120,6 +120,10 @@ def _good_value(kind: str, lo: int, hi: int) -> st.SearchStrategy[Any]:
     if kind == "str":
         return st.text(max_size=min(hi, 30)).filter(
             lambda s: lo <= len(s.encode("utf-8")) <= hi)
+    if kind == "text":  # bound for a record: no property separator
+        return st.text(st.characters(blacklist_characters="\x01\x02",
+                                     blacklist_categories=("Cs",)), max_size=min(hi, 30)).filter(
+            lambda s: lo <= len(s.encode("utf-8")) <= hi)
     if kind == "topic":
         return st.text(_NAME_CHARS, min_size=1, max_size=LIMITS.max_topic_length)
     if kind == "group":
@@ -164,6 +168,32 @@ def test_every_plain_request_is_decoded_in_c_as_the_reference_does(frames: list[
     assert _same_request(frames) is not None
 
 
+_TEXT_FIELDS = sorted((int(code), name) for code, spec in _PLAIN.items()
+                      for name, f in spec.fields.items() if f.kind == "text")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.sampled_from(_TEXT_FIELDS), st.text(max_size=8), st.sampled_from("\x01\x02"),
+       st.text(max_size=8))
+def test_a_separator_in_a_string_bound_for_a_record_is_refused_by_both(
+        data: st.DataObject, where: tuple[int, str], before: str, sep: str, after: str) -> None:
+    """Tags, keys, a send-back's origin id: the C codec leaves them to the Python checks,
+    which refuse them naming the field (the same answer either way)."""
+    code, name = RequestCode(where[0]), where[1]
+    spec = SPECS[code]
+    fields = {n: data.draw(_good_value(f.kind, f.lo, f.hi))
+              for n, f in spec.fields.items() if f.required}
+    fields[name] = before + sep + after
+    lo, _hi = spec.bodies
+    frames = encode_request(code, 5, fields, [b"x"] * lo)
+    if len(fields[name].encode()) > spec.fields[name].hi:
+        return  # refused for its length first
+    assert _same_request(frames) is None
+    with pytest.raises(ProtocolError) as e:
+        protocol.decode_request(frames, LIMITS)
+    assert e.value.field == name and "\\x01 or \\x02" in e.value.reason
+
+
 def _send(fields: dict[str, Any], bodies: list[Any] | None = None, version: Any = PROTOCOL_VERSION,
           opaque: Any = 9, code: Any = int(RequestCode.SEND)) -> list[Any]:
     base = {"topic": "orders", "queueId": 1}
@@ -189,6 +219,10 @@ NEAR_MISSES = {
     "tags over 255 bytes of UTF-8": _send({"tags": "é" * 128}),
     "tags at 255 bytes": _send({"tags": "é" * 127 + "a"}),
     "keys bytes": _send({"keys": b"k"}),
+    "tags with \\x02": _send({"tags": "t\x02REAL_TOPIC\x01victim"}),
+    "tags with \\x01 only": _send({"tags": "t\x01"}),
+    "keys with \\x01": _send({"keys": "k\x01v"}),
+    "keys with \\x02 past ASCII": _send({"keys": "é\x02"}),
     "unknown field": _send({"nope": 1}),
     "properties with \\x01": _send({"properties": {"a\x01": "b"}}),
     "properties with \\x02 in a value": _send({"properties": {"a": "b\x02"}}),

@@ -84,6 +84,8 @@ def test_response_round_trip() -> None:
         ({"topic": "x" * 200, "queueId": 0}, "topic", "bytes"),
         (send_fields(tags=5), "tags", "expected str"),
         (send_fields(properties={"a": "b\x01c"}), "properties", "may not hold"),
+        (send_fields(tags="t\x02REAL_TOPIC\x01victim"), "tags", "may not hold"),
+        (send_fields(keys="k\x01"), "keys", "may not hold"),
         (send_fields(bogus=1), "bogus", "unknown field"),
     ],
 )
@@ -94,6 +96,32 @@ def test_bad_fields_name_the_field(fields: dict[str, object], field: str, reason
     assert reason in e.value.reason
     assert e.value.code == ResponseCode.BAD_REQUEST
     assert e.value.opaque == 7  # the opaque was readable, so the answer can be matched
+
+
+@pytest.mark.parametrize(("meta", "field"), [
+    ([["t\x02__POP\x01ck", None, None, 0], None], "meta[0].tags"),
+    ([None, [None, "k\x02REAL_QID\x01-1", {}, 0]], "meta[1].keys"),
+])
+def test_a_batch_entry_with_a_separator_is_refused(meta: list[object], field: str) -> None:
+    frames = [raw_request(send_fields(meta=meta), code=RequestCode.SEND_BATCH), b"a", b"b"]
+    with pytest.raises(ProtocolError) as e:
+        decode_request(frames, LIMITS)
+    assert (e.value.field, e.value.code) == (field, ResponseCode.BAD_REQUEST)
+    assert "may not hold \\x01 or \\x02" in e.value.reason
+
+
+def test_a_send_back_origin_id_is_bound_for_a_record() -> None:
+    fields = {"group": "g", "offset": 0, "originTopic": "t", "originMsgId": "m\x02REAL_QID\x01-1"}
+    with pytest.raises(ProtocolError) as e:
+        decode_request([raw_request(fields, code=RequestCode.CONSUMER_SEND_MSG_BACK)], LIMITS)
+    assert e.value.field == "originMsgId" and "may not hold" in e.value.reason
+
+
+def test_encode_properties_refuses_a_separator_as_the_last_line() -> None:
+    assert encode_properties({"TAGS": "a", "KEYS": "k"}) == b"TAGS\x01a\x02KEYS\x01k\x02"
+    for props in ({"TAGS": "t\x02REAL_TOPIC\x01victim"}, {"a\x01b": "c"}, {"KEYS": "\x01"}):
+        with pytest.raises(ValueError, match="\\\\x01 or \\\\x02"):
+            encode_properties(props)
 
 
 def test_non_utf8_topic_names_the_field() -> None:

@@ -241,6 +241,12 @@ def declined_requests() -> list[tuple[str, list[bytes]]]:
         ("batch past its sizes", [batch_frames(17, base, [b"xy"])[0], b"x"]),
         ("batch body too large", batch_frames(18, base, [b"x", b"y" * (4 * 1024 * 1024 + 1)])),
         ("batch past the segment", batch_frames(19, base, [b"z" * 40_000, b"z" * 40_000])),
+        # a property separator would add properties of the sender's choosing
+        ("tags with a separator", send_frames(20, {**base, "tags": "t\x02REAL_TOPIC\x01v"},
+                                              b"x")),
+        ("keys with a separator", send_frames(21, {**base, "keys": "k\x01"}, b"x")),
+        ("batch tags with a separator", batch_frames(22, {**base, "meta": [
+            ["t\x02__TIMER_TICK\x014102444800000", None, None, 0]]}, [b"x"])),
     ]
 
 

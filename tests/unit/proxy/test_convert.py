@@ -64,3 +64,31 @@ def test_a_received_message_carries_its_handle_queue_attempt_and_group() -> None
     assert sp.message_type == pb.FIFO and sp.message_group == "g7"
     assert out.SerializeToString() == pb.Message.FromString(out.SerializeToString()) \
         .SerializeToString()
+
+
+@pytest.mark.parametrize(("system", "user", "words"), [
+    ({"tag": "t\x02REAL_TOPIC\x01victim"}, {}, "system_properties.tag may not hold"),
+    ({"keys": ["ok", "k\x01"]}, {}, "system_properties.keys may not hold"),
+    ({"message_group": "g\x02__POP\x01ck"}, {}, "system_properties.message_group may not hold"),
+    ({"message_id": "01\x02__TRAN_STATE\x01ROLLBACK"}, {}, "message_id may not hold"),
+    ({}, {"a\x02REAL_QID": "x"}, "user_properties: property"),
+    ({}, {"region": "eu\x01"}, "user_properties: property"),
+    ({}, {"__TIMER_TICK": "4102444800000"}, "set by the broker"),
+    ({}, {"__SCHED_SRC": "0"}, "set by the broker"),
+])
+def test_a_send_with_a_separator_or_a_brokers_property_is_refused_at_the_front_end(
+        system: dict[str, Any], user: dict[str, str], words: str) -> None:
+    msg = pb.Message(topic=pb.Resource(name="mine"), body=b"x", user_properties=user,
+                     system_properties=pb.SystemProperties(**system))
+    with pytest.raises(ValueError, match=words):
+        convert.outgoing(msg)
+
+
+def test_a_received_message_shows_no_brokers_property_as_a_user_property() -> None:
+    """A client that sends a received message on keeps its user properties: one only the
+    broker sets (a delayed delivery's __SCHED_SRC) would get it refused."""
+    props = {**STORED.properties, "__SCHED_SRC": "4096", "__TIMER_SRC": "8192"}
+    out = convert.message_of(stored(properties=props), "orders", pb.NORMAL)
+    assert dict(out.user_properties) == {"color": "blue"}
+    convert.outgoing(pb.Message(topic=pb.Resource(name="orders"), body=b"x",
+                                user_properties=out.user_properties))  # sent on as it is
