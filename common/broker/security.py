@@ -73,9 +73,9 @@ from common.format.acl import (
     Denial,
     parse_acl,
     perm_name,
+    publisher_refusal,
     unknown_key,
 )
-from common.format.boundary import publisher_refusal
 
 log = logging.getLogger("replog.security")
 audit_log = logging.getLogger("replog.audit")
@@ -547,7 +547,7 @@ class Security:
     def publisher_refusal(self, user_id: str, topic: str) -> str | None:
         """Why the account of ``user_id`` (a connection's CURVE key), in the ACL in force now,
         may not be asked about, nor decide, a transaction of ``topic``
-        (``boundary.publisher_refusal``); None with the ACL off."""
+        (``acl.publisher_refusal``); None with the ACL off."""
         if not self.enabled or self.acl is None:
             return None
         acct = self.acl.current.by_key.get(user_id)

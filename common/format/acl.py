@@ -529,3 +529,15 @@ def rule_for(code: int) -> Rule:
         return rule
     name = code.name if isinstance(code, RequestCode) else f"request code {code}"
     return lambda a, f: a.may_admin(f"{name} (not mapped to an operation)")
+
+
+def publisher_refusal(account: Account | None, topic: str) -> str | None:
+    """Why ``account`` may not be asked about, nor end, a transaction of ``topic``: only an
+    account that may publish ``topic`` (PUB) sees a half's body or decides it, whatever its
+    producer group allows. None: allowed (``account`` None: the ACL is off)."""
+    if account is None:
+        return None
+    if not account.enabled:
+        return f"{account.access_key} is disabled"
+    denial = account.may_topic(topic, PUB)
+    return None if denial is None else denial.remark("")

@@ -24,7 +24,6 @@ from common.core.message import (
     is_system_topic,
 )
 from common.core.pop import POP_RECORD
-from common.format.acl import PUB, Account
 from common.format.record import PROP_CRC_NAME
 
 SEPARATORS = (NAME_VALUE_SEP, PROPERTY_SEP)
@@ -110,18 +109,6 @@ def record_refusal(found_topic: str) -> str | None:
         return (f"the record named is of {found_topic}, a system topic: only the broker "
                 "reads it (its message is not delivered yet, or is the broker's own)")
     return None
-
-
-def publisher_refusal(account: Account | None, topic: str) -> str | None:
-    """Why ``account`` may not be asked about, nor end, a transaction of ``topic``: only an
-    account that may publish ``topic`` (PUB) sees a half's body or decides it, whatever its
-    producer group allows. None: allowed (``account`` None: the ACL is off)."""
-    if account is None:
-        return None
-    if not account.enabled:
-        return f"{account.access_key} is disabled"
-    denial = account.may_topic(topic, PUB)
-    return None if denial is None else denial.remark("")
 
 
 def end_refusal(half: Mapping[str, str], producer_group: str, topic: str,

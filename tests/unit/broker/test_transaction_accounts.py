@@ -1,7 +1,7 @@
 """With the ACL on, a transaction's check-back answers only to an account that may publish
 the half's topic: a producer heartbeat needs only SUB on its group, so another account using
 the same group name was sent the halves' bodies and decided them by its answer
-(``common/format/boundary.py`` ``publisher_refusal``)."""
+(``common/format/acl.py`` ``publisher_refusal``)."""
 
 from __future__ import annotations
 
