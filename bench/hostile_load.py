@@ -53,6 +53,8 @@ IDLE = int(os.environ.get("REPLOG_BENCH_IDLE_CONNECTIONS", "1000"))
 GROUPS = int(os.environ.get("REPLOG_BENCH_GROUP_NAMES", "500"))
 SENDS = int(os.environ.get("REPLOG_BENCH_SENDS", "300"))
 LOAD_S = float(os.environ.get("REPLOG_BENCH_LOAD_S", "12"))  # load kept up this long at least
+# 1: the topic's bodies compress (a PULL's answer is small: the clients cost CPU, not memory)
+COMPRESSIBLE = os.environ.get("REPLOG_BENCH_COMPRESSIBLE", "") == "1"
 PULLS_A_WRITE = 1000  # pipelined PULLs a non-reader writes at once (about 100 KB)
 
 
@@ -172,7 +174,8 @@ def main() -> int:
     try:
         with Producer([address]) as producer:
             for _ in range(64):  # incompressible: a PULL of 32 is 1 MiB on the wire
-                producer.send("big", os.urandom(32 * 1024), queue_id=0)
+                body = b"c" * (32 * 1024) if COMPRESSIBLE else os.urandom(32 * 1024)
+                producer.send("big", body, queue_id=0)
             send_latencies_ms(producer, 50)  # warm: routes, connections, the topic made
             time.sleep(1.0)
             rest = proc_figures(broker.pid)
