@@ -423,6 +423,8 @@ class RequestServer:
                 wait_ms = participants.prepare(poller, time.monotonic())
                 if wait_ms is not None:
                     timeout = max(0, min(timeout, wait_ms))
+            if tcp is not None and tcp.release_due:  # held requests to serve: no sleep
+                timeout = 0
             turn.release()
             try:
                 events = dict(poller.poll(timeout))
@@ -599,8 +601,8 @@ class RequestServer:
             identity, frames = burst[i]
             i += 1
             tcp = self._tcp
-            if tcp is not None and not tcp.admit(identity, frames):  # its answers unread
-                burst[i:] = tcp.hold_rest(identity, burst[i:])
+            if tcp is not None and not tcp.admit(identity):  # its answers unread
+                burst[i:] = tcp.hold_rest(identity, frames, burst[i:])
                 n = len(burst)
                 continue
             self._serve(sock, identity, frames)

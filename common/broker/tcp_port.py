@@ -31,7 +31,10 @@ unsent answers reach ``peer_bytes`` (or, once every peer's together reach ``tota
 peer with answers waiting) is no longer read, and its requests already read wait in ``held``,
 unserved, until it has read its answers (``admit``: the request server asks before serving
 each); past ``total_bytes`` the peer holding the most is closed. Each is counted
-(``figures``) and logged. A peer that reads nothing stays silent, so the sweep closes it.
+(``figures``) and logged. A peer that reads nothing stays silent, so the sweep closes it. And
+at most ``TURN_REQUESTS`` of a peer's requests are served a turn, the rest held for the next
+(``release_due``: the loop does not sleep meanwhile), so one chunk of cheap requests does not
+hold the loop from the other peers.
 
 The I/O thread registers the port (its epoll's descriptor) in its poller and calls ``serve``
 when it is readable: each ready connection is read once (at most ``RECV_BYTES``) per call, so
@@ -62,6 +65,7 @@ RECV_BYTES = 64 * 1024
 ACCEPT_BURST = 64  # connections accepted a turn
 MAX_BUFFERED = 256 * 1024 * 1024  # bytes waiting for a peer that reads slowly; more is dropped
 LISTEN_BACKLOG = 512
+TURN_REQUESTS = 128  # with a budget: a peer's requests served a turn; the rest wait for the next
 REFUSAL_LOG_S = 1.0  # refused connections, held-back peers: one log line at most this often
 _IN, _INOUT = select.EPOLLIN, select.EPOLLIN | select.EPOLLOUT
 
@@ -135,7 +139,8 @@ class TcpPeer:
     """One connection: its socket, identity, ZMTP state, address, silence, what waits to
     be written, the requests read but held back (its answers unread) and its epoll mask."""
 
-    __slots__ = ("address", "held", "identity", "mask", "out", "silent", "sock", "wire")
+    __slots__ = ("address", "held", "identity", "mask", "out", "silent", "sock", "turn",
+                 "unread", "wire")
 
     def __init__(self, sock: socket.socket, identity: bytes, wire: zmtp.Connection,
                  address: tuple[str, int]):
@@ -147,6 +152,8 @@ class TcpPeer:
         self.out = bytearray()
         self.held: collections.deque[list[bytes]] = collections.deque()
         self.mask = _IN
+        self.turn = 0  # the port's turn in which it was last read or released
+        self.unread = False  # held back for answers it has not read (counted once)
 
 
 class TcpPort:
@@ -178,6 +185,7 @@ class TcpPort:
         self._refusal_logged = float("-inf")
         self._held_logged = float("-inf")
         self.release_due = False  # serve even with nothing ready: held peers may go on
+        self._turn = 0  # serve calls: a peer gets one quota of requests a turn
         host, port, family = parse_endpoint(endpoint)
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -208,6 +216,8 @@ class TcpPort:
         frames)``, for the caller to serve together), waiting answers written, the closed
         forgotten."""
         listener_fd = self._listener.fileno()
+        self._turn += 1
+        self.release_due = False
         for fd, events in self._epoll.poll(0):
             if fd == listener_fd:
                 self._accept()
@@ -224,7 +234,6 @@ class TcpPort:
                     self._read(peer, handle, burst)
             elif events & (select.EPOLLHUP | select.EPOLLERR):  # held back, and gone
                 self._drop(peer)
-        self.release_due = False
         if self._waiting:
             self._release(handle, burst)
 
@@ -268,6 +277,7 @@ class TcpPort:
             self._drop(peer)
             return
         peer.silent = 0
+        peer.turn = self._turn
         identity = peer.identity
         messages = feed_chunk(self, None, identity, peer.wire, chunk)
         if self.budget is None:
@@ -277,13 +287,16 @@ class TcpPort:
             for frames in messages:
                 handle(identity, frames)
             return
+        quota = TURN_REQUESTS  # so one peer's chunk of cheap requests cannot hold the turn
         for frames in messages:  # each asked first: one answer may put the peer over
-            if self._holds(peer):
+            if peer.held or quota <= 0 or self._over(peer):
                 peer.held.append(frames)
             elif burst is not None:
                 burst.append((identity, frames))
+                quota -= 1
             else:
                 handle(identity, frames)
+                quota -= 1
         if peer.held:
             self._hold_back(peer)
 
@@ -295,35 +308,36 @@ class TcpPort:
             return False
         return len(peer.out) >= budget.peer_bytes or self.buffered >= budget.total_bytes
 
-    def _holds(self, peer: TcpPeer) -> bool:
-        return bool(peer.held) or self._over(peer)
-
-    def admit(self, identity: bytes, frames: list[bytes]) -> bool:
-        """Whether a request read from ``identity`` may be served now; False: it waits in the
-        peer's ``held`` (its answers unread past its share), served once the peer reads."""
+    def admit(self, identity: bytes) -> bool:
+        """Whether a request of a burst from ``identity`` may be served now; False: the peer's
+        answers wait unread past its share (``hold_rest`` then keeps it and its later ones)."""
         peer = self.conns.get(identity)
-        if peer is None or not self._holds(peer):
-            return True
-        peer.held.append(frames)
-        self._hold_back(peer)
-        return False
+        return peer is None or not self._over(peer)
 
-    def hold_rest(self, identity: bytes,
+    def hold_rest(self, identity: bytes, frames: list[bytes],
                   rest: list[tuple[bytes, list[bytes]]]) -> list[tuple[bytes, list[bytes]]]:
-        """The rest of a burst after ``admit`` held one of ``identity``'s requests: that
-        peer's later ones held too (its requests are served in order), the others returned."""
+        """``admit`` refused ``frames``: it and the peer's later requests in the rest of the
+        burst go back before what the peer has held (its requests are served in order); the
+        others' are returned."""
         peer = self.conns.get(identity)
         if peer is None:
             return rest
-        others = [entry for entry in rest if entry[0] != identity]
-        peer.held.extend(frames for who, frames in rest if who == identity)
-        return others
+        mine = [frames, *(f for who, f in rest if who == identity)]
+        peer.held.extendleft(reversed(mine))
+        self._hold_back(peer)
+        return [entry for entry in rest if entry[0] != identity]
 
     def _hold_back(self, peer: TcpPeer) -> None:
-        """Stop reading the peer: it has requests held or answers past its share unread."""
-        if peer.identity in self._waiting:
+        """Stop reading the peer: it has requests held (past its share, or its turn's)."""
+        if peer.identity not in self._waiting:
+            self._waiting[peer.identity] = peer
+            self._rearm(peer)
+        if not self._over(peer):  # only its turn's quota: served again next turn
+            self.release_due = True
             return
-        self._waiting[peer.identity] = peer
+        if peer.unread:
+            return
+        peer.unread = True
         self.peers_held_back += 1
         now = time.monotonic()
         if now - self._held_logged >= REFUSAL_LOG_S:  # one line a second at most
@@ -331,12 +345,12 @@ class TcpPort:
             log_event(log, "peer_held_back", logging.INFO, reason="answers not read",
                       peer=f"{peer.address[0]}:{peer.address[1]}", waiting_bytes=len(peer.out),
                       port_bytes=self.buffered, held_back=self.peers_held_back)
-        self._rearm(peer)
 
     def _release(self, handle: Callable[[bytes, list[bytes]], None],
                  burst: list[tuple[bytes, list[bytes]]] | None) -> None:
         """Serve the held requests of peers that have read their answers (below half their
-        share, and the port below its total), in order, and read them again."""
+        share, and the port below its total), in order, at most a turn's quota each, and read
+        them again once none is left."""
         budget = self.budget
         assert budget is not None
         if self.buffered >= budget.total_bytes:
@@ -347,13 +361,26 @@ class TcpPort:
                 continue
             if len(peer.out) * 2 >= budget.peer_bytes:
                 continue
-            if burst is not None:  # each asked again (admit) as the burst is served
-                burst.extend((identity, frames) for frames in peer.held)
-                peer.held.clear()
-            while peer.held and not self._over(peer):
-                handle(identity, peer.held.popleft())
-            if not peer.held and not self._over(peer) and self.conns.get(identity) is peer:
+            if peer.turn == self._turn:  # its quota served this turn already
+                self.release_due = True
+                continue
+            peer.turn = self._turn
+            held = peer.held
+            for _ in range(min(TURN_REQUESTS, len(held))):
+                if burst is not None:  # asked again (admit) as the burst is served
+                    burst.append((identity, held.popleft()))
+                elif self._over(peer):
+                    break
+                else:
+                    handle(identity, held.popleft())
+            if self.conns.get(identity) is not peer:
+                continue
+            if held:
+                if not self._over(peer):
+                    self.release_due = True  # the rest next turn
+            elif not self._over(peer):
                 self._waiting.pop(identity, None)
+                peer.unread = False
                 self._rearm(peer)
 
     def _rearm(self, peer: TcpPeer) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from common.broker import tcp_port
 from common.broker.tcp_port import PortBudget, TcpPort
 from common.core.config import BrokerConfig
 from common.core.errors import ConfigError
@@ -141,3 +142,32 @@ def test_the_budget_is_config_keys_with_sane_defaults() -> None:
     bad = BrokerConfig(clientBufferBytes=MIB, clientPeerBufferBytes=2 * MIB)
     with pytest.raises(ConfigError, match="clientBufferBytes"):
         bad.validate()
+
+
+def test_a_peer_gets_a_quota_of_requests_a_turn_and_the_others_theirs() -> None:
+    budget = PortBudget(max_connections=16, peer_bytes=MIB, total_bytes=8 * MIB)
+    port = TcpPort("tcp://127.0.0.1:0", 4, 10_000, {}, budget=budget)
+    turns: list[list[bytes]] = []
+    busy, other = raw_peer(port), raw_peer(port)
+    try:
+        pump(port, lambda *_: None, lambda: len(port.conns) == 2
+             and all(p.wire.state == zmtp.TRAFFIC for p in port.conns.values()))
+        requests = [b"r%04d" % i for i in range(1000)]  # one chunk of cheap requests
+        busy.sendall(b"".join(zmtp.encode([r]) for r in requests))
+        other.sendall(zmtp.encode([b"other"]))
+        deadline = time.monotonic() + 10
+        while sum(len(t) for t in turns) < len(requests) + 1:
+            assert time.monotonic() < deadline
+            turn: list[bytes] = []
+            port.serve(lambda _identity, frames, turn=turn: turn.append(frames[0]))
+            if turn:
+                turns.append(turn)
+        assert max(sum(f != b"other" for f in t) for t in turns) <= tcp_port.TURN_REQUESTS
+        served = [f for t in turns for f in t]
+        assert [f for f in served if f != b"other"] == requests  # in order
+        assert served.index(b"other") <= 2 * tcp_port.TURN_REQUESTS  # not behind all of them
+        assert port.peers_held_back == 0  # a quota is not a hold for unread answers
+    finally:
+        busy.close()
+        other.close()
+        port.shutdown(0)
