@@ -584,7 +584,7 @@ class Broker:
             epochHistory=[[e.epoch, e.start_phy_offset]
                           for e in (self.epoch_history() or ())[-32:]],
             commitLogBytes=max(0, max_phy - int(store.min_phy_offset)),
-            server={**self.server.stats.figures(),
+            server={**self.server.stats.figures(), **self.server.port_figures(),
                     "clientRequests": self.server.client_requests.figures()},
             store=_plain(store.snapshot()),
             replication=dict(role_fields.get("replication", {})),

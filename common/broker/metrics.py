@@ -64,6 +64,8 @@ COUNTERS = frozenset({
     "transaction_check_no_producer", "transaction_check_gated",
     "pop_popped", "pop_redelivered", "pop_acked", "pop_acks_stale", "pop_changed", "pop_dlq",
     "pop_skipped_records", "pop_expired",
+    "clientConnectionsRefused", "clientPeersHeldBack", "clientPeersClosedOverBudget",
+    "clientAnswersDropped",
 })
 
 

@@ -62,7 +62,9 @@ Threads::
   master and the routes, and health checks to see the overload). A message past the bounds is
   dropped by the plain port as it arrives (with CURVE, a frame past ``maxFrameBytes`` is cut by
   ZeroMQ, ``ZMQ_MAXMSGSIZE``, which disconnects the peer); everything else malformed gets a
-  typed error (``common.format.protocol``).
+  typed error (``common.format.protocol``). The plain port's peers share a budget
+  (``tcp_port.PortBudget``: connections, unread answers per peer and in all): a request of a
+  peer over its share is not served (``TcpPort.admit``) but waits until the peer reads.
 * Long polling (``common/broker/long_polling.py``): a processor parks a request by a key (a
   pull at the end of a queue with ``suspendMs`` > 0: the queue); reput's arrival listener
   (``on_arrival``) and the clock release it, and its answer (the read done again) is sent.
@@ -106,7 +108,7 @@ from common.broker.processors.context import Caller, Context, Services
 from common.broker.replies import Answers, Deferred, LoopWaits, reply
 from common.broker.security import CLIENT_DOMAIN, HandshakeMonitor, Security, user_id
 from common.broker.server_stats import ServerStats
-from common.broker.tcp_port import TcpPort
+from common.broker.tcp_port import PortBudget, TcpPort
 from common.core.errors import BrokerError, ResponseCode
 from common.core.logs import log_event
 from common.core.message import is_system_topic
@@ -310,6 +312,11 @@ class RequestServer:
         when the loop ended first: it closes every participant); False after ``timeout_s``."""
         return self._participants.detach(participant, timeout_s)
 
+    def port_figures(self) -> dict[str, int]:
+        """The plain client port's budget figures (``TcpPort.figures``); none with CURVE."""
+        tcp = self._tcp
+        return {} if tcp is None else tcp.figures()
+
     def participant_health(self) -> dict[str, dict[str, Any]]:
         """Name -> state, failures, restarts and last error of each participant."""
         return self._participants.health()
@@ -333,7 +340,8 @@ class RequestServer:
                 sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
             else:  # every message bounded before it is kept, no libzmq thread (tcp_port.py)
                 sock = self._tcp = TcpPort(self.bind, self.limits.max_batch_count + 1,
-                                           self.limits.max_frame_bytes, self._peers)
+                                           self.limits.max_frame_bytes, self._peers,
+                                           budget=PortBudget.from_config(self.cfg))
             if self._tcp is None:
                 sock.setsockopt(zmq.LINGER, 1000)
                 security.bind(sock, self.bind)
@@ -415,6 +423,8 @@ class RequestServer:
                 wait_ms = participants.prepare(poller, time.monotonic())
                 if wait_ms is not None:
                     timeout = max(0, min(timeout, wait_ms))
+            if tcp is not None and tcp.release_due:  # held requests to serve: no sleep
+                timeout = 0
             turn.release()
             try:
                 events = dict(poller.poll(timeout))
@@ -428,7 +438,7 @@ class RequestServer:
                 participants.on_events(events)
                 if self._due_owners:  # e.g. acks read just now: answer the puts they cover
                     self._poll_due(sock)
-            if port_key in events:
+            if port_key in events or (tcp is not None and tcp.release_due):
                 self._receive(sock)
                 self._after_burst()
             now = time.monotonic()
@@ -571,7 +581,9 @@ class RequestServer:
         """A burst from the client port, in order: each run of plain SENDs the running
         master's native path takes (``master/put_path.py``), every other request by
         ``_serve``. The path is not asked while the server drains, is full, or has a reply
-        gate (controller mode); those turn every request away or hold answers, in Python."""
+        gate (controller mode); those turn every request away or hold answers, in Python. A
+        request of a peer past its share of the port's budget waits (``TcpPort.admit``), and
+        so do that peer's later ones in the burst."""
         i, n = 0, len(burst)
         while i < n:
             path = self.put_path_of() if self.put_path_of is not None else None
@@ -587,8 +599,13 @@ class RequestServer:
                 if i >= n:
                     return
             identity, frames = burst[i]
-            self._serve(sock, identity, frames)
             i += 1
+            tcp = self._tcp
+            if tcp is not None and not tcp.admit(identity):  # its answers unread
+                burst[i:] = tcp.hold_rest(identity, frames, burst[i:])
+                n = len(burst)
+                continue
+            self._serve(sock, identity, frames)
 
     def _hold_run(self, held: Deferred, started: float) -> None:
         """A run of the native path held by its owner (its replica waits) as one Deferred;

@@ -21,8 +21,20 @@ Here:
   ``SILENT_SWEEPS`` sweeps closed (with ``keep_silent``, the HA port's, only one that has not
   finished its greeting: a paused slave goes on where it stopped, and the HA protocol's own
   timeouts judge it); TCP keepalive finds connections whose host is gone;
-- an answer to a peer that is gone is dropped, as one to a peer that does not read past
-  ``MAX_BUFFERED`` bytes (a ROUTER's SNDHWM: the answer dropped, the connection kept).
+- an answer to a peer that is gone is dropped; without a budget (the HA port) so is one to a
+  peer that does not read past ``MAX_BUFFERED`` bytes (a ROUTER's SNDHWM: the answer dropped,
+  the connection kept).
+
+The client port has a ``PortBudget`` that holds for all its peers together (``PortBudget``'s
+docstring): connections past ``max_connections`` are closed as they are accepted; a peer whose
+unsent answers reach ``peer_bytes`` (or, once every peer's together reach ``total_bytes``, any
+peer with answers waiting) is no longer read, and its requests already read wait in ``held``,
+unserved, until it has read its answers (``admit``: the request server asks before serving
+each); past ``total_bytes`` the peer holding the most is closed. Each is counted
+(``figures``) and logged. A peer that reads nothing stays silent, so the sweep closes it. And
+at most ``TURN_REQUESTS`` of a peer's requests are served a turn, the rest held for the next
+(``release_due``: the loop does not sleep meanwhile), so one chunk of cheap requests does not
+hold the loop from the other peers.
 
 The I/O thread registers the port (its epoll's descriptor) in its poller and calls ``serve``
 when it is readable: each ready connection is read once (at most ``RECV_BYTES``) per call, so
@@ -34,6 +46,8 @@ turn (the epoll's POLLOUT wakes it).
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import itertools
 import logging
 import select
@@ -51,6 +65,8 @@ RECV_BYTES = 64 * 1024
 ACCEPT_BURST = 64  # connections accepted a turn
 MAX_BUFFERED = 256 * 1024 * 1024  # bytes waiting for a peer that reads slowly; more is dropped
 LISTEN_BACKLOG = 512
+TURN_REQUESTS = 128  # with a budget: a peer's requests served a turn; the rest wait for the next
+REFUSAL_LOG_S = 1.0  # refused connections, held-back peers: one log line at most this often
 _IN, _INOUT = select.EPOLLIN, select.EPOLLIN | select.EPOLLOUT
 
 log = logging.getLogger("replog.server")
@@ -103,11 +119,28 @@ def parse_endpoint(endpoint: str) -> tuple[str, int, socket.AddressFamily]:
     return host, int(port), family
 
 
-class TcpPeer:
-    """One connection: its socket, identity, ZMTP state, address, silence and what waits to
-    be written."""
+@dataclasses.dataclass(frozen=True)
+class PortBudget:
+    """What a port's peers may take, all together: connections at once; unsent answers per
+    peer before its requests wait (``peer_bytes``: reading resumes once it has read below
+    half); unsent answers of every peer together before each peer with answers waiting is
+    no longer read, and past which the peer holding the most is closed (``total_bytes``)."""
 
-    __slots__ = ("address", "identity", "out", "silent", "sock", "wire")
+    max_connections: int
+    peer_bytes: int
+    total_bytes: int
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> PortBudget:
+        return cls(cfg.clientMaxConnections, cfg.clientPeerBufferBytes, cfg.clientBufferBytes)
+
+
+class TcpPeer:
+    """One connection: its socket, identity, ZMTP state, address, silence, what waits to
+    be written, the requests read but held back (its answers unread) and its epoll mask."""
+
+    __slots__ = ("address", "held", "identity", "mask", "out", "silent", "sock", "turn",
+                 "unread", "wire")
 
     def __init__(self, sock: socket.socket, identity: bytes, wire: zmtp.Connection,
                  address: tuple[str, int]):
@@ -117,13 +150,19 @@ class TcpPeer:
         self.address = address
         self.silent = 0
         self.out = bytearray()
+        self.held: collections.deque[list[bytes]] = collections.deque()
+        self.mask = _IN
+        self.turn = 0  # the port's turn in which it was last read or released
+        self.unread = False  # held back for answers it has not read (counted once)
 
 
 class TcpPort:
     """A listening socket, its connections and an epoll over them, owned by the I/O thread."""
 
     def __init__(self, endpoint: str, max_frames: int, max_bytes: int,
-                 peers: dict[bytes, tuple[str, int]], keep_silent: bool = False):
+                 peers: dict[bytes, tuple[str, int]], keep_silent: bool = False,
+                 budget: PortBudget | None = None):
+        self.budget = budget
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self.peers = peers
@@ -136,6 +175,17 @@ class TcpPort:
         self.oversized = 0
         self.answers_dropped = 0  # to peers with MAX_BUFFERED waiting already
         self.dropped: list[tuple[bytes, zmtp.Oversized]] = []
+        # the budget's figures: unsent bytes of every peer, peers held back (not read), and
+        # counts of connections refused, peers held back and peers closed over the budget
+        self.buffered = 0
+        self._waiting: dict[bytes, TcpPeer] = {}
+        self.connections_refused = 0
+        self.peers_held_back = 0
+        self.peers_closed_over_budget = 0
+        self._refusal_logged = float("-inf")
+        self._held_logged = float("-inf")
+        self.release_due = False  # serve even with nothing ready: held peers may go on
+        self._turn = 0  # serve calls: a peer gets one quota of requests a turn
         host, port, family = parse_endpoint(endpoint)
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -166,6 +216,8 @@ class TcpPort:
         frames)``, for the caller to serve together), waiting answers written, the closed
         forgotten."""
         listener_fd = self._listener.fileno()
+        self._turn += 1
+        self.release_due = False
         for fd, events in self._epoll.poll(0):
             if fd == listener_fd:
                 self._accept()
@@ -177,8 +229,13 @@ class TcpPort:
                 self._flush(peer)
                 if peer.identity not in self.conns:
                     continue
-            if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
-                self._read(peer, handle, burst)
+            if peer.mask & _IN:
+                if events & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                    self._read(peer, handle, burst)
+            elif events & (select.EPOLLHUP | select.EPOLLERR):  # held back, and gone
+                self._drop(peer)
+        if self._waiting:
+            self._release(handle, burst)
 
     def _accept(self) -> None:
         for _ in range(ACCEPT_BURST):
@@ -189,6 +246,9 @@ class TcpPort:
             except OSError as e:  # out of descriptors, ...: the next turn tries again
                 log_event(log, "accept_failed", logging.WARNING, error=str(e))
                 return
+            if self.budget is not None and len(self.conns) >= self.budget.max_connections:
+                self._refuse_connection(sock, address)
+                continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -217,13 +277,151 @@ class TcpPort:
             self._drop(peer)
             return
         peer.silent = 0
+        peer.turn = self._turn
         identity = peer.identity
-        if burst is not None:
-            burst.extend([(identity, frames)
-                          for frames in feed_chunk(self, None, identity, peer.wire, chunk)])
+        messages = feed_chunk(self, None, identity, peer.wire, chunk)
+        if self.budget is None:
+            if burst is not None:
+                burst.extend([(identity, frames) for frames in messages])
+                return
+            for frames in messages:
+                handle(identity, frames)
             return
-        for frames in feed_chunk(self, None, identity, peer.wire, chunk):
-            handle(identity, frames)
+        quota = TURN_REQUESTS  # so one peer's chunk of cheap requests cannot hold the turn
+        for frames in messages:  # each asked first: one answer may put the peer over
+            if peer.held or quota <= 0 or self._over(peer):
+                peer.held.append(frames)
+            elif burst is not None:
+                burst.append((identity, frames))
+                quota -= 1
+            else:
+                handle(identity, frames)
+                quota -= 1
+        if peer.held:
+            self._hold_back(peer)
+
+    # ---- the budget ---------------------------------------------------------------------------
+    def _over(self, peer: TcpPeer) -> bool:
+        """Whether the peer's unsent answers are past its share of the budget."""
+        budget = self.budget
+        if budget is None or not peer.out:
+            return False
+        return len(peer.out) >= budget.peer_bytes or self.buffered >= budget.total_bytes
+
+    def admit(self, identity: bytes) -> bool:
+        """Whether a request of a burst from ``identity`` may be served now; False: the peer's
+        answers wait unread past its share (``hold_rest`` then keeps it and its later ones)."""
+        peer = self.conns.get(identity)
+        return peer is None or not self._over(peer)
+
+    def hold_rest(self, identity: bytes, frames: list[bytes],
+                  rest: list[tuple[bytes, list[bytes]]]) -> list[tuple[bytes, list[bytes]]]:
+        """``admit`` refused ``frames``: it and the peer's later requests in the rest of the
+        burst go back before what the peer has held (its requests are served in order); the
+        others' are returned."""
+        peer = self.conns.get(identity)
+        if peer is None:
+            return rest
+        mine = [frames, *(f for who, f in rest if who == identity)]
+        peer.held.extendleft(reversed(mine))
+        self._hold_back(peer)
+        return [entry for entry in rest if entry[0] != identity]
+
+    def _hold_back(self, peer: TcpPeer) -> None:
+        """Stop reading the peer: it has requests held (past its share, or its turn's)."""
+        if peer.identity not in self._waiting:
+            self._waiting[peer.identity] = peer
+            self._rearm(peer)
+        if not self._over(peer):  # only its turn's quota: served again next turn
+            self.release_due = True
+            return
+        if peer.unread:
+            return
+        peer.unread = True
+        self.peers_held_back += 1
+        now = time.monotonic()
+        if now - self._held_logged >= REFUSAL_LOG_S:  # one line a second at most
+            self._held_logged = now
+            log_event(log, "peer_held_back", logging.INFO, reason="answers not read",
+                      peer=f"{peer.address[0]}:{peer.address[1]}", waiting_bytes=len(peer.out),
+                      port_bytes=self.buffered, held_back=self.peers_held_back)
+
+    def _release(self, handle: Callable[[bytes, list[bytes]], None],
+                 burst: list[tuple[bytes, list[bytes]]] | None) -> None:
+        """Serve the held requests of peers that have read their answers (below half their
+        share, and the port below its total), in order, at most a turn's quota each, and read
+        them again once none is left."""
+        budget = self.budget
+        assert budget is not None
+        if self.buffered >= budget.total_bytes:
+            return
+        for identity, peer in list(self._waiting.items()):
+            if self.conns.get(identity) is not peer:
+                self._waiting.pop(identity, None)
+                continue
+            if len(peer.out) * 2 >= budget.peer_bytes:
+                continue
+            if peer.turn == self._turn:  # its quota served this turn already
+                self.release_due = True
+                continue
+            peer.turn = self._turn
+            held = peer.held
+            for _ in range(min(TURN_REQUESTS, len(held))):
+                if burst is not None:  # asked again (admit) as the burst is served
+                    burst.append((identity, held.popleft()))
+                elif self._over(peer):
+                    break
+                else:
+                    handle(identity, held.popleft())
+            if self.conns.get(identity) is not peer:
+                continue
+            if held:
+                if not self._over(peer):
+                    self.release_due = True  # the rest next turn
+            elif not self._over(peer):
+                self._waiting.pop(identity, None)
+                peer.unread = False
+                self._rearm(peer)
+
+    def _rearm(self, peer: TcpPeer) -> None:
+        mask = (0 if peer.identity in self._waiting else _IN) \
+            | (select.EPOLLOUT if peer.out else 0)
+        if mask != peer.mask:
+            peer.mask = mask
+            self._epoll.modify(peer.sock.fileno(), mask)
+
+    def _over_total(self) -> None:
+        """Past the port's total: close the peers holding the most until it is below."""
+        budget = self.budget
+        assert budget is not None
+        while self.buffered > budget.total_bytes and self.conns:
+            victim = max(self.conns.values(), key=lambda p: len(p.out))
+            self.peers_closed_over_budget += 1
+            self.close(None, victim.identity, f"not reading its answers: {len(victim.out)} "
+                       f"bytes waiting, {self.buffered} for every peer together "
+                       f"(clientBufferBytes {budget.total_bytes})")
+
+    def _refuse_connection(self, sock: socket.socket, address: Any) -> None:
+        """A connection past ``max_connections``: closed at once, logged once a second."""
+        self.connections_refused += 1
+        sock.close()
+        now = time.monotonic()
+        if now - self._refusal_logged >= REFUSAL_LOG_S:
+            self._refusal_logged = now
+            assert self.budget is not None
+            log_event(log, "connection_refused", logging.WARNING,
+                      reason=f"{len(self.conns)} connections (clientMaxConnections)",
+                      peer=f"{address[0]}:{address[1]}", refused=self.connections_refused)
+
+    def figures(self) -> dict[str, int]:
+        """The port's budget figures, for status and metrics."""
+        return {"clientConnections": len(self.conns),
+                "clientBufferedBytes": self.buffered,
+                "clientPeersWaiting": len(self._waiting),
+                "clientConnectionsRefused": self.connections_refused,
+                "clientPeersHeldBack": self.peers_held_back,
+                "clientPeersClosedOverBudget": self.peers_closed_over_budget,
+                "clientAnswersDropped": self.answers_dropped}
 
     # ---- writing ------------------------------------------------------------------------------
     def send(self, _sock: object, identity: bytes,
@@ -239,22 +437,28 @@ class TcpPort:
         if peer is None:
             return False  # gone since it asked: nobody to tell (a ROUTER's EHOSTUNREACH)
         if peer.out:  # behind already: in order, after what waits
-            if len(peer.out) + len(data) > MAX_BUFFERED:
+            if self.budget is None and len(peer.out) + len(data) > MAX_BUFFERED:
                 self.answers_dropped += 1
                 log_event(log, "answer_dropped", logging.WARNING, reason="peer not reading",
                           peer=f"{peer.address[0]}:{peer.address[1]}")
                 return False
             peer.out += data
-            return True
-        try:
-            sent = peer.sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:  # reset: its reading side finds it closed
-            return False
-        if sent < len(data):
+            self.buffered += len(data)
+        else:
+            try:
+                sent = peer.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:  # reset: its reading side finds it closed
+                return False
+            if sent == len(data):
+                return True
             peer.out += memoryview(data)[sent:]
-            self._epoll.modify(peer.sock.fileno(), _INOUT)
+            self.buffered += len(data) - sent
+            self._rearm(peer)
+        if self.budget is not None and self.buffered > self.budget.total_bytes:
+            self._over_total()
+            return self.conns.get(identity) is peer
         return True
 
     def _flush(self, peer: TcpPeer) -> None:
@@ -266,8 +470,11 @@ class TcpPort:
             self._drop(peer)
             return
         del peer.out[:sent]
+        self.buffered -= sent
+        if sent:
+            peer.silent = 0  # it reads: alive, though held back and sending nothing
         if not peer.out:
-            self._epoll.modify(peer.sock.fileno(), _IN)
+            self._rearm(peer)
 
     # ---- ending connections -------------------------------------------------------------------
     def _drop(self, peer: TcpPeer) -> None:
@@ -276,6 +483,8 @@ class TcpPort:
             return
         del self.conns[peer.identity]
         self.peers.pop(peer.identity, None)
+        self._waiting.pop(peer.identity, None)
+        self.buffered -= len(peer.out)
         fd = peer.sock.fileno()
         self._by_fd.pop(fd, None)
         try:
@@ -302,6 +511,8 @@ class TcpPort:
         """Once a second: ping the peers silent since the last sweep, close the long silent
         (``keep_silent``: only one still in its greeting)."""
         self.next_sweep = now + SWEEP_S
+        if self._waiting:  # a close may have brought the port below its total: look again
+            self.release_due = True
         for identity, peer in list(self.conns.items()):
             peer.silent += 1
             if peer.silent > SILENT_SWEEPS and peer.wire.state != zmtp.TRAFFIC:

@@ -64,13 +64,16 @@ def cmd_console(args: argparse.Namespace) -> int:
         acl_current = lambda: holder.current  # the snapshot in force at each login
     if args.refresh_ms < 500:
         raise UsageError("--refresh-ms must be at least 500")
+    if args.max_connections < 1:
+        raise UsageError("--max-connections must be at least 1")
     keys = curve_args(args)
     admin = Admin(args.servers, timeout_ms=args.timeout_ms, retries=0, **keys)
     actions = Actions(admin, {"timeout_ms": args.timeout_ms, **keys})
     try:
         try:
             console = Console(Collector(admin, args.refresh_ms / 1000), actions, host, port,
-                              password, acl_current)
+                              password, acl_current, allowed_hosts=args.allow_host,
+                              max_connections=args.max_connections)
         except OSError as e:
             raise BrokerError("SYSTEM_ERROR", f"replog console: cannot listen on "
                               f"{host}:{port}: {e.strerror or e}", False) from None

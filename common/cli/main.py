@@ -290,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "is an enabled admin account's accessKey and secretKey")
     p.add_argument("--refresh-ms", type=int, default=2000, help="how often it reads the "
                    "cluster (default 2000)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a name browsers reach it by, besides localhost, IP addresses and the "
+                   "--listen host (repeat for more); a request naming another Host is "
+                   "refused 421 (DNS rebinding)")
+    p.add_argument("--max-connections", type=int, default=64, metavar="N",
+                   help="connections served at once; more are answered 503 (default 64)")
     p.set_defaults(timeout_ms=3000)  # per request: a member that does not answer by then is
     # shown unreachable
 

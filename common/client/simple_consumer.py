@@ -18,7 +18,9 @@ to the DLQ).
 
 from __future__ import annotations
 
+import copy
 import itertools
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -44,6 +46,18 @@ class SimpleConsumer(Consumer):
         ``Consumer``'s."""
         super().__init__(servers, group, **options)
         self._turn = itertools.count()  # which broker group a receive tries first
+
+    def for_group(self, group: str) -> SimpleConsumer:
+        """This consumer as ``group``'s, on this one's transport, discovery and routes: no
+        thread, socket or context of its own, so a front end serving any number of groups
+        holds one client. Close the consumer it came from, never the view (that would close
+        the shared transport)."""
+        view = copy.copy(self)
+        view.group = group
+        view._turn = itertools.count()
+        view._unsent_commits = {}
+        view._commits_lock = threading.Lock()
+        return view
 
     def receive(self, topic: str, max_nums: int = 16, invisible_ms: int = DEFAULT_INVISIBLE_MS,
                 wait_ms: int = 0, *, queue_id: int = -1, tags: str | None = None,

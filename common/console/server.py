@@ -15,6 +15,14 @@ Reading needs nothing; every change (``POST``) needs an admin session and its CS
 Every change is logged (``event=console_action``: who, from where, what), and every refused
 login (``event=console_login_refused``).
 
+Bounds (``common/format/boundary.py`` holds the rules): a request whose ``Host`` is not a name
+of the console (``localhost``, an IP literal, the ``--listen`` host, ``allowed_hosts``) is
+refused 421, so a page of another site rebinding its name to this address reads nothing; a
+change is checked for its session before its body is read, and a body whose length is missing,
+not a number or past ``MAX_BODY`` is refused before any of it is read; each socket times out
+after ``SOCKET_TIMEOUT_S`` of silence, and past ``max_connections`` open connections a new one
+is answered 503 and closed (``event=console_connection_refused``, at most one line a second).
+
 Every call to the cluster goes through one ``Admin`` client (its timeouts bound each) and the
 collector (``collector.py``) reads the figures on its own thread: a page never waits on a
 broker for longer than a request's timeout, and many open pages cost the brokers nothing more.
@@ -28,7 +36,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -39,12 +47,16 @@ from common.console.actions import ActionError, Actions
 from common.console.collector import Collector
 from common.core.logs import log_event
 from common.format.acl import AclSnapshot
+from common.format.boundary import content_length_refusal, host_name, host_refusal
 
 log = logging.getLogger("replog.console")
 
 SESSION_COOKIE = "replog_session"
 SESSION_TTL_S = 8 * 3600
 MAX_BODY = 64 * 1024
+SOCKET_TIMEOUT_S = 10.0  # a connection silent this long (mid-request or idle) is closed
+MAX_CONNECTIONS = 64  # connections served at once (a browser opens about 6 per page)
+LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain"})
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/app.js": ("app.js", "text/javascript; charset=utf-8"),
           "/app.css": ("app.css", "text/css; charset=utf-8")}
@@ -115,20 +127,68 @@ class Sessions:
             self._by_id.pop(sid or "", None)
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread a connection, at most ``max_connections`` at once: one more is answered 503
+    and closed at once, before a thread is made for it."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 max_connections: int):
+        self.max_connections = max_connections
+        self.open_connections = 0
+        self.refused_connections = 0
+        self._count_lock = threading.Lock()
+        self._logged_at = float("-inf")
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count_lock:
+            full = self.open_connections >= self.max_connections
+            if not full:
+                self.open_connections += 1
+        if not full:
+            super().process_request(request, client_address)
+            return
+        self.refused_connections += 1
+        if time.monotonic() - self._logged_at >= 1.0:  # one line a second under a flood
+            self._logged_at = time.monotonic()
+            log_event(log, "console_connection_refused", logging.WARNING,
+                      ip=client_address[0], open=self.open_connections,
+                      refused=self.refused_connections)
+        try:
+            request.settimeout(0)
+            request.send(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                         b"Connection: close\r\n\r\n")
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._count_lock:
+                self.open_connections -= 1
+
+
 class Console:
-    """The server, its collector and its actions; ``start`` binds, ``stop`` ends all three."""
+    """The server, its collector and its actions; ``start`` binds, ``stop`` ends all three.
+    ``allowed_hosts``: names (besides localhost, IP literals and ``host``) that a request's
+    ``Host`` may give: the names operators reach the console by."""
 
     def __init__(self, collector: Collector, actions: Actions, host: str, port: int,
-                 password: str | None = None, acl: Callable[[], AclSnapshot] | None = None):
+                 password: str | None = None, acl: Callable[[], AclSnapshot] | None = None,
+                 allowed_hosts: Iterable[str] = (), max_connections: int = MAX_CONNECTIONS):
         self.collector, self.actions = collector, actions
         self.sessions = Sessions(password, acl)
+        self.host_names = LOCAL_NAMES | {host_name(h) for h in (host, *allowed_hosts) if h}
         console = self
 
         class Handler(_Handler):
             owner = console
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), Handler, max_connections)
         self._thread: threading.Thread | None = None
 
     @property
@@ -156,12 +216,26 @@ class _Handler(BaseHTTPRequestHandler):
     owner: Console
     server_version = "replog-console"
     protocol_version = "HTTP/1.1"
+    timeout = SOCKET_TIMEOUT_S  # StreamRequestHandler sets it on the socket
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
+    def _misdirected(self) -> bool:
+        """Answer 421 (and True) when the request's Host is not a name of this console."""
+        why = host_refusal(self.headers.get("Host"), self.owner.host_names)
+        if why is None:
+            return False
+        log_event(log, "console_host_refused", logging.WARNING, ip=self.client_address[0],
+                  host=str(self.headers.get("Host", ""))[:64])
+        self.close_connection = True  # a body it sent stays unread
+        self._json({"error": why}, HTTPStatus.MISDIRECTED_REQUEST)
+        return True
+
     # ---- GET ------------------------------------------------------------------------------------
     def do_GET(self) -> None:
+        if self._misdirected():
+            return
         url = urlsplit(self.path)
         if url.path in STATIC:
             name, kind = STATIC[url.path]
@@ -200,12 +274,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- POST -----------------------------------------------------------------------------------
     def do_POST(self) -> None:
+        if self._misdirected():
+            return
         url = urlsplit(self.path)
         console = self.owner
+        if url.path != "/api/login":  # no session, no body read
+            refusal = self._refusal()
+            if refusal:
+                self.close_connection = True
+                return self._json({"error": refusal}, HTTPStatus.FORBIDDEN)
         try:
             body = self._body()
-        except ValueError as e:
-            return self._json({"error": str(e)}, HTTPStatus.BAD_REQUEST)
+        except _BodyRefused as e:
+            self.close_connection = True  # what it sent is not read: the stream is lost
+            return self._json({"error": str(e)}, e.status)
         if url.path == "/api/login":
             opened = console.sessions.login(str(body.get("password", "")),
                                             str(body.get("account", "")))
@@ -221,9 +303,6 @@ class _Handler(BaseHTTPRequestHandler):
             cookie = (f"{SESSION_COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/; "
                       f"Max-Age={SESSION_TTL_S}")
             return self._json({"admin": True, "csrf": csrf}, headers={"Set-Cookie": cookie})
-        refusal = self._refusal()
-        if refusal:
-            return self._json({"error": refusal}, HTTPStatus.FORBIDDEN)
         try:
             if url.path == "/api/logout":
                 console.sessions.logout(self._sid())
@@ -278,16 +357,29 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            raise ValueError(f"a body of {length} bytes: at most {MAX_BODY}")
+        """The JSON object of the body, its length checked before any of it is read."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise _BodyRefused(HTTPStatus.LENGTH_REQUIRED, "a body must come with a "
+                               "Content-Length, not a Transfer-Encoding")
+        declared = self.headers.get("Content-Length")
+        why = content_length_refusal(declared, MAX_BODY)
+        if why is not None:
+            status = (HTTPStatus.LENGTH_REQUIRED if declared is None
+                      else HTTPStatus.REQUEST_ENTITY_TOO_LARGE if declared.strip().isdigit()
+                      else HTTPStatus.BAD_REQUEST)
+            raise _BodyRefused(status, why)
+        assert declared is not None
+        length = int(declared)
         raw = self.rfile.read(length) if length else b"{}"
+        if len(raw) < length:
+            raise _BodyRefused(HTTPStatus.BAD_REQUEST, f"the body ended after {len(raw)} of "
+                               f"{length} bytes")
         try:
             doc = json.loads(raw or b"{}")
         except (ValueError, UnicodeDecodeError) as e:
-            raise ValueError(f"not JSON: {e}") from None
+            raise _BodyRefused(HTTPStatus.BAD_REQUEST, f"not JSON: {e}") from None
         if not isinstance(doc, dict):
-            raise ValueError("the body must be a JSON object")  # noqa: TRY004 - a 400, as the others
+            raise _BodyRefused(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
         return doc
 
     def _json(self, doc: Any, status: int = HTTPStatus.OK,
@@ -304,7 +396,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("X-Frame-Options", "DENY")
         self.send_header("Content-Security-Policy", "default-src 'self'")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)
+
+
+class _BodyRefused(Exception):
+    """A request body not read: the status and why."""
+
+    def __init__(self, status: HTTPStatus, why: str):
+        super().__init__(why)
+        self.status = status

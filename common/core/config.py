@@ -161,6 +161,10 @@ class BrokerConfig:
     maxInflightRequests: int = 10_000
     maxFrameBytes: int = 8 * 1024 * 1024
     maxBatchCount: int = 4096
+    # the client port's budget, for all its peers together (common/broker/tcp_port.py)
+    clientMaxConnections: int = 4096  # more are closed as they are accepted
+    clientPeerBufferBytes: int = 16 * 1024 * 1024  # unread answers before a peer's requests wait
+    clientBufferBytes: int = 256 * 1024 * 1024  # every peer's; past it the largest is closed
     # security (docs/security.md): CURVE on the client and HA ports, the ACL per request
     aclEnable: bool = False
     aclFile: str = ""  # RocketMQ ACL 1.0's plain_acl.yml shape, with curvePublicKey
@@ -235,6 +239,10 @@ class BrokerConfig:
         _require(self.slaveConfigSyncIntervalMs >= 0, "slaveConfigSyncIntervalMs", "must be >= 0")
         _require(0 < self.diskMaxUsedSpaceRatio <= 95, "diskMaxUsedSpaceRatio", "must be in 1..95")
         _require(self.maxHashSlotNum > 0 and self.maxIndexNum > 1, "maxIndexNum", "must be > 1")
+        for key in ("clientMaxConnections", "clientPeerBufferBytes"):
+            _require(getattr(self, key) > 0, key, "must be > 0")
+        _require(self.clientBufferBytes >= self.clientPeerBufferBytes, "clientBufferBytes",
+                 "must be >= clientPeerBufferBytes (one peer's share)")
         for key in ("listenPort", "haListenPort", "metricsPort", "grpcServerPort"):
             _require(0 <= getattr(self, key) <= 65535, key, "must be a port number")
         _require(bool(self.tlsCertPath) == bool(self.tlsKeyPath),

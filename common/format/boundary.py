@@ -13,6 +13,7 @@ properties of the sender's choosing, and the last of a name wins when read.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 
 from common.core import timer, transaction
@@ -125,4 +126,45 @@ def end_refusal(half: Mapping[str, str], producer_group: str, topic: str,
     if transaction_id != half.get(transaction.TRANSACTION_ID, ""):
         return ("its transactionId is not the one given (the broker's answer to the half's "
                 "send, or its check, names it)")
+
+# ---- HTTP (the console) ----------------------------------------------------------------------
+
+def content_length_refusal(value: str | None, max_bytes: int) -> str | None:
+    """Why an HTTP body's declared length is refused before any of it is read: none given
+    (a body must say how long it is), not a plain decimal (``-1`` reads to the end), or past
+    ``max_bytes``."""
+    if value is None:
+        return "a body needs a Content-Length"
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        return f"Content-Length {value[:32]!r} is not a length"
+    if int(text) > max_bytes:
+        return f"a body of {int(text)} bytes: at most {max_bytes}"
+    return None
+
+
+def host_name(host: str) -> str:
+    """The name in an HTTP ``Host`` value, lower case, without its port or brackets."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    if host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+def host_refusal(host: str | None, names: frozenset[str]) -> str | None:
+    """Why a request whose ``Host`` is ``host`` is refused by a server known as ``names``
+    (lower case): a page of another site that rebinds its own name to this address sends that
+    name, so only the server's names and IP literals (no DNS, nothing to rebind) pass."""
+    if not host:
+        return "a request must name its Host"
+    name = host_name(host)
+    if name in names:
+        return None
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return (f"Host {host[:64]!r} is not a name of this server (a DNS-rebinding page "
+                "would send its own; give the name with --allow-host)")
     return None

@@ -16,6 +16,7 @@ on the loop; sends go through ``Producer.send_async`` and hold no thread.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import logging
@@ -52,6 +53,9 @@ MAX_LONG_POLLING_MS = 30_000  # the longest a receive waits (the brokers' longPo
 LONG_POLLING_MS = 20_000  # what the settings tell a push consumer to wait per receive
 RECEIVE_SLICE_MS = 1_000  # a receive's long poll, one blocking call at a time
 GROUPS_TTL_S = 5.0  # consumer groups' configs are read from the masters at most this often
+# consumer groups whose POP view is kept (least recently used forgotten first): a view is a few
+# Python objects on the one shared client, so a caller naming new groups costs no thread
+GROUP_VIEWS = 1024
 # the producer group of the halves a front end sends (any front end of the cluster answers
 # the broker's check of any of them, by asking a client of the half's topic)
 TRANSACTION_GROUP = "replog_proxy_tx"
@@ -79,7 +83,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.local = None if local is None else LocalSend(local, self.producer)
         self.local_consume = None if local is None else LocalConsume(local, timeout_ms)
         self.admin = Admin(servers, timeout_ms=timeout_ms, curve=curve)
-        self._consumers: dict[str, SimpleConsumer] = {}  # consumer group -> its POP client
+        # the POP client of every consumer group: one transport, a view per group (for_group)
+        self._pop_client = SimpleConsumer(servers, "", timeout_ms=timeout_ms, curve=curve,
+                                          in_process=self._in_process)
+        self._consumers: collections.OrderedDict[str, SimpleConsumer] = \
+            collections.OrderedDict()  # consumer group -> its view, most recent last
         self._consumers_lock = threading.Lock()
         self._groups: dict[str, GroupConfig] = {}
         self._groups_at = float("-inf")
@@ -107,17 +115,20 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.producer.close()
         self.admin.close()
         with self._consumers_lock:
-            for consumer in self._consumers.values():
-                consumer.close()
-            self._consumers.clear()
+            self._consumers.clear()  # views: nothing of their own to close
+        self._pop_client.close()
 
     def _consumer(self, group: str) -> SimpleConsumer:
+        """The group's POP client: a view on the one shared client (no thread of its own);
+        at most GROUP_VIEWS are kept, a view forgotten is made again when asked."""
         with self._consumers_lock:
             consumer = self._consumers.get(group)
             if consumer is None:
-                consumer = self._consumers[group] = SimpleConsumer(
-                    self.servers, group, timeout_ms=self.timeout_ms, curve=self.curve,
-                    in_process=self._in_process)
+                consumer = self._consumers[group] = self._pop_client.for_group(group)
+                if len(self._consumers) > GROUP_VIEWS:
+                    self._consumers.popitem(last=False)
+            else:
+                self._consumers.move_to_end(group)
             return consumer
 
     def _refused(self, context: Any, needs: list[Need]) -> pb.Status | None:
