@@ -115,7 +115,9 @@ def seeds() -> list[bytes]:
         "topic": "orders", "queueId": 0, "sizes": [2, 3],
         "meta": [["a", "k", {"x": "y"}, 0], None]}, [b"ab" + b"cde"])
     out.append(bytes([1]) + pack_frames(list(batch)))
-    for label, frames in t.fixed_corpus():
+    for i, (label, frames) in enumerate(t.fixed_corpus()):
+        if "=" in label and i % 4:  # a wrong-typed field: a sample of them is enough
+            continue
         if sum(map(len, frames)) < 4096 and len(frames) < 40:
             out.append(bytes([1]) + pack_frames(frames))
     ok = protocol.encode_response(0, 5, "", {"msgId": "AB", "queueOffset": 3})
