@@ -23,7 +23,7 @@ NAME = "sql92_compile"
 PROPERTIES = (
     {},
     {"a": "5", "b": "x", "TAGS": "A", "region": "eu", "name": "abc"},
-    {"a": "not a number", "b": "", "c": "1e400", "d": "-0.0", "e": "NaN", "f": "9" * 400},
+    {"a": "not a number", "b": "", "c": "1e400", "d": "-0.0", "e": "NaN", "f": "9" * 5000},
     {"a": "1.5", "c": "7", "TAGS": "B", "x.y": "z", "$v": "'q'"},
 )
 
