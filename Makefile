@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast venv bench lint clean zookeeper chromium console-shots bench-servers
+.PHONY: run test test-fast venv bench lint fuzz clean zookeeper chromium console-shots bench-servers
 
 $(STAMP): pyproject.toml setup.py common/format/_record_writer.c common/format/_codec.c common/format/_put_path.c common/format/_record_core.h common/format/_codec_internal.h common/ha/_ha_codec.c common/core/_native_helpers.h common/store/_reput_scan.c common/proxy/_received.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -91,8 +91,20 @@ bench: $(STAMP) bench-servers
 	rc=0; for f in bench/[!_]*.py; do $(BIN)/python $$f || rc=1; done; \
 	$(BIN)/python -m pytest -q -m perf -rA tests || rc=1; exit $$rc
 
+# Coverage-guided fuzzing of the parsers (fuzz/, atheris): each target for FUZZ_SECONDS, one
+# after another; a crash stops with its input kept in fuzz/corpus/<target>/crash-* (replayed
+# by tests/property/test_fuzz_regressions.py from then on). FUZZ_TOLERATE=name,... steps over
+# open findings (fuzz/_harness.py) so a long run explores past them.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?= request_decoders zmtp_stream record_parse reput_scan ha_codec sql92_compile grpc_convert
+fuzz: $(STAMP)
+	set -e; for t in $(FUZZ_TARGETS); do \
+	  echo "== $$t ($(FUZZ_SECONDS) s)"; \
+	  $(BIN)/python fuzz/$$t.py -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1; \
+	done
+
 lint: $(STAMP)
-	$(BIN)/ruff check common master slave tests bench tools
+	$(BIN)/ruff check common master slave tests bench tools fuzz
 	$(BIN)/mypy common master slave tests/helpers
 
 clean:
