@@ -2,10 +2,11 @@
 
 The state of a transaction is what its records say, found by its origin (``HALF_ORIGIN``,
 indexed on every broker): an op record (and its ``OP_STATE``), or a commit without its op yet
-(the end was cut short between the two writes). The look-up reads the index, then the records
-not dispatched yet (past the confirmed offset), and first a memory of the ends decided here
-lately. No op map is loaded or kept in order (RocketMQ's, whose load and backlog lost or
-stalled halves): a state is one look-up, wherever and whenever its records were written.
+(the end was cut short between the two writes). The look-up reads a memory of the ends
+decided here lately, then the records not dispatched yet (past the confirmed offset), then
+the index: in that order, as reput indexes a record before it counts it dispatched. No op
+map is loaded or kept in order (RocketMQ's, whose load and backlog lost or stalled halves):
+a state is one look-up, wherever and whenever its records were written.
 
 A half sent twice (the client's retry after an answer lost to a failover: the first copy was
 stored, and replicated) is a second half of the same transaction, with its own origin but the
