@@ -2,10 +2,11 @@
 
 The state of a transaction is what its records say, found by its origin (``HALF_ORIGIN``,
 indexed on every broker): an op record (and its ``OP_STATE``), or a commit without its op yet
-(the end was cut short between the two writes). The look-up reads the index, then the records
-not dispatched yet (past the confirmed offset), and first a memory of the ends decided here
-lately. No op map is loaded or kept in order (RocketMQ's, whose load and backlog lost or
-stalled halves): a state is one look-up, wherever and whenever its records were written.
+(the end was cut short between the two writes). The look-up reads a memory of the ends
+decided here lately, then the records not dispatched yet (past the confirmed offset), then
+the index: in that order, as reput indexes a record before it counts it dispatched. No op
+map is loaded or kept in order (RocketMQ's, whose load and backlog lost or stalled halves):
+a state is one look-up, wherever and whenever its records were written.
 
 A half sent twice (the client's retry after an answer lost to a failover: the first copy was
 stored, and replicated) is a second half of the same transaction, with its own origin but the
@@ -144,6 +145,9 @@ class TransactionStore:
             if origin >= self._fresh_from:  # no one but this store ended it, and it did not
                 self.stats["fresh"] += 1
                 return self._committed_as(half)
+            # the records not dispatched first, the index after: reput indexes a record
+            # before it counts it dispatched, so one it dispatches meanwhile is in the index
+            in_tail = self._in_tail(origin)
         key = HALF_ORIGIN + str(origin)
         real_topic = half.properties[PROPERTY_REAL_TOPIC]
         committed = False
@@ -157,8 +161,6 @@ class TransactionStore:
                 if _is_commit_of(self.store.entry_message(offset), real_topic, origin):
                     committed = True
                     break
-        with self.lock:
-            in_tail = self._in_tail(origin)
         if in_tail is not None and (in_tail.op or not committed):
             return in_tail
         if committed:
@@ -175,15 +177,15 @@ class TransactionStore:
         real_topic = half.properties[PROPERTY_REAL_TOPIC]
         index = self.store.index
         entry = self.store.entry_message
-        found = index is not None and any(
-            _is_commit_of_id(entry(offset), real_topic, ident, half.body)
-            for offset in index.query(real_topic, ident[1], 16, 0, 2**62))
+        with self.lock:  # the records not dispatched before the index, as in ``decided``
+            self._scan_tail()
+            offset = self._tail_ids.get(ident)
+        found = offset is not None and _is_commit_of_id(entry(offset), real_topic, ident,
+                                                        half.body)
         if not found:
-            with self.lock:
-                self._scan_tail()
-                offset = self._tail_ids.get(ident)
-            found = offset is not None and _is_commit_of_id(entry(offset), real_topic, ident,
-                                                            half.body)
+            found = index is not None and any(
+                _is_commit_of_id(entry(offset), real_topic, ident, half.body)
+                for offset in index.query(real_topic, ident[1], 16, 0, 2**62))
         if not found:
             return Decided(None, False)
         self.stats["halves_sent_twice"] += 1
@@ -194,7 +196,8 @@ class TransactionStore:
 
     def _in_tail(self, origin: int) -> Decided | None:
         """Under the lock: the end of ``origin`` among the records reput has not dispatched
-        (so not indexed) yet."""
+        (so not indexed) yet. Read before the index, never after: a record reput dispatches
+        between the two reads is then in one or the other."""
         self._scan_tail()
         found = self._tail.get(origin)
         return found[0] if found is not None else None

@@ -6,6 +6,7 @@ state is found in the index, not in memory)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -494,3 +495,84 @@ def test_a_half_born_in_the_future_is_aged_by_its_store_time(tmp_path: Path) -> 
         assert sorted(str(f["producerGroup"]) for f in asked) == ["fast", "other"]
     finally:
         store.shutdown()
+
+
+
+@contextlib.contextmanager
+def reput_held(store: MessageStore) -> Iterator[None]:
+    """Reput stops at the confirmed offset (controller mode: a new master's tail, replicated
+    and not yet acknowledged by the other members) until the block ends."""
+    store.confirm_phy_offset = store.dispatched_phy_offset
+    try:
+        yield
+    finally:
+        store.set_confirm_offset(None)
+
+
+def dispatch_after_index_query(store: MessageStore, n: int,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reput dispatches (and indexes) what it held right after the ``n``-th index query from
+    now returns: the thread switch that lets a look-up miss a record dispatched between its
+    index query and its read of the records not dispatched."""
+    assert store.index is not None
+    query = store.index.query
+    calls = 0
+
+    def query_then_dispatch(*args: Any) -> list[int]:
+        nonlocal calls
+        found = query(*args)
+        calls += 1
+        if calls == n:
+            store.set_confirm_offset(None)
+            store.reput.catch_up()
+        return found
+
+    monkeypatch.setattr(store.index, "query", query_then_dispatch)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_an_end_finds_a_commit_dispatched_during_its_look_up(
+        store: MessageStore, monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """A new master meets the commit of another (replicated, past its confirmed offset)
+    while reput dispatches it: wherever the dispatch falls in an END's look-up, the END
+    finds the commit (and its op) and writes nothing. A half without a uniq key: only its
+    origin tells."""
+    tx = store.transactions
+    result = store.put(Message("orders", b"x", properties={TRAN_MSG: "true",
+                                                           PRODUCER_GROUP: "pg"}), 2)
+    assert result.ok
+    store.reput.catch_up()
+    half = tx.half_at(result.phy_offset)
+    assert half is not None and PROPERTY_UNIQ_KEY not in half.properties
+    with reput_held(store):
+        assert tx.end(half, COMMIT, HOST).pending is not None
+        tx.flush_ops()
+        tx.forget()  # the new master: nothing in memory, its look-ups read the log
+        assert store.dispatched_phy_offset < store.commit_log.max_offset
+        dispatch_after_index_query(store, n, monkeypatch)
+        assert tx.end(half, COMMIT, HOST) == (None, None)
+    assert [m.body for m in messages(store, "orders", 2)] == [b"x"]
+    assert tx.stats["commits"] == 1 and tx.stats["repeated"] == 1
+
+
+def test_a_half_sent_twice_finds_the_other_commit_dispatched_during_its_look_up(
+        store: MessageStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first half committed by the old master (past the new master's confirmed offset),
+    the second stored on the new master (the fresh shortcut: only the look-up by
+    transaction id): reput dispatches the first commit during that look-up, which finds it
+    all the same."""
+    tx = store.transactions
+    first = put_half(store, b"x", "T1")
+    with reput_held(store):
+        assert tx.end(first, COMMIT, HOST).pending is not None
+        tx.flush_ops()
+        store.set_master_services(False)  # the new master: nothing in memory, and every
+        tx.forget()  # half stored from the log's end on is its own
+        store.set_master_services(True)
+        second = put_half(store, b"x", "T1")
+        fresh = tx.stats["fresh"]
+        dispatch_after_index_query(store, 1, monkeypatch)
+        assert tx.end(second, COMMIT, HOST).conflict is None
+        assert tx.stats["fresh"] == fresh + 1
+    assert [m.body for m in messages(store, "orders", 2)] == [b"x"]
+    assert tx.stats["commits"] == 1 and tx.stats["halves_sent_twice"] == 1
