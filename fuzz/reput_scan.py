@@ -78,6 +78,8 @@ def model(buf: bytes, pos: int, limit: int, file_size: int, max_records: int, ba
         topic_end = p + 1 + r[p]
         if topic_end + 2 > total:
             break
+        if record.layout_error(r, 0, total, body_len) is not None:
+            break  # the lengths must add up to the record (record.layout_error)
         user_props = r[topic_end] << 8 | r[topic_end + 1]
         if strict and topic_end + 2 + user_props > total:
             break
