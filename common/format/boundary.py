@@ -26,7 +26,6 @@ from common.core.message import (
 from common.core.pop import POP_RECORD
 from common.format.record import PROP_CRC_NAME
 
-SEPARATORS = (NAME_VALUE_SEP, PROPERTY_SEP)
 MAX_QUEUE_ID = 65535  # a topic's queue ids are 0 to this (RocketMQ's, and the codec's bound)
 SEPARATOR_REASON = "may not hold \\x01 or \\x02 (RocketMQ's property separators)"
 
@@ -50,9 +49,7 @@ def has_separator(text: str) -> bool:
 
 def text_refusal(text: str) -> str | None:
     """Why a string bound for a record (tags, keys, a property's name or value) is refused."""
-    if NAME_VALUE_SEP in text or PROPERTY_SEP in text:
-        return SEPARATOR_REASON
-    return None
+    return SEPARATOR_REASON if has_separator(text) else None
 
 
 def texts_refusal(texts: Iterable[str]) -> str | None:
