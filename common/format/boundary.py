@@ -83,10 +83,9 @@ def delivery_refusal(real_topic: str, real_queue: str) -> str | None:
 
 
 def delivered_here(props: Mapping[str, str]) -> bool:
-    """Whether a record carries the mark of a delayed delivery (the schedule's or the timer's
-    source): in a system topic but the timer's own (its rolls carry its source), such a record
-    is not the broker's, whatever else it says (the services deliver into a client's topics
-    only: ``delivery_refusal``)."""
+    """Whether a record carries a delayed delivery's mark (the schedule's or the timer's
+    source). One in a system topic other than the timer's own (whose rolls carry it) is a
+    client's message delivered there, not the broker's record (``delivery_refusal``)."""
     return SCHEDULE_SOURCE in props or timer.TIMER_SOURCE in props
 
 
