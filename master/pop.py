@@ -27,7 +27,6 @@ from common.core.errors import PutStatus, ResponseCode
 from common.core.logs import log_event
 from common.core.pop import ReceiptHandle
 from common.core.subscription import Subscription
-from common.format.boundary import record_refusal
 from common.format.protocol import Request, Response
 from common.format.record import decode_message
 from common.store.pop import records
@@ -81,8 +80,8 @@ def pop_message(role: MasterRole, req: Request, sub: Subscription, queues: list[
 
 
 def _handle(role: MasterRole, req: Request) -> ReceiptHandle | Response:
-    """The request's receipt handle, if it names a record of this broker group, of the
-    request's topic, and of no system topic (``record_refusal``); else the refusal."""
+    """The request's receipt handle, if it names a record of this broker group and of the
+    request's topic (never a system one: the server refused it); else the refusal."""
     try:
         handle = ReceiptHandle.decode(req.fields["receiptHandle"])
     except ValueError as e:
@@ -90,9 +89,6 @@ def _handle(role: MasterRole, req: Request) -> ReceiptHandle | Response:
     if handle.topic != req.fields["topic"]:
         return reply(req, ResponseCode.BAD_REQUEST, f"the receipt handle is of topic "
                      f"{handle.topic}, not {req.fields['topic']}", {"field": "receiptHandle"})
-    refusal = record_refusal(handle.topic)
-    if refusal is not None:
-        return reply(req, ResponseCode.NO_PERMISSION, refusal)
     if handle.broker_name != role.cfg.brokerName:
         return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"the receipt handle is of broker "
                      f"group {handle.broker_name}, not {role.cfg.brokerName}")

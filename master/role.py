@@ -227,7 +227,7 @@ class MasterRole:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                          f"sysFlag TRANSACTION_PREPARED without {transactions.TRAN_MSG}=true: a "
                          "half message carries both")
-        reserved = _broker_only(props)
+        reserved = boundary.broker_only(props)
         if reserved is not None:
             return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                          f"property {reserved} is set by the broker, not by a producer")
@@ -323,7 +323,7 @@ class MasterRole:
                     return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                                  "a batch cannot hold delayed, timer or transactional messages "
                                  "(RocketMQ refuses them too): send them one by one")
-                reserved = _broker_only(props)
+                reserved = boundary.broker_only(props)
                 if reserved is not None:
                     return reply(req, ResponseCode.MESSAGE_ILLEGAL,
                                  f"property {reserved} is set by the broker, not by a producer")
@@ -567,13 +567,11 @@ def _put_reply(
 
 
 MAX_DELAY_LEVEL = SCHEMAS[RequestCode.SEND]["delayLevel"].hi
-# properties only the broker sets (the trust boundary's list): a forged one would resolve a
-# transaction, tell slaves that timer ticks were delivered, or pass for a revive record
-BROKER_ONLY = tuple(sorted(boundary.BROKER_ONLY_PROPERTIES))
 # a SEND whose properties hold none of these (and with no delay level, no prepared sysflag)
-# is a plain one: ``_special_send``'s checks are skipped, one set look-up instead
+# is a plain one: ``_special_send``'s checks (the broker-only properties' refusal among them)
+# are skipped, one set look-up instead
 _SPECIAL_PROPERTIES = frozenset((PROPERTY_DELAY, transactions.TRAN_MSG,
-                                 *timer_messages.REQUESTED, *BROKER_ONLY))
+                                 *timer_messages.REQUESTED, *boundary.BROKER_ONLY_PROPERTIES))
 
 
 class _Opaque(NamedTuple):
@@ -589,11 +587,6 @@ def _no_message_group(req: Request, topic: str) -> Response:
     return reply(req, ResponseCode.MESSAGE_ILLEGAL, f"topic {topic} is a FIFO topic "
                  f"({MESSAGE_TYPE}=FIFO): each message needs a message group "
                  f"({PROPERTY_SHARDING_KEY}, a producer's shard_key), which keeps its order")
-
-
-def _broker_only(props: dict[str, str]) -> str | None:
-    """The first property of ``props`` that only the broker sets, if any."""
-    return boundary.broker_only(props)
 
 
 def _delay_property(props: dict[str, str]) -> int | None:

@@ -196,7 +196,7 @@ class TransactionCheck:
         """The half's own CHECK_IMMUNITY_TIME_IN_SECONDS, capped; None if it sets none (or
         one that is no count of seconds)."""
         text = half.properties.get(CHECK_IMMUNITY_SECONDS, "")
-        if not text or not (text.isascii() and text.isdigit()):
+        if not (text.isascii() and text.isdigit()):
             return None
         cap_ms = max(MAX_IMMUNITY_MS, self.timeout_ms)
         return cap_ms if len(text) > 10 else min(int(text) * 1000, cap_ms)

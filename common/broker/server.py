@@ -111,9 +111,9 @@ from common.broker.server_stats import ServerStats
 from common.broker.tcp_port import PortBudget, TcpPort
 from common.core.errors import BrokerError, ResponseCode
 from common.core.logs import log_event
-from common.core.message import is_system_topic
 from common.format import zmtp
 from common.format.acl import Account, Denial, rule_for
+from common.format.boundary import topic_refusal
 from common.format.protocol import (
     RESPONSE_MARK,
     SPECS,
@@ -721,13 +721,11 @@ class RequestServer:
                 self._refuse(sock, identity, req.opaque, user, head, denial)
                 return
             caller = Caller(account, user, head)
-        if req.code in _NAMES_TOPIC and is_system_topic(req.fields["topic"]):
+        refusal = topic_refusal(req.fields["topic"]) if req.code in _NAMES_TOPIC else None
+        if refusal is not None:
             self.stats.bad_requests += 1
-            self._answer(sock, identity, reply(
-                req, ResponseCode.NO_PERMISSION,
-                f"topic {req.fields['topic']} is a system topic: only the broker writes or "
-                "reads it (its messages belong to other topics, each with its own ACL)"),
-                started)
+            self._answer(sock, identity, reply(req, ResponseCode.NO_PERMISSION,
+                                               f"topic {refusal}"), started)
             return
         if self._draining:
             self._answer(

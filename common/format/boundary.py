@@ -27,7 +27,6 @@ from common.core.message import (
 from common.core.pop import POP_RECORD
 from common.format.record import PROP_CRC_NAME
 
-SEPARATORS = (NAME_VALUE_SEP, PROPERTY_SEP)
 MAX_QUEUE_ID = 65535  # a topic's queue ids are 0 to this (RocketMQ's, and the codec's bound)
 SEPARATOR_REASON = "may not hold \\x01 or \\x02 (RocketMQ's property separators)"
 
@@ -51,9 +50,7 @@ def has_separator(text: str) -> bool:
 
 def text_refusal(text: str) -> str | None:
     """Why a string bound for a record (tags, keys, a property's name or value) is refused."""
-    if NAME_VALUE_SEP in text or PROPERTY_SEP in text:
-        return SEPARATOR_REASON
-    return None
+    return SEPARATOR_REASON if has_separator(text) else None
 
 
 def texts_refusal(texts: Iterable[str]) -> str | None:
@@ -87,10 +84,9 @@ def delivery_refusal(real_topic: str, real_queue: str) -> str | None:
 
 
 def delivered_here(props: Mapping[str, str]) -> bool:
-    """Whether a record carries the mark of a delayed delivery (the schedule's or the timer's
-    source): in a system topic but the timer's own (its rolls carry its source), such a record
-    is not the broker's, whatever else it says (the services deliver into a client's topics
-    only: ``delivery_refusal``)."""
+    """Whether a record carries a delayed delivery's mark (the schedule's or the timer's
+    source). One in a system topic other than the timer's own (whose rolls carry it) is a
+    client's message delivered there, not the broker's record (``delivery_refusal``)."""
     return SCHEDULE_SOURCE in props or timer.TIMER_SOURCE in props
 
 

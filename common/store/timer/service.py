@@ -181,31 +181,33 @@ class TimerStore:
             self._marks.note(req.phy_offset + req.size, self.delivered_tick)
 
     def trusted_tick(self, topic: str, phy_offset: int, props: Mapping[str, str]) -> int | None:
-        """The tick a record of the timer's own says it was written for, or None for a record
-        that carries the marks but is not one (a client's, from before the entry paths refused
-        them): a roll is a record of the timer topic, which only the broker writes; a delivery
-        names by ``TIMER_SOURCE`` a timer record before it, held for this record's topic and
-        due no earlier than the tick. A forged tick would move the read time past every
-        message due before it."""
-        tick, source = props.get(TIMER_TICK, ""), props.get(TIMER_SOURCE, "")
+        """The tick a record of the timer's own was written for, or None for a record carrying
+        the marks that the timer did not write (a forged tick would move the read time past
+        every message due before it): a roll is of the timer topic; a delivery, ``_held_for``."""
+        tick = props.get(TIMER_TICK, "")
         if not (tick.isascii() and tick.isdigit()):
             return None
-        if topic == TIMER_TOPIC:
+        if topic == TIMER_TOPIC or self._held_for(topic, phy_offset,
+                                                  props.get(TIMER_SOURCE, ""), int(tick)):
             return int(tick)
-        held = None
-        if source.isascii() and source.isdigit() and int(source) < phy_offset:
-            held = self.store.entry_message(int(source))
-        due = [held.properties.get(name, "") for name in (TIMER_DELIVER_MS, TIMER_OUT_MS)] \
-            if held is not None else []
-        if held is None or held.topic != TIMER_TOPIC or not any(d.isdigit() for d in due) \
-                or held.properties.get(PROPERTY_REAL_TOPIC) != topic \
-                or int(tick) > max(int(d) for d in due if d.isdigit()):
-            self.stats["untrusted_marks"] += 1
-            if self.stats["untrusted_marks"] == 1:  # once: an old log may hold many
-                log.warning("event=timer_mark_ignored offset=%d topic=%s: a timer tick on a "
-                            "record the timer did not write", phy_offset, topic)
-            return None
-        return int(tick)
+        self.stats["untrusted_marks"] += 1
+        if self.stats["untrusted_marks"] == 1:  # once: an old log may hold many
+            log.warning("event=timer_mark_ignored offset=%d topic=%s: a timer tick on a "
+                        "record the timer did not write", phy_offset, topic)
+        return None
+
+    def _held_for(self, topic: str, phy_offset: int, source: str, tick: int) -> bool:
+        """Whether ``source`` names a timer record before ``phy_offset``, held for ``topic``
+        and due no earlier than ``tick``."""
+        if not (source.isascii() and source.isdigit()) or int(source) >= phy_offset:
+            return False
+        held = self.store.entry_message(int(source))
+        if held is None or held.topic != TIMER_TOPIC \
+                or held.properties.get(PROPERTY_REAL_TOPIC) != topic:
+            return False
+        due = [int(d) for d in (held.properties.get(name, "") for name in
+                                (TIMER_DELIVER_MS, TIMER_OUT_MS)) if d.isascii() and d.isdigit()]
+        return bool(due) and tick <= max(due)
 
     # ---- the store's service: recovery, enqueue, checkpoint ---------------------------------------
     def start(self) -> None:

@@ -1,7 +1,8 @@
-"""A record of a system topic is the broker's alone, named by offset, msgId or handle: a
+"""A record of a system topic is the broker's alone, named by offset, msgId, key or handle: a
 send-back of a timer message not due yet, a look-up of an uncommitted half or of a timer
 message, all refused whatever the request's ``topic`` says (``common/format/boundary.py``
-``record_refusal``); and a receipt handle of another broker group changes nothing here."""
+``record_refusal``, ``topic_refusal``); and a receipt handle of another broker group changes
+nothing here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helpers.brokers import addr
+from helpers.brokers import addr, wait_for
 
 from common.broker.broker import Broker
 from common.client import Admin, Producer, SimpleConsumer, TransactionProducer, TransactionState
@@ -59,6 +60,10 @@ def test_a_look_up_of_a_half_or_a_timer_message_is_refused(
         for resp in (by_offset, by_id):
             assert resp.code == ResponseCode.NO_PERMISSION, resp
             assert f"{topic}, a system topic" in resp.remark and not resp.bodies
+    wait_for(lambda: broker.store.query_by_key(HALF_TOPIC, half.message_id), "the half indexed")
+    by_key = request(broker, RequestCode.QUERY_BY_KEY, {"topic": HALF_TOPIC,
+                                                        "key": half.message_id})
+    assert by_key.code == ResponseCode.NO_PERMISSION and not by_key.bodies, by_key
     with Admin([addr(broker)]) as admin:  # the topic's own messages are found as before
         found = admin.query_by_offset(plain.commit_log_offset)
         assert found is not None and found.body == b"plain"

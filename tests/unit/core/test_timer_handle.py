@@ -9,7 +9,7 @@ import pytest
 
 from common.core.timer import RESERVED, RecallHandle, requested
 from common.core.transaction import RESERVED as TRANSACTION_RESERVED
-from master.role import _broker_only
+from common.format.boundary import broker_only
 
 pytestmark = pytest.mark.unit
 
@@ -42,6 +42,6 @@ def test_a_malformed_handle_is_refused_naming_why(handle: str, words: str) -> No
 def test_what_a_producer_asks_for_and_what_only_the_broker_sets() -> None:
     assert requested({"TIMER_DELAY_SEC": "1"}) and requested({"TIMER_DELIVER_MS": "1"})
     assert not requested({"DELAY": "3"})
-    assert _broker_only({"a": "b"}) is None and _broker_only({}) is None
+    assert broker_only({"a": "b"}) is None and broker_only({}) is None
     for name in (*RESERVED, *TRANSACTION_RESERVED):
-        assert _broker_only({"KEYS": "k", name: "1"}) == name
+        assert broker_only({"KEYS": "k", name: "1"}) == name

@@ -14,12 +14,12 @@ an entry path that missed a check (or a log from before the checks) would have l
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.brokers import wait_for
 
 from common.core.config import load_config
 from common.core.errors import GetStatus
@@ -71,13 +71,6 @@ def replica(tmp_path: Path) -> Iterator[MessageStore]:
     s = open_store(tmp_path / "r", master=False)
     yield s
     s.shutdown()
-
-
-def wait_for(cond: Callable[[], object], what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def bodies(store: MessageStore, topic: str, queue_id: int = 0) -> list[bytes]:

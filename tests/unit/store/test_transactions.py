@@ -226,32 +226,13 @@ def test_a_backlog_of_ends_never_keeps_a_half_from_its_check(tmp_path: Path) -> 
     """rmq#9500: RocketMQ reads ops in order into a map, and a backlog of them left halves
     unchecked. Here each half is looked up by its origin: of 300 halves, the 299 ended are
     passed and the one left open is checked, in one round."""
-    import concurrent.futures
-
-    from common.broker.producer_groups import ProducerGroups
-    from common.broker.tables import ConsumerOffsetTable
-    from common.format.protocol import Response
-    from master.transaction_check import TransactionCheck
-
     store = open_store(tmp_path / "s", transactionTimeOut=0)
     try:
         halves = [put_half(store, b"%d" % i, f"K{i}") for i in range(300)]
         for half in halves[:150] + halves[151:]:
             store.transactions.end(half, ROLLBACK, HOST)
-        producers = ProducerGroups()
-        producers.heartbeat("pg", "app", b"conn", "10.0.0.1:1")
         asked: list[dict[str, object]] = []
-
-        def ask(identity: bytes, code: object, fields: dict[str, object], bodies: object = (),
-                timeout_ms: int = 0) -> concurrent.futures.Future[Response]:
-            asked.append(fields)
-            future: concurrent.futures.Future[Response] = concurrent.futures.Future()
-            future.set_result(Response(0, 0, "", {"state": "COMMIT"}, []))  # type: ignore[arg-type]
-            return future
-
-        (tmp_path / "config").mkdir()
-        check = TransactionCheck(store.cfg, store, producers, ask,  # type: ignore[arg-type]
-                                 ConsumerOffsetTable(tmp_path / "config"))
+        check: Any = _check_back(tmp_path, store, asked, groups=("pg",))
         assert check.check_round() == 300
         assert [f["commitLogOffset"] for f in asked] != [] and len(asked) == 1
         [real] = messages(store, "orders", 2)
@@ -405,8 +386,10 @@ def test_a_half_sent_twice_across_a_restart_is_committed_once(tmp_path: Path) ->
 
 
 def _check_back(tmp_path: Path, store: MessageStore, asked: list[dict[str, object]],
-                clock: object = None) -> object:
-    """A check-back whose producers answer COMMIT to every check (each recorded in asked)."""
+                clock: object = None, groups: tuple[str, ...] = ("slow", "fast", "other")
+                ) -> object:
+    """A check-back whose producers (one a group) answer COMMIT to every check (each recorded
+    in asked)."""
     import concurrent.futures
     import time
 
@@ -416,7 +399,7 @@ def _check_back(tmp_path: Path, store: MessageStore, asked: list[dict[str, objec
     from master.transaction_check import TransactionCheck
 
     producers = ProducerGroups()
-    for group in ("slow", "fast", "other"):
+    for group in groups:
         producers.heartbeat(group, "app", group.encode(), "10.0.0.1:1")
 
     def ask(identity: bytes, code: object, fields: dict[str, object], bodies: object = (),
