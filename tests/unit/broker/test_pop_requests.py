@@ -351,3 +351,24 @@ def test_a_message_that_cannot_go_to_the_dlq_stops_no_other(
         later = int(time.time() * 1000) + 60_000
         wait_for(lambda: not role.store.pop.due_for_dlq(later), "the stuck one's slot freed")
         assert role.pop_revive.given_up == 1
+
+
+def test_a_compressed_body_that_does_not_inflate_keeps_no_other_message_from_a_consumer(
+        make_broker: Callable[..., Broker]) -> None:
+    """A producer may flag its body COMPRESSED and send anything: that record is left out of
+    the receive (it comes back, then goes to the DLQ), the messages popped with it are handed
+    on. The whole receive failed, every message in it handed out and none delivered, each
+    time, until all of them were in the DLQ."""
+    from common.client import Admin
+
+    broker = make_broker(**POP_BROKER)
+    send(broker, 1)
+    with Admin([addr(broker)], retries=0) as admin:
+        sent = admin._cluster.request(addr(broker), RequestCode.SEND, {
+            "topic": "t", "queueId": 0, "sysFlag": 1}, [b"not a zlib stream"])
+    assert sent.code == ResponseCode.SUCCESS
+    with Producer([addr(broker)]) as p:
+        p.send("t", b"after", queue_id=0)
+    with SimpleConsumer([addr(broker)], "g") as c:
+        got = c.receive("t", 8, INVISIBLE)
+        assert [r.message.body for r in got] == [b"m0", b"after"]
