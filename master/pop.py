@@ -169,6 +169,10 @@ def change_invisible(role: MasterRole, req: Request) -> Reply:
                       "invisibleTime": invisible}))
 
 
+# a DLQ copy's put refused so is refused again each round: the message is given up instead
+UNMOVABLE = frozenset((PutStatus.PROPERTIES_SIZE_EXCEEDED, PutStatus.MESSAGE_ILLEGAL))
+
+
 class PopRevive:
     """The master's thread that gives up messages handed out too often to the DLQ."""
 
@@ -178,6 +182,7 @@ class PopRevive:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.moved = 0
+        self.given_up = 0  # due for the DLQ, but no copy could be made (logged each)
 
     def start(self) -> None:
         self._stop.clear()
@@ -208,10 +213,19 @@ class PopRevive:
             if got.records:
                 stored = decode_message(got.records[0])
                 stored.reconsume_times = out.attempts - 1  # as the consumer saw it last
-                back = send_back.plan(stored, group, topic, -1, 0, 0)
+                try:
+                    back = send_back.plan(stored, group, topic, -1, 0, 0)
+                except send_back.SendBackRefused as e:  # no copy can be made: given up here
+                    self._give_up(key, offset, out, now_ms, str(e))
+                    continue
                 self.role.ensure_topic(back.message.topic)
                 pending = store.put_nowait(back.message, 0, ("0.0.0.0", 0),
                                            stored.born_timestamp)
+                status = pending.result.status
+                if status in UNMOVABLE:  # the copy can never be stored: given up here
+                    self._give_up(key, offset, out, now_ms,
+                                  f"{status.name}: {pending.result.remark}")
+                    continue
                 if not pending.result.ok:
                     continue  # tried again next round
             done = store.pop.ack(key, offset, out.handle, now_ms, kind=records.DLQ)
@@ -222,3 +236,14 @@ class PopRevive:
         self.moved += moved
         return moved
 
+    def _give_up(self, key: tuple[str, str, int], offset: int, out: Any, now_ms: int,
+                 why: str) -> None:
+        """A message due for the DLQ that cannot be copied there (one of a DLQ topic itself,
+        one whose copy the store refuses for good): resolved without a copy, so that it no
+        longer holds its slot (nor, FIFO, its queue), nor stops the round for the others."""
+        done = self.role.store.pop.ack(key, offset, out.handle, now_ms, kind=records.DLQ)
+        if done.error:
+            return
+        self.given_up += 1
+        log.error("event=pop_dead_letter_given_up group=%s topic=%s queue=%d offset=%d "
+                  "reason=%s", *key, offset, why)

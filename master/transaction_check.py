@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from common.broker.producer_groups import ProducerChannel, ProducerGroups
 from common.core.config import BrokerConfig
-from common.core.errors import BrokerError
+from common.core.errors import BrokerError, PutStatus
 from common.core.message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_KEY, MessageExt
 from common.core.transaction import (
     CHECK_GROUP,
@@ -54,10 +54,12 @@ MAX_ROUND_S = 60.0  # RocketMQ's MAX_PROCESS_TIME_LIMIT: a round gives way after
 # a client's CHECK_IMMUNITY_TIME_IN_SECONDS is held to this (or transactionTimeOut if longer):
 # a held half is written again each round until then
 MAX_IMMUNITY_MS = 3_600_000
+# refusals of a half's copy (checked, put back, discarded) that no later round undoes
+UNMOVABLE = frozenset((PutStatus.PROPERTIES_SIZE_EXCEEDED, PutStatus.MESSAGE_ILLEGAL))
 ASK_TIMEOUT_MS = 3000
 BATCH = 256
 FIGURES = ("rounds", "checks", "held", "answered_commit", "answered_rollback", "unknown",
-           "unanswered", "no_producer", "discarded", "gated")
+           "unanswered", "no_producer", "discarded", "gated", "unmovable")
 
 
 class Ask(Protocol):
@@ -168,7 +170,7 @@ class TransactionCheck:
             result = self.store.put_nowait(records.discarded(half), 0, born_host_of(half),
                                            half.born_timestamp)
             if not result.result.ok:
-                return False
+                return self._unmovable(half, result.result)
             self.stats["discarded"] += 1
             log.warning("event=transaction_check_max half=%d origin=%d group=%s checks=%d: "
                         "kept in TRANS_CHECK_MAX_TIME_TOPIC", half.commit_log_offset,
@@ -178,7 +180,7 @@ class TransactionCheck:
         copy = self.store.put_nowait(records.checked_again(half), 0, born_host_of(half),
                                      half.born_timestamp)
         if not copy.result.ok:
-            return False
+            return self._unmovable(half, copy.result)
         self.stats["checks"] += 1
         self._ask(half, copy.result.phy_offset, copy.result.queue_offset)
         return True
@@ -188,8 +190,21 @@ class TransactionCheck:
         result = self.store.put_nowait(records.put_back(half), 0, born_host_of(half),
                                        half.born_timestamp)
         if not result.result.ok:
-            return False
+            return self._unmovable(half, result.result)
         self.stats["held"] += 1
+        return True
+
+    def _unmovable(self, half: MessageExt, result: Any) -> bool:
+        """A copy of ``half`` the store refused: False (the round ends here, and meets it
+        again) unless no retry can succeed (its properties, at the limit, leave no room for
+        the copy's marks): then it is passed for good, logged and counted, so that the halves
+        after it are still checked. It stays open: an END by its producer still decides it."""
+        if result.status not in UNMOVABLE:
+            return False
+        self.stats["unmovable"] += 1
+        log.error("event=transaction_check_unmovable half=%d origin=%d group=%s status=%s (%s)",
+                  half.commit_log_offset, records.origin_of(half),
+                  half.properties.get(PRODUCER_GROUP), result.status.name, result.remark)
         return True
 
     def _immunity_ms(self, half: MessageExt) -> int | None:

@@ -58,7 +58,7 @@ COUNTERS = frozenset({
     "transaction_refused_conflicts", "transaction_ops_repaired", "transaction_fresh",
     "transaction_op_batches", "transaction_ops_dropped", "transaction_halves_sent_twice",
     "transaction_check_rounds", "transaction_check_checks", "transaction_check_held",
-    "transaction_check_discarded",
+    "transaction_check_discarded", "transaction_check_unmovable",
     "transaction_check_answered_commit", "transaction_check_answered_rollback",
     "transaction_check_unknown", "transaction_check_unanswered",
     "transaction_check_no_producer", "transaction_check_gated",

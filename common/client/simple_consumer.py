@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -29,7 +30,15 @@ from common.client.consumer import Consumer
 from common.core.errors import BrokerError, ResponseCode
 from common.core.message import MessageExt
 from common.core.pop import ReceiptHandle
-from common.format.protocol import ProtocolError, RequestCode, Response, decode_record
+from common.format.protocol import (
+    BODY_FIELD,
+    ProtocolError,
+    RequestCode,
+    Response,
+    decode_record,
+)
+
+log = logging.getLogger("replog.client")
 
 DEFAULT_INVISIBLE_MS = 30_000
 POP_SLICE_MS = 500  # over several broker groups, a receive waits on each this long in turn
@@ -237,6 +246,9 @@ def _received(resp: Response) -> list[Received]:
         try:
             msg = decode_record(raw)
         except ProtocolError as e:
+            if e.field == BODY_FIELD:  # one producer's body: the others are still handed on
+                log.warning("event=pop_body_unreadable handle=%s reason=%s", handle, e.reason)
+                continue  # not acked: it comes back, then goes to the DLQ
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"corrupt record in answer: {e}") \
                 from None
         msg.reconsume_times = int(n)

@@ -1040,6 +1040,11 @@ def _check_meta_count(meta: list[Any] | None, bodies: int) -> None:
 # ---- messages in responses ------------------------------------------------------------------
 
 
+# the field a ProtocolError of ``decode_record`` names when the record is whole but its body,
+# flagged COMPRESSED by its producer, does not inflate: the producer's fault, not the log's
+BODY_FIELD = "record.body"
+
+
 def decode_record(raw: bytes, max_inflated_bytes: int = MAX_INFLATED_BYTES) -> MessageExt:
     """A whole CommitLog record (a pull or query answer's body frame) -> MessageExt.
 
@@ -1062,7 +1067,7 @@ def decode_record(raw: bytes, max_inflated_bytes: int = MAX_INFLATED_BYTES) -> M
         try:
             msg.body = inflate_body(msg.body, max_inflated_bytes, msg.sys_flag)
         except ValueError as e:
-            raise ProtocolError("record.body", str(e)) from None
+            raise ProtocolError(BODY_FIELD, str(e)) from None
     return msg
 
 

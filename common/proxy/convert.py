@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +23,9 @@ from common.core.message import (
     PROPERTY_UNIQ_KEY,
 )
 from common.format import boundary
-from common.format.protocol import ProtocolError, Response, decode_record
+from common.format.protocol import BODY_FIELD, ProtocolError, Response, decode_record
+
+log = logging.getLogger("replog.proxy")
 
 MESSAGE_TYPES = {"NORMAL": pb.NORMAL, "FIFO": pb.FIFO, "DELAY": pb.DELAY,
                  "TRANSACTION": pb.TRANSACTION}
@@ -190,7 +193,8 @@ def received(resp: Response) -> list[rpc.ReceiveMessageResponse]:
     order: ``incoming``'s message for each, made in C from the record's bytes where built
     (``_received.c``; what it leaves, and everything without it, by ``decode_record`` and
     ``incoming``). BrokerError SYSTEM_ERROR for an answer whose parts do not line up or a record
-    that fails its checks, as ``SimpleConsumer.receive`` refuses them."""
+    that fails its checks, as ``SimpleConsumer.receive`` refuses them; a whole record whose
+    COMPRESSED body does not inflate (its producer's doing) is left out, as there."""
     handles = list(resp.fields.get("handles") or [])
     times = list(resp.fields.get("reconsumeTimes") or [])
     bodies = resp.bodies if isinstance(resp.bodies, list) else list(resp.bodies)
@@ -208,6 +212,9 @@ def received(resp: Response) -> list[rpc.ReceiveMessageResponse]:
         try:
             msg = decode_record(raw)
         except ProtocolError as e:
+            if e.field == BODY_FIELD:  # one producer's body: the others are still handed on
+                log.warning("event=pop_body_unreadable handle=%s reason=%s", handle, e.reason)
+                continue  # not acked: it comes back, then goes to the DLQ
             raise BrokerError(ResponseCode.SYSTEM_ERROR, f"corrupt record in answer: {e}") \
                 from None
         if not 0 <= int(n) < 2**31 - 1:  # its delivery attempt (n + 1) is an int32

@@ -91,6 +91,9 @@ IDLE_WAIT_S = 0.1
 PENDING_EVERY_S = 1.0  # how often the flush thread counts what is pending (status figures)
 ACTIVE_WAIT_S = 0.005  # a tick under way: new units and due times are looked at this often
 RETRY_WAIT_S = 0.2  # a tick whose deliveries failed is tried again after this
+# refusals of a delivery or roll that no retry undoes: the record itself is one the store
+# does not take (the marks a delivery adds put a producer's properties at their limit past it)
+UNDELIVERABLE = frozenset((PutStatus.PROPERTIES_SIZE_EXCEEDED, PutStatus.MESSAGE_ILLEGAL))
 MAX_WALK = 10_000_000  # units followed in one tick's chain before it is declared broken
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -781,6 +784,11 @@ class TimerDequeue:
             else:
                 timer.stats["delivered"] += 1
                 timer.lateness_ms.append(max(0, now_ms - unit.deliver_ms))
+            return True
+        if result.status in UNDELIVERABLE:  # no retry can succeed: skipped, as a bad target
+            timer.stats["refused_targets"] += 1
+            log.error("event=timer_skip offset=%d reason=refused_put status=%s (%s)",
+                      unit.offset_py, result.status.name, result.remark)
             return True
         timer.stats["put_failures"] += 1
         log.warning("event=timer_put_failed offset=%d status=%s tick=%d", unit.offset_py,

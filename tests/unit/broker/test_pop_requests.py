@@ -316,3 +316,59 @@ def test_a_fifo_topic_takes_only_messages_with_a_message_group(
     assert table.message_type("ff") == "FIFO" and table.message_type("t") == ""
     copy = TopicTable(Path(str(broker.cfg.store_root)) / "copy")  # a slave takes the table
     assert copy.replace(table.to_bytes(), "master") and copy.message_type("ff") == "FIFO"
+
+
+@pytest.mark.parametrize("how", ["of a DLQ topic", "too large to copy"])
+def test_a_message_that_cannot_go_to_the_dlq_stops_no_other(
+        make_broker: Callable[..., Broker], how: str) -> None:
+    """A message handed out as often as allowed that cannot be copied to the DLQ (one read
+    from a DLQ topic; one whose properties leave no room for the copy's) is given up, logged:
+    the messages due after it still go to the DLQ, and its slot is freed."""
+    from common.format.record import MAX_PROPERTIES_BYTES
+
+    broker = make_broker(**POP_BROKER)
+    topic = "%DLQ%x" if how == "of a DLQ topic" else "big"
+    with Producer([addr(broker)]) as p:
+        if how == "of a DLQ topic":
+            p.send(topic, b"stuck", queue_id=0)
+        else:  # the largest the store takes, less than a copy's RETRY_TOPIC and ORIGIN id
+            for size in range(MAX_PROPERTIES_BYTES - 40, 0, -64):
+                try:
+                    p.send(topic, b"stuck", queue_id=0, properties={"fill": "x" * size})
+                    break
+                except BrokerError:
+                    continue
+        p.send("t", b"live", queue_id=0)
+    with SimpleConsumer([addr(broker)], "g") as c:
+        for name in (topic, "t"):  # handed out once each, the most allowed
+            assert len(c.receive(name, 1, INVISIBLE, max_reconsume_times=0)) == 1
+        with Consumer([addr(broker)], group="x") as reader:
+            dead = wait_for(lambda: reader.pull(dlq_topic("g"), 0, 0, 8).messages,
+                            "the DLQ copy of the message after the stuck one", timeout_s=15)
+        assert [m.body for m in dead] == [b"live"]
+        role = broker.role
+        assert role is not None
+        later = int(time.time() * 1000) + 60_000
+        wait_for(lambda: not role.store.pop.due_for_dlq(later), "the stuck one's slot freed")
+        assert role.pop_revive.given_up == 1
+
+
+def test_a_compressed_body_that_does_not_inflate_keeps_no_other_message_from_a_consumer(
+        make_broker: Callable[..., Broker]) -> None:
+    """A producer may flag its body COMPRESSED and send anything: that record is left out of
+    the receive (it comes back, then goes to the DLQ), the messages popped with it are handed
+    on. The whole receive failed, every message in it handed out and none delivered, each
+    time, until all of them were in the DLQ."""
+    from common.client import Admin
+
+    broker = make_broker(**POP_BROKER)
+    send(broker, 1)
+    with Admin([addr(broker)], retries=0) as admin:
+        sent = admin._cluster.request(addr(broker), RequestCode.SEND, {
+            "topic": "t", "queueId": 0, "sysFlag": 1}, [b"not a zlib stream"])
+    assert sent.code == ResponseCode.SUCCESS
+    with Producer([addr(broker)]) as p:
+        p.send("t", b"after", queue_id=0)
+    with SimpleConsumer([addr(broker)], "g") as c:
+        got = c.receive("t", 8, INVISIBLE)
+        assert [r.message.body for r in got] == [b"m0", b"after"]

@@ -191,3 +191,15 @@ def test_received_parses_as_the_response_the_client_reads() -> None:
     assert (sp.queue_id, sp.queue_offset, sp.delivery_attempt) == (2, 7, 4)
     assert sp.receipt_handle == "rp1 b orders 2 7 99 1 2"
     assert sp.message_type == 2  # FIFO: it has a message group
+
+
+def test_a_compressed_body_that_does_not_inflate_is_left_out_not_the_answer() -> None:
+    """Its producer flagged it COMPRESSED (anyone may): the record is whole, the other
+    messages of the answer are handed on; a damaged record still fails the answer."""
+    good = bytearray(record.encode(b"orders", b"payload", record.PROP_CRC_PLACEHOLDER, 0, 1, 2))
+    record.seal(good, 0, len(good))
+    bad = bytearray(record.encode(b"orders", b"not zlib", record.PROP_CRC_PLACEHOLDER, 0, 1, 2,
+                                  sys_flag=SYSFLAG_COMPRESSED))
+    record.seal(bad, 0, len(bad))
+    out = convert.received(answer([bytes(bad), bytes(good)], ["h1", "h2"]))
+    assert [r.message.system_properties.receipt_handle for r in out] == ["h2"]

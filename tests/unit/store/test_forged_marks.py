@@ -39,6 +39,7 @@ from common.core.transaction import (
     PRODUCER_GROUP,
     TRAN_MSG,
 )
+from common.format.record import MAX_PROPERTIES_BYTES
 from common.store.message_store import MessageStore
 from common.store.pop import records as pop_records
 
@@ -205,3 +206,29 @@ def test_a_forged_delivery_mark_does_not_pass_for_a_delivery(replica: MessageSto
     store.reput.catch_up()
     store.set_master_services(True)  # promoted: the dequeue checks what was delivered
     wait_for(lambda: b"due" in bodies(store, "mine"), "the delivery of the held message")
+
+
+
+def _largest(store: MessageStore, topic: str, held: dict[str, Any]) -> Message:
+    """The message ``held`` asks for, with a filler property that brings the held record's
+    properties to the store's limit: the largest a producer may send (put here, to measure)."""
+    props = held.get("properties", {})
+    for size in range(MAX_PROPERTIES_BYTES - 64, 0, -1):
+        msg = Message(topic, b"big", properties={**props, "fill": "x" * size},
+                      delay_level=held.get("delay_level", 0))
+        if store.put(msg, 0).ok:
+            return msg
+    raise AssertionError("no filler fits")
+
+
+@pytest.mark.parametrize("how", ["delay level", "timer"])
+def test_a_held_message_whose_delivery_would_be_too_large_does_not_stall_the_others(
+        store: MessageStore, how: str) -> None:
+    """The delivery adds the broker's marks to what a producer sent: a held record at the
+    properties limit cannot be delivered, and is skipped; the ones behind it are delivered."""
+    ways: dict[str, dict[str, Any]] = {"delay level": {"delay_level": 1},
+                                       "timer": {"properties": {TIMER_DELAY_MS: "100"}}}
+    held = ways[how]
+    _largest(store, "mine", held)
+    assert store.put(Message("mine", b"good", **held), 0).ok
+    wait_for(lambda: b"good" in bodies(store, "mine"), "the message after the big one")

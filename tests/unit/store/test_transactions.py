@@ -559,3 +559,30 @@ def test_a_half_sent_twice_finds_the_other_commit_dispatched_during_its_look_up(
         assert tx.stats["fresh"] == fresh + 1
     assert [m.body for m in messages(store, "orders", 2)] == [b"x"]
     assert tx.stats["commits"] == 1 and tx.stats["halves_sent_twice"] == 1
+
+
+def test_a_half_too_large_to_put_back_holds_up_no_later_half(tmp_path: Path) -> None:
+    """A half whose properties sit at the store's limit is held, but its checked copy (one
+    more CHECK_TIMES, its origin) is refused for its size: the round goes on past it to the
+    halves of other groups, and it is counted. Every round ended at it, and progress never
+    passed it: no later half of any group was ever checked."""
+    from common.format.record import MAX_PROPERTIES_BYTES
+
+    store = open_store(tmp_path / "s", transactionTimeOut=0)
+    try:
+        for size in range(MAX_PROPERTIES_BYTES - 64, 0, -1):
+            msg = half_message(b"big", "Kbig", "slow")
+            msg.properties["fill"] = "x" * size
+            if store.put(msg, 2, HOST).ok:
+                break
+        store.reput.catch_up()
+        _put_group_half(store, "other")
+        asked: list[dict[str, object]] = []
+        check: Any = _check_back(tmp_path, store, asked)
+        check.check_round()
+        assert [f["producerGroup"] for f in asked] == ["other"]
+        assert check.stats["unmovable"] == 1
+        check.check_round()  # passed for good: not met again
+        assert check.stats["unmovable"] == 1
+    finally:
+        store.shutdown()
