@@ -24,9 +24,10 @@
 #include "_codec_internal.h"
 #include <string.h>
 
-/* protocol.py's _NATIVE_KINDS, in its order; K_TEXT is a str bound for a record (tags, keys):
- * one with a property separator is left to the Python path, which refuses it */
-enum { K_INT = 0, K_STR, K_TOPIC, K_GROUP, K_PROPS, K_SYSFLAG, K_ROLE, K_TEXT, K_OTHER };
+/* protocol.py's _NATIVE_KINDS, in its order; K_TEXT is a str bound for a record (tags): one
+ * with a property separator is left to the Python path, which refuses it; K_KEYS a message's
+ * KEYS, the same, and also one with a key that starts with a broker-only property's name */
+enum { K_INT = 0, K_STR, K_TOPIC, K_GROUP, K_PROPS, K_SYSFLAG, K_ROLE, K_TEXT, K_KEYS, K_OTHER };
 
 typedef struct {
     PyObject *limits;  /* strong: the Limits object these were read from */
@@ -48,6 +49,8 @@ static struct {
     PyObject *str_sync_master, *str_async_master;
     long long protocol_version, max_offset, max_group_length, max_properties_bytes;
     long long client_sysflags, unknown_opaque;
+    PyObject *broker_only; /* tuple of str: boundary.BROKER_ONLY_KEY_STARTS */
+    PyObject *uniq_key;    /* str: the UNIQ_KEY property's name */
     LimitsEntry cache[LIMITS_CACHE];
     int cache_next;
 } S;
@@ -158,6 +161,34 @@ static int has_separator(PyObject *s) {
     return 0;
 }
 
+/* 1 when a space-separated key of ``s`` (a str) starts with a broker-only property's name
+ * (boundary.key_refusal: the Python path refuses it), else 0; -1 with an exception set. */
+int replog_key_screened(PyObject *s) {
+    if (S.broker_only == NULL) return 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i > 0 && PyUnicode_READ(kind, data, i - 1) != ' ') continue;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(S.broker_only); j++) {
+            Py_ssize_t hit = PyUnicode_Tailmatch(s, PyTuple_GET_ITEM(S.broker_only, j), i,
+                                                 PY_SSIZE_T_MAX, -1);
+            if (hit != 0) return hit < 0 ? -1 : 1;
+        }
+    }
+    return 0;
+}
+
+/* 1 when the dict ``props`` holds a UNIQ_KEY that is not a plain str or that
+ * replog_key_screened, else 0; -1 with an exception set. */
+int replog_uniq_screened(PyObject *props) {
+    if (S.uniq_key == NULL) return 0;
+    PyObject *uniq = PyDict_GetItemWithError(props, S.uniq_key);
+    if (uniq == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyUnicode_CheckExact(uniq)) return 1;
+    return replog_key_screened(uniq);
+}
+
 /* _check_props: a dict of non-empty str -> str without separators, within the size. */
 static int props_ok(PyObject *v) {
     if (!PyDict_CheckExact(v)) return 0;
@@ -170,7 +201,10 @@ static int props_ok(PyObject *v) {
         if (has_separator(key) || has_separator(item)) return 0;
         size += PyUnicode_GET_LENGTH(key) + PyUnicode_GET_LENGTH(item) + 2;
     }
-    return size <= S.max_properties_bytes;
+    if (size > S.max_properties_bytes) return 0;
+    int screened = replog_uniq_screened(v);
+    if (screened < 0) PyErr_Clear();
+    return screened == 0;
 }
 
 /* One field's value, as _check_value accepts it: 1, else 0. */
@@ -182,11 +216,17 @@ static int value_ok(PyObject *spec, PyObject *v, const LimitsEntry *lim) {
     case K_INT:
         return int_in(v, lo, hi, NULL);
     case K_STR:
-    case K_TEXT: {
+    case K_TEXT:
+    case K_KEYS: {
         if (!PyUnicode_CheckExact(v)) return 0;
         Py_ssize_t size = utf8_size(v);
         if (size < 0 || size < lo || size > hi) return 0;
-        return kind == K_STR || !has_separator(v);
+        if (kind == K_STR) return 1;
+        if (has_separator(v)) return 0;
+        if (kind == K_TEXT) return 1;
+        int screened = replog_key_screened(v);
+        if (screened < 0) PyErr_Clear();
+        return screened == 0;
     }
     case K_TOPIC:
         return good_name(v, lim->max_topic_length);
@@ -480,6 +520,8 @@ static PyObject *configure(PyObject *self, PyObject *tables) {
         take(tables, "unpackb", &S.unpackb) < 0 || take(tables, "packer_type", &S.packer_type) < 0 ||
         take(tables, "protocol_version", &S.version_obj) < 0 ||
         take(tables, "unpack_kwargs_of", &S.unpack_kwargs_of) < 0 ||
+        take(tables, "broker_only", &S.broker_only) < 0 ||
+        take(tables, "uniq_key", &S.uniq_key) < 0 ||
         take_ll(tables, "protocol_version", &S.protocol_version) < 0 ||
         take_ll(tables, "max_offset", &S.max_offset) < 0 ||
         take_ll(tables, "max_group_length", &S.max_group_length) < 0 ||
@@ -491,7 +533,8 @@ static PyObject *configure(PyObject *self, PyObject *tables) {
         !PyDict_Check(S.response_codes) || !PyType_Check(S.request_type) ||
         !PyType_IsSubtype((PyTypeObject *)S.request_type, &PyTuple_Type) ||
         !PyType_Check(S.response_type) ||
-        !PyType_IsSubtype((PyTypeObject *)S.response_type, &PyTuple_Type)) {
+        !PyType_IsSubtype((PyTypeObject *)S.response_type, &PyTuple_Type) ||
+        !PyTuple_CheckExact(S.broker_only) || !PyUnicode_CheckExact(S.uniq_key)) {
         PyErr_SetString(PyExc_TypeError, "configure: wrong table types");
         return NULL;
     }

@@ -11,6 +11,10 @@ PyObject *replog_decode_request(PyObject *frames, PyObject *limits);
 PyObject *replog_encode_response(PyObject *const *args, Py_ssize_t nargs);
 PyObject *replog_zmtp_encode(PyObject *frames);
 PyObject *replog_request_type(void);
+/* 1 when a key of a KEYS str, or a dict's UNIQ_KEY, starts with a broker-only property's name
+ * (or the UNIQ_KEY is no str), else 0; -1 with an exception set. */
+int replog_key_screened(PyObject *s);
+int replog_uniq_screened(PyObject *props);
 
 /* _put_path.c */
 PyObject *replog_put_sends(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -130,6 +130,15 @@ static Py_ssize_t put_properties(unsigned char *t, Py_ssize_t room, PyObject *pr
         Py_DECREF(all);
         return -2;
     }
+    /* an index key (KEYS, UNIQ_KEY) that starts with a broker-only property's name would sit
+     * among the broker's own keys: decode_request refuses it before here, and one that
+     * reaches here anyway is the Python path's to refuse (boundary.key_refusal) */
+    int screened = keys_true && PyUnicode_CheckExact(keys) ? replog_key_screened(keys) : 0;
+    if (screened == 0) screened = replog_uniq_screened(all);
+    if (screened != 0) {
+        Py_DECREF(all);
+        return screened < 0 ? -2 : -1;
+    }
     Py_ssize_t at = 0, it = 0, n;
     PyObject *name, *value;
     while (PyDict_Next(all, &it, &name, &value)) {

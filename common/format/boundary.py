@@ -18,9 +18,11 @@ from collections.abc import Iterable, Mapping
 
 from common.core import timer, transaction
 from common.core.message import (
+    KEY_SEPARATOR,
     NAME_VALUE_SEP,
     PROPERTY_REAL_TOPIC,
     PROPERTY_SEP,
+    PROPERTY_UNIQ_KEY,
     SCHEDULE_SOURCE,
     is_system_topic,
 )
@@ -41,6 +43,7 @@ SEPARATOR_REASON = "may not hold \\x01 or \\x02 (RocketMQ's property separators)
 # (schedule, timer, half), over a client's, and reads them only on those records.
 BROKER_ONLY_PROPERTIES = frozenset((*timer.RESERVED, *transaction.RESERVED, POP_RECORD,
                                     SCHEDULE_SOURCE, PROP_CRC_NAME))
+BROKER_ONLY_KEY_STARTS = tuple(sorted(BROKER_ONLY_PROPERTIES))  # for str.startswith
 
 
 def has_separator(text: str) -> bool:
@@ -53,8 +56,30 @@ def text_refusal(text: str) -> str | None:
     return SEPARATOR_REASON if has_separator(text) else None
 
 
+def key_refusal(key: str) -> str | None:
+    """Why one of a client's index keys (a KEYS entry, or its UNIQ_KEY) is refused: a
+    separator, or a start that is a broker-only property's name. The index holds each watched
+    property of the broker's records as the key ``name + value`` (``__TIMER_SRC<offset>``,
+    ``__TRAN_HALF<offset>``): a client's key equal to one would stand among the hits of the
+    broker's own look-up (was this delivered, was this committed) and could hide its record."""
+    if has_separator(key):
+        return SEPARATOR_REASON
+    if key.startswith(BROKER_ONLY_KEY_STARTS):
+        name = next(n for n in BROKER_ONLY_PROPERTIES if key.startswith(n))
+        return (f"may not start with {name} (a broker-only property's name: the index keys "
+                "of the broker's own records start with one)")
+    return None
+
+
+def keys_refusal(keys: str) -> str | None:
+    """``key_refusal`` of the first refused of a message's KEYS (space-separated: each is an
+    index key of its own)."""
+    return next((why for why in map(key_refusal, keys.split(KEY_SEPARATOR))
+                 if why is not None), None)
+
+
 def texts_refusal(texts: Iterable[str]) -> str | None:
-    """``text_refusal`` of the first refused of ``texts`` (a message's keys, one each)."""
+    """``text_refusal`` of the first refused of ``texts``."""
     return next((why for why in map(text_refusal, texts) if why is not None), None)
 
 
@@ -63,7 +88,14 @@ def properties_refusal(props: Mapping[str, str]) -> str | None:
     for name, value in props.items():
         if has_separator(name) or has_separator(value):
             return f"property {name[:64]!r}: names and values {SEPARATOR_REASON}"
-    return None
+    return uniq_key_refusal(props)
+
+
+def uniq_key_refusal(props: Mapping[str, str]) -> str | None:
+    """Why a client's UNIQ_KEY (its message id, indexed as a key) is refused (``key_refusal``)."""
+    uniq = props.get(PROPERTY_UNIQ_KEY)
+    why = None if uniq is None else key_refusal(uniq)
+    return None if why is None else f"property {PROPERTY_UNIQ_KEY}: {why}"
 
 
 def broker_only(props: Iterable[str]) -> str | None:

@@ -47,6 +47,7 @@ from common.core.errors import ResponseCode
 from common.core.message import (
     CLIENT_SYSFLAGS,
     MAX_INFLATED_BYTES,
+    PROPERTY_UNIQ_KEY,
     SYSFLAG_COMPRESSED,
     MessageExt,
     inflate_body,
@@ -220,7 +221,7 @@ class Field:
 _TOPIC = Field("topic", required=True)
 _QUEUE = Field("int", required=True, lo=0, hi=MAX_QUEUE_ID)
 _TAGS = Field("text", hi=MAX_TAGS_LENGTH)
-_KEYS = Field("text", hi=MAX_KEYS_LENGTH)
+_KEYS = Field("keys", hi=MAX_KEYS_LENGTH)
 _GROUP = Field("group")
 _BORN = Field("int", lo=0, hi=MAX_OFFSET, default=0)
 
@@ -647,8 +648,8 @@ _RESPONSE_CODES: dict[int, ResponseCode] = {int(c): c for c in ResponseCode}
 # The C codec's view of the field kinds (``_codec.c``): the kinds it checks itself; any other
 # (meta, sizes) sends the request to the Python path.
 _NATIVE_KINDS = {"int": 0, "str": 1, "topic": 2, "group": 3, "props": 4, "sysflag": 5, "role": 6,
-                 "text": 7}
-_NATIVE_OTHER = 8
+                 "text": 7, "keys": 8}
+_NATIVE_OTHER = 9
 
 
 def _native_tables() -> dict[str, Any]:
@@ -678,6 +679,8 @@ def _native_tables() -> dict[str, Any]:
         "max_properties_bytes": record.MAX_PROPERTIES_BYTES,
         "client_sysflags": CLIENT_SYSFLAGS,
         "unknown_opaque": UNKNOWN_OPAQUE,
+        "broker_only": boundary.BROKER_ONLY_KEY_STARTS,
+        "uniq_key": PROPERTY_UNIQ_KEY,
     }
 
 
@@ -863,6 +866,8 @@ def _check_value(name: str, spec: Field, value: Any, limits: Limits) -> Any:
         return _check_str(name, value, spec.lo, spec.hi)
     if kind == "text":
         return _check_text(name, value, spec.lo, spec.hi)
+    if kind == "keys":
+        return _check_keys(name, value, spec.lo, spec.hi)
     if kind == "topic":
         return _check_name(name, value, limits.max_topic_length)
     if kind == "group":
@@ -900,6 +905,15 @@ def _check_text(name: str, value: Any, lo: int, hi: int) -> str:
     return text
 
 
+def _check_keys(name: str, value: Any, lo: int, hi: int) -> str:
+    """A message's KEYS: each an index key of its own (``boundary.keys_refusal``)."""
+    text = _check_str(name, value, lo, hi)
+    why = boundary.keys_refusal(text)
+    if why is not None:
+        raise ProtocolError(name, why)
+    return text
+
+
 _GOOD_NAMES: dict[str, int] = {}  # topic and group names already checked -> their UTF-8 size
 MAX_GOOD_NAMES = 4096
 
@@ -928,6 +942,9 @@ def _check_props(name: str, value: Any) -> dict[str, str]:
         if boundary.has_separator(key) or boundary.has_separator(item):
             raise ProtocolError(name, f"names and values {boundary.SEPARATOR_REASON}")
         size += len(key) + len(item) + 2
+    why = boundary.uniq_key_refusal(value)
+    if why is not None:
+        raise ProtocolError(name, why)
     if size > record.MAX_PROPERTIES_BYTES:
         raise ProtocolError(name, f"{size} bytes of properties, at most {record.MAX_PROPERTIES_BYTES}")
     return value
@@ -951,7 +968,7 @@ def _check_meta(name: str, value: Any, limits: Limits) -> list[tuple[Any, ...]]:
         out.append(
             (
                 None if tags is None else _check_text(where + ".tags", tags, 0, MAX_TAGS_LENGTH),
-                None if keys is None else _check_text(where + ".keys", keys, 0, MAX_KEYS_LENGTH),
+                None if keys is None else _check_keys(where + ".keys", keys, 0, MAX_KEYS_LENGTH),
                 {} if props is None else _check_props(where + ".properties", props),
                 _check_flag(where + ".flag", flag),
                 _check_sys_flag(where + ".sysFlag", entry[4] if len(entry) > 4 else None,

@@ -129,6 +129,11 @@ def outgoing(msg: pb.Message) -> Outgoing:
         why = boundary.texts_refusal(texts)
         if why is not None:
             raise ValueError(f"system_properties.{name} {why}")
+    # the index keys: none may be the broker's own (``boundary.key_refusal``)
+    for name, key in (("keys", " ".join(sp.keys)), ("message_id", sp.message_id)):
+        why = boundary.keys_refusal(key)
+        if why is not None:
+            raise ValueError(f"system_properties.{name} {why}")
     properties = dict(msg.user_properties)
     why = boundary.properties_refusal(properties)
     if why is not None:

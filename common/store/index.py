@@ -49,6 +49,7 @@ import os
 import shutil
 import sys
 import threading
+from collections.abc import Callable
 from operator import mul
 from pathlib import Path
 from struct import Struct
@@ -634,6 +635,32 @@ class IndexService:
                 if f.begin_timestamp < begin_ms or len(out) >= max_nums:
                     break
         return out
+
+    def find(self, topic: str, key: str, accept: Callable[[int], bool], begin_ms: int = 0,
+             end_ms: int = 2**62) -> int | None:
+        """The newest offset indexed under ``topic#key`` that ``accept`` takes, or None.
+
+        Reads past any number of offsets it refuses, a file at a time: only hashes are stored,
+        and a Java hash collides at will (``"Aa"`` and ``"BB"``), so anyone who may send to
+        ``topic`` can put as many entries as they like on the hash of any key. A look-up that
+        stops after a fixed number of hits misses the record it looks for behind them.
+        """
+        h = key_hash(topic, key)
+        with self._lock:
+            files = list(reversed(self.files))
+        for f in files:
+            out: list[int] = []
+            with self._lock:
+                if f not in self.files:  # deleted meanwhile: older files went with it
+                    return None
+                if f.time_matched(begin_ms, end_ms):
+                    f.select(h, sys.maxsize, begin_ms, end_ms, out)
+            found = next(filter(accept, out), None)
+            if found is not None:
+                return found
+            if f.begin_timestamp < begin_ms:
+                return None
+        return None
 
     # ---- durability -------------------------------------------------------------------------
     def flush(self) -> int:

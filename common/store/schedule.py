@@ -267,11 +267,13 @@ class ScheduleService:
         if index is None:
             return False
         key = SCHEDULE_SOURCE + str(phy)
-        for found in index.query(topic, key, 4, 0, 2**62):
+
+        def delivers(found: int) -> bool:
             msg = self._store.entry_message(found)
-            if msg is not None and msg.properties.get(SCHEDULE_SOURCE) == str(phy):
-                return True
-        return False
+            return msg is not None and msg.properties.get(SCHEDULE_SOURCE) == str(phy)
+
+        # every hit read: a client's keys may share the key's hash, as many as it likes
+        return index.find(topic, key, delivers) is not None
 
     def shutdown(self) -> None:
         self._stop.set()

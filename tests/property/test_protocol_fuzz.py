@@ -88,7 +88,7 @@ RECORD_STRINGS = {(RequestCode.SEND, "tags"), (RequestCode.SEND, "keys"),
 
 def test_the_strings_bound_for_a_record_are_the_text_fields() -> None:
     assert RECORD_STRINGS == {(code, name) for code, schema in SCHEMAS.items()
-                              for name, spec in schema.items() if spec.kind == "text"}
+                              for name, spec in schema.items() if spec.kind in ("text", "keys")}
 
 
 def fixed_corpus(limits: Limits = LIMITS) -> list[tuple[str, list[bytes]]]:
@@ -144,6 +144,18 @@ def fixed_corpus(limits: Limits = LIMITS) -> list[tuple[str, list[bytes]]]:
         fields = {**_valid_fields(RequestCode.SEND_BATCH), "meta": [None, entry]}
         corpus.append((f"SEND_BATCH.meta[1].{item} with a separator",
                        [_header(RequestCode.SEND_BATCH, fields), b"a", b"b"]))
+    # an index key of the broker's own (a broker-only property's name and a value): it would
+    # stand among the hits of the broker's look-ups (was this delivered, committed)
+    for keys in ("__TIMER_SRC4096", "a __TRAN_HALF0", "TIMER_OUT_MS"):
+        fields = {**_valid_fields(RequestCode.SEND), "keys": keys}
+        corpus.append((f"SEND.keys={keys!r}", [_header(RequestCode.SEND, fields), b"b"]))
+    fields = {**_valid_fields(RequestCode.SEND),
+              "properties": {"UNIQ_CLIENT_MESSAGE_ID_KEYIDX": "__SCHED_SRC7"}}
+    corpus.append(("SEND.properties UNIQ_KEY a broker-only name",
+                   [_header(RequestCode.SEND, fields), b"b"]))
+    fields = {**_valid_fields(RequestCode.SEND_BATCH), "meta": [None, [None, "__POP1", None, 0]]}
+    corpus.append(("SEND_BATCH.meta[1].keys a broker-only name",
+                   [_header(RequestCode.SEND_BATCH, fields), b"a", b"b"]))
     corpus.append(("header not an array", [msgpack.packb({"a": 1})]))
     corpus.append(("header too short", [msgpack.packb([PROTOCOL_VERSION, 10])]))
     corpus.append(("fields not a map", [_header(RequestCode.STATUS, [1, 2])]))

@@ -764,13 +764,15 @@ class TimerDequeue:
             return False
         topic = TIMER_TOPIC if roll else held.properties[PROPERTY_REAL_TOPIC]
         key = TIMER_SOURCE + str(held.commit_log_offset)
-        for found in index.query(topic, key, 4, 0, 2**62):
+
+        def delivers(found: int) -> bool:
             msg = store.entry_message(found)
-            if msg is not None and msg.properties.get(TIMER_SOURCE) == \
-                    str(held.commit_log_offset) and \
-                    self._timer.trusted_tick(msg.topic, found, msg.properties) is not None:
-                return True
-        return False
+            return msg is not None and msg.properties.get(TIMER_SOURCE) == \
+                str(held.commit_log_offset) and \
+                self._timer.trusted_tick(msg.topic, found, msg.properties) is not None
+
+        # every hit read: a client's keys may share the key's hash, as many as it likes
+        return index.find(topic, key, delivers) is not None
 
     def _put(self, held: MessageExt, unit: Unit, roll: bool, now_ms: int, tick: int) -> bool:
         timer = self._timer

@@ -152,15 +152,16 @@ class TransactionStore:
         real_topic = half.properties[PROPERTY_REAL_TOPIC]
         committed = False
         index = self.store.index
-        if index is not None:
-            for offset in index.query(OP_TOPIC, key, 16, 0, 2**62):
-                state = self._op_state(self.store.entry_message(offset), origin)
+        if index is not None:  # every hit read (``IndexService.find``): others share the key
+            entry = self.store.entry_message
+            op = index.find(OP_TOPIC, key,
+                            lambda at: self._op_state(entry(at), origin) is not None)
+            if op is not None:
+                state = self._op_state(entry(op), origin)
                 if state is not None:
                     return Decided(state, True)
-            for offset in index.query(real_topic, key, 16, 0, 2**62):
-                if _is_commit_of(self.store.entry_message(offset), real_topic, origin):
-                    committed = True
-                    break
+            committed = index.find(real_topic, key, lambda at: _is_commit_of(
+                entry(at), real_topic, origin)) is not None
         if in_tail is not None and (in_tail.op or not committed):
             return in_tail
         if committed:
@@ -182,10 +183,9 @@ class TransactionStore:
             offset = self._tail_ids.get(ident)
         found = offset is not None and _is_commit_of_id(entry(offset), real_topic, ident,
                                                         half.body)
-        if not found:
-            found = index is not None and any(
-                _is_commit_of_id(entry(offset), real_topic, ident, half.body)
-                for offset in index.query(real_topic, ident[1], 16, 0, 2**62))
+        if not found:  # the uniq key is any sender's to write: every hit is read
+            found = index is not None and index.find(real_topic, ident[1], lambda at: (
+                _is_commit_of_id(entry(at), real_topic, ident, half.body))) is not None
         if not found:
             return Decided(None, False)
         self.stats["halves_sent_twice"] += 1

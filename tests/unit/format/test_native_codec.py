@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.core.errors import ResponseCode
-from common.format import protocol
+from common.format import boundary, protocol
 from common.format.protocol import (
     MAX_GROUP_LENGTH,
     PROTOCOL_VERSION,
@@ -124,6 +124,8 @@ def _good_value(kind: str, lo: int, hi: int) -> st.SearchStrategy[Any]:
         return st.text(st.characters(blacklist_characters="\x01\x02",
                                      blacklist_categories=("Cs",)), max_size=min(hi, 30)).filter(
             lambda s: lo <= len(s.encode("utf-8")) <= hi)
+    if kind == "keys":  # index keys: none the start of a broker-only property's name
+        return _good_value("text", lo, hi).filter(lambda s: boundary.keys_refusal(s) is None)
     if kind == "topic":
         return st.text(_NAME_CHARS, min_size=1, max_size=LIMITS.max_topic_length)
     if kind == "group":
@@ -131,7 +133,8 @@ def _good_value(kind: str, lo: int, hi: int) -> st.SearchStrategy[Any]:
     if kind == "props":
         text = st.text(st.characters(blacklist_characters="\x01\x02",
                                      blacklist_categories=("Cs",)), max_size=12)
-        return st.dictionaries(text.filter(bool), text, max_size=4)
+        return st.dictionaries(text.filter(bool), text, max_size=4).filter(
+            lambda d: boundary.uniq_key_refusal(d) is None)
     if kind == "sysflag":
         return st.sampled_from([0, 1, 4, 5])
     if kind == "role":
@@ -169,7 +172,7 @@ def test_every_plain_request_is_decoded_in_c_as_the_reference_does(frames: list[
 
 
 _TEXT_FIELDS = sorted((int(code), name) for code, spec in _PLAIN.items()
-                      for name, f in spec.fields.items() if f.kind == "text")
+                      for name, f in spec.fields.items() if f.kind in ("text", "keys"))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -192,6 +195,33 @@ def test_a_separator_in_a_string_bound_for_a_record_is_refused_by_both(
     with pytest.raises(ProtocolError) as e:
         protocol.decode_request(frames, LIMITS)
     assert e.value.field == name and "\\x01 or \\x02" in e.value.reason
+
+
+_KEYS_FIELDS = sorted((int(code), name) for code, spec in _PLAIN.items()
+                      for name, f in spec.fields.items() if f.kind == "keys")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.sampled_from(_KEYS_FIELDS), st.sampled_from(
+    sorted(boundary.BROKER_ONLY_PROPERTIES)), st.sampled_from(["", "a ", "a b "]),
+    st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+            max_size=8))
+def test_a_key_that_starts_with_a_broker_only_name_is_refused_by_both(
+        data: st.DataObject, where: tuple[int, str], reserved: str, before: str,
+        after: str) -> None:
+    """A KEYS entry (any of the space-separated) starting with a broker-only property's name
+    would be one of the broker's own index keys: the C codec leaves it to the Python checks,
+    which refuse it naming the field."""
+    code, name = RequestCode(where[0]), where[1]
+    spec = SPECS[code]
+    fields = {n: data.draw(_good_value(f.kind, f.lo, f.hi))
+              for n, f in spec.fields.items() if f.required}
+    fields[name] = before + reserved + after
+    frames = encode_request(code, 5, fields, [b"x"] * spec.bodies[0])
+    assert _same_request(frames) is None
+    with pytest.raises(ProtocolError) as e:
+        protocol.decode_request(frames, LIMITS)
+    assert e.value.field == name and "broker-only" in e.value.reason
 
 
 def _send(fields: dict[str, Any], bodies: list[Any] | None = None, version: Any = PROTOCOL_VERSION,
@@ -223,6 +253,14 @@ NEAR_MISSES = {
     "tags with \\x01 only": _send({"tags": "t\x01"}),
     "keys with \\x01": _send({"keys": "k\x01v"}),
     "keys with \\x02 past ASCII": _send({"keys": "é\x02"}),
+    "keys the timer's delivery mark": _send({"keys": "__TIMER_SRC4096"}),
+    "keys a transaction's origin, second": _send({"keys": "a __TRAN_HALF0"}),
+    "keys a broker-only name past a key's start": _send({"keys": "a_TRAN_HALF0 x__SCHED_SRC1"}),
+    "keys of the same hash as a mark": _send({"keys": "`@TIMER_SRC4096"}),
+    "keys TIMER_OUT_MS": _send({"keys": "TIMER_OUT_MS5"}),
+    "properties a UNIQ_KEY a broker-only name": _send({"properties": {
+        "UNIQ_CLIENT_MESSAGE_ID_KEYIDX": "__SCHED_SRC77"}}),
+    "properties a plain UNIQ_KEY": _send({"properties": {"UNIQ_CLIENT_MESSAGE_ID_KEYIDX": "U1"}}),
     "unknown field": _send({"nope": 1}),
     "properties with \\x01": _send({"properties": {"a\x01": "b"}}),
     "properties with \\x02 in a value": _send({"properties": {"a": "b\x02"}}),
@@ -276,11 +314,25 @@ def test_a_near_miss_gets_the_reference_answer(case: str) -> None:
 
 def test_the_near_misses_the_reference_accepts_are_taken_in_c_where_plain() -> None:
     for case in ("tags at 255 bytes", "properties at the size bound", "body at the bound",
-                 "flag at int32's low end"):
+                 "flag at int32's low end", "keys a broker-only name past a key's start",
+                 "keys of the same hash as a mark", "properties a plain UNIQ_KEY"):
         assert _plain(native.decode_request(NEAR_MISSES[case], LIMITS)), case
     for case in ("version True", "version 1.0"):  # equal to 1 for Python: the reference's
         assert not _plain(native.decode_request(NEAR_MISSES[case], LIMITS))
         assert not isinstance(_python_request(NEAR_MISSES[case]), ProtocolError)
+
+
+def test_an_index_key_of_the_brokers_is_refused_on_either_path() -> None:
+    """KEYS entries and a UNIQ_KEY that start with a broker-only property's name: left to the
+    Python checks by the C codec, refused there naming the field."""
+    for case, field in (("keys the timer's delivery mark", "keys"),
+                        ("keys a transaction's origin, second", "keys"),
+                        ("keys TIMER_OUT_MS", "keys"),
+                        ("properties a UNIQ_KEY a broker-only name", "properties")):
+        assert not _plain(native.decode_request(NEAR_MISSES[case], LIMITS)), case
+        with pytest.raises(ProtocolError) as info:
+            protocol.decode_request(NEAR_MISSES[case], LIMITS)
+        assert info.value.field == field and "broker-only" in info.value.reason, case
 
 
 _ANY = st.recursive(

@@ -247,6 +247,10 @@ def declined_requests() -> list[tuple[str, list[bytes]]]:
         ("keys with a separator", send_frames(21, {**base, "keys": "k\x01"}, b"x")),
         ("batch tags with a separator", batch_frames(22, {**base, "meta": [
             ["t\x02__TIMER_TICK\x014102444800000", None, None, 0]]}, [b"x"])),
+        # an index key of the broker's own would hide the record its look-up looks for
+        ("keys a delivery mark", send_frames(23, {**base, "keys": "a __TIMER_SRC4096"}, b"x")),
+        ("UNIQ_KEY a transaction's origin", send_frames(24, {**base, "properties": {
+            "UNIQ_CLIENT_MESSAGE_ID_KEYIDX": "__TRAN_HALF0"}}, b"x")),
     ]
 
 

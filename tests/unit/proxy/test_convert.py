@@ -75,6 +75,10 @@ def test_a_received_message_carries_its_handle_queue_attempt_and_group() -> None
     ({}, {"region": "eu\x01"}, "user_properties: property"),
     ({}, {"__TIMER_TICK": "4102444800000"}, "set by the broker"),
     ({}, {"__SCHED_SRC": "0"}, "set by the broker"),
+    # an index key of the broker's own: it would hide a delivery's or a commit's record
+    ({"keys": ["ok", "__TIMER_SRC4096"]}, {}, "system_properties.keys may not start with"),
+    ({"keys": ["a __TRAN_HALF0"]}, {}, "system_properties.keys may not start with"),
+    ({"message_id": "__SCHED_SRC77"}, {}, "message_id may not start with __SCHED_SRC"),
 ])
 def test_a_send_with_a_separator_or_a_brokers_property_is_refused_at_the_front_end(
         system: dict[str, Any], user: dict[str, str], words: str) -> None:

@@ -170,6 +170,25 @@ def test_query_newest_first_window_and_max(svc: IndexService) -> None:
     assert svc.query("T", "nope", 64, 0, 2**62) == []
 
 
+def test_find_reads_past_any_number_of_hits_it_refuses(tmp_path: Path) -> None:
+    """A broker's own look-up (a delivery mark, a commit) must find its record behind any
+    number of a client's newer entries on the same hash, across files: ``"`@"`` and ``"__"``
+    share String.hashCode, so a key the client may write collides with the broker's."""
+    svc = small(tmp_path)
+    try:
+        assert index_hash("T#__TIMER_SRC12") == index_hash("T#`@TIMER_SRC12")
+        svc.build("T", ["__TIMER_SRC12"], 100, T0)
+        for i in range(1, 21):
+            svc.build("T", ["`@TIMER_SRC12"], 100 + i, T0 + 1000 * i)
+        assert len(svc.files) > 2 and 100 not in svc.query("T", "__TIMER_SRC12", 16, 0, 2**62)
+        assert svc.find("T", "__TIMER_SRC12", lambda at: at == 100) == 100
+        assert svc.find("T", "__TIMER_SRC12", lambda at: at == 105) == 105
+        assert svc.find("T", "__TIMER_SRC12", lambda at: False) is None
+        assert svc.find("T", "__TIMER_SRC12", lambda at: at == 100, T0 + 5000) is None
+    finally:
+        svc.shutdown()
+
+
 def test_hash_collisions_are_returned_for_the_caller(svc: IndexService) -> None:
     # "Aa" and "BB" share String.hashCode, so "T#Aa" and "T#BB" do too.
     assert index_hash("T#Aa") == index_hash("T#BB")

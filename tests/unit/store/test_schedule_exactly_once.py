@@ -151,3 +151,20 @@ def test_a_fenced_master_delivers_nothing(store: MessageStore,
         store.set_master_services(False)
     assert sorted(deliveries(store).values()) == [1] * 3
     assert store.cq_store.get(SCHEDULE_TOPIC, 0) is not None
+
+
+def test_keys_of_the_same_hash_as_a_delivery_mark_hide_no_delivery(
+        store: MessageStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a delayed message was delivered is looked up in the index by its mark's key
+    (``__SCHED_SRC<offset>``): a producer of the real topic may index any number of newer
+    records under a key of the same Java hash (``"`@"`` for ``"__"``). The look-up read 4
+    hits: behind them the delivery was not found, and the message was delivered again."""
+    held = store.put(Message("real1", b"once", delay_level=1), 0)
+    run(store, monkeypatch, {}, LATER_MS, {1: 1})
+    for i in range(8):
+        noise = Message("real1", b"noise%d" % i, keys=f"`@SCHED_SRC{held.phy_offset}")
+        assert store.put(noise, 0).ok
+    run(store, monkeypatch, {1: 0}, LATER_MS, {1: 1})  # a crash before the file said more
+    store.reput.catch_up()
+    got = store.get_message("g", "real1", 0, 0, 64)
+    assert [m.body for m in got.messages()].count(b"once") == 1

@@ -294,3 +294,33 @@ def test_the_pending_count_skips_the_wheel_while_nothing_is_pending(store: Messa
     scans.clear()
     timer._count_pending()  # something pending: the windows move with the clock, counted again
     assert scans
+
+
+def test_keys_of_the_same_hash_as_a_delivery_mark_hide_no_delivery(
+        tmp_path: Path, clock: Clock) -> None:
+    """A restarted dequeue behind its deliveries looks each up in the index by its mark's key
+    (``__TIMER_SRC<offset>``): a producer of the real topic may index any number of newer
+    records under a key of the same Java hash (``"`@"`` for ``"__"``). The look-up read 4
+    hits: behind them the delivery was not found, and the message was delivered again."""
+    root = tmp_path / "s"
+    store = open_store(root, clock)
+    held = store.put(Message("t", b"once", properties={TIMER_DELAY_SEC: "1"}), 0)
+    assert held.ok
+    enqueued(store, 1)
+    store.timer.flush()
+    stale = (root / "config" / "timercheck").read_bytes()  # read time: before the delivery
+    clock.now = START_S + 2
+    wait_for(lambda: bodies(store, "t") == [b"once"], "the delivery")
+    for i in range(8):
+        noise = Message("t", b"noise%d" % i, keys=f"`@TIMER_SRC{held.phy_offset}")
+        assert store.put(noise, 0).ok
+    store.shutdown()
+    (root / "config" / "timercheck").write_bytes(stale)
+    store = open_store(root, clock)
+    try:
+        wait_for(lambda: store.timer.stats["skipped_delivered"] >= 1
+                 or bodies(store, "t").count(b"once") > 1, "the delivery met again")
+        assert store.timer.stats["delivered"] == 0
+        assert bodies(store, "t").count(b"once") == 1
+    finally:
+        store.shutdown()

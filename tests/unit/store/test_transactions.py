@@ -586,3 +586,28 @@ def test_a_half_too_large_to_put_back_holds_up_no_later_half(tmp_path: Path) -> 
         assert check.stats["unmovable"] == 1
     finally:
         store.shutdown()
+
+
+@pytest.mark.parametrize("noise_key", ["T1", "SP"])  # the uniq key itself; one of its hash
+def test_keys_of_a_senders_choosing_hide_no_commit_from_the_look_up(
+        tmp_path: Path, noise_key: str) -> None:
+    """A half sent again after a restart is found committed by its first copy's commit, looked
+    up in the index by the uniq key: any producer of the topic can index as many records as it
+    likes under that key, or under another of the same Java hash, newer than the commit. The
+    look-up read only the 16 newest hits: the half was taken as undecided, and the check-back
+    committed it again (a duplicate)."""
+    root = tmp_path / "s"
+    store = open_store(root)
+    first = put_half(store, b"x", "T1")
+    assert store.transactions.end(first, COMMIT, HOST).pending is not None
+    store.transactions.flush_ops()
+    for i in range(40):
+        assert store.put(Message("orders", b"noise%d" % i, keys=noise_key), 2).ok
+    store.reput.catch_up()
+    store.shutdown()
+    store = open_store(root)
+    try:
+        second = put_half(store, b"x", "T1")
+        assert store.transactions.decided(second) == (COMMIT, False)
+    finally:
+        store.shutdown()
