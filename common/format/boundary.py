@@ -154,8 +154,11 @@ def end_refusal(half: Mapping[str, str], producer_group: str, topic: str,
     if transaction_id != half.get(transaction.TRANSACTION_ID, ""):
         return ("its transactionId is not the one given (the broker's answer to the half's "
                 "send, or its check, names it)")
+    return None
+
 
 # ---- HTTP (the console) ----------------------------------------------------------------------
+
 
 def content_length_refusal(value: str | None, max_bytes: int) -> str | None:
     """Why an HTTP body's declared length is refused before any of it is read: none given
