@@ -482,7 +482,7 @@ class RequestServer:
 
         Why: a posted call costs two thread hand-offs, the I/O thread woken from its poll and
         the caller woken with the answer, each tens of microseconds on these VMs, more than
-        serving a plain send (docs/benchmarks.md, issue 41)."""
+        serving a plain send (docs/benchmarks.md)."""
         return self._serve_inline(lambda sock: self._serve_locals(sock, [frames]))
 
     def _serve_local_many(self, many: list[list[bytes]]) -> bool:

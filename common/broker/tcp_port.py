@@ -6,7 +6,7 @@ a request (or a slave's ack) and the broker's loop.
 Why: a ZMQ_STREAM socket hands each chunk from libzmq's I/O thread to the broker's through a
 pipe and a mailbox, and each answer back the same way: two thread wake-ups a request on top of
 the client's. A ZMTP echo in Python answered 2.3-4.6x as many requests a second on its own
-sockets as through a STREAM socket, in one interleaved run (docs/benchmarks.md, issue 43).
+sockets as through a STREAM socket, in one interleaved run (docs/benchmarks.md).
 
 Why ZMTP read here and not a ROUTER: libzmq keeps every frame of a multipart message until its
 last has arrived and bounds only each frame, so through a ROUTER one unauthenticated peer could
