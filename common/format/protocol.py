@@ -37,7 +37,7 @@ import dataclasses
 import enum
 import itertools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgpack
@@ -865,9 +865,9 @@ def _check_value(name: str, spec: Field, value: Any, limits: Limits) -> Any:
     if kind == "str":
         return _check_str(name, value, spec.lo, spec.hi)
     if kind == "text":
-        return _check_text(name, value, spec.lo, spec.hi)
+        return _check_ruled(name, value, spec.lo, spec.hi, boundary.text_refusal)
     if kind == "keys":
-        return _check_keys(name, value, spec.lo, spec.hi)
+        return _check_ruled(name, value, spec.lo, spec.hi, boundary.keys_refusal)
     if kind == "topic":
         return _check_name(name, value, limits.max_topic_length)
     if kind == "group":
@@ -896,19 +896,12 @@ def _check_str(name: str, value: Any, lo: int, hi: int) -> str:
     return value
 
 
-def _check_text(name: str, value: Any, lo: int, hi: int) -> str:
-    """A string bound for a record (``boundary.text_refusal``)."""
+def _check_ruled(name: str, value: Any, lo: int, hi: int,
+                 rule: Callable[[str], str | None]) -> str:
+    """A string bound for a record, held to a boundary rule (``text_refusal``: tags and
+    other text; ``keys_refusal``: a message's KEYS, each an index key of its own)."""
     text = _check_str(name, value, lo, hi)
-    why = boundary.text_refusal(text)
-    if why is not None:
-        raise ProtocolError(name, why)
-    return text
-
-
-def _check_keys(name: str, value: Any, lo: int, hi: int) -> str:
-    """A message's KEYS: each an index key of its own (``boundary.keys_refusal``)."""
-    text = _check_str(name, value, lo, hi)
-    why = boundary.keys_refusal(text)
+    why = rule(text)
     if why is not None:
         raise ProtocolError(name, why)
     return text
@@ -967,8 +960,10 @@ def _check_meta(name: str, value: Any, limits: Limits) -> list[tuple[Any, ...]]:
         tags, keys, props, flag = entry[:4]
         out.append(
             (
-                None if tags is None else _check_text(where + ".tags", tags, 0, MAX_TAGS_LENGTH),
-                None if keys is None else _check_keys(where + ".keys", keys, 0, MAX_KEYS_LENGTH),
+                None if tags is None else _check_ruled(where + ".tags", tags, 0, MAX_TAGS_LENGTH,
+                                                      boundary.text_refusal),
+                None if keys is None else _check_ruled(where + ".keys", keys, 0, MAX_KEYS_LENGTH,
+                                                      boundary.keys_refusal),
                 {} if props is None else _check_props(where + ".properties", props),
                 _check_flag(where + ".flag", flag),
                 _check_sys_flag(where + ".sysFlag", entry[4] if len(entry) > 4 else None,
